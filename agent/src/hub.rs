@@ -1,0 +1,553 @@
+//! The harness: runs as resources, sessions, the approval registry and the model, behind one cheap handle.
+//!
+//! A run is a [`RunRecord`]: an append-only log of its events, each already encoded as JSON once, with a sequence
+//! number. Any number of subscribers read the log from any point (a late viewer from the start, a reconnecting one
+//! from after its `Last-Event-ID`) and then follow it live. A finished run's log stays for a while, bounded in
+//! count and time.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::agent_loop::{LoopLimits, run_until_end};
+use crate::approvals::{ApprovalNotFound, ApprovalRegistry, ResolveError, ResolvedApproval, now_ms};
+use crate::events::{AgentEvent, EventSink};
+use crate::ids::{RunId, SessionId, ToolCallId};
+use crate::input::StartRunInput;
+use crate::model::Model;
+use crate::policy::PermissionPolicy;
+use crate::runtime::{AbortReason, RunAbort, RunContext};
+use crate::session::{SessionBusy, SessionStore};
+use crate::tools::Toolbox;
+use crate::view::{RunView, SessionView};
+use crate::wire::{
+    ApprovalMode, ApprovalPolicy, ApprovalRequest, Decision, Resolution, RunErrorCode, RunEvent, StreamEvent,
+};
+
+/// How much the harness keeps, and for how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Finished runs whose events stay available.
+    pub finished_runs: usize,
+    /// How long a finished run's events stay available.
+    pub finished_ttl: Duration,
+    /// Events one run may produce; past this the run is aborted.
+    pub events_per_run: usize,
+    pub sessions: usize,
+    pub session_idle: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            finished_runs: 1_000,
+            finished_ttl: Duration::from_secs(30 * 60),
+            events_per_run: 50_000,
+            sessions: 10_000,
+            session_idle: Duration::from_secs(24 * 60 * 60),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct HarnessConfig {
+    /// The server's policy and rules. A run may ask for a stricter policy, never a looser one.
+    pub permissions: PermissionPolicy,
+    pub approval_timeout: Duration,
+    pub limits: LoopLimits,
+    pub retention: Retention,
+}
+
+impl HarnessConfig {
+    pub fn new(permissions: PermissionPolicy, approval_timeout: Duration) -> Self {
+        Self {
+            permissions,
+            approval_timeout,
+            limits: LoopLimits::default(),
+            retention: Retention::default(),
+        }
+    }
+}
+
+/// One event as it goes on the wire: its sequence number, its `type`, and its JSON, encoded once for every
+/// subscriber.
+#[derive(Debug, PartialEq, Eq)]
+pub struct EncodedEvent {
+    pub seq: u64,
+    pub kind: &'static str,
+    pub json: Box<str>,
+}
+
+struct RecordState {
+    events: Vec<Arc<EncodedEvent>>,
+    view: Option<RunView>,
+    finished: bool,
+}
+
+/// A run as a resource: its identity, its abort switch and its event log.
+pub struct RunRecord {
+    run_id: RunId,
+    session_id: SessionId,
+    mode: ApprovalMode,
+    abort: RunAbort,
+    state: Mutex<RecordState>,
+    /// The sequence number of the newest event; subscribers wait on it.
+    version: watch::Sender<u64>,
+    max_events: usize,
+}
+
+impl std::fmt::Debug for RunRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunRecord")
+            .field("run_id", &self.run_id)
+            .field("session_id", &self.session_id)
+            .field("finished", &self.is_finished())
+            .finish()
+    }
+}
+
+impl RunRecord {
+    fn new(run_id: RunId, session_id: SessionId, mode: ApprovalMode, max_events: usize) -> Self {
+        Self {
+            run_id,
+            session_id,
+            mode,
+            abort: RunAbort::new(),
+            state: Mutex::new(RecordState {
+                events: Vec::new(),
+                view: None,
+                finished: false,
+            }),
+            version: watch::channel(0).0,
+            max_events,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, RecordState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn run_id(&self) -> &RunId {
+        &self.run_id
+    }
+
+    pub fn session_id(&self) -> &SessionId {
+        &self.session_id
+    }
+
+    pub fn approval_mode(&self) -> ApprovalMode {
+        self.mode
+    }
+
+    /// Aborts the run (pending approvals resolve as `denied/abort`); the first reason sticks.
+    pub fn abort(&self, reason: AbortReason) {
+        self.abort.abort(reason);
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.state().finished
+    }
+
+    /// The run as a viewer sees it now.
+    pub fn view(&self) -> Option<RunView> {
+        self.state().view.clone()
+    }
+
+    /// The sequence number of the newest event.
+    pub fn last_seq(&self) -> u64 {
+        *self.version.borrow()
+    }
+
+    /// The events after `after`, and whether the run has finished.
+    pub fn events_after(&self, after: u64) -> (Vec<Arc<EncodedEvent>>, bool) {
+        let state = self.state();
+        let start = usize::try_from(after).unwrap_or(usize::MAX).min(state.events.len());
+        (state.events[start..].to_vec(), state.finished)
+    }
+
+    /// Every event after `after`, then the live ones, until the run ends.
+    pub fn subscribe(self: &Arc<Self>, after: u64) -> BoxStream<'static, Arc<EncodedEvent>> {
+        let receiver = self.version.subscribe();
+        futures::stream::unfold(
+            (Arc::clone(self), after, receiver),
+            |(record, cursor, mut receiver)| async move {
+                loop {
+                    // Mark the current version seen before reading the log, so no append slips between the two.
+                    receiver.borrow_and_update();
+                    let (batch, finished) = record.events_after(cursor);
+                    if let Some(last) = batch.last() {
+                        let next = last.seq;
+                        return Some((futures::stream::iter(batch), (record, next, receiver)));
+                    }
+                    if finished || receiver.changed().await.is_err() {
+                        return None;
+                    }
+                }
+            },
+        )
+        .flatten()
+        .boxed()
+    }
+
+    /// Waits until the run has finished.
+    pub async fn finished(&self) {
+        let mut receiver = self.version.subscribe();
+        loop {
+            receiver.borrow_and_update();
+            if self.is_finished() || receiver.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn push(&self, event: StreamEvent) {
+        let terminal = event.is_terminal();
+        let json = match serde_json::to_string(&event) {
+            Ok(json) => json.into_boxed_str(),
+            Err(error) => {
+                tracing::error!(run_id = %self.run_id, %error, "an event could not be encoded");
+                return;
+            }
+        };
+        let kind = event.kind();
+        let seq = {
+            let mut state = self.state();
+            if state.finished {
+                return;
+            }
+            if !terminal && state.events.len() >= self.max_events {
+                drop(state);
+                self.abort.abort(AbortReason::EventLimit);
+                return;
+            }
+            let seq = state.events.len() as u64 + 1;
+            let event = RunEvent { seq, event };
+            match &mut state.view {
+                Some(view) => {
+                    view.apply(&event);
+                }
+                None => state.view = RunView::start(&event),
+            }
+            state.events.push(Arc::new(EncodedEvent { seq, kind, json }));
+            state.finished = terminal;
+            seq
+        };
+        self.version.send_replace(seq);
+    }
+}
+
+impl EventSink for RunRecord {
+    fn emit(&self, event: AgentEvent) {
+        for event in event.project(&self.run_id, now_ms()) {
+            self.push(event);
+        }
+    }
+}
+
+/// What starting a run needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartRun {
+    pub message: String,
+    pub session_id: Option<SessionId>,
+    pub policy: Option<ApprovalPolicy>,
+    pub mode: ApprovalMode,
+}
+
+impl StartRun {
+    pub fn new(input: StartRunInput, mode: ApprovalMode) -> Self {
+        Self {
+            message: input.message,
+            session_id: input.session_id,
+            policy: input.policy,
+            mode,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    #[error("The server is shutting down and accepts no new runs.")]
+    ShuttingDown,
+    #[error("Session {} is busy with run {}; wait for it to finish or cancel it.", .0.session_id, .0.run_id)]
+    SessionBusy(#[from] SessionBusy),
+    #[error(
+        "Policy {requested} is looser than the server's policy {configured}; a run may only ask for a stricter one."
+    )]
+    PolicyTooLoose {
+        requested: ApprovalPolicy,
+        configured: ApprovalPolicy,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("No run {0} is known. It may never have existed, or it finished long enough ago to be forgotten.")]
+pub struct RunNotFound(pub RunId);
+
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum DecideError {
+    #[error(transparent)]
+    NotFound(#[from] ApprovalNotFound),
+    #[error("{0}")]
+    InvalidArguments(String),
+}
+
+struct RunTable {
+    runs: HashMap<RunId, Arc<RunRecord>>,
+    finished: VecDeque<(Instant, RunId)>,
+}
+
+struct Inner {
+    config: HarnessConfig,
+    model: Arc<dyn Model>,
+    toolbox: Arc<Toolbox>,
+    approvals: ApprovalRegistry,
+    sessions: SessionStore,
+    runs: Mutex<RunTable>,
+    closing: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Inner {
+    fn runs(&self) -> MutexGuard<'_, RunTable> {
+        self.runs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Forgets finished runs past their time or beyond the count.
+    fn sweep(&self, table: &mut RunTable) {
+        let retention = self.config.retention;
+        while let Some((finished_at, run_id)) = table.finished.front() {
+            let expired = finished_at.elapsed() >= retention.finished_ttl;
+            if !expired && table.finished.len() <= retention.finished_runs {
+                break;
+            }
+            table.runs.remove(run_id);
+            table.finished.pop_front();
+        }
+    }
+}
+
+/// The application's harness. Cloning is cheap; every clone is the same harness.
+#[derive(Clone)]
+pub struct Harness {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harness")
+            .field("model", &self.inner.model.name())
+            .field("tools", &self.inner.toolbox)
+            .field("approvals", &self.inner.approvals)
+            .finish()
+    }
+}
+
+impl Harness {
+    pub fn new(config: HarnessConfig, model: Arc<dyn Model>, toolbox: Toolbox) -> Self {
+        let sessions = SessionStore::new(config.retention.sessions, config.retention.session_idle);
+        Self {
+            inner: Arc::new(Inner {
+                approvals: ApprovalRegistry::new(config.approval_timeout),
+                config,
+                model,
+                toolbox: Arc::new(toolbox),
+                sessions,
+                runs: Mutex::new(RunTable {
+                    runs: HashMap::new(),
+                    finished: VecDeque::new(),
+                }),
+                closing: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &HarnessConfig {
+        &self.inner.config
+    }
+
+    pub fn approvals(&self) -> &ApprovalRegistry {
+        &self.inner.approvals
+    }
+
+    pub fn toolbox(&self) -> &Toolbox {
+        &self.inner.toolbox
+    }
+
+    pub fn model_name(&self) -> &str {
+        self.inner.model.name()
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.inner.closing.is_cancelled()
+    }
+
+    /// Starts a run in the background and returns its record at once.
+    pub fn start(&self, request: StartRun) -> Result<Arc<RunRecord>, StartError> {
+        let inner = &self.inner;
+        if inner.closing.is_cancelled() {
+            return Err(StartError::ShuttingDown);
+        }
+        let configured = inner.config.permissions.policy;
+        let policy = match request.policy {
+            Some(requested) if requested < configured => {
+                return Err(StartError::PolicyTooLoose {
+                    requested,
+                    configured,
+                });
+            }
+            Some(requested) => requested,
+            None => configured,
+        };
+        let session_id = request.session_id.unwrap_or_else(SessionId::generate);
+        let session = inner.sessions.get_or_create(&session_id);
+        let run_id = RunId::generate();
+        session.begin(&run_id)?;
+
+        let record = Arc::new(RunRecord::new(
+            run_id.clone(),
+            session_id.clone(),
+            request.mode,
+            inner.config.retention.events_per_run,
+        ));
+        {
+            let mut table = inner.runs();
+            inner.sweep(&mut table);
+            table.runs.insert(run_id.clone(), Arc::clone(&record));
+        }
+
+        let context = RunContext {
+            run_id,
+            session_id,
+            approval_mode: request.mode,
+            permissions: PermissionPolicy::new(policy, inner.config.permissions.rules.clone()),
+            grants: Arc::clone(session.grants()),
+            approvals: inner.approvals.clone(),
+            approval_timeout: inner.config.approval_timeout,
+            toolbox: Arc::clone(&inner.toolbox),
+            abort: record.abort.clone(),
+            events: Arc::clone(&record) as Arc<dyn EventSink>,
+        };
+        let history = session.history();
+        let task_inner = Arc::clone(inner);
+        let task_record = Arc::clone(&record);
+        inner.tasks.spawn(async move {
+            let limits = task_inner.config.limits;
+            let run = run_until_end(&*task_inner.model, &context, limits, &history, &request.message);
+            let (messages, terminal) = match AssertUnwindSafe(run).catch_unwind().await {
+                Ok(outcome) => {
+                    let terminal = outcome.terminal_event();
+                    (outcome.messages, terminal)
+                }
+                Err(_) => {
+                    tracing::error!(run_id = %context.run_id, "the run panicked");
+                    let terminal = AgentEvent::RunFailed {
+                        code: RunErrorCode::Internal,
+                        message: "The run failed unexpectedly.".to_owned(),
+                    };
+                    (Vec::new(), terminal)
+                }
+            };
+            // The session is free and the run is filed before anyone sees the terminal event.
+            session.end(&context.run_id, messages);
+            {
+                let mut table = task_inner.runs();
+                table.finished.push_back((Instant::now(), context.run_id.clone()));
+                task_inner.sweep(&mut table);
+            }
+            task_record.emit(terminal);
+        });
+        Ok(record)
+    }
+
+    /// The record of a run that is going or finished recently.
+    pub fn run(&self, run_id: &RunId) -> Option<Arc<RunRecord>> {
+        let mut table = self.inner.runs();
+        self.inner.sweep(&mut table);
+        table.runs.get(run_id).cloned()
+    }
+
+    /// Aborts a run: its pending approvals resolve as `denied/abort` and nothing runs after that.
+    pub fn cancel(&self, run_id: &RunId) -> Result<Arc<RunRecord>, RunNotFound> {
+        let record = self.run(run_id).ok_or_else(|| RunNotFound(run_id.clone()))?;
+        record.abort(AbortReason::Cancelled);
+        Ok(record)
+    }
+
+    /// Resolves a pending approval with a person's decision. Edited arguments must satisfy the tool's schema;
+    /// when they do not, the approval stays pending.
+    pub fn decide(
+        &self,
+        run_id: &RunId,
+        tool_call_id: &ToolCallId,
+        decision: Decision,
+    ) -> Result<ResolvedApproval, DecideError> {
+        let toolbox = &self.inner.toolbox;
+        self.inner
+            .approvals
+            .resolve_with(run_id, tool_call_id, |request| {
+                if let Decision::Approve {
+                    arguments: Some(arguments),
+                    ..
+                } = &decision
+                {
+                    toolbox.validate(&request.tool_name, arguments)?;
+                }
+                Ok::<_, crate::tools::ToolError>(Resolution::from_decision(decision))
+            })
+            .map_err(|error| match error {
+                ResolveError::NotFound(not_found) => DecideError::NotFound(not_found),
+                ResolveError::Refused(error) => DecideError::InvalidArguments(error.message),
+            })
+    }
+
+    /// Pending approvals, of one run or of all.
+    pub fn pending(&self, run_id: Option<&RunId>) -> Vec<ApprovalRequest> {
+        self.inner.approvals.pending(run_id)
+    }
+
+    /// A session's runs that are still remembered, as a viewer sees them.
+    pub fn session_view(&self, session_id: &SessionId) -> SessionView {
+        let mut view = SessionView::new(session_id.clone());
+        if let Some(session) = self.inner.sessions.get(session_id) {
+            view.runs = session
+                .runs()
+                .iter()
+                .filter_map(|run_id| self.run(run_id))
+                .filter_map(|record| record.view())
+                .collect();
+        }
+        view
+    }
+
+    /// Runs still going.
+    pub fn active_runs(&self) -> Vec<Arc<RunRecord>> {
+        self.inner
+            .runs()
+            .runs
+            .values()
+            .filter(|record| !record.is_finished())
+            .cloned()
+            .collect()
+    }
+
+    /// Stops accepting runs, aborts every run (pending approvals resolve as aborted, streams end with an error
+    /// event that says why), and waits up to `grace` for them to end. True when all ended in time.
+    pub async fn shutdown(&self, grace: Duration) -> bool {
+        self.inner.closing.cancel();
+        for record in self.active_runs() {
+            record.abort(AbortReason::Shutdown);
+        }
+        self.inner.tasks.close();
+        tokio::time::timeout(grace, self.inner.tasks.wait())
+            .await
+            .is_ok()
+    }
+}

@@ -1,0 +1,37 @@
+//! toolgate's harness: an LLM agent whose every tool call passes a permission policy, with a person in the loop.
+//!
+//! Without features this crate is only the wire types and the transcript reducer, which compile to wasm32 for the
+//! browser. The `runtime` feature adds everything that needs tokio, in the order a run flows through it:
+//!
+//! - [`hub`]: the [`Harness`](hub::Harness): sessions, runs as resources with replayable event logs;
+//! - [`agent_loop`]: the sampling loop;
+//! - [`model`]: the model trait and the scripted model;
+//! - [`runtime`]: one tool call: prepare, decide, ask, execute;
+//! - [`policy`]: permission decisions;
+//! - [`approvals`]: the registry of pending approvals;
+//! - [`tools`]: tools, their schemas and the built-in workspace tools;
+//! - [`events`]: the internal events and their projection to the wire.
+
+pub mod ids;
+pub mod input;
+pub mod view;
+pub mod wire;
+
+#[cfg(feature = "runtime")]
+pub mod agent_loop;
+#[cfg(feature = "runtime")]
+pub mod approvals;
+#[cfg(feature = "runtime")]
+pub mod events;
+#[cfg(feature = "runtime")]
+pub mod hub;
+#[cfg(feature = "runtime")]
+pub mod model;
+#[cfg(feature = "runtime")]
+pub mod policy;
+#[cfg(feature = "runtime")]
+pub mod runtime;
+#[cfg(feature = "runtime")]
+pub mod session;
+#[cfg(feature = "runtime")]
+pub mod tools;

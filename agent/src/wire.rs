@@ -1,0 +1,631 @@
+//! The types that cross the wire between the server and its clients (the browser included).
+//!
+//! Everything here is plain serde and compiles to wasm32 without tokio, so the browser and the server share one
+//! definition of every event, request and resolution.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::{RunId, SessionId, ToolCallId};
+
+/// How readily tool calls run without asking a person.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalPolicy {
+    /// Nothing asks. Ordered first: the loosest.
+    Trusted,
+    /// Read-only tools run; anything destructive or not fully annotated asks.
+    #[default]
+    OnRequest,
+    /// Every call asks.
+    Strict,
+}
+
+impl ApprovalPolicy {
+    pub const ALL: [ApprovalPolicy; 3] = [Self::Trusted, Self::OnRequest, Self::Strict];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Trusted => "trusted",
+            Self::OnRequest => "on_request",
+            Self::Strict => "strict",
+        }
+    }
+}
+
+impl fmt::Display for ApprovalPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ApprovalPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "trusted" => Ok(Self::Trusted),
+            "on_request" => Ok(Self::OnRequest),
+            "strict" => Ok(Self::Strict),
+            other => Err(format!(
+                "unknown policy {other:?}: expected one of on_request, strict, trusted"
+            )),
+        }
+    }
+}
+
+/// What happens when the policy says `ask`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalMode {
+    /// No channel to a person: the run fails with an approval-required error.
+    #[default]
+    FailClosed,
+    /// Register a pending approval and wait for a decision, a timeout or an abort.
+    Interactive,
+}
+
+/// A per-tool rule that overrides the policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleAction {
+    Allow,
+    Ask,
+    Deny,
+}
+
+impl FromStr for RuleAction {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "allow" => Ok(Self::Allow),
+            "ask" => Ok(Self::Ask),
+            "deny" => Ok(Self::Deny),
+            other => Err(format!(
+                "unknown rule action {other:?}: expected allow, ask or deny"
+            )),
+        }
+    }
+}
+
+/// The permission decision for one tool call, with the reason a person (and the model) is shown.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum PermissionDecision {
+    Allow { reason: String },
+    Ask { reason: String },
+    Deny { reason: String },
+}
+
+impl PermissionDecision {
+    pub fn reason(&self) -> &str {
+        match self {
+            Self::Allow { reason } | Self::Ask { reason } | Self::Deny { reason } => reason,
+        }
+    }
+}
+
+/// MCP-style hints about what a tool does. `None` means the tool did not say.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolAnnotations {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destructive: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_world: Option<bool>,
+}
+
+impl ToolAnnotations {
+    /// True when every hint is given.
+    pub fn is_complete(&self) -> bool {
+        self.read_only.is_some()
+            && self.destructive.is_some()
+            && self.idempotent.is_some()
+            && self.open_world.is_some()
+    }
+}
+
+/// What the model (and the UI) learns about a tool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+    #[serde(default)]
+    pub annotations: ToolAnnotations,
+}
+
+/// A tool call as the model asked for it. `arguments` is the raw JSON text the model produced, which may not be
+/// valid JSON: that is a recoverable error for the model, not a crash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCall {
+    pub id: ToolCallId,
+    pub name: String,
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// The arguments as JSON when they parse, otherwise the raw text as a JSON string.
+    pub fn arguments_value(&self) -> Value {
+        serde_json::from_str(&self.arguments).unwrap_or_else(|_| Value::String(self.arguments.clone()))
+    }
+}
+
+/// One message of a conversation, as the model sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "camelCase")]
+pub enum Message {
+    System {
+        content: String,
+    },
+    User {
+        content: String,
+    },
+    #[serde(rename_all = "camelCase")]
+    Assistant {
+        content: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall>,
+    },
+    #[serde(rename_all = "camelCase")]
+    Tool {
+        tool_call_id: ToolCallId,
+        tool_name: String,
+        output: ToolOutput,
+    },
+}
+
+/// Machine-readable codes of recoverable tool outputs. The model sees them and can change course.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ToolErrorCode {
+    /// A person (or a timeout, or an abort) denied the call.
+    ApprovalDenied,
+    /// The policy or a rule denies this tool.
+    PermissionDenied,
+    /// The model named a tool that does not exist.
+    UnknownTool,
+    /// The arguments are not valid JSON.
+    InvalidArguments,
+    /// The arguments do not satisfy the tool's input schema.
+    InvalidInput,
+    /// The same call was repeated too often.
+    RepeatedCall,
+    /// A path leaves the workspace.
+    OutsideWorkspace,
+    NotFound,
+    Timeout,
+    /// Any other failure reported by the tool.
+    ToolFailed,
+}
+
+impl ToolErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ApprovalDenied => "APPROVAL_DENIED",
+            Self::PermissionDenied => "PERMISSION_DENIED",
+            Self::UnknownTool => "UNKNOWN_TOOL",
+            Self::InvalidArguments => "INVALID_ARGUMENTS",
+            Self::InvalidInput => "INVALID_INPUT",
+            Self::RepeatedCall => "REPEATED_CALL",
+            Self::OutsideWorkspace => "OUTSIDE_WORKSPACE",
+            Self::NotFound => "NOT_FOUND",
+            Self::Timeout => "TIMEOUT",
+            Self::ToolFailed => "TOOL_FAILED",
+        }
+    }
+}
+
+/// What a tool call gave back to the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "camelCase")]
+pub enum ToolOutput {
+    Ok { content: Value },
+    Error { code: ToolErrorCode, message: String },
+}
+
+impl ToolOutput {
+    pub fn error(code: ToolErrorCode, message: impl Into<String>) -> Self {
+        Self::Error {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn is_ok(&self) -> bool {
+        matches!(self, Self::Ok { .. })
+    }
+
+    /// The text the model receives as the tool's result.
+    pub fn model_text(&self) -> String {
+        match self {
+            Self::Ok {
+                content: Value::String(text),
+            } => text.clone(),
+            Self::Ok { content } => content.to_string(),
+            Self::Error { code, message } => serde_json::json!({
+                "error": { "code": code.as_str(), "message": message }
+            })
+            .to_string(),
+        }
+    }
+}
+
+/// The sentence the model receives when a call is denied. Its wording steers the model away from retrying.
+pub fn approval_denied_message(reason: &str) -> String {
+    let reason = reason.trim();
+    let reason = if reason.ends_with(['.', '!', '?']) {
+        reason.to_owned()
+    } else {
+        format!("{reason}.")
+    };
+    format!(
+        "{reason} The action was not performed. Do not retry the same call; take a different approach or explain what you need in the final answer."
+    )
+}
+
+/// A pending approval as clients see it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalRequest {
+    pub run_id: RunId,
+    pub tool_call_id: ToolCallId,
+    pub tool_name: String,
+    pub arguments: Value,
+    /// Why the policy asks.
+    pub reason: String,
+    /// Milliseconds since the Unix epoch.
+    pub requested_at: u64,
+    /// Milliseconds since the Unix epoch; after this the call is denied with source `timeout`.
+    pub expires_at: u64,
+}
+
+/// Who approved a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalSource {
+    User,
+}
+
+/// Who (or what) denied a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DenialSource {
+    User,
+    Timeout,
+    Abort,
+}
+
+/// How far an approval reaches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionScope {
+    /// This call only.
+    #[default]
+    Once,
+    /// This call and every later call of the same tool in the same session.
+    Session,
+}
+
+/// How a pending approval ended. It ends exactly once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Resolution {
+    Approved {
+        source: ApprovalSource,
+        #[serde(default)]
+        scope: DecisionScope,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// Arguments the person edited before approving; they replace the model's.
+        #[serde(default, rename = "editedArguments", skip_serializing_if = "Option::is_none")]
+        edited_arguments: Option<Value>,
+    },
+    Denied {
+        source: DenialSource,
+        reason: String,
+    },
+}
+
+impl Resolution {
+    pub fn is_approved(&self) -> bool {
+        matches!(self, Self::Approved { .. })
+    }
+}
+
+/// A person's decision on a pending approval, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    Approve {
+        scope: DecisionScope,
+        reason: Option<String>,
+        arguments: Option<Value>,
+    },
+    Deny {
+        reason: Option<String>,
+    },
+}
+
+impl Decision {
+    pub fn approve() -> Self {
+        Self::Approve {
+            scope: DecisionScope::Once,
+            reason: None,
+            arguments: None,
+        }
+    }
+
+    pub fn deny() -> Self {
+        Self::Deny { reason: None }
+    }
+}
+
+/// Codes of errors that end a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RunErrorCode {
+    /// Fail-closed mode met a call that needs approval.
+    ApprovalRequired,
+    StepLimit,
+    RepeatedCall,
+    Aborted,
+    Shutdown,
+    Model,
+    EventLimit,
+    Internal,
+}
+
+/// The events a run streams, as JSON objects with a `type` field. The same name is the SSE `event:` field.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum StreamEvent {
+    /// The run began: the user's message and the policy it runs under.
+    #[serde(rename_all = "camelCase")]
+    RunStarted {
+        run_id: RunId,
+        session_id: SessionId,
+        message: String,
+        policy: ApprovalPolicy,
+        approval_mode: ApprovalMode,
+    },
+    /// A step of the sampling loop began (1-based).
+    #[serde(rename_all = "camelCase")]
+    Step { run_id: RunId, step: u32 },
+    /// Text from the model, as it arrives.
+    #[serde(rename_all = "camelCase")]
+    AssistantDelta {
+        run_id: RunId,
+        step: u32,
+        delta: String,
+    },
+    /// The model asked for a tool call, and the policy decided.
+    #[serde(rename_all = "camelCase")]
+    ToolCall {
+        run_id: RunId,
+        step: u32,
+        tool_call_id: ToolCallId,
+        tool_name: String,
+        arguments: Value,
+        permission: PermissionDecision,
+    },
+    /// A call waits for a person.
+    ApprovalRequired { request: ApprovalRequest },
+    /// A pending call was approved or denied.
+    #[serde(rename_all = "camelCase")]
+    ApprovalResolved {
+        run_id: RunId,
+        tool_call_id: ToolCallId,
+        tool_name: String,
+        resolution: Resolution,
+    },
+    /// A call finished (or was refused) and its output went to the model.
+    #[serde(rename_all = "camelCase")]
+    ToolResult {
+        run_id: RunId,
+        tool_call_id: ToolCallId,
+        tool_name: String,
+        /// The arguments the tool ran with, when a person edited them before approving.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        executed_arguments: Option<Value>,
+        output: ToolOutput,
+        duration_ms: u64,
+    },
+    /// Runtime observations for the debug console. The UI never depends on them.
+    #[serde(rename_all = "camelCase")]
+    Debug {
+        run_id: RunId,
+        /// Milliseconds since the Unix epoch.
+        at: u64,
+        message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<Value>,
+    },
+    /// The run ended with a final answer.
+    #[serde(rename_all = "camelCase")]
+    Done {
+        run_id: RunId,
+        answer: String,
+        steps: u32,
+    },
+    /// The run ended with an error.
+    #[serde(rename_all = "camelCase")]
+    Error {
+        run_id: RunId,
+        code: RunErrorCode,
+        message: String,
+    },
+}
+
+impl StreamEvent {
+    /// The value of the `type` field, also used as the SSE `event:` name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::RunStarted { .. } => "runStarted",
+            Self::Step { .. } => "step",
+            Self::AssistantDelta { .. } => "assistantDelta",
+            Self::ToolCall { .. } => "toolCall",
+            Self::ApprovalRequired { .. } => "approvalRequired",
+            Self::ApprovalResolved { .. } => "approvalResolved",
+            Self::ToolResult { .. } => "toolResult",
+            Self::Debug { .. } => "debug",
+            Self::Done { .. } => "done",
+            Self::Error { .. } => "error",
+        }
+    }
+
+    /// Every event name, for clients that subscribe by name (EventSource).
+    pub const KINDS: [&'static str; 10] = [
+        "runStarted",
+        "step",
+        "assistantDelta",
+        "toolCall",
+        "approvalRequired",
+        "approvalResolved",
+        "toolResult",
+        "debug",
+        "done",
+        "error",
+    ];
+
+    /// True for the events that end a run.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, Self::Done { .. } | Self::Error { .. })
+    }
+}
+
+/// An event with its per-run sequence number (the SSE `id:`), starting at 1.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunEvent {
+    pub seq: u64,
+    pub event: StreamEvent,
+}
+
+/// A 400 body in the shape clients know from Zod's `flatten()`: errors about the whole body, and errors per field.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidationErrors {
+    pub form_errors: Vec<String>,
+    pub field_errors: BTreeMap<String, Vec<String>>,
+}
+
+impl ValidationErrors {
+    pub fn form(message: impl Into<String>) -> Self {
+        Self {
+            form_errors: vec![message.into()],
+            field_errors: BTreeMap::new(),
+        }
+    }
+
+    pub fn field(&mut self, field: &str, message: impl Into<String>) {
+        self.field_errors
+            .entry(field.to_owned())
+            .or_default()
+            .push(message.into());
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.form_errors.is_empty() && self.field_errors.is_empty()
+    }
+}
+
+impl fmt::Display for ValidationErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts: Vec<String> = self.form_errors.clone();
+        for (field, errors) in &self.field_errors {
+            for error in errors {
+                parts.push(format!("{field}: {error}"));
+            }
+        }
+        f.write_str(&parts.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn resolutions_have_the_seed_shape() {
+        let approved = Resolution::Approved {
+            source: ApprovalSource::User,
+            scope: DecisionScope::Once,
+            reason: None,
+            edited_arguments: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&approved).unwrap(),
+            json!({"type": "approved", "source": "user", "scope": "once"})
+        );
+        let denied = Resolution::Denied {
+            source: DenialSource::Timeout,
+            reason: "No decision arrived in time.".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&denied).unwrap(),
+            json!({"type": "denied", "source": "timeout", "reason": "No decision arrived in time."})
+        );
+    }
+
+    #[test]
+    fn the_denial_wording_is_the_seeds() {
+        assert_eq!(
+            approval_denied_message("The user denied this tool call."),
+            "The user denied this tool call. The action was not performed. Do not retry the same call; take a different approach or explain what you need in the final answer."
+        );
+        assert!(approval_denied_message("too risky").starts_with("too risky. The action"));
+    }
+
+    #[test]
+    fn events_carry_their_type_and_kind_matches() {
+        let event = StreamEvent::ApprovalResolved {
+            run_id: RunId::parse("r").unwrap(),
+            tool_call_id: ToolCallId::parse("c").unwrap(),
+            tool_name: "delete_file".into(),
+            resolution: Resolution::Denied {
+                source: DenialSource::User,
+                reason: "no".into(),
+            },
+        };
+        let value = serde_json::to_value(&event).unwrap();
+        assert_eq!(value["type"], "approvalResolved");
+        assert_eq!(value["toolCallId"], "c");
+        assert_eq!(value["type"], event.kind());
+        let back: StreamEvent = serde_json::from_value(value).unwrap();
+        assert_eq!(back, event);
+    }
+
+    #[test]
+    fn policies_parse_and_order_from_loose_to_strict() {
+        assert_eq!("on-request".parse(), Ok(ApprovalPolicy::OnRequest));
+        assert_eq!("STRICT".parse(), Ok(ApprovalPolicy::Strict));
+        assert!("yolo".parse::<ApprovalPolicy>().is_err());
+        assert!(ApprovalPolicy::Trusted < ApprovalPolicy::OnRequest);
+        assert!(ApprovalPolicy::OnRequest < ApprovalPolicy::Strict);
+    }
+
+    #[test]
+    fn tool_outputs_tell_the_model_the_code() {
+        let output = ToolOutput::error(ToolErrorCode::ApprovalDenied, "no");
+        assert_eq!(
+            output.model_text(),
+            r#"{"error":{"code":"APPROVAL_DENIED","message":"no"}}"#
+        );
+        assert_eq!(
+            ToolOutput::Ok {
+                content: json!("hi")
+            }
+            .model_text(),
+            "hi"
+        );
+    }
+}

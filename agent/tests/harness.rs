@@ -1,0 +1,322 @@
+//! The harness as the server uses it: runs as resources with replayable event logs, sessions, decisions, policy
+//! limits, cancellation, retention and shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent::hub::{DecideError, Harness, HarnessConfig, Retention, StartError, StartRun};
+use agent::model::ScriptedModel;
+use agent::policy::PermissionPolicy;
+use agent::tools::{Workspace, workspace_tools};
+use agent::view::RunStatus;
+use agent::wire::{ApprovalMode, ApprovalPolicy, Decision, DecisionScope, RunErrorCode, StreamEvent};
+use futures::StreamExt;
+use serde_json::json;
+
+struct Setup {
+    harness: Harness,
+    dir: tempfile::TempDir,
+}
+
+fn setup_with(policy: ApprovalPolicy, retention: Retention) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let workspace = Workspace::open(dir.path()).unwrap();
+    let mut config = HarnessConfig::new(PermissionPolicy::new(policy, Default::default()), Duration::from_secs(120));
+    config.retention = retention;
+    let harness = Harness::new(
+        config,
+        Arc::new(ScriptedModel::new()),
+        workspace_tools(&workspace, Default::default()),
+    );
+    Setup { harness, dir }
+}
+
+fn setup() -> Setup {
+    setup_with(ApprovalPolicy::OnRequest, Retention::default())
+}
+
+fn start(message: &str) -> StartRun {
+    StartRun {
+        message: message.into(),
+        session_id: None,
+        policy: None,
+        mode: ApprovalMode::Interactive,
+    }
+}
+
+fn decode(json: &str) -> StreamEvent {
+    serde_json::from_str(json).unwrap()
+}
+
+/// Reads a run's events until one matches.
+async fn until(
+    stream: &mut futures::stream::BoxStream<'static, Arc<agent::hub::EncodedEvent>>,
+    matches: impl Fn(&StreamEvent) -> bool,
+) -> (u64, StreamEvent) {
+    while let Some(encoded) = stream.next().await {
+        let event = decode(&encoded.json);
+        assert_eq!(encoded.kind, event.kind());
+        if matches(&event) {
+            return (encoded.seq, event);
+        }
+    }
+    panic!("the stream ended first");
+}
+
+#[tokio::test]
+async fn a_run_streams_its_events_in_order_with_increasing_ids() {
+    let Setup { harness, dir } = setup();
+    std::fs::write(dir.path().join("a.txt"), "hi").unwrap();
+    let record = harness.start(start("read a.txt")).unwrap();
+    let events: Vec<_> = record.subscribe(0).collect().await;
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>());
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind).filter(|k| *k != "debug").collect();
+    assert_eq!(kinds.first(), Some(&"runStarted"));
+    assert_eq!(kinds.last(), Some(&"done"));
+    assert!(kinds.contains(&"toolCall") && kinds.contains(&"toolResult"));
+    let view = record.view().unwrap();
+    assert_eq!(view.status, RunStatus::Done);
+    assert!(view.answer.unwrap().contains("read_file read a.txt: \"hi\""));
+}
+
+#[tokio::test]
+async fn a_late_subscriber_and_a_reconnect_miss_nothing_and_repeat_nothing() {
+    let Setup { harness, .. } = setup();
+    let record = harness.start(start("delete a.txt")).unwrap();
+    let mut first = record.subscribe(0);
+    let (seen_up_to, event) = until(&mut first, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
+    let StreamEvent::ApprovalRequired { request } = event else { unreachable!() };
+    drop(first);
+
+    harness
+        .decide(&request.run_id, &request.tool_call_id, Decision::deny())
+        .unwrap();
+    record.finished().await;
+
+    // A reconnect from the last id it saw gets exactly the rest.
+    let rest: Vec<u64> = record.subscribe(seen_up_to).map(|e| e.seq).collect().await;
+    let all: Vec<u64> = record.subscribe(0).map(|e| e.seq).collect().await;
+    assert_eq!(rest.first(), Some(&(seen_up_to + 1)));
+    assert_eq!(all.len() as u64, seen_up_to + rest.len() as u64);
+    assert_eq!(&all[seen_up_to as usize..], &rest[..]);
+    // A subscriber from past the end gets nothing and ends.
+    assert_eq!(record.subscribe(10_000).count().await, 0);
+}
+
+#[tokio::test]
+async fn two_subscribers_see_the_same_events() {
+    let Setup { harness, .. } = setup();
+    let record = harness.start(start("delete a.txt")).unwrap();
+    let one = record.subscribe(0);
+    let mut two = record.subscribe(0);
+    let (_, event) = until(&mut two, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
+    let StreamEvent::ApprovalRequired { request } = event else { unreachable!() };
+    harness
+        .decide(&request.run_id, &request.tool_call_id, Decision::approve())
+        .unwrap();
+    let one: Vec<String> = one.map(|e| e.json.to_string()).collect().await;
+    let all_two: Vec<String> = record.subscribe(0).map(|e| e.json.to_string()).collect().await;
+    assert_eq!(one, all_two);
+    assert!(one.last().unwrap().contains("\"type\":\"done\""));
+}
+
+#[tokio::test]
+async fn a_session_remembers_earlier_turns_and_its_grants() {
+    let Setup { harness, dir } = setup();
+    std::fs::write(dir.path().join("a.txt"), "a").unwrap();
+    std::fs::write(dir.path().join("b.txt"), "b").unwrap();
+    let session = "session-1".parse().unwrap();
+    let first = harness
+        .start(StartRun {
+            session_id: Some(session),
+            ..start("delete a.txt")
+        })
+        .unwrap();
+    let mut events = first.subscribe(0);
+    let (_, event) = until(&mut events, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
+    let StreamEvent::ApprovalRequired { request } = event else { unreachable!() };
+    harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::Approve {
+                scope: DecisionScope::Session,
+                reason: None,
+                arguments: None,
+            },
+        )
+        .unwrap();
+    first.finished().await;
+
+    let second = harness
+        .start(StartRun {
+            session_id: Some(first.session_id().clone()),
+            ..start("delete b.txt")
+        })
+        .unwrap();
+    second.finished().await;
+    let view = second.view().unwrap();
+    assert_eq!(view.status, RunStatus::Done);
+    let call = view.tool_calls().next().unwrap();
+    assert!(call.approval.is_none(), "no approval was asked");
+    assert!(call.output.as_ref().unwrap().is_ok());
+    assert!(!dir.path().join("b.txt").exists());
+    // The scripted model numbers calls by the conversation so far: it saw the first turn.
+    assert_eq!(call.id.as_str(), "call_2");
+
+    let session_view = harness.session_view(first.session_id());
+    assert_eq!(session_view.runs.len(), 2);
+}
+
+#[tokio::test]
+async fn a_session_runs_one_run_at_a_time() {
+    let Setup { harness, .. } = setup();
+    let first = harness
+        .start(StartRun {
+            session_id: Some("s".parse().unwrap()),
+            ..start("delete a.txt")
+        })
+        .unwrap();
+    let busy = harness
+        .start(StartRun {
+            session_id: Some("s".parse().unwrap()),
+            ..start("list files")
+        })
+        .unwrap_err();
+    assert!(matches!(busy, StartError::SessionBusy(_)));
+    assert!(busy.to_string().contains(first.run_id().as_str()));
+}
+
+#[tokio::test]
+async fn whoever_sees_done_can_start_the_sessions_next_run_at_once() {
+    let Setup { harness, .. } = setup();
+    let session = Some("s".parse().unwrap());
+    for _ in 0..20 {
+        let record = harness
+            .start(StartRun {
+                session_id: session.clone(),
+                ..start("hello")
+            })
+            .unwrap();
+        record.finished().await;
+    }
+}
+
+#[tokio::test]
+async fn a_run_may_ask_for_a_stricter_policy_but_never_a_looser_one() {
+    let Setup { harness, .. } = setup();
+    let error = harness
+        .start(StartRun {
+            policy: Some(ApprovalPolicy::Trusted),
+            ..start("delete a.txt")
+        })
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Policy trusted is looser than the server's policy on_request; a run may only ask for a stricter one."
+    );
+    let strict = harness
+        .start(StartRun {
+            policy: Some(ApprovalPolicy::Strict),
+            ..start("list files")
+        })
+        .unwrap();
+    let mut events = strict.subscribe(0);
+    let (_, event) = until(&mut events, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
+    let StreamEvent::ApprovalRequired { request } = event else { unreachable!() };
+    assert_eq!(request.tool_name, "list_files", "strict asks even for read-only tools");
+}
+
+#[tokio::test]
+async fn edited_arguments_that_break_the_schema_are_refused_and_the_approval_stays() {
+    let Setup { harness, .. } = setup();
+    let record = harness.start(start("delete a.txt")).unwrap();
+    let mut events = record.subscribe(0);
+    let (_, event) = until(&mut events, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
+    let StreamEvent::ApprovalRequired { request } = event else { unreachable!() };
+    let error = harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::Approve {
+                scope: DecisionScope::Once,
+                reason: None,
+                arguments: Some(json!({"path": 7})),
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(error, DecideError::InvalidArguments(ref m) if m.contains("/path")), "{error:?}");
+    assert_eq!(harness.pending(Some(&request.run_id)).len(), 1);
+}
+
+#[tokio::test]
+async fn cancelling_a_run_denies_its_pending_approvals_as_aborted() {
+    let Setup { harness, .. } = setup();
+    let record = harness.start(start("delete a.txt")).unwrap();
+    let mut events = record.subscribe(0);
+    until(&mut events, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
+    harness.cancel(record.run_id()).unwrap();
+    let (_, resolved) = until(&mut events, |e| matches!(e, StreamEvent::ApprovalResolved { .. })).await;
+    assert!(serde_json::to_string(&resolved).unwrap().contains("\"source\":\"abort\""));
+    let (_, end) = until(&mut events, StreamEvent::is_terminal).await;
+    assert!(matches!(end, StreamEvent::Error { code: RunErrorCode::Aborted, .. }));
+    assert!(harness.pending(None).is_empty());
+    assert!(harness.cancel(&"nope".parse().unwrap()).is_err());
+}
+
+#[tokio::test]
+async fn finished_runs_are_forgotten_beyond_the_retention_count() {
+    let Setup { harness, .. } = setup_with(
+        ApprovalPolicy::OnRequest,
+        Retention {
+            finished_runs: 2,
+            ..Retention::default()
+        },
+    );
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let record = harness.start(start("hello")).unwrap();
+        record.finished().await;
+        ids.push(record.run_id().clone());
+    }
+    assert!(harness.run(&ids[0]).is_none());
+    assert!(harness.run(&ids[1]).is_none());
+    assert!(harness.run(&ids[3]).is_some());
+}
+
+#[tokio::test]
+async fn shutdown_aborts_pending_runs_and_refuses_new_ones() {
+    let Setup { harness, .. } = setup();
+    let record = harness.start(start("delete a.txt")).unwrap();
+    let mut events = record.subscribe(0);
+    until(&mut events, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
+    assert!(harness.shutdown(Duration::from_secs(5)).await, "runs end within the grace");
+    let (_, end) = until(&mut events, StreamEvent::is_terminal).await;
+    match end {
+        StreamEvent::Error { code, message, .. } => {
+            assert_eq!(code, RunErrorCode::Shutdown);
+            assert_eq!(message, "The server is shutting down, so the run was aborted.");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(harness.start(start("list files")).unwrap_err(), StartError::ShuttingDown);
+}
+
+#[tokio::test]
+async fn fail_closed_runs_end_with_an_approval_required_error() {
+    let Setup { harness, dir } = setup();
+    std::fs::write(dir.path().join("a.txt"), "a").unwrap();
+    let record = harness
+        .start(StartRun {
+            mode: ApprovalMode::FailClosed,
+            ..start("delete a.txt")
+        })
+        .unwrap();
+    record.finished().await;
+    let view = record.view().unwrap();
+    let error = view.error.unwrap();
+    assert_eq!(error.code, RunErrorCode::ApprovalRequired);
+    assert!(error.message.contains("delete_file needs approval"));
+    assert!(dir.path().join("a.txt").exists());
+}
