@@ -333,6 +333,68 @@ impl Inner {
     }
 }
 
+/// Where a session follower is in the session's list of runs.
+enum Position {
+    /// Before the first run.
+    Start,
+    /// In this run, after this event.
+    Resume(RunId, u64),
+    /// Done with this run.
+    After(RunId),
+}
+
+struct SessionFollow {
+    harness: Harness,
+    session: Arc<crate::session::Session>,
+    runs_changed: watch::Receiver<u64>,
+    position: Position,
+    current: Option<(RunId, BoxStream<'static, Arc<EncodedEvent>>)>,
+}
+
+impl SessionFollow {
+    async fn next(&mut self) -> Option<(RunId, Arc<EncodedEvent>)> {
+        loop {
+            if let Some((run_id, events)) = &mut self.current {
+                match events.next().await {
+                    Some(event) => return Some((run_id.clone(), event)),
+                    None => {
+                        self.position = Position::After(run_id.clone());
+                        self.current = None;
+                    }
+                }
+            }
+            self.runs_changed.borrow_and_update();
+            let runs = self.session.runs();
+            let next = match &self.position {
+                Position::Start => runs.first().map(|run| (run.clone(), 0)),
+                Position::Resume(run_id, after) if runs.contains(run_id) => Some((run_id.clone(), *after)),
+                Position::Resume(..) => runs.first().map(|run| (run.clone(), 0)),
+                // A run the session no longer lists fell off the front: every listed run is newer.
+                Position::After(run_id) => match runs.iter().position(|run| run == run_id) {
+                    Some(i) => runs.get(i + 1),
+                    None => runs.first(),
+                }
+                .map(|run| (run.clone(), 0)),
+            };
+            match next {
+                Some((run_id, after)) => {
+                    if let Some(record) = self.harness.run(&run_id) {
+                        self.current = Some((run_id.clone(), record.subscribe(after)));
+                    }
+                    self.position = Position::After(run_id);
+                }
+                None => {
+                    let closing = self.harness.inner.closing.clone();
+                    tokio::select! {
+                        changed = self.runs_changed.changed() => changed.ok()?,
+                        () = closing.cancelled() => return None,
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The application's harness. Cloning is cheap; every clone is the same harness.
 #[derive(Clone)]
 pub struct Harness {
@@ -525,6 +587,32 @@ impl Harness {
                 .collect();
         }
         view
+    }
+
+    /// A session's events, run after run, as long as the harness runs: the run `resume` names from after its
+    /// sequence number, then every later run of the session from its start, including runs not started yet. Each
+    /// event comes with the run it belongs to. Without `resume`, every remembered run of the session is replayed.
+    pub fn session_events(
+        &self,
+        session_id: &SessionId,
+        resume: Option<(RunId, u64)>,
+    ) -> BoxStream<'static, (RunId, Arc<EncodedEvent>)> {
+        let session = self.inner.sessions.get_or_create(session_id);
+        let follow = SessionFollow {
+            harness: self.clone(),
+            runs_changed: session.watch_runs(),
+            session,
+            position: match resume {
+                Some((run_id, after)) => Position::Resume(run_id, after),
+                None => Position::Start,
+            },
+            current: None,
+        };
+        futures::stream::unfold(follow, |mut follow| async move {
+            let item = follow.next().await?;
+            Some((item, follow))
+        })
+        .boxed()
     }
 
     /// Runs still going.

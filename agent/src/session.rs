@@ -4,6 +4,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
+
 use crate::ids::{RunId, SessionId};
 use crate::policy::SessionGrants;
 use crate::wire::Message;
@@ -24,6 +26,8 @@ pub struct Session {
     id: SessionId,
     state: Mutex<SessionState>,
     grants: Arc<Mutex<SessionGrants>>,
+    /// Bumped whenever a run begins, for viewers that follow the session from run to run.
+    runs_changed: watch::Sender<u64>,
 }
 
 /// A session already has a run going.
@@ -45,7 +49,13 @@ impl Session {
                 last_used: Instant::now(),
             }),
             grants: Arc::new(Mutex::new(SessionGrants::new())),
+            runs_changed: watch::channel(0).0,
         }
+    }
+
+    /// Notices each new run of the session.
+    pub fn watch_runs(&self) -> watch::Receiver<u64> {
+        self.runs_changed.subscribe()
     }
 
     fn state(&self) -> MutexGuard<'_, SessionState> {
@@ -89,6 +99,8 @@ impl Session {
             state.runs.remove(0);
         }
         state.last_used = Instant::now();
+        drop(state);
+        self.runs_changed.send_modify(|version| *version += 1);
         Ok(())
     }
 

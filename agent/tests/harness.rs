@@ -320,3 +320,57 @@ async fn fail_closed_runs_end_with_an_approval_required_error() {
     assert!(error.message.contains("delete_file needs approval"));
     assert!(dir.path().join("a.txt").exists());
 }
+
+#[tokio::test]
+async fn a_session_follower_sees_each_run_in_turn_including_runs_started_later() {
+    let Setup { harness, .. } = setup();
+    let session: agent::ids::SessionId = "follow".parse().unwrap();
+    // Following starts before the session has any run.
+    let mut follower = harness.session_events(&session, None);
+    let first = harness
+        .start(StartRun {
+            session_id: Some(session.clone()),
+            ..start("list files")
+        })
+        .unwrap();
+    let mut seen = Vec::new();
+    while let Some((run_id, event)) = follower.next().await {
+        seen.push((run_id, event.seq));
+        if event.kind == "done" {
+            break;
+        }
+    }
+    assert!(seen.iter().all(|(run, _)| run == first.run_id()));
+    assert_eq!(seen.first().unwrap().1, 1);
+
+    let second = harness
+        .start(StartRun {
+            session_id: Some(session.clone()),
+            ..start("list files")
+        })
+        .unwrap();
+    let (run_id, event) = follower.next().await.unwrap();
+    assert_eq!(&run_id, second.run_id());
+    assert_eq!((event.seq, event.kind), (1, "runStarted"));
+
+    // A follower that resumes after the first run's 3rd event gets the rest of it, then the second run.
+    second.finished().await;
+    let mut resumed = harness.session_events(&session, Some((first.run_id().clone(), 3)));
+    let (run_id, event) = resumed.next().await.unwrap();
+    assert_eq!((&run_id, event.seq), (first.run_id(), 4));
+    let mut last = (run_id, event.seq);
+    loop {
+        let (run_id, event) = resumed.next().await.unwrap();
+        if &run_id == second.run_id() {
+            assert_eq!(event.seq, 1, "the next run from its start");
+            assert_eq!(last.1, first.last_seq(), "the first run to its end");
+            break;
+        }
+        last = (run_id, event.seq);
+    }
+
+    // Followers end when the harness shuts down.
+    harness.shutdown(Duration::from_secs(5)).await;
+    let rest: Vec<_> = follower.collect().await;
+    assert!(rest.iter().all(|(run, _)| run == second.run_id()));
+}

@@ -1,1 +1,114 @@
-pub fn placeholder() {}
+//! toolgate's page: rendered on the server, hydrated in the browser.
+//!
+//! The server renders the session as it stands (the transcript, every pending approval); the browser hydrates it
+//! and follows the active run's events from the last one the page shows.
+
+pub mod api;
+pub mod components;
+pub mod format;
+pub mod live;
+pub mod state;
+
+use std::time::Duration;
+
+use leptos::prelude::*;
+use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
+
+use crate::api::{PageState, load_page};
+use crate::components::{ApprovalBar, Composer, ConnectionNote, DebugConsole, ErrorBanner, Transcript};
+use crate::state::Ui;
+
+/// The HTML document around the app.
+pub fn shell(options: LeptosOptions) -> impl IntoView {
+    view! {
+        <!DOCTYPE html>
+        <html lang="en">
+            <head>
+                <meta charset="utf-8"/>
+                <meta name="viewport" content="width=device-width, initial-scale=1"/>
+                <meta name="color-scheme" content="light dark"/>
+                <link rel="icon" href="/favicon.svg" type="image/svg+xml"/>
+                <AutoReload options=options.clone()/>
+                <HydrationScripts options/>
+                <MetaTags/>
+            </head>
+            <body>
+                <App/>
+            </body>
+        </html>
+    }
+}
+
+#[component]
+pub fn App() -> impl IntoView {
+    provide_meta_context();
+    let page = Resource::new_blocking(|| (), |_| load_page());
+    view! {
+        <Stylesheet id="leptos" href="/pkg/toolgate.css"/>
+        <Title text="toolgate"/>
+        <Suspense fallback=|| view! { <p class="loading">"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match page.await {
+                    Ok(state) => view! { <Chat state/> }.into_any(),
+                    Err(error) => view! {
+                        <div class="error-banner" role="alert">
+                            "The page could not load its session: " {error.to_string()}
+                        </div>
+                    }
+                    .into_any(),
+                }
+            })}
+        </Suspense>
+    }
+}
+
+#[component]
+fn Chat(state: PageState) -> impl IntoView {
+    let ui = Ui::new(&state);
+    provide_context(ui);
+
+    // In the browser only: follow the session from the last event shown, and start the clock.
+    Effect::new(move |_| {
+        ui.hydrated.set(true);
+        let (session_id, resume) = ui.session.with_untracked(|session| {
+            let last = session.runs.last().map(|run| (run.run_id.clone(), run.last_seq));
+            (session.session_id.clone(), last)
+        });
+        live::follow(ui, &session_id, resume);
+        ui.now_ms.set(js_now());
+        set_interval(move || ui.now_ms.set(js_now()), Duration::from_secs(1));
+    });
+
+    let summary = format!(
+        "policy {} · model {} · approvals time out after {} s",
+        state.policy, state.model, state.approval_timeout_secs
+    );
+    view! {
+        <div class="page" data-hydrated=move || ui.hydrated.get().to_string()>
+            <header class="top">
+                <h1>"toolgate"</h1>
+                <p class="summary">{summary}</p>
+            </header>
+            <main>
+                <ErrorBanner/>
+                <Transcript/>
+                <div class="dock">
+                    <ConnectionNote/>
+                    <ApprovalBar/>
+                    <Composer/>
+                </div>
+            </main>
+            <DebugConsole/>
+        </div>
+    }
+    .into_any()
+}
+
+/// The browser's clock in milliseconds since the Unix epoch. Only effects call it, and effects run only in the
+/// browser.
+fn js_now() -> u64 {
+    #[cfg(feature = "hydrate")]
+    return js_sys::Date::now() as u64;
+    #[cfg(not(feature = "hydrate"))]
+    0
+}

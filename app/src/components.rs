@@ -1,0 +1,387 @@
+//! The page's parts: the transcript, the ApprovalBar, the composer and the debug console.
+
+use agent::view::{RunStatus, RunView, ToolCallView};
+use agent::wire::ApprovalRequest;
+use leptos::html;
+use leptos::prelude::*;
+use leptos::task::spawn_local;
+
+use crate::api::{Choice, cancel_run, decide_approval, start_run};
+use crate::format::{call_status, clock, countdown, output_text, permission_label, pretty_json};
+use crate::state::{Connection, Ui, key_of};
+
+fn ui() -> Ui {
+    expect_context::<Ui>()
+}
+
+/// An error the person should know about, until they dismiss it.
+#[component]
+pub fn ErrorBanner() -> impl IntoView {
+    let ui = ui();
+    move || {
+        ui.error.get().map(|message| {
+            view! {
+                <div class="error-banner" role="alert">
+                    <span>{message}</span>
+                    <button type="button" class="link" on:click=move |_| ui.error.set(None)>
+                        "Dismiss"
+                    </button>
+                </div>
+            }
+        })
+    }
+}
+
+/// The connection to the live stream, when it is not simply fine.
+#[component]
+pub fn ConnectionNote() -> impl IntoView {
+    let ui = ui();
+    move || match ui.connection.get() {
+        Connection::Reconnecting => Some(view! {
+            <p class="connection" role="status">"Connection lost; reconnecting…"</p>
+        }),
+        _ => None,
+    }
+}
+
+#[component]
+fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
+    let (status_class, status) = call_status(&call);
+    let arguments = pretty_json(&call.arguments);
+    let edited = call.executed_arguments.as_ref().map(pretty_json);
+    let output = call.output.as_ref().map(output_text);
+    let permission = format!("{}: {}", permission_label(&call.permission), call.permission.reason());
+    let resolution_reason = match &call.resolution {
+        Some(agent::wire::Resolution::Denied { reason, .. }) => Some(reason.clone()),
+        _ => None,
+    };
+    view! {
+        <article class="tool-call" data-tool-call-id=call.id.to_string() data-status=status_class>
+            <header>
+                <code class="tool-name">{call.name.clone()}</code>
+                <span class=format!("badge {status_class}")>{status}</span>
+            </header>
+            <p class="permission">{permission}</p>
+            <pre class="arguments" aria-label="Arguments">{arguments}</pre>
+            {edited.map(|edited| view! {
+                <p class="note">"Ran with arguments edited by a person:"</p>
+                <pre class="arguments edited">{edited}</pre>
+            })}
+            {resolution_reason.map(|reason| view! { <p class="resolution">{reason}</p> })}
+            {output.map(|output| view! {
+                <details class="output">
+                    <summary>"Result"</summary>
+                    <pre>{output}</pre>
+                </details>
+            })}
+        </article>
+    }
+    .into_any()
+}
+
+#[component]
+fn RunEntry(run: RunView) -> impl IntoView {
+    let failure = run.error.clone();
+    let thinking = run.status == RunStatus::Running
+        && run.steps.iter().all(|step| step.text.is_empty())
+        && run.pending_approvals().next().is_none();
+    let steps = run
+        .steps
+        .into_iter()
+        .map(|step| {
+            let text = (!step.text.is_empty()).then(|| {
+                view! { <div class="turn assistant"><p>{step.text}</p></div> }
+            });
+            let calls = step
+                .tool_calls
+                .into_iter()
+                .map(|call| view! { <ToolCallEntry call/> })
+                .collect_view();
+            view! { {text} {calls} }
+        })
+        .collect_view();
+    view! {
+        <li class="run" data-run-id=run.run_id.to_string()>
+            <div class="turn user"><p>{run.message}</p></div>
+            {steps}
+            {thinking.then(|| view! { <p class="thinking" role="status">"Working…"</p> })}
+            {failure.map(|failure| view! {
+                <div class="turn failed" role="status">
+                    <p><strong>"The run failed: "</strong>{failure.message}</p>
+                </div>
+            })}
+        </li>
+    }
+    .into_any()
+}
+
+/// The conversation: each user turn, the assistant's text, and each tool call with its status and result.
+#[component]
+pub fn Transcript() -> impl IntoView {
+    let ui = ui();
+    let runs = move || ui.session.with(|session| session.runs.clone());
+    view! {
+        <section class="transcript" aria-label="Conversation">
+            <Show when=move || ui.session.with(|s| s.runs.is_empty())>
+                <div class="empty">
+                    <p>"Ask the agent to do something in its workspace. Every tool call passes the policy; risky ones wait for you here."</p>
+                    <p>"Try " <code>"write notes.txt: hello and list files"</code> " or " <code>"delete notes.txt"</code>"."</p>
+                </div>
+            </Show>
+            <ol class="runs">
+                <For
+                    each=runs
+                    key=|run| (run.run_id.clone(), run.last_seq)
+                    children=move |run| view! { <RunEntry run/> }
+                />
+            </ol>
+        </section>
+    }
+    .into_any()
+}
+
+#[component]
+fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
+    let ui = ui();
+    let key = key_of(&request);
+    let card = NodeRef::<html::Article>::new();
+    let reason_input = NodeRef::<html::Input>::new();
+    let dom_id = format!("approval-{}-{}", request.run_id, request.tool_call_id);
+    let title_id = format!("{dom_id}-title");
+    let labelled_by = title_id.clone();
+    let reason_id = format!("{dom_id}-reason");
+    let reason_for = reason_id.clone();
+    let expires_at = request.expires_at;
+
+    // A new card takes the focus (the card, not a button: a stray Enter must not approve anything).
+    Effect::new(move |_| {
+        if let Some(card) = card.get() {
+            let _ = card.focus();
+        }
+    });
+
+    let in_flight = {
+        let key = key.clone();
+        Memo::new(move |_| ui.deciding.with(|deciding| deciding.contains(&key)))
+    };
+    let decide = move |choice: Choice| {
+        let key = key.clone();
+        let reason = reason_input
+            .get()
+            .map(|input| input.value())
+            .filter(|reason| !reason.trim().is_empty());
+        ui.deciding.update(|deciding| {
+            deciding.insert(key.clone());
+        });
+        spawn_local(async move {
+            // The card leaves when `approvalResolved` arrives on the stream, never on this call's success.
+            if let Err(error) = decide_approval(key.0.clone(), key.1.clone(), choice, reason).await {
+                ui.error.set(Some(format!("The decision did not reach the server: {error}")));
+                ui.deciding.update(|deciding| {
+                    deciding.remove(&key);
+                });
+            }
+        });
+    };
+    let approve = {
+        let decide = decide.clone();
+        move |_| decide(Choice::Approve)
+    };
+    let approve_session = {
+        let decide = decide.clone();
+        move |_| decide(Choice::ApproveForSession)
+    };
+    let deny = move |_| decide(Choice::Deny);
+
+    view! {
+        <article
+            class="approval-card"
+            id=dom_id
+            tabindex="-1"
+            aria-labelledby=labelled_by
+            data-tool-call-id=request.tool_call_id.to_string()
+            node_ref=card
+        >
+            <header>
+                <h3 id=title_id>"Run " <code>{request.tool_name.clone()}</code> "?"</h3>
+                <span class="countdown">{move || countdown(expires_at, ui.now_ms.get())}</span>
+            </header>
+            <p class="reason">{request.reason.clone()}</p>
+            <pre class="arguments" aria-label="Arguments">{pretty_json(&request.arguments)}</pre>
+            <div class="actions">
+                <button type="button" class="approve" on:click=approve disabled=move || in_flight.get()>
+                    "Approve"
+                </button>
+                <button type="button" class="approve-session" on:click=approve_session disabled=move || in_flight.get()>
+                    "Approve for session"
+                </button>
+                <label class="deny-reason" for=reason_for>
+                    <span>"Reason (optional)"</span>
+                    <input type="text" id=reason_id node_ref=reason_input maxlength="2000" disabled=move || in_flight.get()/>
+                </label>
+                <button type="button" class="deny" on:click=deny disabled=move || in_flight.get()>
+                    "Deny"
+                </button>
+            </div>
+        </article>
+    }
+    .into_any()
+}
+
+/// One card per pending approval. A card leaves only when its `approvalResolved` event arrives.
+#[component]
+pub fn ApprovalBar() -> impl IntoView {
+    let ui = ui();
+    let pending = Memo::new(move |_| ui.pending());
+    view! {
+        <section class="approval-bar" aria-label="Pending approvals" hidden=move || pending.with(Vec::is_empty)>
+            <For
+                each=move || pending.get()
+                key=key_of
+                children=move |request| view! { <ApprovalCard request/> }
+            />
+        </section>
+    }
+    .into_any()
+}
+
+/// The message box. Disabled, with the reason shown, while an approval waits or a run is going.
+#[component]
+pub fn Composer() -> impl IntoView {
+    let ui = ui();
+    let textarea = NodeRef::<html::Textarea>::new();
+    let pending = Memo::new(move |_| ui.session.with(|s| s.pending_approvals().count()));
+    let active_run = Memo::new(move |_| ui.session.with(|s| s.active_run().map(|run| run.run_id.clone())));
+    let blocked_because = move || {
+        if !ui.hydrated.get() {
+            Some("Loading…".to_owned())
+        } else if pending.get() == 1 {
+            Some("Decide the pending approval above before sending a new message.".to_owned())
+        } else if pending.get() > 1 {
+            Some(format!(
+                "Decide the {} pending approvals above before sending a new message.",
+                pending.get()
+            ))
+        } else if active_run.get().is_some() {
+            Some("The agent is working on your last message.".to_owned())
+        } else if ui.sending.get() {
+            Some("Sending…".to_owned())
+        } else {
+            None
+        }
+    };
+    let blocked = Memo::new(move |_| blocked_because().is_some());
+
+    let send = move || {
+        let Some(area) = textarea.get() else { return };
+        let message = area.value();
+        if message.trim().is_empty() || blocked.get_untracked() {
+            return;
+        }
+        ui.sending.set(true);
+        spawn_local(async move {
+            match start_run(message).await {
+                // The session's stream brings the new run's events.
+                Ok(_run_id) => {
+                    if let Some(area) = textarea.get_untracked() {
+                        area.set_value("");
+                    }
+                }
+                Err(error) => ui.error.set(Some(format!("The message was not sent: {error}"))),
+            }
+            ui.sending.set(false);
+        });
+    };
+    let on_submit = move |event: leptos::ev::SubmitEvent| {
+        event.prevent_default();
+        send();
+    };
+    let on_keydown = move |event: leptos::ev::KeyboardEvent| {
+        if event.key() == "Enter" && !event.shift_key() {
+            event.prevent_default();
+            send();
+        }
+    };
+    let cancel = move |_| {
+        if let Some(run_id) = active_run.get_untracked() {
+            spawn_local(async move {
+                if let Err(error) = cancel_run(run_id).await {
+                    ui.error.set(Some(format!("The run could not be cancelled: {error}")));
+                }
+            });
+        }
+    };
+
+    view! {
+        <form class="composer" on:submit=on_submit>
+            <label for="message" class="visually-hidden">"Message"</label>
+            <textarea
+                id="message"
+                name="message"
+                rows="2"
+                node_ref=textarea
+                placeholder="Try: write notes.txt: hello and list files"
+                aria-describedby="composer-note"
+                disabled=move || blocked.get()
+                on:keydown=on_keydown
+            ></textarea>
+            <button type="submit" class="send" disabled=move || blocked.get()>"Send"</button>
+            <p id="composer-note" class="composer-note" role="status">
+                {move || blocked_because().unwrap_or_default()}
+                <Show when=move || active_run.get().is_some()>
+                    " "
+                    <button type="button" class="link" on:click=cancel>"Cancel the run"</button>
+                </Show>
+            </p>
+        </form>
+    }
+    .into_any()
+}
+
+/// Every `debug` event with its time, behind a toggle.
+#[component]
+pub fn DebugConsole() -> impl IntoView {
+    let ui = ui();
+    let entries = move || {
+        ui.session.with(|session| {
+            session
+                .runs
+                .iter()
+                .flat_map(|run| run.debug.iter().map(move |entry| (run.run_id.clone(), entry.clone())))
+                .collect::<Vec<_>>()
+        })
+    };
+    let count = move || ui.session.with(|s| s.runs.iter().map(|run| run.debug.len()).sum::<usize>());
+    view! {
+        <aside class="debug-console" aria-label="Debug console">
+            <button
+                type="button"
+                class="debug-toggle"
+                aria-expanded=move || ui.debug_open.get().to_string()
+                aria-controls="debug-log"
+                on:click=move |_| ui.debug_open.update(|open| *open = !*open)
+            >
+                {move || if ui.debug_open.get() { "Hide debug console" } else { "Show debug console" }}
+                " (" {count} ")"
+            </button>
+            <ol id="debug-log" class="debug-log" hidden=move || !ui.debug_open.get()>
+                <For
+                    each=entries
+                    key=|(run_id, entry)| (run_id.clone(), entry.seq)
+                    children=move |(_, entry)| {
+                        let data = entry.data.as_ref().map(|data| data.to_string());
+                        view! {
+                            <li>
+                                <time>{clock(entry.at)}</time>
+                                " "
+                                <span>{entry.message}</span>
+                                {data.map(|data| view! { " " <code>{data}</code> })}
+                            </li>
+                        }
+                    }
+                />
+            </ol>
+        </aside>
+    }
+    .into_any()
+}

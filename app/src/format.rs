@@ -1,0 +1,153 @@
+//! Pure formatting for the page: the same text on the server and in the browser, so hydration matches.
+
+use agent::view::{ToolCallStatus, ToolCallView};
+use agent::wire::{DenialSource, PermissionDecision, Resolution, ToolErrorCode, ToolOutput};
+use serde_json::Value;
+
+/// JSON indented for reading.
+pub fn pretty_json(value: &Value) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+}
+
+/// `HH:MM:SS.mmm` in UTC, from milliseconds since the Unix epoch.
+pub fn clock(ms: u64) -> String {
+    let day_ms = ms % 86_400_000;
+    let (h, m, s, milli) = (
+        day_ms / 3_600_000,
+        day_ms / 60_000 % 60,
+        day_ms / 1000 % 60,
+        day_ms % 1000,
+    );
+    format!("{h:02}:{m:02}:{s:02}.{milli:03}")
+}
+
+/// The time left before a pending approval times out, as `m:ss left`.
+pub fn countdown(expires_at: u64, now: u64) -> String {
+    if now >= expires_at {
+        return "timing out…".to_owned();
+    }
+    let left = (expires_at - now).div_ceil(1000);
+    format!("{}:{:02} left", left / 60, left % 60)
+}
+
+/// How a tool call stands, as a CSS class and a label a person reads.
+pub fn call_status(call: &ToolCallView) -> (&'static str, String) {
+    let approved = matches!(call.resolution, Some(Resolution::Approved { .. }));
+    match call.status() {
+        ToolCallStatus::AwaitingApproval => ("waiting", "waiting for approval".to_owned()),
+        ToolCallStatus::Running if approved => ("running", "approved · running".to_owned()),
+        ToolCallStatus::Running => ("running", "running".to_owned()),
+        ToolCallStatus::Succeeded if approved => ("ok", "approved · done".to_owned()),
+        ToolCallStatus::Succeeded => ("ok", "done".to_owned()),
+        ToolCallStatus::Failed => match (&call.resolution, &call.output) {
+            (Some(Resolution::Denied { source, .. }), _) => match source {
+                DenialSource::User => ("denied", "denied by you".to_owned()),
+                DenialSource::Timeout => ("denied", "timed out".to_owned()),
+                DenialSource::Abort => ("denied", "aborted".to_owned()),
+            },
+            (
+                _,
+                Some(ToolOutput::Error {
+                    code: ToolErrorCode::PermissionDenied,
+                    ..
+                }),
+            ) => ("denied", "denied by policy".to_owned()),
+            (_, Some(ToolOutput::Error { code, .. })) => ("failed", format!("failed · {}", code.as_str())),
+            _ => ("failed", "failed".to_owned()),
+        },
+    }
+}
+
+/// The policy's verdict, briefly.
+pub fn permission_label(permission: &PermissionDecision) -> &'static str {
+    match permission {
+        PermissionDecision::Allow { .. } => "allowed",
+        PermissionDecision::Ask { .. } => "asks",
+        PermissionDecision::Deny { .. } => "denied",
+    }
+}
+
+/// What a tool gave back, for the transcript.
+pub fn output_text(output: &ToolOutput) -> String {
+    match output {
+        ToolOutput::Ok { content } => pretty_json(content),
+        ToolOutput::Error { code, message } => format!("{}: {message}", code.as_str()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent::ids::ToolCallId;
+    use agent::wire::{ApprovalRequest, ApprovalSource, DecisionScope};
+    use serde_json::json;
+
+    fn call() -> ToolCallView {
+        ToolCallView {
+            id: ToolCallId::parse("c").unwrap(),
+            name: "delete_file".into(),
+            arguments: json!({"path": "a"}),
+            permission: PermissionDecision::Ask {
+                reason: "destructive".into(),
+            },
+            approval: None,
+            resolution: None,
+            executed_arguments: None,
+            output: None,
+            duration_ms: None,
+        }
+    }
+
+    #[test]
+    fn clocks_and_countdowns() {
+        assert_eq!(clock(0), "00:00:00.000");
+        assert_eq!(clock(86_400_000 + 3_723_045), "01:02:03.045");
+        assert_eq!(countdown(120_000, 0), "2:00 left");
+        assert_eq!(countdown(120_000, 1), "2:00 left");
+        assert_eq!(countdown(120_000, 61_000), "0:59 left");
+        assert_eq!(countdown(120_000, 120_000), "timing out…");
+    }
+
+    #[test]
+    fn a_call_says_how_it_was_resolved() {
+        let mut waiting = call();
+        waiting.approval = Some(ApprovalRequest {
+            run_id: "r".parse().unwrap(),
+            tool_call_id: "c".parse().unwrap(),
+            tool_name: "delete_file".into(),
+            arguments: json!({}),
+            reason: "destructive".into(),
+            requested_at: 0,
+            expires_at: 1,
+        });
+        assert_eq!(call_status(&waiting).1, "waiting for approval");
+
+        let denied = |source| {
+            let mut c = waiting.clone();
+            c.resolution = Some(Resolution::Denied {
+                source,
+                reason: "r".into(),
+            });
+            c.output = Some(ToolOutput::error(ToolErrorCode::ApprovalDenied, "r"));
+            call_status(&c).1
+        };
+        assert_eq!(denied(DenialSource::User), "denied by you");
+        assert_eq!(denied(DenialSource::Timeout), "timed out");
+        assert_eq!(denied(DenialSource::Abort), "aborted");
+
+        let mut approved = waiting.clone();
+        approved.resolution = Some(Resolution::Approved {
+            source: ApprovalSource::User,
+            scope: DecisionScope::Once,
+            reason: None,
+            edited_arguments: None,
+        });
+        assert_eq!(call_status(&approved).1, "approved · running");
+        approved.output = Some(ToolOutput::Ok { content: json!({}) });
+        assert_eq!(call_status(&approved).1, "approved · done");
+
+        let mut policy = call();
+        policy.output = Some(ToolOutput::error(ToolErrorCode::PermissionDenied, "no"));
+        assert_eq!(call_status(&policy).1, "denied by policy");
+    }
+}

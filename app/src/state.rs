@@ -1,0 +1,73 @@
+//! The page's state: the session as the page knows it, folded from the server's snapshot and then from live events.
+
+use std::collections::HashSet;
+
+use agent::ids::{RunId, ToolCallId};
+use agent::view::SessionView;
+use agent::wire::{ApprovalRequest, RunEvent};
+use leptos::prelude::*;
+
+use crate::api::PageState;
+
+/// The live connection to the active run's event stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Connection {
+    /// No run is being followed.
+    Idle,
+    Live,
+    Reconnecting,
+    Lost,
+}
+
+/// An approval, by its key.
+pub type ApprovalKey = (RunId, ToolCallId);
+
+pub fn key_of(request: &ApprovalRequest) -> ApprovalKey {
+    (request.run_id.clone(), request.tool_call_id.clone())
+}
+
+/// Every signal of the page, copied freely into closures.
+#[derive(Clone, Copy)]
+pub struct Ui {
+    pub session: RwSignal<SessionView>,
+    /// Approvals whose decision is on its way to the server: their buttons are disabled.
+    pub deciding: RwSignal<HashSet<ApprovalKey>>,
+    /// An error the person should know about.
+    pub error: RwSignal<Option<String>>,
+    pub connection: RwSignal<Connection>,
+    /// The clock the countdowns read; the server's at first, the browser's once hydrated.
+    pub now_ms: RwSignal<u64>,
+    pub debug_open: RwSignal<bool>,
+    /// A message is on its way to the server.
+    pub sending: RwSignal<bool>,
+    /// True once the WASM is live.
+    pub hydrated: RwSignal<bool>,
+}
+
+impl Ui {
+    pub fn new(page: &PageState) -> Self {
+        Self {
+            session: RwSignal::new(page.session.clone()),
+            deciding: RwSignal::new(HashSet::new()),
+            error: RwSignal::new(None),
+            connection: RwSignal::new(Connection::Idle),
+            now_ms: RwSignal::new(page.now_ms),
+            debug_open: RwSignal::new(false),
+            sending: RwSignal::new(false),
+            hydrated: RwSignal::new(false),
+        }
+    }
+
+    /// Applies one live event; an event seen before changes nothing.
+    pub fn apply(&self, event: &RunEvent) {
+        self.session.update(|session| {
+            session.apply(event);
+        });
+    }
+
+    /// Pending approvals, oldest first.
+    pub fn pending(&self) -> Vec<ApprovalRequest> {
+        self.session
+            .with(|session| session.pending_approvals().cloned().collect())
+    }
+}

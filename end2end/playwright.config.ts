@@ -1,0 +1,59 @@
+import { defineConfig } from "@playwright/test";
+
+// The binary under test: the release build by default, the one `make test` builds.
+const binary = process.env.TOOLGATE_BIN ?? "../target/release/toolgate";
+
+/** The main server, and one with a short approval timeout for the timeout test. */
+export const MAIN = "http://127.0.0.1:3100";
+export const SHORT_TIMEOUT = "http://127.0.0.1:3101";
+
+export default defineConfig({
+  testDir: "./tests",
+  timeout: 30_000,
+  expect: { timeout: 10_000 },
+  fullyParallel: true,
+  workers: 2,
+  retries: 0,
+  reporter: "list",
+  outputDir: "test-results",
+  use: {
+    baseURL: MAIN,
+    trace: "retain-on-failure",
+    screenshot: "only-on-failure",
+  },
+  projects: [
+    {
+      name: "chromium",
+      use: {
+        browserName: "chromium",
+        launchOptions: {
+          executablePath: "/usr/bin/chromium",
+          args: [
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+          ],
+        },
+      },
+    },
+  ],
+  webServer: [
+    {
+      command: `./serve.sh ${binary} 3100 --log warn`,
+      url: `${MAIN}/healthz`,
+      reuseExistingServer: false,
+      timeout: 60_000,
+      stdout: "pipe",
+    },
+    {
+      command: `./serve.sh ${binary} 3101 --approval-timeout-secs 3 --log warn`,
+      url: `${SHORT_TIMEOUT}/healthz`,
+      reuseExistingServer: false,
+      timeout: 60_000,
+    },
+  ],
+});

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Starts the built toolgate binary the way a user deploys it: copied alone into an empty directory and run there.
+#   serve.sh BINARY PORT [toolgate options...]
+set -euo pipefail
+binary=$(realpath "$1")
+port=$2
+shift 2
+dir=$(mktemp -d "${TMPDIR:-/tmp}/toolgate-e2e-$port.XXXXXX")
+cp "$binary" "$dir/toolgate"
+cd "$dir"
+exec ./toolgate --addr "127.0.0.1:$port" "$@"

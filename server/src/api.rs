@@ -1,0 +1,289 @@
+//! The HTTP API: the seed's routes, streamed runs, runs as resources, and approvals.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent::hub::{EncodedEvent, Harness, RunRecord, StartRun};
+use agent::ids::{RunId, SessionId, ToolCallId};
+use agent::input::StartRunInput;
+use agent::runtime::AbortReason;
+use agent::view::RunView;
+use agent::wire::{ApprovalMode, Decision, RunErrorCode};
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt};
+use serde_json::json;
+
+use crate::body::JsonValue;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Aborts a run when dropped before the run finished: the client of a streamed run went away.
+struct AbortOnDrop(Option<Arc<RunRecord>>);
+
+impl AbortOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(record) = self.0.take()
+            && !record.is_finished()
+        {
+            record.abort(AbortReason::Disconnected);
+        }
+    }
+}
+
+fn sse_event(event: &EncodedEvent) -> Event {
+    Event::default()
+        .event(event.kind)
+        .id(event.seq.to_string())
+        .data(&*event.json)
+}
+
+/// A run's events as an SSE response. When `abort_on_close`, closing the connection aborts the run.
+fn sse_response(
+    events: impl Stream<Item = Arc<EncodedEvent>> + Send + 'static,
+    abort_on_close: Option<Arc<RunRecord>>,
+    keep_alive: Duration,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let guard = AbortOnDrop(abort_on_close);
+    let stream = events.map(move |event| {
+        let _guard = &guard;
+        Ok(sse_event(&event))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(keep_alive))
+}
+
+fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
+    RunId::parse(raw).map_err(|e| ApiError::bad_id("runId", e))
+}
+
+fn parse_call_id(raw: &str) -> Result<ToolCallId, ApiError> {
+    ToolCallId::parse(raw).map_err(|e| ApiError::bad_id("toolCallId", e))
+}
+
+fn start_input(body: &serde_json::Value) -> Result<StartRunInput, ApiError> {
+    StartRunInput::from_json(body).map_err(ApiError::Invalid)
+}
+
+pub async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// The HTTP status for a run that ended in an error.
+fn run_error_status(code: RunErrorCode) -> StatusCode {
+    match code {
+        RunErrorCode::ApprovalRequired => StatusCode::FORBIDDEN,
+        RunErrorCode::StepLimit | RunErrorCode::RepeatedCall => StatusCode::UNPROCESSABLE_ENTITY,
+        RunErrorCode::Model => StatusCode::BAD_GATEWAY,
+        RunErrorCode::Aborted | RunErrorCode::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
+        RunErrorCode::EventLimit | RunErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+fn run_response(view: RunView) -> Response {
+    match &view.error {
+        None => Json(json!({
+            "ok": true,
+            "runId": view.run_id,
+            "sessionId": view.session_id,
+            "answer": view.answer,
+            "steps": view.steps,
+        }))
+        .into_response(),
+        Some(failure) => (
+            run_error_status(failure.code),
+            Json(json!({
+                "ok": false,
+                "code": failure.code,
+                "error": failure.message,
+                "runId": view.run_id,
+                "sessionId": view.session_id,
+                "steps": view.steps,
+            })),
+        )
+            .into_response(),
+    }
+}
+
+/// `POST /api/agent`: a whole run, no channel to a person, so fail-closed.
+pub async fn run_to_end(State(state): State<AppState>, JsonValue(body): JsonValue) -> Result<Response, ApiError> {
+    let input = start_input(&body)?;
+    let record = state
+        .harness
+        .start(StartRun::new(input, ApprovalMode::FailClosed))?;
+    // A client that gives up waiting aborts the run.
+    let guard = AbortOnDrop(Some(Arc::clone(&record)));
+    record.finished().await;
+    guard.disarm();
+    let view = record
+        .view()
+        .ok_or_else(|| ApiError::Internal(format!("run {} finished without events", record.run_id())))?;
+    Ok(run_response(view))
+}
+
+/// `POST /api/agent/stream`: a run streamed as SSE, interactive. Closing the connection aborts it.
+pub async fn run_streamed(State(state): State<AppState>, JsonValue(body): JsonValue) -> Result<Response, ApiError> {
+    let input = start_input(&body)?;
+    let record = state
+        .harness
+        .start(StartRun::new(input, ApprovalMode::Interactive))?;
+    let events = record.subscribe(0);
+    Ok(sse_response(events, Some(record), state.keep_alive).into_response())
+}
+
+/// `POST /api/agent/runs`: starts an interactive run and returns its id; its events are a separate resource.
+pub async fn create_run(State(state): State<AppState>, JsonValue(body): JsonValue) -> Result<Response, ApiError> {
+    let input = start_input(&body)?;
+    let record = state
+        .harness
+        .start(StartRun::new(input, ApprovalMode::Interactive))?;
+    let run_id = record.run_id();
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "ok": true,
+            "runId": run_id,
+            "sessionId": record.session_id(),
+            "events": format!("/api/agent/runs/{run_id}/events"),
+        })),
+    )
+        .into_response())
+}
+
+fn find_run(harness: &Harness, raw: &str) -> Result<Arc<RunRecord>, ApiError> {
+    let run_id = parse_run_id(raw)?;
+    harness
+        .run(&run_id)
+        .ok_or_else(|| ApiError::RunNotFound(agent::hub::RunNotFound(run_id)))
+}
+
+/// Where a subscriber resumes: after the `Last-Event-ID` header when the client sends one (EventSource does on
+/// reconnect), else after the `after` query parameter, else from the start.
+fn resume_point(headers: &HeaderMap, query: &HashMap<String, String>) -> Result<u64, ApiError> {
+    let parse = |field: &str, raw: &str| {
+        raw.trim()
+            .parse::<u64>()
+            .map_err(|_| ApiError::field(field, "Expected a non-negative integer event id"))
+    };
+    if let Some(value) = headers.get("last-event-id") {
+        let raw = value
+            .to_str()
+            .map_err(|_| ApiError::field("Last-Event-ID", "Expected a non-negative integer event id"))?;
+        return parse("Last-Event-ID", raw);
+    }
+    match query.get("after") {
+        Some(raw) => parse("after", raw),
+        None => Ok(0),
+    }
+}
+
+/// `GET /api/agent/runs/{runId}/events`: the run's events from the start or after `Last-Event-ID`, then live.
+pub async fn run_events(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let record = find_run(&state.harness, &run_id)?;
+    let after = resume_point(&headers, &query)?;
+    Ok(sse_response(record.subscribe(after), None, state.keep_alive).into_response())
+}
+
+/// Where a session follower resumes: after the `runId:seq` of `Last-Event-ID`, else after the `run` and `after`
+/// query parameters, else from the session's first remembered run.
+fn session_resume_point(
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+) -> Result<Option<(RunId, u64)>, ApiError> {
+    if let Some(value) = headers.get("last-event-id") {
+        let invalid = || ApiError::field("Last-Event-ID", "Expected runId:seq, as sent in the stream's ids");
+        let raw = value.to_str().map_err(|_| invalid())?;
+        let (run, seq) = raw.trim().rsplit_once(':').ok_or_else(invalid)?;
+        let run = RunId::parse(run).map_err(|_| invalid())?;
+        let seq = seq.parse::<u64>().map_err(|_| invalid())?;
+        return Ok(Some((run, seq)));
+    }
+    match query.get("run") {
+        Some(run) => Ok(Some((parse_run_id(run)?, resume_point(&HeaderMap::new(), query)?))),
+        None => Ok(None),
+    }
+}
+
+/// `GET /api/agent/sessions/{sessionId}/events`: a session's events run after run, including runs that start
+/// later. Ids are `runId:seq`. The browser follows its session with this, so every tab sees every run.
+pub async fn session_events(
+    State(state): State<AppState>,
+    Path(session_id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let session_id = SessionId::parse(session_id).map_err(|e| ApiError::bad_id("sessionId", e))?;
+    let resume = session_resume_point(&headers, &query)?;
+    let events = state
+        .harness
+        .session_events(&session_id, resume)
+        .map(|(run_id, event)| {
+            Ok::<_, Infallible>(
+                Event::default()
+                    .event(event.kind)
+                    .id(format!("{run_id}:{}", event.seq))
+                    .data(&*event.json),
+            )
+        });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(state.keep_alive))
+        .into_response())
+}
+
+/// `GET /api/agent/runs/{runId}`: the run as a viewer sees it now.
+pub async fn get_run(State(state): State<AppState>, Path(run_id): Path<String>) -> Result<Response, ApiError> {
+    let record = find_run(&state.harness, &run_id)?;
+    let view = record.view();
+    Ok(Json(json!({"ok": true, "run": view})).into_response())
+}
+
+/// `POST /api/agent/runs/{runId}/cancel`: aborts the run.
+pub async fn cancel_run(State(state): State<AppState>, Path(run_id): Path<String>) -> Result<Response, ApiError> {
+    let run_id = parse_run_id(&run_id)?;
+    let record = state.harness.cancel(&run_id)?;
+    let status = if record.is_finished() { "finished" } else { "cancelling" };
+    Ok(Json(json!({"ok": true, "runId": run_id, "status": status})).into_response())
+}
+
+/// `GET /api/agent/approvals?runId=...`: pending approvals, of one run or of all.
+pub async fn list_approvals(
+    State(state): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let run_id = query.get("runId").map(|raw| parse_run_id(raw)).transpose()?;
+    let pending = state.harness.pending(run_id.as_ref());
+    Ok(Json(json!({"ok": true, "pending": pending})).into_response())
+}
+
+/// `POST /api/agent/approvals/{runId}/{toolCallId}`: a person's decision.
+pub async fn decide(
+    State(state): State<AppState>,
+    Path((run_id, tool_call_id)): Path<(String, String)>,
+    JsonValue(body): JsonValue,
+) -> Result<Response, ApiError> {
+    let run_id = parse_run_id(&run_id)?;
+    let tool_call_id = parse_call_id(&tool_call_id)?;
+    let decision = Decision::from_json(&body).map_err(ApiError::Invalid)?;
+    let resolved = state.harness.decide(&run_id, &tool_call_id, decision)?;
+    Ok(Json(json!({
+        "ok": true,
+        "pending": resolved.pending,
+        "resolution": resolved.resolution,
+    }))
+    .into_response())
+}

@@ -1,0 +1,115 @@
+//! Configuration: every option is a flag and an environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agent::policy::ToolRules;
+use agent::wire::ApprovalPolicy;
+use clap::{Parser, ValueEnum};
+
+/// Which model drives the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ModelKind {
+    /// The offline, deterministic scripted model. No key needed.
+    Scripted,
+    /// An OpenAI-compatible chat-completions API (OpenAI, Ollama, vLLM, llama.cpp, LM Studio).
+    Openai,
+}
+
+/// toolgate: an LLM agent whose every tool call passes a permission policy, with a person in the loop.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "toolgate", version, about, long_about = None)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, env = "TOOLGATE_ADDR", default_value = "127.0.0.1:3000")]
+    pub addr: SocketAddr,
+
+    /// The model: `scripted` (offline, the default) or `openai` (any OpenAI-compatible API).
+    #[arg(long, env = "TOOLGATE_MODEL", value_enum, default_value = "scripted")]
+    pub model: ModelKind,
+
+    /// Approval policy: `on_request` (read-only tools run, the rest asks), `strict` (every call asks) or
+    /// `trusted` (nothing asks). A run may ask for a stricter policy, never a looser one.
+    #[arg(long, env = "TOOLGATE_POLICY", default_value = "on_request", value_parser = parse_policy)]
+    pub policy: ApprovalPolicy,
+
+    /// Rules per tool that override the policy, as `tool=allow|ask|deny` pairs separated by commas, for example
+    /// `delete_file=deny,run_command=ask`.
+    #[arg(long, env = "TOOLGATE_RULES", default_value = "", value_parser = parse_rules)]
+    pub rules: ToolRules,
+
+    /// Seconds a person has to decide before a pending call is denied.
+    #[arg(long, env = "TOOLGATE_APPROVAL_TIMEOUT_SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub approval_timeout_secs: u64,
+
+    /// The directory the built-in tools work in (created when missing).
+    #[arg(long, env = "TOOLGATE_WORKSPACE", default_value = "./workspace")]
+    pub workspace: PathBuf,
+
+    /// Seconds a `run_command` call may take before it is stopped.
+    #[arg(long, env = "TOOLGATE_COMMAND_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub command_timeout_secs: u64,
+
+    /// Model steps a run may take before it stops without an answer.
+    #[arg(long, env = "TOOLGATE_MAX_STEPS", default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    pub max_steps: u32,
+
+    /// Milliseconds the scripted model pauses before each text delta (0: none), to make streaming visible.
+    #[arg(long, env = "TOOLGATE_SCRIPTED_DELAY_MS", default_value_t = 0)]
+    pub scripted_delay_ms: u64,
+
+    /// Seconds between keep-alive comments on an idle event stream (while a run waits for a person, say).
+    #[arg(long, env = "TOOLGATE_KEEP_ALIVE_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub keep_alive_secs: u64,
+
+    /// Log filter, in `tracing` directive syntax (for example `info` or `toolgate=debug,tower_http=debug`).
+    #[arg(long, env = "TOOLGATE_LOG", default_value = "info")]
+    pub log: String,
+}
+
+fn parse_policy(value: &str) -> Result<ApprovalPolicy, String> {
+    value.parse()
+}
+
+fn parse_rules(value: &str) -> Result<ToolRules, String> {
+    value.parse()
+}
+
+impl Config {
+    pub fn approval_timeout(&self) -> Duration {
+        Duration::from_secs(self.approval_timeout_secs)
+    }
+
+    /// A configuration for tests: port 0 on loopback, scripted model, the given workspace.
+    pub fn for_tests(workspace: impl Into<PathBuf>) -> Self {
+        let mut config = Self::parse_from(["toolgate"]);
+        config.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.workspace = workspace.into();
+        config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let config = Config::try_parse_from(["toolgate"]).unwrap();
+        assert_eq!(config.addr, "127.0.0.1:3000".parse().unwrap());
+        assert_eq!(config.model, ModelKind::Scripted);
+        assert_eq!(config.policy, ApprovalPolicy::OnRequest);
+        assert_eq!(config.approval_timeout_secs, 120);
+        assert_eq!(config.workspace, PathBuf::from("./workspace"));
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_a_reason() {
+        let error = Config::try_parse_from(["toolgate", "--policy", "yolo"]).unwrap_err();
+        assert!(error.to_string().contains("expected one of on_request, strict, trusted"));
+        let error = Config::try_parse_from(["toolgate", "--rules", "delete_file"]).unwrap_err();
+        assert!(error.to_string().contains("tool=allow|ask|deny"));
+        assert!(Config::try_parse_from(["toolgate", "--approval-timeout-secs", "0"]).is_err());
+    }
+}

@@ -1,0 +1,231 @@
+//! Building the application from its configuration, and serving it until a shutdown signal.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent::hub::{Harness, HarnessConfig};
+use agent::model::{Model, ScriptedModel};
+use agent::policy::PermissionPolicy;
+use agent::tools::{CommandLimits, Workspace, workspace_tools};
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{any, get, post};
+use leptos::config::{Env, LeptosOptions};
+use leptos::prelude::provide_context;
+use leptos_axum::{LeptosRoutes, generate_route_list};
+use tokio::net::TcpListener;
+
+use crate::api;
+use crate::assets;
+use crate::body::MAX_BODY_BYTES;
+use crate::config::{Config, ModelKind};
+use crate::error::ApiError;
+use crate::session_cookie::ensure_session;
+use crate::state::AppState;
+
+/// How long shutdown waits for runs and connections to end before the process exits anyway.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("cannot open the workspace {path}: {source}")]
+    Workspace { path: String, source: std::io::Error },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("{0}")]
+    Config(String),
+}
+
+/// A built application, bound to its address, not yet serving.
+pub struct Application {
+    listener: TcpListener,
+    router: Router,
+    harness: Harness,
+}
+
+fn model(config: &Config) -> Result<Arc<dyn Model>, StartupError> {
+    match config.model {
+        ModelKind::Scripted => Ok(Arc::new(ScriptedModel::with_delta_delay(Duration::from_millis(
+            config.scripted_delay_ms,
+        )))),
+        ModelKind::Openai => Err(StartupError::Config(
+            "the openai model is not available in this build".to_owned(),
+        )),
+    }
+}
+
+fn leptos_options(addr: SocketAddr) -> LeptosOptions {
+    let env = |key: &str, default: &str| std::env::var(key).unwrap_or_else(|_| default.to_owned());
+    LeptosOptions::builder()
+        .output_name(env("LEPTOS_OUTPUT_NAME", "toolgate"))
+        .site_pkg_dir(env("LEPTOS_SITE_PKG_DIR", "pkg"))
+        .env(if env("LEPTOS_ENV", "PROD").eq_ignore_ascii_case("dev") {
+            Env::DEV
+        } else {
+            Env::PROD
+        })
+        .site_addr(addr)
+        .reload_port(env("LEPTOS_RELOAD_PORT", "3001").parse().unwrap_or(3001))
+        .build()
+}
+
+async fn api_not_found() -> ApiError {
+    ApiError::NoRoute
+}
+
+/// Builds the harness and the router, and binds the listener (port 0 picks a free port).
+pub async fn build(config: Config) -> Result<Application, StartupError> {
+    let workspace = Workspace::open(&config.workspace).map_err(|source| StartupError::Workspace {
+        path: config.workspace.display().to_string(),
+        source,
+    })?;
+    let toolbox = workspace_tools(
+        &workspace,
+        CommandLimits {
+            timeout: Duration::from_secs(config.command_timeout_secs),
+            ..CommandLimits::default()
+        },
+    );
+    let mut harness_config = HarnessConfig::new(
+        PermissionPolicy::new(config.policy, config.rules.clone()),
+        config.approval_timeout(),
+    );
+    harness_config.limits.max_steps = config.max_steps;
+    let harness = Harness::new(harness_config, model(&config)?, toolbox);
+
+    let listener = TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| StartupError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartupError::Bind {
+        addr: config.addr,
+        source,
+    })?;
+    let state = AppState {
+        harness: harness.clone(),
+        leptos_options: leptos_options(addr),
+        keep_alive: Duration::from_secs(config.keep_alive_secs),
+    };
+    tracing::info!(
+        %addr,
+        workspace = %workspace.root().display(),
+        model = harness.model_name(),
+        policy = %config.policy,
+        rules = %config.rules,
+        assets = assets::file_count(),
+        "toolgate is ready"
+    );
+    Ok(Application {
+        listener,
+        router: router(state),
+        harness,
+    })
+}
+
+fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/healthz", get(api::healthz))
+        .route("/api/agent", post(api::run_to_end))
+        .route("/api/agent/stream", post(api::run_streamed))
+        .route("/api/agent/runs", post(api::create_run))
+        .route("/api/agent/runs/{run_id}", get(api::get_run))
+        .route("/api/agent/runs/{run_id}/events", get(api::run_events))
+        .route("/api/agent/runs/{run_id}/cancel", post(api::cancel_run))
+        .route("/api/agent/sessions/{session_id}/events", get(api::session_events))
+        .route("/api/agent/approvals", get(api::list_approvals))
+        .route("/api/agent/approvals/{run_id}/{tool_call_id}", post(api::decide))
+        .route("/api/{*rest}", any(api_not_found));
+
+    let harness = state.harness.clone();
+    let pages = Router::new()
+        .leptos_routes_with_context(
+            &state,
+            generate_route_list(app::App),
+            move || provide_context(harness.clone()),
+            {
+                let options = state.leptos_options.clone();
+                move || app::shell(options.clone())
+            },
+        )
+        .layer(axum::middleware::from_fn(ensure_session));
+
+    api.merge(pages)
+        .fallback(assets::static_file)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+impl Application {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    pub fn harness(&self) -> &Harness {
+        &self.harness
+    }
+
+    /// Serves until `shutdown` completes; then stops accepting runs, aborts the running ones (their streams end
+    /// with an event that says why), and returns once connections are done or the grace period is over.
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+        let harness = self.harness.clone();
+        let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+        let signal = async move {
+            shutdown.await;
+            tracing::info!("shutting down");
+            let _ = stopping_tx.send(());
+            if !harness.shutdown(SHUTDOWN_GRACE).await {
+                tracing::warn!("some runs did not end within the grace period");
+            }
+        };
+        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
+        let deadline = async move {
+            if stopping_rx.await.is_ok() {
+                tokio::time::sleep(SHUTDOWN_GRACE * 2).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            result = server.into_future() => result,
+            () = deadline => {
+                tracing::warn!("connections still open after the grace period; exiting anyway");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}

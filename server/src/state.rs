@@ -1,0 +1,21 @@
+//! The state every handler shares.
+
+use std::time::Duration;
+
+use agent::hub::Harness;
+use axum::extract::FromRef;
+use leptos::config::LeptosOptions;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub harness: Harness,
+    pub leptos_options: LeptosOptions,
+    /// How often an idle event stream sends a keep-alive comment.
+    pub keep_alive: Duration,
+}
+
+impl FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> Self {
+        state.leptos_options.clone()
+    }
+}

@@ -1,0 +1,8 @@
+//! The HTTP API over real HTTP: the server runs on port 0 and the tests talk to it like any client.
+
+mod helpers;
+
+mod bodies;
+mod runs;
+mod seed;
+mod streaming;
