@@ -451,7 +451,9 @@ mod tests {
             .unwrap();
         let (run, call) = ids("call-1");
         registry.resolve(&run, &call, Decision::deny()).unwrap();
-        let error = registry.resolve(&run, &call, Decision::approve()).unwrap_err();
+        let error = registry
+            .resolve(&run, &call, Decision::approve())
+            .unwrap_err();
         assert_eq!(
             error.to_string(),
             "No pending approval found for run run-1 and tool call call-1. It may have already been resolved or timed out."
@@ -488,7 +490,10 @@ mod tests {
                 reason: "No decision arrived within 120 s, so the call was denied.".into()
             }
         );
-        assert!(registry.is_empty(), "a timed-out approval is no longer pending");
+        assert!(
+            registry.is_empty(),
+            "a timed-out approval is no longer pending"
+        );
         let (run, call) = ids("call-1");
         assert!(registry.resolve(&run, &call, Decision::approve()).is_err());
     }

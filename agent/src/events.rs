@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::model::Usage;
 use crate::wire::{
-    ApprovalMode, ApprovalPolicy, ApprovalRequest, PermissionDecision, Resolution, RunErrorCode, StreamEvent,
-    ToolOutput,
+    ApprovalMode, ApprovalPolicy, ApprovalRequest, PermissionDecision, Resolution, RunErrorCode,
+    StreamEvent, ToolOutput,
 };
 
 #[derive(Clone, Debug, PartialEq)]
@@ -117,11 +117,17 @@ impl AgentEvent {
                 tools,
             } => vec![debug(
                 run_id,
-                format!("step {step}: asking the {model} model ({messages} messages, {tools} tools)"),
+                format!(
+                    "step {step}: asking the {model} model ({messages} messages, {tools} tools)"
+                ),
                 None,
             )],
             AgentEvent::TextDelta { step, delta } => {
-                vec![StreamEvent::AssistantDelta { run_id, step, delta }]
+                vec![StreamEvent::AssistantDelta {
+                    run_id,
+                    step,
+                    delta,
+                }]
             }
             AgentEvent::ModelFinished {
                 step,
@@ -151,7 +157,10 @@ impl AgentEvent {
                 };
                 let note = debug(
                     run_id.clone(),
-                    format!("{tool_name} ({tool_call_id}): {verdict}: {}", permission.reason()),
+                    format!(
+                        "{tool_name} ({tool_call_id}): {verdict}: {}",
+                        permission.reason()
+                    ),
                     None,
                 );
                 vec![
@@ -166,7 +175,9 @@ impl AgentEvent {
                     note,
                 ]
             }
-            AgentEvent::ApprovalRequested { request } => vec![StreamEvent::ApprovalRequired { request }],
+            AgentEvent::ApprovalRequested { request } => {
+                vec![StreamEvent::ApprovalRequired { request }]
+            }
             AgentEvent::ApprovalResolved {
                 tool_call_id,
                 tool_name,
@@ -175,7 +186,9 @@ impl AgentEvent {
             } => {
                 let how = match &resolution {
                     Resolution::Approved { .. } => "approved".to_owned(),
-                    Resolution::Denied { source, .. } => format!("denied ({source:?})").to_lowercase(),
+                    Resolution::Denied { source, .. } => {
+                        format!("denied ({source:?})").to_lowercase()
+                    }
                 };
                 let note = debug(
                     run_id.clone(),
@@ -199,7 +212,9 @@ impl AgentEvent {
             )],
             AgentEvent::RepeatedCallBlocked { tool_name, times } => vec![debug(
                 run_id,
-                format!("{tool_name} was called {times} times with the same arguments; the call was blocked"),
+                format!(
+                    "{tool_name} was called {times} times with the same arguments; the call was blocked"
+                ),
                 None,
             )],
             AgentEvent::ToolFinished {

@@ -17,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agent_loop::{LoopLimits, run_until_end};
-use crate::approvals::{ApprovalNotFound, ApprovalRegistry, ResolveError, ResolvedApproval, now_ms};
+use crate::approvals::{
+    ApprovalNotFound, ApprovalRegistry, ResolveError, ResolvedApproval, now_ms,
+};
 use crate::events::{AgentEvent, EventSink};
 use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::input::StartRunInput;
@@ -28,7 +30,8 @@ use crate::session::{SessionBusy, SessionStore};
 use crate::tools::Toolbox;
 use crate::view::{RunView, SessionView};
 use crate::wire::{
-    ApprovalMode, ApprovalPolicy, ApprovalRequest, Decision, Resolution, RunErrorCode, RunEvent, StreamEvent,
+    ApprovalMode, ApprovalPolicy, ApprovalRequest, Decision, Resolution, RunErrorCode, RunEvent,
+    StreamEvent,
 };
 
 /// How much the harness keeps, and for how long.
@@ -168,7 +171,9 @@ impl RunRecord {
     /// The events after `after`, and whether the run has finished.
     pub fn events_after(&self, after: u64) -> (Vec<Arc<EncodedEvent>>, bool) {
         let state = self.state();
-        let start = usize::try_from(after).unwrap_or(usize::MAX).min(state.events.len());
+        let start = usize::try_from(after)
+            .unwrap_or(usize::MAX)
+            .min(state.events.len());
         (state.events[start..].to_vec(), state.finished)
     }
 
@@ -235,7 +240,9 @@ impl RunRecord {
                 }
                 None => state.view = RunView::start(&event),
             }
-            state.events.push(Arc::new(EncodedEvent { seq, kind, json }));
+            state
+                .events
+                .push(Arc::new(EncodedEvent { seq, kind, json }));
             state.finished = terminal;
             seq
         };
@@ -287,7 +294,9 @@ pub enum StartError {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("No run {0} is known. It may never have existed, or it finished long enough ago to be forgotten.")]
+#[error(
+    "No run {0} is known. It may never have existed, or it finished long enough ago to be forgotten."
+)]
 pub struct RunNotFound(pub RunId);
 
 #[derive(Debug, PartialEq, thiserror::Error)]
@@ -367,7 +376,9 @@ impl SessionFollow {
             let runs = self.session.runs();
             let next = match &self.position {
                 Position::Start => runs.first().map(|run| (run.clone(), 0)),
-                Position::Resume(run_id, after) if runs.contains(run_id) => Some((run_id.clone(), *after)),
+                Position::Resume(run_id, after) if runs.contains(run_id) => {
+                    Some((run_id.clone(), *after))
+                }
                 Position::Resume(..) => runs.first().map(|run| (run.clone(), 0)),
                 // A run the session no longer lists fell off the front: every listed run is newer.
                 Position::After(run_id) => match runs.iter().position(|run| run == run_id) {
@@ -502,7 +513,13 @@ impl Harness {
         let task_record = Arc::clone(&record);
         inner.tasks.spawn(async move {
             let limits = task_inner.config.limits;
-            let run = run_until_end(&*task_inner.model, &context, limits, &history, &request.message);
+            let run = run_until_end(
+                &*task_inner.model,
+                &context,
+                limits,
+                &history,
+                &request.message,
+            );
             let (messages, terminal) = match AssertUnwindSafe(run).catch_unwind().await {
                 Ok(outcome) => {
                     let terminal = outcome.terminal_event();
@@ -521,7 +538,9 @@ impl Harness {
             session.end(&context.run_id, messages);
             {
                 let mut table = task_inner.runs();
-                table.finished.push_back((Instant::now(), context.run_id.clone()));
+                table
+                    .finished
+                    .push_back((Instant::now(), context.run_id.clone()));
                 task_inner.sweep(&mut table);
             }
             task_record.emit(terminal);
@@ -538,7 +557,9 @@ impl Harness {
 
     /// Aborts a run: its pending approvals resolve as `denied/abort` and nothing runs after that.
     pub fn cancel(&self, run_id: &RunId) -> Result<Arc<RunRecord>, RunNotFound> {
-        let record = self.run(run_id).ok_or_else(|| RunNotFound(run_id.clone()))?;
+        let record = self
+            .run(run_id)
+            .ok_or_else(|| RunNotFound(run_id.clone()))?;
         record.abort(AbortReason::Cancelled);
         Ok(record)
     }

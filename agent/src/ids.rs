@@ -117,7 +117,14 @@ mod tests {
 
     #[test]
     fn accepts_the_ids_clients_send() {
-        for id in ["demo", "demo-run", "call_1", "run_0123abcd", "thread:1.2", "a"] {
+        for id in [
+            "demo",
+            "demo-run",
+            "call_1",
+            "run_0123abcd",
+            "thread:1.2",
+            "a",
+        ] {
             assert!(RunId::parse(id).is_ok(), "{id}");
         }
     }

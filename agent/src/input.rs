@@ -110,7 +110,11 @@ impl Decision {
         let Some(map) = object(body, &mut errors) else {
             return Err(errors);
         };
-        refuse_unknown_keys(map, &["decision", "reason", "scope", "arguments"], &mut errors);
+        refuse_unknown_keys(
+            map,
+            &["decision", "reason", "scope", "arguments"],
+            &mut errors,
+        );
 
         let approve = match map.get("decision") {
             None | Some(Value::Null) => {
@@ -261,8 +265,8 @@ mod tests {
 
     #[test]
     fn a_bad_decision_gets_every_error_in_the_zod_shape() {
-        let errors =
-            Decision::from_json(&json!({"decision": "maybe", "scope": 3, "extra": true})).unwrap_err();
+        let errors = Decision::from_json(&json!({"decision": "maybe", "scope": 3, "extra": true}))
+            .unwrap_err();
         assert_eq!(
             serde_json::to_value(&errors).unwrap(),
             json!({
@@ -281,10 +285,9 @@ mod tests {
 
     #[test]
     fn a_denial_cannot_carry_a_session_scope_or_arguments() {
-        let errors = Decision::from_json(
-            &json!({"decision": "deny", "scope": "session", "arguments": {}}),
-        )
-        .unwrap_err();
+        let errors =
+            Decision::from_json(&json!({"decision": "deny", "scope": "session", "arguments": {}}))
+                .unwrap_err();
         assert!(errors.field_errors.contains_key("scope"));
         assert!(errors.field_errors.contains_key("arguments"));
     }

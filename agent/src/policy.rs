@@ -127,9 +127,11 @@ impl PermissionPolicy {
             ApprovalPolicy::Strict => PermissionDecision::Ask {
                 reason: format!("The strict policy asks before every call ({name})."),
             },
-            ApprovalPolicy::OnRequest if hints.read_only == Some(true) => PermissionDecision::Allow {
-                reason: format!("{name} is read-only."),
-            },
+            ApprovalPolicy::OnRequest if hints.read_only == Some(true) => {
+                PermissionDecision::Allow {
+                    reason: format!("{name} is read-only."),
+                }
+            }
             ApprovalPolicy::OnRequest if hints.destructive == Some(true) => {
                 let open_world = if hints.open_world == Some(true) {
                     " and reaches outside the workspace"
@@ -141,7 +143,9 @@ impl PermissionPolicy {
                 }
             }
             ApprovalPolicy::OnRequest if !hints.is_complete() => PermissionDecision::Ask {
-                reason: format!("{name} does not say whether it is safe (its annotations are incomplete)."),
+                reason: format!(
+                    "{name} does not say whether it is safe (its annotations are incomplete)."
+                ),
             },
             ApprovalPolicy::OnRequest => PermissionDecision::Allow {
                 reason: format!("{name} is annotated as non-destructive."),
@@ -242,7 +246,9 @@ mod tests {
 
     #[test]
     fn rules_override_the_policy() {
-        let rules: ToolRules = "read_file=deny, delete_file=allow ,append_note=ask".parse().unwrap();
+        let rules: ToolRules = "read_file=deny, delete_file=allow ,append_note=ask"
+            .parse()
+            .unwrap();
         let policy = PermissionPolicy::new(ApprovalPolicy::OnRequest, rules);
         let grants = SessionGrants::new();
         let decision = policy.decide(&read_only(), &grants);
@@ -250,7 +256,8 @@ mod tests {
         assert_eq!(decision.reason(), "A rule denies read_file.");
         assert!(is_allow(&policy.decide(&destructive(), &grants)));
         assert!(is_ask(&policy.decide(&harmless(), &grants)));
-        let trusted = PermissionPolicy::new(ApprovalPolicy::Trusted, "delete_file=deny".parse().unwrap());
+        let trusted =
+            PermissionPolicy::new(ApprovalPolicy::Trusted, "delete_file=deny".parse().unwrap());
         assert!(is_deny(&trusted.decide(&destructive(), &grants)));
     }
 
@@ -260,16 +267,35 @@ mod tests {
         let policy = PermissionPolicy::new(ApprovalPolicy::Strict, ToolRules::new());
         let decision = policy.decide(&destructive(), &grants);
         assert!(is_allow(&decision));
-        assert_eq!(decision.reason(), "delete_file was approved for this session.");
-        let deny = PermissionPolicy::new(ApprovalPolicy::Strict, "delete_file=deny".parse().unwrap());
+        assert_eq!(
+            decision.reason(),
+            "delete_file was approved for this session."
+        );
+        let deny =
+            PermissionPolicy::new(ApprovalPolicy::Strict, "delete_file=deny".parse().unwrap());
         assert!(is_deny(&deny.decide(&destructive(), &grants)));
     }
 
     #[test]
     fn malformed_rules_are_refused_with_a_reason() {
-        assert!("delete_file".parse::<ToolRules>().unwrap_err().contains("tool=allow|ask|deny"));
-        assert!("delete_file=maybe".parse::<ToolRules>().unwrap_err().contains("maybe"));
-        assert!("=deny".parse::<ToolRules>().unwrap_err().contains("names no tool"));
+        assert!(
+            "delete_file"
+                .parse::<ToolRules>()
+                .unwrap_err()
+                .contains("tool=allow|ask|deny")
+        );
+        assert!(
+            "delete_file=maybe"
+                .parse::<ToolRules>()
+                .unwrap_err()
+                .contains("maybe")
+        );
+        assert!(
+            "=deny"
+                .parse::<ToolRules>()
+                .unwrap_err()
+                .contains("names no tool")
+        );
         assert_eq!("".parse::<ToolRules>().unwrap(), ToolRules::new());
         let rules: ToolRules = "b=ask,a=deny".parse().unwrap();
         assert_eq!(rules.to_string(), "a=deny,b=ask");

@@ -24,8 +24,8 @@ use crate::ids::{RunId, SessionId};
 use crate::policy::{PermissionPolicy, SessionGrants};
 use crate::tools::{Tool, ToolContext, ToolError, Toolbox, unknown_tool_message};
 use crate::wire::{
-    ApprovalMode, DecisionScope, PermissionDecision, Resolution, RunErrorCode, ToolCall, ToolErrorCode,
-    ToolOutput, approval_denied_message,
+    ApprovalMode, DecisionScope, PermissionDecision, Resolution, RunErrorCode, ToolCall,
+    ToolErrorCode, ToolOutput, approval_denied_message,
 };
 
 /// Why a run was aborted.
@@ -47,7 +47,9 @@ impl AbortReason {
             Self::Cancelled => "The run was cancelled.",
             Self::Disconnected => "The client disconnected, so the run was aborted.",
             Self::Shutdown => "The server is shutting down, so the run was aborted.",
-            Self::EventLimit => "The run produced more events than a run may keep, so it was aborted.",
+            Self::EventLimit => {
+                "The run produced more events than a run may keep, so it was aborted."
+            }
         }
     }
 
@@ -220,7 +222,10 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
             decided(permission, call.arguments_value());
             return refused(ToolOutput::error(
                 ToolErrorCode::InvalidArguments,
-                format!("The arguments for {} are not valid JSON ({error}). Send a JSON object.", call.name),
+                format!(
+                    "The arguments for {} are not valid JSON ({error}). Send a JSON object.",
+                    call.name
+                ),
             ));
         }
     };
@@ -229,7 +234,10 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
         return refused(error.into());
     }
     if let PermissionDecision::Deny { reason } = &permission {
-        return refused(ToolOutput::error(ToolErrorCode::PermissionDenied, reason.clone()));
+        return refused(ToolOutput::error(
+            ToolErrorCode::PermissionDenied,
+            reason.clone(),
+        ));
     }
     PreparedCall::Decided {
         call: call.clone(),
@@ -240,7 +248,10 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
 }
 
 /// Asks for a decided call when it must, runs it when allowed, and emits its result. An `Err` ends the run.
-pub async fn settle_call(prepared: PreparedCall, context: &RunContext) -> Result<ToolOutput, RunError> {
+pub async fn settle_call(
+    prepared: PreparedCall,
+    context: &RunContext,
+) -> Result<ToolOutput, RunError> {
     let (call, tool, mut input, permission) = match prepared {
         PreparedCall::Refused { call, output } => {
             finish(context, &call, None, output.clone(), Duration::ZERO);
@@ -258,7 +269,10 @@ pub async fn settle_call(prepared: PreparedCall, context: &RunContext) -> Result
     if let PermissionDecision::Ask { reason } = permission {
         match request_approval(&call, &input, reason, context).await? {
             Resolution::Denied { reason, .. } => {
-                let output = ToolOutput::error(ToolErrorCode::ApprovalDenied, approval_denied_message(&reason));
+                let output = ToolOutput::error(
+                    ToolErrorCode::ApprovalDenied,
+                    approval_denied_message(&reason),
+                );
                 finish(context, &call, None, output.clone(), Duration::ZERO);
                 return Ok(output);
             }
@@ -311,7 +325,13 @@ pub async fn settle_call(prepared: PreparedCall, context: &RunContext) -> Result
         Ok(content) => ToolOutput::Ok { content },
         Err(error) => error.into(),
     };
-    finish(context, &call, executed_arguments, output.clone(), started.elapsed());
+    finish(
+        context,
+        &call,
+        executed_arguments,
+        output.clone(),
+        started.elapsed(),
+    );
     Ok(output)
 }
 
@@ -374,6 +394,10 @@ fn finish(
 }
 
 /// One call, start to end: prepare, then settle. The seed's `executeAgentToolCall`.
-pub async fn execute_tool_call(call: &ToolCall, step: u32, context: &RunContext) -> Result<ToolOutput, RunError> {
+pub async fn execute_tool_call(
+    call: &ToolCall,
+    step: u32,
+    context: &RunContext,
+) -> Result<ToolOutput, RunError> {
     settle_call(prepare_call(call, step, context), context).await
 }

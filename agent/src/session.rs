@@ -161,7 +161,10 @@ impl SessionStore {
             .values()
             .filter_map(|s| {
                 let state = s.state();
-                state.active_run.is_none().then(|| (state.last_used, s.id.clone()))
+                state
+                    .active_run
+                    .is_none()
+                    .then(|| (state.last_used, s.id.clone()))
             })
             .collect();
         idle.sort();

@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::wire::{
-    ApprovalMode, ApprovalPolicy, ApprovalRequest, PermissionDecision, Resolution, RunErrorCode, RunEvent,
-    StreamEvent, ToolOutput,
+    ApprovalMode, ApprovalPolicy, ApprovalRequest, PermissionDecision, Resolution, RunErrorCode,
+    RunEvent, StreamEvent, ToolOutput,
 };
 
 /// How many debug entries a view keeps per run; older ones are dropped from the view (not from the event log).

@@ -13,7 +13,9 @@ use serde_json::Value;
 use crate::ids::{RunId, SessionId, ToolCallId};
 
 /// How readily tool calls run without asking a person.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalPolicy {
     /// Nothing asks. Ordered first: the loosest.
@@ -156,7 +158,8 @@ pub struct ToolCall {
 impl ToolCall {
     /// The arguments as JSON when they parse, otherwise the raw text as a JSON string.
     pub fn arguments_value(&self) -> Value {
-        serde_json::from_str(&self.arguments).unwrap_or_else(|_| Value::String(self.arguments.clone()))
+        serde_json::from_str(&self.arguments)
+            .unwrap_or_else(|_| Value::String(self.arguments.clone()))
     }
 }
 
@@ -229,8 +232,13 @@ impl ToolErrorCode {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "camelCase")]
 pub enum ToolOutput {
-    Ok { content: Value },
-    Error { code: ToolErrorCode, message: String },
+    Ok {
+        content: Value,
+    },
+    Error {
+        code: ToolErrorCode,
+        message: String,
+    },
 }
 
 impl ToolOutput {
@@ -327,7 +335,11 @@ pub enum Resolution {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
         /// Arguments the person edited before approving; they replace the model's.
-        #[serde(default, rename = "editedArguments", skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            rename = "editedArguments",
+            skip_serializing_if = "Option::is_none"
+        )]
         edited_arguments: Option<Value>,
     },
     Denied {

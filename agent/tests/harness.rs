@@ -9,7 +9,9 @@ use agent::model::ScriptedModel;
 use agent::policy::PermissionPolicy;
 use agent::tools::{Workspace, workspace_tools};
 use agent::view::RunStatus;
-use agent::wire::{ApprovalMode, ApprovalPolicy, Decision, DecisionScope, RunErrorCode, StreamEvent};
+use agent::wire::{
+    ApprovalMode, ApprovalPolicy, Decision, DecisionScope, RunErrorCode, StreamEvent,
+};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -21,7 +23,10 @@ struct Setup {
 fn setup_with(policy: ApprovalPolicy, retention: Retention) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let workspace = Workspace::open(dir.path()).unwrap();
-    let mut config = HarnessConfig::new(PermissionPolicy::new(policy, Default::default()), Duration::from_secs(120));
+    let mut config = HarnessConfig::new(
+        PermissionPolicy::new(policy, Default::default()),
+        Duration::from_secs(120),
+    );
     config.retention = retention;
     let harness = Harness::new(
         config,
@@ -71,13 +76,21 @@ async fn a_run_streams_its_events_in_order_with_increasing_ids() {
     let events: Vec<_> = record.subscribe(0).collect().await;
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>());
-    let kinds: Vec<&str> = events.iter().map(|e| e.kind).filter(|k| *k != "debug").collect();
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e.kind)
+        .filter(|k| *k != "debug")
+        .collect();
     assert_eq!(kinds.first(), Some(&"runStarted"));
     assert_eq!(kinds.last(), Some(&"done"));
     assert!(kinds.contains(&"toolCall") && kinds.contains(&"toolResult"));
     let view = record.view().unwrap();
     assert_eq!(view.status, RunStatus::Done);
-    assert!(view.answer.unwrap().contains("read_file read a.txt: \"hi\""));
+    assert!(
+        view.answer
+            .unwrap()
+            .contains("read_file read a.txt: \"hi\"")
+    );
 }
 
 #[tokio::test]
@@ -85,8 +98,13 @@ async fn a_late_subscriber_and_a_reconnect_miss_nothing_and_repeat_nothing() {
     let Setup { harness, .. } = setup();
     let record = harness.start(start("delete a.txt")).unwrap();
     let mut first = record.subscribe(0);
-    let (seen_up_to, event) = until(&mut first, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
-    let StreamEvent::ApprovalRequired { request } = event else { unreachable!() };
+    let (seen_up_to, event) = until(&mut first, |e| {
+        matches!(e, StreamEvent::ApprovalRequired { .. })
+    })
+    .await;
+    let StreamEvent::ApprovalRequired { request } = event else {
+        unreachable!()
+    };
     drop(first);
 
     harness
@@ -110,13 +128,22 @@ async fn two_subscribers_see_the_same_events() {
     let record = harness.start(start("delete a.txt")).unwrap();
     let one = record.subscribe(0);
     let mut two = record.subscribe(0);
-    let (_, event) = until(&mut two, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
-    let StreamEvent::ApprovalRequired { request } = event else { unreachable!() };
+    let (_, event) = until(&mut two, |e| {
+        matches!(e, StreamEvent::ApprovalRequired { .. })
+    })
+    .await;
+    let StreamEvent::ApprovalRequired { request } = event else {
+        unreachable!()
+    };
     harness
         .decide(&request.run_id, &request.tool_call_id, Decision::approve())
         .unwrap();
     let one: Vec<String> = one.map(|e| e.json.to_string()).collect().await;
-    let all_two: Vec<String> = record.subscribe(0).map(|e| e.json.to_string()).collect().await;
+    let all_two: Vec<String> = record
+        .subscribe(0)
+        .map(|e| e.json.to_string())
+        .collect()
+        .await;
     assert_eq!(one, all_two);
     assert!(one.last().unwrap().contains("\"type\":\"done\""));
 }
@@ -134,8 +161,13 @@ async fn a_session_remembers_earlier_turns_and_its_grants() {
         })
         .unwrap();
     let mut events = first.subscribe(0);
-    let (_, event) = until(&mut events, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
-    let StreamEvent::ApprovalRequired { request } = event else { unreachable!() };
+    let (_, event) = until(&mut events, |e| {
+        matches!(e, StreamEvent::ApprovalRequired { .. })
+    })
+    .await;
+    let StreamEvent::ApprovalRequired { request } = event else {
+        unreachable!()
+    };
     harness
         .decide(
             &request.run_id,
@@ -223,9 +255,17 @@ async fn a_run_may_ask_for_a_stricter_policy_but_never_a_looser_one() {
         })
         .unwrap();
     let mut events = strict.subscribe(0);
-    let (_, event) = until(&mut events, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
-    let StreamEvent::ApprovalRequired { request } = event else { unreachable!() };
-    assert_eq!(request.tool_name, "list_files", "strict asks even for read-only tools");
+    let (_, event) = until(&mut events, |e| {
+        matches!(e, StreamEvent::ApprovalRequired { .. })
+    })
+    .await;
+    let StreamEvent::ApprovalRequired { request } = event else {
+        unreachable!()
+    };
+    assert_eq!(
+        request.tool_name, "list_files",
+        "strict asks even for read-only tools"
+    );
 }
 
 #[tokio::test]
@@ -233,8 +273,13 @@ async fn edited_arguments_that_break_the_schema_are_refused_and_the_approval_sta
     let Setup { harness, .. } = setup();
     let record = harness.start(start("delete a.txt")).unwrap();
     let mut events = record.subscribe(0);
-    let (_, event) = until(&mut events, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
-    let StreamEvent::ApprovalRequired { request } = event else { unreachable!() };
+    let (_, event) = until(&mut events, |e| {
+        matches!(e, StreamEvent::ApprovalRequired { .. })
+    })
+    .await;
+    let StreamEvent::ApprovalRequired { request } = event else {
+        unreachable!()
+    };
     let error = harness
         .decide(
             &request.run_id,
@@ -246,7 +291,10 @@ async fn edited_arguments_that_break_the_schema_are_refused_and_the_approval_sta
             },
         )
         .unwrap_err();
-    assert!(matches!(error, DecideError::InvalidArguments(ref m) if m.contains("/path")), "{error:?}");
+    assert!(
+        matches!(error, DecideError::InvalidArguments(ref m) if m.contains("/path")),
+        "{error:?}"
+    );
     assert_eq!(harness.pending(Some(&request.run_id)).len(), 1);
 }
 
@@ -255,12 +303,28 @@ async fn cancelling_a_run_denies_its_pending_approvals_as_aborted() {
     let Setup { harness, .. } = setup();
     let record = harness.start(start("delete a.txt")).unwrap();
     let mut events = record.subscribe(0);
-    until(&mut events, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
+    until(&mut events, |e| {
+        matches!(e, StreamEvent::ApprovalRequired { .. })
+    })
+    .await;
     harness.cancel(record.run_id()).unwrap();
-    let (_, resolved) = until(&mut events, |e| matches!(e, StreamEvent::ApprovalResolved { .. })).await;
-    assert!(serde_json::to_string(&resolved).unwrap().contains("\"source\":\"abort\""));
+    let (_, resolved) = until(&mut events, |e| {
+        matches!(e, StreamEvent::ApprovalResolved { .. })
+    })
+    .await;
+    assert!(
+        serde_json::to_string(&resolved)
+            .unwrap()
+            .contains("\"source\":\"abort\"")
+    );
     let (_, end) = until(&mut events, StreamEvent::is_terminal).await;
-    assert!(matches!(end, StreamEvent::Error { code: RunErrorCode::Aborted, .. }));
+    assert!(matches!(
+        end,
+        StreamEvent::Error {
+            code: RunErrorCode::Aborted,
+            ..
+        }
+    ));
     assert!(harness.pending(None).is_empty());
     assert!(harness.cancel(&"nope".parse().unwrap()).is_err());
 }
@@ -290,17 +354,29 @@ async fn shutdown_aborts_pending_runs_and_refuses_new_ones() {
     let Setup { harness, .. } = setup();
     let record = harness.start(start("delete a.txt")).unwrap();
     let mut events = record.subscribe(0);
-    until(&mut events, |e| matches!(e, StreamEvent::ApprovalRequired { .. })).await;
-    assert!(harness.shutdown(Duration::from_secs(5)).await, "runs end within the grace");
+    until(&mut events, |e| {
+        matches!(e, StreamEvent::ApprovalRequired { .. })
+    })
+    .await;
+    assert!(
+        harness.shutdown(Duration::from_secs(5)).await,
+        "runs end within the grace"
+    );
     let (_, end) = until(&mut events, StreamEvent::is_terminal).await;
     match end {
         StreamEvent::Error { code, message, .. } => {
             assert_eq!(code, RunErrorCode::Shutdown);
-            assert_eq!(message, "The server is shutting down, so the run was aborted.");
+            assert_eq!(
+                message,
+                "The server is shutting down, so the run was aborted."
+            );
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(harness.start(start("list files")).unwrap_err(), StartError::ShuttingDown);
+    assert_eq!(
+        harness.start(start("list files")).unwrap_err(),
+        StartError::ShuttingDown
+    );
 }
 
 #[tokio::test]

@@ -82,7 +82,9 @@ async fn resumes_the_loop_with_a_recoverable_error_after_an_interactive_denial()
     match &results[0].1 {
         ToolOutput::Error { code, message } => {
             assert_eq!(*code, ToolErrorCode::ApprovalDenied);
-            assert!(message.starts_with("The user denied this tool call: not today. The action was not performed."));
+            assert!(message.starts_with(
+                "The user denied this tool call: not today. The action was not performed."
+            ));
         }
         other => panic!("the model should see the denial, saw {other:?}"),
     }
@@ -90,8 +92,16 @@ async fn resumes_the_loop_with_a_recoverable_error_after_an_interactive_denial()
 
 #[tokio::test]
 async fn risky_tools_request_approval_and_fail_closed_by_default() {
-    let mut fx = fixture(ApprovalMode::default(), ApprovalPolicy::default(), rules(""));
-    assert_eq!(fx.context.approval_mode, ApprovalMode::FailClosed, "fail-closed is the default");
+    let mut fx = fixture(
+        ApprovalMode::default(),
+        ApprovalPolicy::default(),
+        rules(""),
+    );
+    assert_eq!(
+        fx.context.approval_mode,
+        ApprovalMode::FailClosed,
+        "fail-closed is the default"
+    );
     // A batch with a safe call and a risky one: nothing in it runs.
     let model = ReplayModel::new(vec![tool_step(&[
         call("call-1", "read_file", json!({"path": "a.txt"})),
@@ -101,13 +111,24 @@ async fn risky_tools_request_approval_and_fail_closed_by_default() {
 
     let error = outcome.result.unwrap_err();
     assert_eq!(error.code(), RunErrorCode::ApprovalRequired);
-    assert!(error.to_string().contains("delete_file needs approval (delete_file is destructive.)"));
-    assert_eq!(fx.reads.count(), 0, "the batch is refused before any of it runs");
+    assert!(
+        error
+            .to_string()
+            .contains("delete_file needs approval (delete_file is destructive.)")
+    );
+    assert_eq!(
+        fx.reads.count(),
+        0,
+        "the batch is refused before any of it runs"
+    );
     assert_eq!(fx.deletes.count(), 0);
     assert!(fx.registry.is_empty());
     assert!(matches!(
         drain(&mut fx.events).last(),
-        Some(AgentEvent::RunFailed { code: RunErrorCode::ApprovalRequired, .. })
+        Some(AgentEvent::RunFailed {
+            code: RunErrorCode::ApprovalRequired,
+            ..
+        })
     ));
     // The conversation stays valid for the next run: every call is answered.
     let answered = outcome
@@ -131,7 +152,8 @@ async fn parallel_approvals_resolve_independently() {
     ]));
     let context = fx.context.clone();
     let loop_model = Arc::clone(&model);
-    let run = tokio::spawn(async move { run_loop(&*loop_model, &context, limits(), &[], "x").await });
+    let run =
+        tokio::spawn(async move { run_loop(&*loop_model, &context, limits(), &[], "x").await });
 
     let first = next_approval(&mut fx.events).await;
     let second = next_approval(&mut fx.events).await;
@@ -158,17 +180,28 @@ async fn parallel_approvals_resolve_independently() {
             ToolOutput::Error { code, .. } => Some(*code),
         })
         .collect();
-    assert_eq!(codes, [None, Some(ToolErrorCode::ApprovalDenied), None], "results keep the calls' order");
+    assert_eq!(
+        codes,
+        [None, Some(ToolErrorCode::ApprovalDenied), None],
+        "results keep the calls' order"
+    );
 }
 
 #[tokio::test]
 async fn the_repeated_call_guard_warns_the_model_then_ends_the_run() {
-    let fx = fixture(ApprovalMode::Interactive, ApprovalPolicy::Trusted, rules(""));
+    let fx = fixture(
+        ApprovalMode::Interactive,
+        ApprovalPolicy::Trusted,
+        rules(""),
+    );
     let same = || tool_step(&[call("c", "read_file", json!({"path": "a.txt"}))]);
     let model = ReplayModel::new(vec![same(), same(), same(), same(), same(), same()]);
     let outcome = run_loop(&model, &fx.context, limits(), &[], "loop").await;
 
-    assert_eq!(outcome.result.unwrap_err().code(), RunErrorCode::RepeatedCall);
+    assert_eq!(
+        outcome.result.unwrap_err().code(),
+        RunErrorCode::RepeatedCall
+    );
     assert_eq!(fx.reads.count(), 2, "the same call runs at most twice");
     let requests = model.requests();
     let last_results = tool_results(requests.last().unwrap());
@@ -183,9 +216,19 @@ async fn the_repeated_call_guard_warns_the_model_then_ends_the_run() {
 
 #[tokio::test]
 async fn the_loop_stops_at_the_step_limit() {
-    let fx = fixture(ApprovalMode::Interactive, ApprovalPolicy::Trusted, rules(""));
+    let fx = fixture(
+        ApprovalMode::Interactive,
+        ApprovalPolicy::Trusted,
+        rules(""),
+    );
     let steps = (0..5)
-        .map(|i| tool_step(&[call(&format!("c{i}"), "read_file", json!({"path": format!("{i}.txt")}))]))
+        .map(|i| {
+            tool_step(&[call(
+                &format!("c{i}"),
+                "read_file",
+                json!({"path": format!("{i}.txt")}),
+            )])
+        })
         .collect();
     let model = ReplayModel::new(steps);
     let limits = LoopLimits {
@@ -207,14 +250,18 @@ async fn aborting_while_waiting_ends_the_run_and_nothing_runs_after() {
     ]));
     let context = fx.context.clone();
     let loop_model = Arc::clone(&model);
-    let run = tokio::spawn(async move { run_loop(&*loop_model, &context, limits(), &[], "x").await });
+    let run =
+        tokio::spawn(async move { run_loop(&*loop_model, &context, limits(), &[], "x").await });
     next_approval(&mut fx.events).await;
     fx.context.abort.abort(AbortReason::Disconnected);
     let outcome = run.await.unwrap();
 
     let error = outcome.result.unwrap_err();
     assert_eq!(error.code(), RunErrorCode::Aborted);
-    assert_eq!(error.to_string(), "The client disconnected, so the run was aborted.");
+    assert_eq!(
+        error.to_string(),
+        "The client disconnected, so the run was aborted."
+    );
     assert_eq!(fx.deletes.count(), 0);
     assert_eq!(model.requests().len(), 1, "the model is not asked again");
     assert!(fx.registry.is_empty());
@@ -225,11 +272,21 @@ async fn the_scripted_model_runs_a_whole_conversation_offline() {
     let dir = tempfile::tempdir().unwrap();
     let workspace = agent::tools::Workspace::open(dir.path()).unwrap();
     let mut fx = interactive();
-    fx.context.toolbox = Arc::new(agent::tools::workspace_tools(&workspace, Default::default()));
+    fx.context.toolbox = Arc::new(agent::tools::workspace_tools(
+        &workspace,
+        Default::default(),
+    ));
     let model = ScriptedModel::new();
     let context = fx.context.clone();
     let run = tokio::spawn(async move {
-        run_loop(&model, &context, limits(), &[], "write notes.txt: hello and list files").await
+        run_loop(
+            &model,
+            &context,
+            limits(),
+            &[],
+            "write notes.txt: hello and list files",
+        )
+        .await
     });
     let call_id = next_approval(&mut fx.events).await;
     fx.registry
@@ -237,9 +294,15 @@ async fn the_scripted_model_runs_a_whole_conversation_offline() {
         .unwrap();
     let outcome = run.await.unwrap();
     let answer = outcome.result.unwrap();
-    assert!(answer.contains("write_file wrote 5 bytes to notes.txt."), "{answer}");
+    assert!(
+        answer.contains("write_file wrote 5 bytes to notes.txt."),
+        "{answer}"
+    );
     assert!(answer.contains("list_files found"), "{answer}");
-    assert_eq!(std::fs::read_to_string(dir.path().join("notes.txt")).unwrap(), "hello");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes.txt")).unwrap(),
+        "hello"
+    );
     let deltas = drain(&mut fx.events)
         .into_iter()
         .filter(|e| matches!(e, AgentEvent::TextDelta { .. }))
@@ -254,7 +317,10 @@ async fn a_model_error_ends_the_run_with_its_message() {
         fn name(&self) -> &str {
             "broken"
         }
-        fn stream<'a>(&'a self, _: agent::model::ModelRequest<'a>) -> agent::model::ModelStream<'a> {
+        fn stream<'a>(
+            &'a self,
+            _: agent::model::ModelRequest<'a>,
+        ) -> agent::model::ModelStream<'a> {
             use futures::StreamExt;
             futures::stream::iter(vec![
                 Ok(ModelChunk::Text("partial".into())),

@@ -6,8 +6,8 @@ mod support;
 use agent::events::AgentEvent;
 use agent::runtime::{AbortReason, RunError, execute_tool_call};
 use agent::wire::{
-    ApprovalMode, ApprovalPolicy, Decision, DecisionScope, DenialSource, PermissionDecision, Resolution,
-    ToolErrorCode, ToolOutput,
+    ApprovalMode, ApprovalPolicy, Decision, DecisionScope, DenialSource, PermissionDecision,
+    Resolution, ToolErrorCode, ToolOutput,
 };
 use serde_json::json;
 use support::*;
@@ -116,7 +116,9 @@ async fn interactive_tool_runtime_denies_when_nobody_decides_in_time() {
         output,
         ToolOutput::Error {
             code: ToolErrorCode::ApprovalDenied,
-            message: format!("No decision arrived within 120 s, so the call was denied. {DENIAL_TAIL}"),
+            message: format!(
+                "No decision arrived within 120 s, so the call was denied. {DENIAL_TAIL}"
+            ),
         }
     );
     assert_eq!(fx.deletes.count(), 0);
@@ -124,7 +126,11 @@ async fn interactive_tool_runtime_denies_when_nobody_decides_in_time() {
 
 #[tokio::test]
 async fn fail_closed_refuses_a_call_that_asks_and_runs_nothing() {
-    let fx = fixture(ApprovalMode::FailClosed, ApprovalPolicy::OnRequest, rules(""));
+    let fx = fixture(
+        ApprovalMode::FailClosed,
+        ApprovalPolicy::OnRequest,
+        rules(""),
+    );
     let call = call("call-1", "delete_file", json!({"path": "a.txt"}));
     let error = execute_tool_call(&call, 1, &fx.context).await.unwrap_err();
     assert_eq!(
@@ -134,18 +140,29 @@ async fn fail_closed_refuses_a_call_that_asks_and_runs_nothing() {
             reason: "delete_file is destructive.".into()
         }
     );
-    assert!(error.to_string().starts_with("delete_file needs approval (delete_file is destructive.)"));
+    assert!(
+        error
+            .to_string()
+            .starts_with("delete_file needs approval (delete_file is destructive.)")
+    );
     assert_eq!(fx.deletes.count(), 0);
-    assert!(fx.registry.is_empty(), "fail-closed never registers an approval");
+    assert!(
+        fx.registry.is_empty(),
+        "fail-closed never registers an approval"
+    );
 }
 
 #[tokio::test]
 async fn allowed_calls_run_without_touching_the_approval_system() {
     for mode in [ApprovalMode::FailClosed, ApprovalMode::Interactive] {
         let fx = fixture(mode, ApprovalPolicy::OnRequest, rules(""));
-        let output = execute_tool_call(&call("c", "read_file", json!({"path": "a"})), 1, &fx.context)
-            .await
-            .unwrap();
+        let output = execute_tool_call(
+            &call("c", "read_file", json!({"path": "a"})),
+            1,
+            &fx.context,
+        )
+        .await
+        .unwrap();
         assert!(output.is_ok());
         assert_eq!(fx.reads.count(), 1);
         assert!(fx.registry.is_empty());
@@ -156,9 +173,13 @@ async fn allowed_calls_run_without_touching_the_approval_system() {
 async fn a_denying_rule_returns_permission_denied_and_never_asks() {
     for mode in [ApprovalMode::FailClosed, ApprovalMode::Interactive] {
         let fx = fixture(mode, ApprovalPolicy::Strict, rules("delete_file=deny"));
-        let output = execute_tool_call(&call("c", "delete_file", json!({"path": "a"})), 1, &fx.context)
-            .await
-            .unwrap();
+        let output = execute_tool_call(
+            &call("c", "delete_file", json!({"path": "a"})),
+            1,
+            &fx.context,
+        )
+        .await
+        .unwrap();
         assert_eq!(
             output,
             ToolOutput::Error {
@@ -175,7 +196,10 @@ async fn a_denying_rule_returns_permission_denied_and_never_asks() {
 async fn invalid_input_is_a_recoverable_output_and_is_never_put_to_a_person() {
     let fx = interactive();
     let cases = [
-        (call("c1", "delete_file", json!({"nope": 1})), ToolErrorCode::InvalidInput),
+        (
+            call("c1", "delete_file", json!({"nope": 1})),
+            ToolErrorCode::InvalidInput,
+        ),
         (
             agent::wire::ToolCall {
                 id: "c2".parse().unwrap(),
@@ -184,7 +208,10 @@ async fn invalid_input_is_a_recoverable_output_and_is_never_put_to_a_person() {
             },
             ToolErrorCode::InvalidArguments,
         ),
-        (call("c3", "format_disk", json!({})), ToolErrorCode::UnknownTool),
+        (
+            call("c3", "format_disk", json!({})),
+            ToolErrorCode::UnknownTool,
+        ),
     ];
     for (call, code) in cases {
         let output = execute_tool_call(&call, 1, &fx.context).await.unwrap();

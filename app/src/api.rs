@@ -100,7 +100,8 @@ pub async fn decide_approval(
         Choice::ApproveForSession => serde_json::json!({"decision": "approve", "scope": "session"}),
         Choice::Deny => serde_json::json!({"decision": "deny", "reason": reason}),
     };
-    let decision = Decision::from_json(&body).map_err(|errors| ServerFnError::new(errors.to_string()))?;
+    let decision =
+        Decision::from_json(&body).map_err(|errors| ServerFnError::new(errors.to_string()))?;
     harness
         .decide(&run_id, &tool_call_id, decision)
         .map(|_| ())

@@ -50,7 +50,11 @@ fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
     let arguments = pretty_json(&call.arguments);
     let edited = call.executed_arguments.as_ref().map(pretty_json);
     let output = call.output.as_ref().map(output_text);
-    let permission = format!("{}: {}", permission_label(&call.permission), call.permission.reason());
+    let permission = format!(
+        "{}: {}",
+        permission_label(&call.permission),
+        call.permission.reason()
+    );
     let resolution_reason = match &call.resolution {
         Some(agent::wire::Resolution::Denied { reason, .. }) => Some(reason.clone()),
         _ => None,
@@ -175,8 +179,11 @@ fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
         });
         spawn_local(async move {
             // The card leaves when `approvalResolved` arrives on the stream, never on this call's success.
-            if let Err(error) = decide_approval(key.0.clone(), key.1.clone(), choice, reason).await {
-                ui.error.set(Some(format!("The decision did not reach the server: {error}")));
+            if let Err(error) = decide_approval(key.0.clone(), key.1.clone(), choice, reason).await
+            {
+                ui.error.set(Some(format!(
+                    "The decision did not reach the server: {error}"
+                )));
                 ui.deciding.update(|deciding| {
                     deciding.remove(&key);
                 });
@@ -251,7 +258,10 @@ pub fn Composer() -> impl IntoView {
     let ui = ui();
     let textarea = NodeRef::<html::Textarea>::new();
     let pending = Memo::new(move |_| ui.session.with(|s| s.pending_approvals().count()));
-    let active_run = Memo::new(move |_| ui.session.with(|s| s.active_run().map(|run| run.run_id.clone())));
+    let active_run = Memo::new(move |_| {
+        ui.session
+            .with(|s| s.active_run().map(|run| run.run_id.clone()))
+    });
     let blocked_because = move || {
         if !ui.hydrated.get() {
             Some("Loading…".to_owned())
@@ -287,7 +297,9 @@ pub fn Composer() -> impl IntoView {
                         area.set_value("");
                     }
                 }
-                Err(error) => ui.error.set(Some(format!("The message was not sent: {error}"))),
+                Err(error) => ui
+                    .error
+                    .set(Some(format!("The message was not sent: {error}"))),
             }
             ui.sending.set(false);
         });
@@ -306,7 +318,8 @@ pub fn Composer() -> impl IntoView {
         if let Some(run_id) = active_run.get_untracked() {
             spawn_local(async move {
                 if let Err(error) = cancel_run(run_id).await {
-                    ui.error.set(Some(format!("The run could not be cancelled: {error}")));
+                    ui.error
+                        .set(Some(format!("The run could not be cancelled: {error}")));
                 }
             });
         }
@@ -347,11 +360,18 @@ pub fn DebugConsole() -> impl IntoView {
             session
                 .runs
                 .iter()
-                .flat_map(|run| run.debug.iter().map(move |entry| (run.run_id.clone(), entry.clone())))
+                .flat_map(|run| {
+                    run.debug
+                        .iter()
+                        .map(move |entry| (run.run_id.clone(), entry.clone()))
+                })
                 .collect::<Vec<_>>()
         })
     };
-    let count = move || ui.session.with(|s| s.runs.iter().map(|run| run.debug.len()).sum::<usize>());
+    let count = move || {
+        ui.session
+            .with(|s| s.runs.iter().map(|run| run.debug.len()).sum::<usize>())
+    };
     view! {
         <aside class="debug-console" aria-label="Debug console">
             <button

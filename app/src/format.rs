@@ -52,7 +52,9 @@ pub fn call_status(call: &ToolCallView) -> (&'static str, String) {
                     ..
                 }),
             ) => ("denied", "denied by policy".to_owned()),
-            (_, Some(ToolOutput::Error { code, .. })) => ("failed", format!("failed · {}", code.as_str())),
+            (_, Some(ToolOutput::Error { code, .. })) => {
+                ("failed", format!("failed · {}", code.as_str()))
+            }
             _ => ("failed", "failed".to_owned()),
         },
     }

@@ -15,7 +15,9 @@ use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 
 use crate::api::{PageState, load_page};
-use crate::components::{ApprovalBar, Composer, ConnectionNote, DebugConsole, ErrorBanner, Transcript};
+use crate::components::{
+    ApprovalBar, Composer, ConnectionNote, DebugConsole, ErrorBanner, Transcript,
+};
 use crate::state::Ui;
 
 /// The HTML document around the app.
@@ -71,7 +73,10 @@ fn Chat(state: PageState) -> impl IntoView {
     Effect::new(move |_| {
         ui.hydrated.set(true);
         let (session_id, resume) = ui.session.with_untracked(|session| {
-            let last = session.runs.last().map(|run| (run.run_id.clone(), run.last_seq));
+            let last = session
+                .runs
+                .last()
+                .map(|run| (run.run_id.clone(), run.last_seq));
             (session.session_id.clone(), last)
         });
         live::follow(ui, &session_id, resume);

@@ -41,13 +41,17 @@ mod browser {
 
     pub fn follow(ui: Ui, session_id: &SessionId, resume: Option<(RunId, u64)>) {
         let url = match resume {
-            Some((run_id, after)) => format!("/api/agent/sessions/{session_id}/events?run={run_id}&after={after}"),
+            Some((run_id, after)) => {
+                format!("/api/agent/sessions/{session_id}/events?run={run_id}&after={after}")
+            }
             None => format!("/api/agent/sessions/{session_id}/events"),
         };
         let source = match EventSource::new(&url) {
             Ok(source) => source,
             Err(_) => {
-                ui.error.set(Some("This browser could not open the run's event stream.".to_owned()));
+                ui.error.set(Some(
+                    "This browser could not open the run's event stream.".to_owned(),
+                ));
                 return;
             }
         };
@@ -69,7 +73,8 @@ mod browser {
             }
         });
         for kind in StreamEvent::KINDS {
-            let _ = source.add_event_listener_with_callback(kind, on_event.as_ref().unchecked_ref());
+            let _ =
+                source.add_event_listener_with_callback(kind, on_event.as_ref().unchecked_ref());
         }
         let on_open = Closure::<dyn FnMut(web_sys::Event)>::new(move |_| {
             ui.connection.set(Connection::Live);

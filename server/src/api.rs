@@ -116,7 +116,10 @@ fn run_response(view: RunView) -> Response {
 }
 
 /// `POST /api/agent`: a whole run, no channel to a person, so fail-closed.
-pub async fn run_to_end(State(state): State<AppState>, JsonValue(body): JsonValue) -> Result<Response, ApiError> {
+pub async fn run_to_end(
+    State(state): State<AppState>,
+    JsonValue(body): JsonValue,
+) -> Result<Response, ApiError> {
     let input = start_input(&body)?;
     let record = state
         .harness
@@ -125,14 +128,17 @@ pub async fn run_to_end(State(state): State<AppState>, JsonValue(body): JsonValu
     let guard = AbortOnDrop(Some(Arc::clone(&record)));
     record.finished().await;
     guard.disarm();
-    let view = record
-        .view()
-        .ok_or_else(|| ApiError::Internal(format!("run {} finished without events", record.run_id())))?;
+    let view = record.view().ok_or_else(|| {
+        ApiError::Internal(format!("run {} finished without events", record.run_id()))
+    })?;
     Ok(run_response(view))
 }
 
 /// `POST /api/agent/stream`: a run streamed as SSE, interactive. Closing the connection aborts it.
-pub async fn run_streamed(State(state): State<AppState>, JsonValue(body): JsonValue) -> Result<Response, ApiError> {
+pub async fn run_streamed(
+    State(state): State<AppState>,
+    JsonValue(body): JsonValue,
+) -> Result<Response, ApiError> {
     let input = start_input(&body)?;
     let record = state
         .harness
@@ -142,7 +148,10 @@ pub async fn run_streamed(State(state): State<AppState>, JsonValue(body): JsonVa
 }
 
 /// `POST /api/agent/runs`: starts an interactive run and returns its id; its events are a separate resource.
-pub async fn create_run(State(state): State<AppState>, JsonValue(body): JsonValue) -> Result<Response, ApiError> {
+pub async fn create_run(
+    State(state): State<AppState>,
+    JsonValue(body): JsonValue,
+) -> Result<Response, ApiError> {
     let input = start_input(&body)?;
     let record = state
         .harness
@@ -164,7 +173,7 @@ fn find_run(harness: &Harness, raw: &str) -> Result<Arc<RunRecord>, ApiError> {
     let run_id = parse_run_id(raw)?;
     harness
         .run(&run_id)
-        .ok_or_else(|| ApiError::RunNotFound(agent::hub::RunNotFound(run_id)))
+        .ok_or(ApiError::RunNotFound(agent::hub::RunNotFound(run_id)))
 }
 
 /// Where a subscriber resumes: after the `Last-Event-ID` header when the client sends one (EventSource does on
@@ -176,9 +185,9 @@ fn resume_point(headers: &HeaderMap, query: &HashMap<String, String>) -> Result<
             .map_err(|_| ApiError::field(field, "Expected a non-negative integer event id"))
     };
     if let Some(value) = headers.get("last-event-id") {
-        let raw = value
-            .to_str()
-            .map_err(|_| ApiError::field("Last-Event-ID", "Expected a non-negative integer event id"))?;
+        let raw = value.to_str().map_err(|_| {
+            ApiError::field("Last-Event-ID", "Expected a non-negative integer event id")
+        })?;
         return parse("Last-Event-ID", raw);
     }
     match query.get("after") {
@@ -206,7 +215,12 @@ fn session_resume_point(
     query: &HashMap<String, String>,
 ) -> Result<Option<(RunId, u64)>, ApiError> {
     if let Some(value) = headers.get("last-event-id") {
-        let invalid = || ApiError::field("Last-Event-ID", "Expected runId:seq, as sent in the stream's ids");
+        let invalid = || {
+            ApiError::field(
+                "Last-Event-ID",
+                "Expected runId:seq, as sent in the stream's ids",
+            )
+        };
         let raw = value.to_str().map_err(|_| invalid())?;
         let (run, seq) = raw.trim().rsplit_once(':').ok_or_else(invalid)?;
         let run = RunId::parse(run).map_err(|_| invalid())?;
@@ -214,7 +228,10 @@ fn session_resume_point(
         return Ok(Some((run, seq)));
     }
     match query.get("run") {
-        Some(run) => Ok(Some((parse_run_id(run)?, resume_point(&HeaderMap::new(), query)?))),
+        Some(run) => Ok(Some((
+            parse_run_id(run)?,
+            resume_point(&HeaderMap::new(), query)?,
+        ))),
         None => Ok(None),
     }
 }
@@ -246,17 +263,27 @@ pub async fn session_events(
 }
 
 /// `GET /api/agent/runs/{runId}`: the run as a viewer sees it now.
-pub async fn get_run(State(state): State<AppState>, Path(run_id): Path<String>) -> Result<Response, ApiError> {
+pub async fn get_run(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+) -> Result<Response, ApiError> {
     let record = find_run(&state.harness, &run_id)?;
     let view = record.view();
     Ok(Json(json!({"ok": true, "run": view})).into_response())
 }
 
 /// `POST /api/agent/runs/{runId}/cancel`: aborts the run.
-pub async fn cancel_run(State(state): State<AppState>, Path(run_id): Path<String>) -> Result<Response, ApiError> {
+pub async fn cancel_run(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&run_id)?;
     let record = state.harness.cancel(&run_id)?;
-    let status = if record.is_finished() { "finished" } else { "cancelling" };
+    let status = if record.is_finished() {
+        "finished"
+    } else {
+        "cancelling"
+    };
     Ok(Json(json!({"ok": true, "runId": run_id, "status": status})).into_response())
 }
 
@@ -265,7 +292,10 @@ pub async fn list_approvals(
     State(state): State<AppState>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let run_id = query.get("runId").map(|raw| parse_run_id(raw)).transpose()?;
+    let run_id = query
+        .get("runId")
+        .map(|raw| parse_run_id(raw))
+        .transpose()?;
     let pending = state.harness.pending(run_id.as_ref());
     Ok(Json(json!({"ok": true, "pending": pending})).into_response())
 }

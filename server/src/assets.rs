@@ -40,7 +40,9 @@ pub async fn static_file(uri: Uri, headers: HeaderMap) -> Response {
     let Some(original) = Site::get(path) else {
         return not_found();
     };
-    let mime = mime_guess::from_path(path).first_or_octet_stream().to_string();
+    let mime = mime_guess::from_path(path)
+        .first_or_octet_stream()
+        .to_string();
     let hash = hex(&original.metadata.sha256_hash());
     let compressed = ENCODINGS.iter().find_map(|&(encoding, suffix)| {
         accepts(&headers, encoding)
@@ -49,7 +51,10 @@ pub async fn static_file(uri: Uri, headers: HeaderMap) -> Response {
             .map(|file| (encoding, suffix, file))
     });
     // Each representation has its own tag, so a cache never mixes encodings.
-    let etag = format!("\"{hash}{}\"", compressed.as_ref().map_or("", |(_, suffix, _)| *suffix));
+    let etag = format!(
+        "\"{hash}{}\"",
+        compressed.as_ref().map_or("", |(_, suffix, _)| *suffix)
+    );
 
     let mut response_headers = HeaderMap::new();
     response_headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
@@ -75,7 +80,12 @@ pub async fn static_file(uri: Uri, headers: HeaderMap) -> Response {
         }
         None => original.data,
     };
-    (StatusCode::OK, response_headers, Body::from(body.into_owned())).into_response()
+    (
+        StatusCode::OK,
+        response_headers,
+        Body::from(body.into_owned()),
+    )
+        .into_response()
 }
 
 fn not_found() -> Response {
@@ -98,7 +108,10 @@ mod tests {
     #[test]
     fn accept_encoding_is_read_with_its_q_values() {
         let mut headers = HeaderMap::new();
-        headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip, deflate, br;q=0"));
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("gzip, deflate, br;q=0"),
+        );
         assert!(accepts(&headers, "gzip"));
         assert!(!accepts(&headers, "br"));
         assert!(!accepts(&HeaderMap::new(), "gzip"));

@@ -35,19 +35,22 @@ impl<S: Send + Sync> FromRequest<S> for JsonValue {
         if !is_json(content_type) {
             return Err(ApiError::UnsupportedMediaType);
         }
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| match rejection.status() {
-                StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge {
-                    limit: MAX_BODY_BYTES,
-                },
-                _ => ApiError::Invalid(ValidationErrors::form(format!(
-                    "The request body could not be read: {rejection}"
-                ))),
-            })?;
-        serde_json::from_slice(&bytes).map(JsonValue).map_err(|error| {
-            ApiError::Invalid(ValidationErrors::form(format!("Malformed JSON: {error}")))
-        })
+        let bytes =
+            Bytes::from_request(request, state)
+                .await
+                .map_err(|rejection| match rejection.status() {
+                    StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge {
+                        limit: MAX_BODY_BYTES,
+                    },
+                    _ => ApiError::Invalid(ValidationErrors::form(format!(
+                        "The request body could not be read: {rejection}"
+                    ))),
+                })?;
+        serde_json::from_slice(&bytes)
+            .map(JsonValue)
+            .map_err(|error| {
+                ApiError::Invalid(ValidationErrors::form(format!("Malformed JSON: {error}")))
+            })
     }
 }
 

@@ -107,7 +107,11 @@ mod tests {
     #[test]
     fn bad_values_are_refused_with_a_reason() {
         let error = Config::try_parse_from(["toolgate", "--policy", "yolo"]).unwrap_err();
-        assert!(error.to_string().contains("expected one of on_request, strict, trusted"));
+        assert!(
+            error
+                .to_string()
+                .contains("expected one of on_request, strict, trusted")
+        );
         let error = Config::try_parse_from(["toolgate", "--rules", "delete_file"]).unwrap_err();
         assert!(error.to_string().contains("tool=allow|ask|deny"));
         assert!(Config::try_parse_from(["toolgate", "--approval-timeout-secs", "0"]).is_err());

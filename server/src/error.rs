@@ -42,9 +42,13 @@ impl ApiError {
             Self::Invalid(_) => StatusCode::BAD_REQUEST,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ApprovalNotFound(_) | Self::RunNotFound(_) | Self::NoRoute => StatusCode::NOT_FOUND,
+            Self::ApprovalNotFound(_) | Self::RunNotFound(_) | Self::NoRoute => {
+                StatusCode::NOT_FOUND
+            }
             Self::Start(StartError::SessionBusy(_)) => StatusCode::CONFLICT,
-            Self::Start(StartError::PolicyTooLoose { .. }) | Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::Start(StartError::PolicyTooLoose { .. }) | Self::Forbidden(_) => {
+                StatusCode::FORBIDDEN
+            }
             Self::Start(StartError::ShuttingDown) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,

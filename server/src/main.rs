@@ -9,7 +9,10 @@ use tracing_subscriber::EnvFilter;
 async fn main() -> std::process::ExitCode {
     let config = Config::parse();
     let filter = EnvFilter::try_new(&config.log).unwrap_or_else(|error| {
-        eprintln!("toolgate: ignoring the log filter {:?}: {error}", config.log);
+        eprintln!(
+            "toolgate: ignoring the log filter {:?}: {error}",
+            config.log
+        );
         EnvFilter::new("info")
     });
     tracing_subscriber::fmt().with_env_filter(filter).init();

@@ -27,10 +27,14 @@ pub async fn ensure_session(mut request: Request, next: Next) -> Response {
     let existing = session_from_cookies(request.headers());
     let fresh = existing.is_none();
     let session = existing.unwrap_or_else(SessionId::generate);
-    request.extensions_mut().insert(SessionCookie(session.clone()));
+    request
+        .extensions_mut()
+        .insert(SessionCookie(session.clone()));
     let mut response = next.run(request).await;
     if fresh {
-        let cookie = format!("{SESSION_COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict; Max-Age={MAX_AGE_SECS}");
+        let cookie = format!(
+            "{SESSION_COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict; Max-Age={MAX_AGE_SECS}"
+        );
         if let Ok(value) = HeaderValue::from_str(&cookie) {
             response.headers_mut().append(header::SET_COOKIE, value);
         }
@@ -45,9 +49,18 @@ mod tests {
     #[test]
     fn the_session_is_read_from_the_cookie_header() {
         let mut headers = HeaderMap::new();
-        headers.insert(header::COOKIE, HeaderValue::from_static("a=b; toolgate_session=session_1; c=d"));
-        assert_eq!(session_from_cookies(&headers), Some(SessionId::parse("session_1").unwrap()));
-        headers.insert(header::COOKIE, HeaderValue::from_static("toolgate_session=../x"));
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=b; toolgate_session=session_1; c=d"),
+        );
+        assert_eq!(
+            session_from_cookies(&headers),
+            Some(SessionId::parse("session_1").unwrap())
+        );
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static("toolgate_session=../x"),
+        );
         assert_eq!(session_from_cookies(&headers), None);
     }
 }

@@ -31,9 +31,15 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
     #[error("cannot open the workspace {path}: {source}")]
-    Workspace { path: String, source: std::io::Error },
+    Workspace {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Config(String),
 }
@@ -47,9 +53,9 @@ pub struct Application {
 
 fn model(config: &Config) -> Result<Arc<dyn Model>, StartupError> {
     match config.model {
-        ModelKind::Scripted => Ok(Arc::new(ScriptedModel::with_delta_delay(Duration::from_millis(
-            config.scripted_delay_ms,
-        )))),
+        ModelKind::Scripted => Ok(Arc::new(ScriptedModel::with_delta_delay(
+            Duration::from_millis(config.scripted_delay_ms),
+        ))),
         ModelKind::Openai => Err(StartupError::Config(
             "the openai model is not available in this build".to_owned(),
         )),
@@ -77,10 +83,11 @@ async fn api_not_found() -> ApiError {
 
 /// Builds the harness and the router, and binds the listener (port 0 picks a free port).
 pub async fn build(config: Config) -> Result<Application, StartupError> {
-    let workspace = Workspace::open(&config.workspace).map_err(|source| StartupError::Workspace {
-        path: config.workspace.display().to_string(),
-        source,
-    })?;
+    let workspace =
+        Workspace::open(&config.workspace).map_err(|source| StartupError::Workspace {
+            path: config.workspace.display().to_string(),
+            source,
+        })?;
     let toolbox = workspace_tools(
         &workspace,
         CommandLimits {
@@ -135,9 +142,15 @@ fn router(state: AppState) -> Router {
         .route("/api/agent/runs/{run_id}", get(api::get_run))
         .route("/api/agent/runs/{run_id}/events", get(api::run_events))
         .route("/api/agent/runs/{run_id}/cancel", post(api::cancel_run))
-        .route("/api/agent/sessions/{session_id}/events", get(api::session_events))
+        .route(
+            "/api/agent/sessions/{session_id}/events",
+            get(api::session_events),
+        )
         .route("/api/agent/approvals", get(api::list_approvals))
-        .route("/api/agent/approvals/{run_id}/{tool_call_id}", post(api::decide))
+        .route(
+            "/api/agent/approvals/{run_id}/{tool_call_id}",
+            post(api::decide),
+        )
         .route("/api/{*rest}", any(api_not_found));
 
     let harness = state.harness.clone();
@@ -173,7 +186,10 @@ impl Application {
 
     /// Serves until `shutdown` completes; then stops accepting runs, aborts the running ones (their streams end
     /// with an event that says why), and returns once connections are done or the grace period is over.
-    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
         let harness = self.harness.clone();
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
         let signal = async move {

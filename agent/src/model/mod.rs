@@ -41,7 +41,9 @@ pub enum ModelError {
     Unauthorized(String),
     #[error("the model provider does not know this model or endpoint (HTTP 404): {0}")]
     NotFound(String),
-    #[error("the model provider kept rate-limiting the request (HTTP 429) after {attempts} attempts: {message}")]
+    #[error(
+        "the model provider kept rate-limiting the request (HTTP 429) after {attempts} attempts: {message}"
+    )]
     RateLimited { attempts: u32, message: String },
     #[error("the model provider failed (HTTP {status}) after {attempts} attempts: {message}")]
     Server {

@@ -262,7 +262,12 @@ fn shorten(text: &str, max: usize) -> String {
 /// One line about one tool result.
 fn describe(call: Option<&ToolCall>, tool_name: &str, output: &ToolOutput) -> String {
     let args = call.map(ToolCall::arguments_value).unwrap_or(Value::Null);
-    let arg = |field: &str| args.get(field).and_then(Value::as_str).unwrap_or("").to_owned();
+    let arg = |field: &str| {
+        args.get(field)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
     match output {
         ToolOutput::Ok { content } => match tool_name {
             "list_files" => {
@@ -276,8 +281,16 @@ fn describe(call: Option<&ToolCall>, tool_name: &str, output: &ToolOutput) -> St
                 } else {
                     let shown: Vec<&str> = names.iter().copied().take(20).collect();
                     let more = names.len().saturating_sub(shown.len());
-                    let more = if more > 0 { format!(" and {more} more") } else { String::new() };
-                    format!("list_files found {} in {place}: {}{more}.", names.len(), shown.join(", "))
+                    let more = if more > 0 {
+                        format!(" and {more} more")
+                    } else {
+                        String::new()
+                    };
+                    format!(
+                        "list_files found {} in {place}: {}{more}.",
+                        names.len(),
+                        shown.join(", ")
+                    )
                 }
             }
             "read_file" => format!(
@@ -295,9 +308,15 @@ fn describe(call: Option<&ToolCall>, tool_name: &str, output: &ToolOutput) -> St
                 let stdout = shorten(content["stdout"].as_str().unwrap_or(""), 400);
                 let exit = &content["exitCode"];
                 if stdout.is_empty() {
-                    format!("run_command ran {} (exit code {exit}) with no output.", arg("command"))
+                    format!(
+                        "run_command ran {} (exit code {exit}) with no output.",
+                        arg("command")
+                    )
                 } else {
-                    format!("run_command ran {} (exit code {exit}): {stdout}", arg("command"))
+                    format!(
+                        "run_command ran {} (exit code {exit}): {stdout}",
+                        arg("command")
+                    )
                 }
             }
             other => format!("{other} returned {}", shorten(&content.to_string(), 400)),
@@ -350,7 +369,10 @@ fn summarize(messages: &[Message]) -> String {
         [one] => one.clone(),
         many => format!(
             "Here is what happened:\n{}",
-            many.iter().map(|l| format!("- {l}")).collect::<Vec<_>>().join("\n")
+            many.iter()
+                .map(|l| format!("- {l}"))
+                .collect::<Vec<_>>()
+                .join("\n")
         ),
     }
 }
@@ -390,16 +412,31 @@ mod tests {
     fn plain_requests_become_tool_calls() {
         let cases = [
             ("list files", ("list_files", json!({}))),
-            ("List files in docs", ("list_files", json!({"path": "docs"}))),
-            ("read notes.txt", ("read_file", json!({"path": "notes.txt"}))),
+            (
+                "List files in docs",
+                ("list_files", json!({"path": "docs"})),
+            ),
+            (
+                "read notes.txt",
+                ("read_file", json!({"path": "notes.txt"})),
+            ),
             (
                 "write a.txt: salt and pepper",
-                ("write_file", json!({"path": "a.txt", "content": "salt and pepper"})),
+                (
+                    "write_file",
+                    json!({"path": "a.txt", "content": "salt and pepper"}),
+                ),
             ),
-            ("delete old.txt", ("delete_file", json!({"path": "old.txt"}))),
+            (
+                "delete old.txt",
+                ("delete_file", json!({"path": "old.txt"})),
+            ),
             (
                 "run echo 'hello world' x",
-                ("run_command", json!({"command": "echo", "args": ["hello world", "x"]})),
+                (
+                    "run_command",
+                    json!({"command": "echo", "args": ["hello world", "x"]}),
+                ),
             ),
             ("run ls", ("run_command", json!({"command": "ls"}))),
         ];
@@ -449,7 +486,11 @@ mod tests {
             Message::Assistant {
                 content: String::new(),
                 tool_calls: vec![
-                    call("call_1", "write_file", json!({"path": "a.txt", "content": "hi"})),
+                    call(
+                        "call_1",
+                        "write_file",
+                        json!({"path": "a.txt", "content": "hi"}),
+                    ),
                     call("call_2", "delete_file", json!({"path": "b.txt"})),
                 ],
             },

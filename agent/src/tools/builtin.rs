@@ -188,7 +188,9 @@ impl WriteFile {
         Self {
             spec: ToolSpec {
                 name: "write_file".into(),
-                description: "Create or overwrite a text file in the workspace, creating parent directories.".into(),
+                description:
+                    "Create or overwrite a text file in the workspace, creating parent directories."
+                        .into(),
                 input_schema: json!({
                     "type": "object",
                     "properties": {
@@ -498,27 +500,47 @@ mod tests {
     #[tokio::test]
     async fn write_read_list_and_delete_a_file() {
         let (_dir, ws, tools) = setup();
-        let written = call(&tools, "write_file", json!({"path": "notes/a.txt", "content": "hello"}))
+        let written = call(
+            &tools,
+            "write_file",
+            json!({"path": "notes/a.txt", "content": "hello"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(written, json!({"path": "notes/a.txt", "bytes": 5}));
+        assert_eq!(
+            std::fs::read_to_string(ws.root().join("notes/a.txt")).unwrap(),
+            "hello"
+        );
+
+        let read = call(&tools, "read_file", json!({"path": "notes/a.txt"}))
             .await
             .unwrap();
-        assert_eq!(written, json!({"path": "notes/a.txt", "bytes": 5}));
-        assert_eq!(std::fs::read_to_string(ws.root().join("notes/a.txt")).unwrap(), "hello");
-
-        let read = call(&tools, "read_file", json!({"path": "notes/a.txt"})).await.unwrap();
         assert_eq!(read["content"], "hello");
         assert_eq!(read["truncated"], false);
 
         let listed = call(&tools, "list_files", json!({})).await.unwrap();
-        assert_eq!(listed["entries"], json!([{"name": "notes", "kind": "dir", "size": listed["entries"][0]["size"]}]));
-        let listed = call(&tools, "list_files", json!({"path": "notes"})).await.unwrap();
+        assert_eq!(
+            listed["entries"],
+            json!([{"name": "notes", "kind": "dir", "size": listed["entries"][0]["size"]}])
+        );
+        let listed = call(&tools, "list_files", json!({"path": "notes"}))
+            .await
+            .unwrap();
         assert_eq!(listed["entries"][0]["name"], "a.txt");
 
-        let deleted = call(&tools, "delete_file", json!({"path": "notes/a.txt"})).await.unwrap();
+        let deleted = call(&tools, "delete_file", json!({"path": "notes/a.txt"}))
+            .await
+            .unwrap();
         assert_eq!(deleted["deleted"], true);
         assert!(!ws.root().join("notes/a.txt").exists());
-        let error = call(&tools, "delete_file", json!({"path": "notes/a.txt"})).await.unwrap_err();
+        let error = call(&tools, "delete_file", json!({"path": "notes/a.txt"}))
+            .await
+            .unwrap_err();
         assert_eq!(error.code, ToolErrorCode::NotFound);
-        let error = call(&tools, "delete_file", json!({"path": "notes"})).await.unwrap_err();
+        let error = call(&tools, "delete_file", json!({"path": "notes"}))
+            .await
+            .unwrap_err();
         assert!(error.message.contains("directory"));
     }
 
@@ -528,7 +550,10 @@ mod tests {
         std::fs::write(dir.path().join("secret.txt"), "s").unwrap();
         for (tool, input) in [
             ("read_file", json!({"path": "../secret.txt"})),
-            ("write_file", json!({"path": "../secret.txt", "content": "x"})),
+            (
+                "write_file",
+                json!({"path": "../secret.txt", "content": "x"}),
+            ),
             ("delete_file", json!({"path": "../secret.txt"})),
             ("list_files", json!({"path": ".."})),
             ("read_file", json!({"path": "/etc/passwd"})),
@@ -536,14 +561,19 @@ mod tests {
             let error = call(&tools, tool, input).await.unwrap_err();
             assert_eq!(error.code, ToolErrorCode::OutsideWorkspace, "{tool}");
         }
-        assert_eq!(std::fs::read_to_string(dir.path().join("secret.txt")).unwrap(), "s");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("secret.txt")).unwrap(),
+            "s"
+        );
     }
 
     #[tokio::test]
     async fn a_large_file_is_read_truncated() {
         let (_dir, ws, tools) = setup();
         std::fs::write(ws.root().join("big.txt"), "x".repeat(MAX_READ_BYTES + 10)).unwrap();
-        let read = call(&tools, "read_file", json!({"path": "big.txt"})).await.unwrap();
+        let read = call(&tools, "read_file", json!({"path": "big.txt"}))
+            .await
+            .unwrap();
         assert_eq!(read["truncated"], true);
         assert_eq!(read["content"].as_str().unwrap().len(), MAX_READ_BYTES);
     }
@@ -552,21 +582,35 @@ mod tests {
     async fn run_command_runs_a_program_in_the_workspace_without_a_shell() {
         let (_dir, ws, tools) = setup();
         std::fs::write(ws.root().join("a.txt"), "").unwrap();
-        let out = call(&tools, "run_command", json!({"command": "ls"})).await.unwrap();
+        let out = call(&tools, "run_command", json!({"command": "ls"}))
+            .await
+            .unwrap();
         assert_eq!(out["exitCode"], 0);
         assert_eq!(out["stdout"], "a.txt\n");
         // No shell: the glob and the semicolon reach echo as plain text.
-        let out = call(&tools, "run_command", json!({"command": "echo", "args": ["*;", "$HOME"]}))
-            .await
-            .unwrap();
+        let out = call(
+            &tools,
+            "run_command",
+            json!({"command": "echo", "args": ["*;", "$HOME"]}),
+        )
+        .await
+        .unwrap();
         assert_eq!(out["stdout"], "*; $HOME\n");
-        let error = call(&tools, "run_command", json!({"command": "ls -la"})).await.unwrap_err();
-        assert_eq!(error.code, ToolErrorCode::InvalidInput);
-        let error = call(&tools, "run_command", json!({"command": "no-such-program-xyz"}))
+        let error = call(&tools, "run_command", json!({"command": "ls -la"}))
             .await
             .unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::InvalidInput);
+        let error = call(
+            &tools,
+            "run_command",
+            json!({"command": "no-such-program-xyz"}),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(error.code, ToolErrorCode::NotFound);
-        let out = call(&tools, "run_command", json!({"command": "false"})).await.unwrap();
+        let out = call(&tools, "run_command", json!({"command": "false"}))
+            .await
+            .unwrap();
         assert_eq!(out["exitCode"], 1);
     }
 
@@ -575,7 +619,9 @@ mod tests {
         let (_dir, _ws, tools) = setup();
         // SAFETY: this test only adds a variable no other test reads.
         unsafe { std::env::set_var("TOOLGATE_TEST_SECRET", "sk-should-not-leak") };
-        let out = call(&tools, "run_command", json!({"command": "env"})).await.unwrap();
+        let out = call(&tools, "run_command", json!({"command": "env"}))
+            .await
+            .unwrap();
         let env = out["stdout"].as_str().unwrap();
         assert!(!env.contains("sk-should-not-leak"), "{env}");
         assert!(env.contains("PATH="));
@@ -593,7 +639,10 @@ mod tests {
             },
         );
         let out = tool
-            .execute(json!({"command": "seq", "args": ["1", "100000"]}), &context())
+            .execute(
+                json!({"command": "seq", "args": ["1", "100000"]}),
+                &context(),
+            )
             .await
             .unwrap();
         assert_eq!(out["truncated"], true);

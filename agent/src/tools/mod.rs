@@ -105,11 +105,12 @@ impl Toolbox {
         if self.tools.contains_key(&spec.name) {
             return Err(ToolboxError::Duplicate(spec.name.clone()));
         }
-        let validator =
-            jsonschema::validator_for(&spec.input_schema).map_err(|error| ToolboxError::InvalidSchema {
+        let validator = jsonschema::validator_for(&spec.input_schema).map_err(|error| {
+            ToolboxError::InvalidSchema {
                 tool: spec.name.clone(),
                 message: error.to_string(),
-            })?;
+            }
+        })?;
         self.tools.insert(
             spec.name.clone(),
             RegisteredTool {
@@ -217,10 +218,16 @@ mod tests {
             })))
             .unwrap();
         assert!(toolbox.validate("echo", &json!({"text": "hi"})).is_ok());
-        let error = toolbox.validate("echo", &json!({"text": 3, "x": 1})).unwrap_err();
+        let error = toolbox
+            .validate("echo", &json!({"text": 3, "x": 1}))
+            .unwrap_err();
         assert_eq!(error.code, ToolErrorCode::InvalidInput);
         assert!(error.message.contains("/text"), "{}", error.message);
-        assert!(error.message.contains("'x' was unexpected"), "{}", error.message);
+        assert!(
+            error.message.contains("'x' was unexpected"),
+            "{}",
+            error.message
+        );
         let error = toolbox.validate("nope", &json!({})).unwrap_err();
         assert_eq!(error.code, ToolErrorCode::UnknownTool);
         assert!(error.message.contains("The tools are: echo."));
@@ -231,7 +238,10 @@ mod tests {
         let error = Toolbox::new()
             .with(echo(json!({"type": "no-such-type"})))
             .unwrap_err();
-        assert!(matches!(error, ToolboxError::InvalidSchema { .. }), "{error}");
+        assert!(
+            matches!(error, ToolboxError::InvalidSchema { .. }),
+            "{error}"
+        );
         let error = Toolbox::new()
             .with(echo(json!({})))
             .unwrap()

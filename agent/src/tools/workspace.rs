@@ -87,7 +87,9 @@ impl Workspace {
                 // Nothing exists from here on: the rest is created fresh, inside.
                 Err(error) if error.kind() == io::ErrorKind::NotFound => break,
                 Err(error) => {
-                    return Err(ToolError::failed(format!("cannot inspect {relative:?}: {error}")));
+                    return Err(ToolError::failed(format!(
+                        "cannot inspect {relative:?}: {error}"
+                    )));
                 }
             }
         }
@@ -119,7 +121,10 @@ mod tests {
     fn paths_inside_resolve() {
         let (_dir, ws) = workspace();
         assert_eq!(ws.resolve("a.txt").unwrap(), ws.root().join("a.txt"));
-        assert_eq!(ws.resolve("docs/../a.txt").unwrap(), ws.root().join("a.txt"));
+        assert_eq!(
+            ws.resolve("docs/../a.txt").unwrap(),
+            ws.root().join("a.txt")
+        );
         assert_eq!(ws.resolve("").unwrap(), ws.root());
         assert_eq!(ws.resolve("./").unwrap(), ws.root());
     }
@@ -131,7 +136,12 @@ mod tests {
             let error = ws.resolve(path).unwrap_err();
             assert_eq!(error.code, ToolErrorCode::OutsideWorkspace, "{path}");
         }
-        assert!(ws.resolve("/etc/passwd").unwrap_err().message.contains("absolute"));
+        assert!(
+            ws.resolve("/etc/passwd")
+                .unwrap_err()
+                .message
+                .contains("absolute")
+        );
     }
 
     #[test]

@@ -45,7 +45,10 @@ impl Model for ReplayModel {
     }
 
     fn stream<'a>(&'a self, request: ModelRequest<'a>) -> ModelStream<'a> {
-        self.requests.lock().unwrap().push(request.messages.to_vec());
+        self.requests
+            .lock()
+            .unwrap()
+            .push(request.messages.to_vec());
         let step = self
             .steps
             .lock()
@@ -186,7 +189,11 @@ pub fn fixture(mode: ApprovalMode, policy: ApprovalPolicy, rules: ToolRules) -> 
 }
 
 pub fn interactive() -> Fixture {
-    fixture(ApprovalMode::Interactive, ApprovalPolicy::OnRequest, ToolRules::new())
+    fixture(
+        ApprovalMode::Interactive,
+        ApprovalPolicy::OnRequest,
+        ToolRules::new(),
+    )
 }
 
 /// Waits for the next `ApprovalRequested` event, returning its tool call id.

@@ -12,7 +12,10 @@ async fn an_invalid_decision_is_400_in_the_form_errors_shape() {
         .await;
     assert_eq!(response.status(), 400);
     let body: Value = response.json().await.unwrap();
-    assert_eq!(body["formErrors"], json!(["Unrecognized key(s) in object: 'extra'"]));
+    assert_eq!(
+        body["formErrors"],
+        json!(["Unrecognized key(s) in object: 'extra'"])
+    );
     assert_eq!(
         body["fieldErrors"],
         json!({"decision": ["Invalid enum value. Expected 'approve' | 'deny', received 'maybe'"]})
@@ -32,7 +35,12 @@ async fn malformed_json_and_wrong_content_types_are_refused() {
         .unwrap();
     assert_eq!(response.status(), 400);
     let body: Value = response.json().await.unwrap();
-    assert!(body["formErrors"][0].as_str().unwrap().starts_with("Malformed JSON"));
+    assert!(
+        body["formErrors"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("Malformed JSON")
+    );
     assert_eq!(body["fieldErrors"], json!({}));
 
     let response = app
@@ -50,7 +58,9 @@ async fn malformed_json_and_wrong_content_types_are_refused() {
 async fn a_body_over_the_limit_is_413() {
     let app = spawn_app().await;
     let huge = "x".repeat(100 * 1024);
-    let response = app.post_json("/api/agent/runs", &json!({"message": huge})).await;
+    let response = app
+        .post_json("/api/agent/runs", &json!({"message": huge}))
+        .await;
     assert_eq!(response.status(), 413);
 }
 
@@ -58,14 +68,24 @@ async fn a_body_over_the_limit_is_413() {
 async fn ids_that_are_too_long_or_malformed_are_400() {
     let app = spawn_app().await;
     let long = "r".repeat(200);
-    let response = app.decide(&long, "call-1", json!({"decision": "approve"})).await;
+    let response = app
+        .decide(&long, "call-1", json!({"decision": "approve"}))
+        .await;
     assert_eq!(response.status(), 400);
     let body: Value = response.json().await.unwrap();
-    assert!(body["fieldErrors"]["runId"][0].as_str().unwrap().contains("at most 128"));
+    assert!(
+        body["fieldErrors"]["runId"][0]
+            .as_str()
+            .unwrap()
+            .contains("at most 128")
+    );
     let response = app.get("/api/agent/approvals?runId=a%20b").await;
     assert_eq!(response.status(), 400);
     let response = app
-        .post_json("/api/agent/runs", &json!({"message": "list files", "sessionId": "../../etc"}))
+        .post_json(
+            "/api/agent/runs",
+            &json!({"message": "list files", "sessionId": "../../etc"}),
+        )
         .await;
     assert_eq!(response.status(), 400);
 }
@@ -78,10 +98,15 @@ async fn a_start_body_is_validated_field_by_field() {
         .await;
     assert_eq!(response.status(), 400);
     let body: Value = response.json().await.unwrap();
-    assert_eq!(body["fieldErrors"]["message"], json!(["String must contain at least 1 character(s)"]));
+    assert_eq!(
+        body["fieldErrors"]["message"],
+        json!(["String must contain at least 1 character(s)"])
+    );
     assert_eq!(
         body["fieldErrors"]["policy"],
-        json!(["Invalid enum value. Expected 'trusted' | 'on_request' | 'strict', received 'yolo'"])
+        json!([
+            "Invalid enum value. Expected 'trusted' | 'on_request' | 'strict', received 'yolo'"
+        ])
     );
 }
 

@@ -73,8 +73,11 @@ impl TestApp {
     }
 
     pub async fn decide(&self, run_id: &str, tool_call_id: &str, body: Value) -> reqwest::Response {
-        self.post_json(&format!("/api/agent/approvals/{run_id}/{tool_call_id}"), &body)
-            .await
+        self.post_json(
+            &format!("/api/agent/approvals/{run_id}/{tool_call_id}"),
+            &body,
+        )
+        .await
     }
 
     /// `POST /api/agent/stream`.
@@ -93,7 +96,9 @@ impl TestApp {
 
     /// `GET /api/agent/runs/{runId}/events`, optionally resuming after `last_event_id`.
     pub async fn events(&self, run_id: &str, last_event_id: Option<u64>) -> SseStream {
-        let mut request = self.client.get(self.url(&format!("/api/agent/runs/{run_id}/events")));
+        let mut request = self
+            .client
+            .get(self.url(&format!("/api/agent/runs/{run_id}/events")));
         if let Some(id) = last_event_id {
             request = request.header("Last-Event-ID", id.to_string());
         }
@@ -154,7 +159,11 @@ impl SseStream {
             .map(|event| {
                 let event = event.expect("a well-formed SSE event");
                 let data: Value = serde_json::from_str(&event.data).expect("SSE data is JSON");
-                assert_eq!(data["type"], event.event.as_str(), "the SSE event name is the JSON type");
+                assert_eq!(
+                    data["type"],
+                    event.event.as_str(),
+                    "the SSE event name is the JSON type"
+                );
                 SseEvent {
                     name: event.event,
                     id: event.id.parse().expect("the SSE id is a number"),

@@ -21,18 +21,33 @@ async fn a_reconnect_with_last_event_id_misses_nothing_and_repeats_nothing() {
     drop(first);
 
     let call_id = required.data["request"]["toolCallId"].as_str().unwrap();
-    assert_eq!(app.decide(&run_id, call_id, json!({"decision": "approve"})).await.status(), 200);
+    assert_eq!(
+        app.decide(&run_id, call_id, json!({"decision": "approve"}))
+            .await
+            .status(),
+        200
+    );
 
     let mut resumed = app.events(&run_id, Some(required.id)).await;
     let rest = resumed.rest().await;
-    assert_eq!(rest.first().unwrap().id, required.id + 1, "it resumes right after the last id seen");
+    assert_eq!(
+        rest.first().unwrap().id,
+        required.id + 1,
+        "it resumes right after the last id seen"
+    );
     seen.extend(rest);
 
     let mut fresh = app.events(&run_id, None).await;
     let everything = fresh.rest().await;
     let ids = |events: &[crate::helpers::SseEvent]| events.iter().map(|e| e.id).collect::<Vec<_>>();
-    assert_eq!(ids(&seen), ids(&everything), "nothing missed, nothing repeated");
-    let datas = |events: &[crate::helpers::SseEvent]| events.iter().map(|e| e.data.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        ids(&seen),
+        ids(&everything),
+        "nothing missed, nothing repeated"
+    );
+    let datas = |events: &[crate::helpers::SseEvent]| {
+        events.iter().map(|e| e.data.clone()).collect::<Vec<_>>()
+    };
     assert_eq!(datas(&seen), datas(&everything));
     assert_eq!(everything.last().unwrap().name, "done");
 }
@@ -42,25 +57,36 @@ async fn the_after_query_parameter_resumes_like_last_event_id() {
     let app = spawn_app().await;
     let run_id = app.create_run(json!({"message": "list files"})).await;
     let everything = app.events(&run_id, None).await.rest().await;
-    let response = app.get(&format!("/api/agent/runs/{run_id}/events?after=3")).await;
+    let response = app
+        .get(&format!("/api/agent/runs/{run_id}/events?after=3"))
+        .await;
     let rest = crate::helpers::SseStream::new(response).rest().await;
     assert_eq!(rest.first().unwrap().id, 4);
     assert_eq!(rest.len(), everything.len() - 3);
-    let bad = app.get(&format!("/api/agent/runs/{run_id}/events?after=x")).await;
+    let bad = app
+        .get(&format!("/api/agent/runs/{run_id}/events?after=x"))
+        .await;
     assert_eq!(bad.status(), 400);
 }
 
 #[tokio::test]
 async fn two_subscribers_of_one_run_see_the_same_events() {
     let app = spawn_app().await;
-    let run_id = app.create_run(json!({"message": "delete a.txt and delete b.txt"})).await;
+    let run_id = app
+        .create_run(json!({"message": "delete a.txt and delete b.txt"}))
+        .await;
     let mut one = app.events(&run_id, None).await;
     let mut two = app.events(&run_id, None).await;
     let first = one.until("approvalRequired").await;
     let second = one.until("approvalRequired").await;
     for required in [&first, &second] {
         let call_id = required.data["request"]["toolCallId"].as_str().unwrap();
-        assert_eq!(app.decide(&run_id, call_id, json!({"decision": "deny"})).await.status(), 200);
+        assert_eq!(
+            app.decide(&run_id, call_id, json!({"decision": "deny"}))
+                .await
+                .status(),
+            200
+        );
     }
     let rest_one = one.rest().await;
     let all_two = two.rest().await;
@@ -103,14 +129,22 @@ async fn approving_for_the_session_lets_the_next_call_of_that_tool_run_without_a
         .stream(json!({"message": "delete b.txt", "sessionId": "session-grants"}))
         .await;
     let events = second.rest().await;
-    assert!(events.iter().all(|e| e.name != "approvalRequired"), "no approval was asked");
+    assert!(
+        events.iter().all(|e| e.name != "approvalRequired"),
+        "no approval was asked"
+    );
     let call = events.iter().find(|e| e.name == "toolCall").unwrap();
     assert_eq!(call.data["permission"]["type"], "allow");
-    assert_eq!(call.data["permission"]["reason"], "delete_file was approved for this session.");
+    assert_eq!(
+        call.data["permission"]["reason"],
+        "delete_file was approved for this session."
+    );
     assert!(!app.file("a.txt").exists() && !app.file("b.txt").exists());
 
     // Another session still asks.
-    let mut other = app.stream(json!({"message": "delete c.txt", "sessionId": "someone-else"})).await;
+    let mut other = app
+        .stream(json!({"message": "delete c.txt", "sessionId": "someone-else"}))
+        .await;
     other.until("approvalRequired").await;
 }
 
@@ -119,13 +153,19 @@ async fn a_session_remembers_its_conversation() {
     let app = spawn_app().await;
     for message in ["list files", "list files"] {
         let response = app
-            .post_json("/api/agent", &json!({"message": message, "sessionId": "memory"}))
+            .post_json(
+                "/api/agent",
+                &json!({"message": message, "sessionId": "memory"}),
+            )
             .await;
         assert_eq!(response.status(), 200);
     }
     // The scripted model numbers tool calls by the conversation it sees: the second run saw the first.
     let response = app
-        .post_json("/api/agent", &json!({"message": "list files", "sessionId": "memory"}))
+        .post_json(
+            "/api/agent",
+            &json!({"message": "list files", "sessionId": "memory"}),
+        )
         .await;
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["steps"][0]["toolCalls"][0]["id"], "call_3");
@@ -137,35 +177,62 @@ async fn cancelling_a_run_denies_its_pending_approval_as_aborted() {
     let run_id = app.create_run(json!({"message": "delete a.txt"})).await;
     let mut events = app.events(&run_id, None).await;
     events.until("approvalRequired").await;
-    let cancelled = app.post_json(&format!("/api/agent/runs/{run_id}/cancel"), &json!({})).await;
+    let cancelled = app
+        .post_json(&format!("/api/agent/runs/{run_id}/cancel"), &json!({}))
+        .await;
     assert_eq!(cancelled.status(), 200);
-    assert_eq!(events.until("approvalResolved").await.data["resolution"]["source"], "abort");
+    assert_eq!(
+        events.until("approvalResolved").await.data["resolution"]["source"],
+        "abort"
+    );
     let error = events.until("error").await;
-    assert_eq!(error.data, json!({"type": "error", "runId": run_id, "code": "ABORTED", "message": "The run was cancelled."}));
+    assert_eq!(
+        error.data,
+        json!({"type": "error", "runId": run_id, "code": "ABORTED", "message": "The run was cancelled."})
+    );
 
-    let view: Value = app.get(&format!("/api/agent/runs/{run_id}")).await.json().await.unwrap();
+    let view: Value = app
+        .get(&format!("/api/agent/runs/{run_id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(view["run"]["status"], "failed");
-    let unknown = app.post_json("/api/agent/runs/run_unknown/cancel", &json!({})).await;
+    let unknown = app
+        .post_json("/api/agent/runs/run_unknown/cancel", &json!({}))
+        .await;
     assert_eq!(unknown.status(), 404);
 }
 
 #[tokio::test]
 async fn a_session_runs_one_run_at_a_time() {
     let app = spawn_app().await;
-    app.create_run(json!({"message": "delete a.txt", "sessionId": "busy"})).await;
+    app.create_run(json!({"message": "delete a.txt", "sessionId": "busy"}))
+        .await;
     let second = app
-        .post_json("/api/agent/runs", &json!({"message": "list files", "sessionId": "busy"}))
+        .post_json(
+            "/api/agent/runs",
+            &json!({"message": "list files", "sessionId": "busy"}),
+        )
         .await;
     assert_eq!(second.status(), 409);
     let body: Value = second.json().await.unwrap();
-    assert!(body["error"].as_str().unwrap().starts_with("Session busy is busy with run"));
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("Session busy is busy with run")
+    );
 }
 
 #[tokio::test]
 async fn a_run_may_not_ask_for_a_looser_policy_than_the_servers() {
     let app = spawn_app().await;
     let response = app
-        .post_json("/api/agent/runs", &json!({"message": "delete a.txt", "policy": "trusted"}))
+        .post_json(
+            "/api/agent/runs",
+            &json!({"message": "delete a.txt", "policy": "trusted"}),
+        )
         .await;
     assert_eq!(response.status(), 403);
     let body: Value = response.json().await.unwrap();
@@ -181,10 +248,19 @@ async fn shutdown_aborts_pending_runs_ends_their_streams_and_exits_quickly() {
     let mut stream = app.stream(json!({"message": "delete a.txt"})).await;
     stream.until("approvalRequired").await;
     let stopping = tokio::spawn(async move { app.shut_down().await });
-    assert_eq!(stream.until("approvalResolved").await.data["resolution"]["source"], "abort");
+    assert_eq!(
+        stream.until("approvalResolved").await.data["resolution"]["source"],
+        "abort"
+    );
     let error = stream.until("error").await;
     assert_eq!(error.data["code"], "SHUTDOWN");
-    assert_eq!(error.data["message"], "The server is shutting down, so the run was aborted.");
+    assert_eq!(
+        error.data["message"],
+        "The server is shutting down, so the run was aborted."
+    );
     let took = stopping.await.unwrap();
-    assert!(took < std::time::Duration::from_secs(5), "shutdown took {took:?}");
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "shutdown took {took:?}"
+    );
 }

@@ -9,34 +9,58 @@ use crate::helpers::{names, spawn_app, spawn_app_with};
 #[tokio::test]
 async fn a_streamed_run_approved_through_the_rest_route_runs_the_tool() {
     let app = spawn_app().await;
-    let mut stream = app.stream(json!({"message": "write notes.txt: hello"})).await;
+    let mut stream = app
+        .stream(json!({"message": "write notes.txt: hello"}))
+        .await;
     assert_eq!(stream.status, 200);
     assert!(stream.content_type.starts_with("text/event-stream"));
 
     let required = stream.until("approvalRequired").await;
     let request = &required.data["request"];
     assert_eq!(request["toolName"], "write_file");
-    assert_eq!(request["arguments"], json!({"path": "notes.txt", "content": "hello"}));
+    assert_eq!(
+        request["arguments"],
+        json!({"path": "notes.txt", "content": "hello"})
+    );
     assert_eq!(request["reason"], "write_file is destructive.");
-    let (run_id, call_id) = (request["runId"].as_str().unwrap(), request["toolCallId"].as_str().unwrap());
+    let (run_id, call_id) = (
+        request["runId"].as_str().unwrap(),
+        request["toolCallId"].as_str().unwrap(),
+    );
 
-    let listed: Value = app.get(&format!("/api/agent/approvals?runId={run_id}")).await.json().await.unwrap();
+    let listed: Value = app
+        .get(&format!("/api/agent/approvals?runId={run_id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(listed["pending"][0]["toolCallId"], call_id);
 
-    let decided = app.decide(run_id, call_id, json!({"decision": "approve"})).await;
+    let decided = app
+        .decide(run_id, call_id, json!({"decision": "approve"}))
+        .await;
     assert_eq!(decided.status(), 200);
     let decided: Value = decided.json().await.unwrap();
     assert_eq!(decided["pending"]["toolCallId"], call_id);
-    assert_eq!(decided["resolution"], json!({"type": "approved", "source": "user", "scope": "once"}));
+    assert_eq!(
+        decided["resolution"],
+        json!({"type": "approved", "source": "user", "scope": "once"})
+    );
 
     let resolved = stream.until("approvalResolved").await;
     assert_eq!(resolved.data["resolution"]["type"], "approved");
     let result = stream.until("toolResult").await;
     assert_eq!(result.data["output"]["status"], "ok");
     let done = stream.until("done").await;
-    assert_eq!(done.data["answer"], "write_file wrote 5 bytes to notes.txt.");
+    assert_eq!(
+        done.data["answer"],
+        "write_file wrote 5 bytes to notes.txt."
+    );
     assert!(stream.next().await.is_none(), "the stream ends after done");
-    assert_eq!(std::fs::read_to_string(app.file("notes.txt")).unwrap(), "hello");
+    assert_eq!(
+        std::fs::read_to_string(app.file("notes.txt")).unwrap(),
+        "hello"
+    );
 }
 
 #[tokio::test]
@@ -50,9 +74,20 @@ async fn every_event_has_a_type_a_matching_name_and_an_increasing_id() {
     flow.dedup();
     assert_eq!(
         flow,
-        ["runStarted", "step", "toolCall", "toolResult", "step", "assistantDelta", "done"]
+        [
+            "runStarted",
+            "step",
+            "toolCall",
+            "toolResult",
+            "step",
+            "assistantDelta",
+            "done"
+        ]
     );
-    assert!(events.iter().any(|e| e.name == "debug"), "debug events are on the stream too");
+    assert!(
+        events.iter().any(|e| e.name == "debug"),
+        "debug events are on the stream too"
+    );
 }
 
 #[tokio::test]
@@ -103,7 +138,10 @@ async fn an_approval_nobody_decides_times_out_as_a_denial() {
     );
     let resolved = stream.until("approvalResolved").await;
     assert_eq!(resolved.data["resolution"]["source"], "timeout");
-    assert_eq!(stream.until("toolResult").await.data["output"]["code"], "APPROVAL_DENIED");
+    assert_eq!(
+        stream.until("toolResult").await.data["output"]["code"],
+        "APPROVAL_DENIED"
+    );
     stream.until("done").await;
     assert_eq!(std::fs::read_to_string(app.file("a.txt")).unwrap(), "keep");
     let late = app
@@ -113,7 +151,11 @@ async fn an_approval_nobody_decides_times_out_as_a_denial() {
             json!({"decision": "approve"}),
         )
         .await;
-    assert_eq!(late.status(), 404, "a timed-out approval cannot be decided any more");
+    assert_eq!(
+        late.status(),
+        404,
+        "a timed-out approval cannot be decided any more"
+    );
 }
 
 #[tokio::test]
@@ -132,12 +174,19 @@ async fn closing_the_stream_aborts_the_run_and_nothing_runs_after() {
     assert_eq!(resolved.data["resolution"]["source"], "abort");
     let error = watcher.until("error").await;
     assert_eq!(error.data["code"], "ABORTED");
-    assert_eq!(error.data["message"], "The client disconnected, so the run was aborted.");
+    assert_eq!(
+        error.data["message"],
+        "The client disconnected, so the run was aborted."
+    );
     assert_eq!(std::fs::read_to_string(app.file("a.txt")).unwrap(), "keep");
     let pending: Value = app.get("/api/agent/approvals").await.json().await.unwrap();
     assert_eq!(pending["pending"], json!([]));
     let late = app
-        .decide(run_id, request["toolCallId"].as_str().unwrap(), json!({"decision": "approve"}))
+        .decide(
+            run_id,
+            request["toolCallId"].as_str().unwrap(),
+            json!({"decision": "approve"}),
+        )
         .await;
     assert_eq!(late.status(), 404);
 }
@@ -147,11 +196,21 @@ async fn an_idle_stream_sends_keep_alive_comments_while_waiting() {
     use futures::StreamExt;
 
     let app = spawn_app_with(|config| config.keep_alive_secs = 1).await;
-    let response = app.post_json("/api/agent/stream", &json!({"message": "delete a.txt"})).await;
+    let response = app
+        .post_json("/api/agent/stream", &json!({"message": "delete a.txt"}))
+        .await;
     let mut bytes = response.bytes_stream();
     let mut seen = String::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !seen.contains("event: approvalRequired") || !seen.split("approvalRequired").nth(1).is_some_and(|after| after.contains("\n:")) {
+    // Past the approval request the run is idle, waiting for a person: only comments (`:` lines) keep it alive.
+    let waiting_and_kept_alive = |seen: &str| {
+        seen.contains("event: approvalRequired")
+            && seen
+                .rsplit("approvalRequired")
+                .next()
+                .is_some_and(|after| after.contains("\n:\n"))
+    };
+    while !waiting_and_kept_alive(&seen) {
         let chunk = tokio::time::timeout_at(deadline, bytes.next())
             .await
             .expect("a keep-alive comment arrives within the interval")

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs every check and test of toolgate, each step timed. `make test` calls this with no argument.
+#
+#   scripts/test.sh            all steps
+#   scripts/test.sh STEP...    some of: lint unit site e2e
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/tools/node_modules/.bin:$HOME/.cargo/bin:$PATH"
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(bootstrap lint unit site e2e)
+
+started=$SECONDS
+step() {
+  local name=$1
+  shift
+  local t=$SECONDS
+  printf '\n\033[1m== %s\033[0m\n' "$name"
+  "$@"
+  printf '\033[1m== %s: %ss\033[0m\n' "$name" $((SECONDS - t))
+}
+
+lint() {
+  cargo fmt --all --check
+  # The server side: the harness with tokio, the app with ssr, the server; tests included.
+  cargo clippy -p agent -p app -p server --all-targets --features agent/runtime,app/ssr -- -D warnings
+  # The browser side: the wire types without tokio and the app with hydrate, for wasm32.
+  cargo clippy -p agent -p frontend --target wasm32-unknown-unknown -- -D warnings
+}
+
+unit() {
+  cargo test -p agent -p app -p server --features agent/runtime,app/ssr
+}
+
+site() {
+  cargo leptos build --release --precompress
+}
+
+e2e() {
+  (cd end2end && npx playwright test)
+}
+
+for s in "${steps[@]}"; do
+  case $s in
+    bootstrap) step bootstrap scripts/bootstrap.sh ;;
+    lint) step lint lint ;;
+    unit) step unit unit ;;
+    site) step site site ;;
+    e2e) step e2e e2e ;;
+    *) echo "unknown step: $s" >&2; exit 2 ;;
+  esac
+done
+printf '\n\033[1mall steps passed in %ss\033[0m\n' $((SECONDS - started))
