@@ -482,18 +482,22 @@ impl Harness {
         let session_id = request.session_id.unwrap_or_else(SessionId::generate);
         let session = inner.sessions.get_or_create(&session_id);
         let run_id = RunId::generate();
-        session.begin(&run_id)?;
-
         let record = Arc::new(RunRecord::new(
             run_id.clone(),
             session_id.clone(),
             request.mode,
             inner.config.retention.events_per_run,
         ));
+        // The record is findable before the session announces the run: a session follower woken by the
+        // announcement must find it.
         {
             let mut table = inner.runs();
             inner.sweep(&mut table);
             table.runs.insert(run_id.clone(), Arc::clone(&record));
+        }
+        if let Err(busy) = session.begin(&run_id) {
+            inner.runs().runs.remove(&run_id);
+            return Err(busy.into());
         }
 
         let context = RunContext {

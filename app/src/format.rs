@@ -52,6 +52,9 @@ pub fn call_status(call: &ToolCallView) -> (&'static str, String) {
                     ..
                 }),
             ) => ("denied", "denied by policy".to_owned()),
+            (_, Some(ToolOutput::Error { code, .. })) if approved => {
+                ("failed", format!("approved · failed · {}", code.as_str()))
+            }
             (_, Some(ToolOutput::Error { code, .. })) => {
                 ("failed", format!("failed · {}", code.as_str()))
             }
@@ -147,6 +150,8 @@ mod tests {
         assert_eq!(call_status(&approved).1, "approved · running");
         approved.output = Some(ToolOutput::Ok { content: json!({}) });
         assert_eq!(call_status(&approved).1, "approved · done");
+        approved.output = Some(ToolOutput::error(ToolErrorCode::NotFound, "gone"));
+        assert_eq!(call_status(&approved).1, "approved · failed · NOT_FOUND");
 
         let mut policy = call();
         policy.output = Some(ToolOutput::error(ToolErrorCode::PermissionDenied, "no"));

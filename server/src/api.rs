@@ -13,7 +13,7 @@ use agent::view::RunView;
 use agent::wire::{ApprovalMode, Decision, RunErrorCode};
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
@@ -49,18 +49,30 @@ fn sse_event(event: &EncodedEvent) -> Event {
         .data(&*event.json)
 }
 
+/// An event stream as a response that no cache stores. With `no-cache` alone (axum's default for SSE) Chrome
+/// writes the stream into its HTTP cache and makes a second tab's request for the same URL wait on that cache
+/// entry until the first stream ends, which for a live stream is never.
+fn event_stream(
+    events: impl Stream<Item = Event> + Send + 'static,
+    keep_alive: Duration,
+) -> Response {
+    let sse =
+        Sse::new(events.map(Ok::<_, Infallible>)).keep_alive(KeepAlive::new().interval(keep_alive));
+    ([(header::CACHE_CONTROL, "no-store")], sse).into_response()
+}
+
 /// A run's events as an SSE response. When `abort_on_close`, closing the connection aborts the run.
 fn sse_response(
     events: impl Stream<Item = Arc<EncodedEvent>> + Send + 'static,
     abort_on_close: Option<Arc<RunRecord>>,
     keep_alive: Duration,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+) -> Response {
     let guard = AbortOnDrop(abort_on_close);
-    let stream = events.map(move |event| {
+    let events = events.map(move |event| {
         let _guard = &guard;
-        Ok(sse_event(&event))
+        sse_event(&event)
     });
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(keep_alive))
+    event_stream(events, keep_alive)
 }
 
 fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
@@ -144,7 +156,7 @@ pub async fn run_streamed(
         .harness
         .start(StartRun::new(input, ApprovalMode::Interactive))?;
     let events = record.subscribe(0);
-    Ok(sse_response(events, Some(record), state.keep_alive).into_response())
+    Ok(sse_response(events, Some(record), state.keep_alive))
 }
 
 /// `POST /api/agent/runs`: starts an interactive run and returns its id; its events are a separate resource.
@@ -205,7 +217,11 @@ pub async fn run_events(
 ) -> Result<Response, ApiError> {
     let record = find_run(&state.harness, &run_id)?;
     let after = resume_point(&headers, &query)?;
-    Ok(sse_response(record.subscribe(after), None, state.keep_alive).into_response())
+    Ok(sse_response(
+        record.subscribe(after),
+        None,
+        state.keep_alive,
+    ))
 }
 
 /// Where a session follower resumes: after the `runId:seq` of `Last-Event-ID`, else after the `run` and `after`
@@ -250,16 +266,12 @@ pub async fn session_events(
         .harness
         .session_events(&session_id, resume)
         .map(|(run_id, event)| {
-            Ok::<_, Infallible>(
-                Event::default()
-                    .event(event.kind)
-                    .id(format!("{run_id}:{}", event.seq))
-                    .data(&*event.json),
-            )
+            Event::default()
+                .event(event.kind)
+                .id(format!("{run_id}:{}", event.seq))
+                .data(&*event.json)
         });
-    Ok(Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(state.keep_alive))
-        .into_response())
+    Ok(event_stream(events, state.keep_alive))
 }
 
 /// `GET /api/agent/runs/{runId}`: the run as a viewer sees it now.

@@ -25,9 +25,27 @@ pub struct Config {
     #[arg(long, env = "TOOLGATE_ADDR", default_value = "127.0.0.1:3000")]
     pub addr: SocketAddr,
 
-    /// The model: `scripted` (offline, the default) or `openai` (any OpenAI-compatible API).
+    /// The model: `scripted` (offline, the default) or `openai` (any OpenAI-compatible API; its key, if it needs
+    /// one, comes from the environment variable OPENAI_API_KEY, never from a flag).
     #[arg(long, env = "TOOLGATE_MODEL", value_enum, default_value = "scripted")]
     pub model: ModelKind,
+
+    /// With `--model openai`: the API's base URL, up to and including `/v1` (Ollama: http://localhost:11434/v1).
+    #[arg(
+        long,
+        env = "TOOLGATE_OPENAI_BASE_URL",
+        default_value = "https://api.openai.com/v1"
+    )]
+    pub openai_base_url: String,
+
+    /// With `--model openai`: the model's name as the API knows it (for example gpt-4o-mini or llama3.1).
+    #[arg(long, env = "TOOLGATE_OPENAI_MODEL", default_value = "gpt-4o-mini")]
+    pub openai_model: String,
+
+    /// With `--model openai`: seconds to wait for the API to start answering, and then for each next piece of
+    /// the answer. Local servers may need long for the first answer while they load the model.
+    #[arg(long, env = "TOOLGATE_OPENAI_TIMEOUT_SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub openai_timeout_secs: u64,
 
     /// Approval policy: `on_request` (read-only tools run, the rest asks), `strict` (every call asks) or
     /// `trusted` (nothing asks). A run may ask for a stricter policy, never a looser one.
@@ -102,6 +120,32 @@ mod tests {
         assert_eq!(config.policy, ApprovalPolicy::OnRequest);
         assert_eq!(config.approval_timeout_secs, 120);
         assert_eq!(config.workspace, PathBuf::from("./workspace"));
+        assert_eq!(config.openai_base_url, "https://api.openai.com/v1");
+        assert_eq!(config.openai_model, "gpt-4o-mini");
+        assert_eq!(config.openai_timeout_secs, 120);
+    }
+
+    #[test]
+    fn the_openai_model_is_configured_with_flags_and_no_key_flag_exists() {
+        let config = Config::try_parse_from([
+            "toolgate",
+            "--model",
+            "openai",
+            "--openai-base-url",
+            "http://localhost:11434/v1",
+            "--openai-model",
+            "llama3.1",
+            "--openai-timeout-secs",
+            "300",
+        ])
+        .unwrap();
+        assert_eq!(config.model, ModelKind::Openai);
+        assert_eq!(config.openai_base_url, "http://localhost:11434/v1");
+        assert_eq!(config.openai_model, "llama3.1");
+        assert_eq!(config.openai_timeout_secs, 300);
+        let error =
+            Config::try_parse_from(["toolgate", "--openai-api-key", "sk-secret"]).unwrap_err();
+        assert_eq!(error.kind(), clap::error::ErrorKind::UnknownArgument);
     }
 
     #[test]

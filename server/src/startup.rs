@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent::hub::{Harness, HarnessConfig};
-use agent::model::{Model, ScriptedModel};
+use agent::model::{ApiKey, Model, OpenAiConfig, OpenAiModel, ScriptedModel};
 use agent::policy::PermissionPolicy;
 use agent::tools::{CommandLimits, Workspace, workspace_tools};
 use axum::Router;
@@ -56,11 +56,33 @@ fn model(config: &Config) -> Result<Arc<dyn Model>, StartupError> {
         ModelKind::Scripted => Ok(Arc::new(ScriptedModel::with_delta_delay(
             Duration::from_millis(config.scripted_delay_ms),
         ))),
-        ModelKind::Openai => Err(StartupError::Config(
-            "the openai model is not available in this build".to_owned(),
-        )),
+        ModelKind::Openai => {
+            let mut openai = OpenAiConfig::new(config.openai_model.clone());
+            openai.base_url = config.openai_base_url.clone();
+            // Read here rather than kept in `Config`, so that nothing that prints the configuration can show it.
+            openai.api_key = std::env::var(OPENAI_API_KEY).ok().and_then(ApiKey::new);
+            openai.timeout = Duration::from_secs(config.openai_timeout_secs);
+            let has_key = openai.api_key.is_some();
+            let model = OpenAiModel::new(openai).map_err(|error| {
+                StartupError::Config(format!("cannot use the openai model: {error}"))
+            })?;
+            tracing::info!(
+                endpoint = model.endpoint(),
+                model = model.name(),
+                key = if has_key {
+                    "from OPENAI_API_KEY"
+                } else {
+                    "none (OPENAI_API_KEY is not set; local servers need none)"
+                },
+                "using an OpenAI-compatible model"
+            );
+            Ok(Arc::new(model))
+        }
     }
 }
+
+/// The only place the OpenAI-compatible API's key comes from.
+const OPENAI_API_KEY: &str = "OPENAI_API_KEY";
 
 fn leptos_options(addr: SocketAddr) -> LeptosOptions {
     let env = |key: &str, default: &str| std::env::var(key).unwrap_or_else(|_| default.to_owned());

@@ -2,7 +2,12 @@
 //!
 //! A step is text deltas, then zero or more complete tool calls, then optionally usage and a finish reason. A model
 //! client assembles streamed tool-call fragments itself and hands the loop whole calls.
+//!
+//! Two models exist: the [`ScriptedModel`] (offline, deterministic) and, with the `openai` feature, the
+//! `OpenAiModel` for any OpenAI-compatible chat-completions API (OpenAI, Ollama, vLLM, llama.cpp, LM Studio).
 
+#[cfg(feature = "openai")]
+mod openai;
 mod scripted;
 
 use std::time::Duration;
@@ -13,6 +18,8 @@ use serde::{Deserialize, Serialize};
 use crate::ids::RunId;
 use crate::wire::{Message, ToolCall, ToolSpec};
 
+#[cfg(feature = "openai")]
+pub use openai::{ApiKey, OpenAiConfig, OpenAiModel, OpenAiSetupError, RetryPolicy};
 pub use scripted::ScriptedModel;
 
 /// Token counts reported by a model.
@@ -57,6 +64,9 @@ pub enum ModelError {
     Connection(String),
     #[error("the model provider sent a malformed stream: {0}")]
     Malformed(String),
+    /// The provider accepted the request, then reported a failure inside the stream.
+    #[error("the model provider reported an error: {0}")]
+    Provider(String),
     #[error("the model provider did not answer within {0:?}")]
     Timeout(Duration),
 }

@@ -141,6 +141,7 @@ pub struct SseEvent {
 pub struct SseStream {
     pub status: reqwest::StatusCode,
     pub content_type: String,
+    pub cache_control: String,
     events: Pin<Box<dyn Stream<Item = SseEvent> + Send>>,
 }
 
@@ -150,6 +151,12 @@ impl SseStream {
         let content_type = response
             .headers()
             .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let cache_control = response
+            .headers()
+            .get("cache-control")
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
@@ -174,6 +181,7 @@ impl SseStream {
         Self {
             status,
             content_type,
+            cache_control,
             events,
         }
     }

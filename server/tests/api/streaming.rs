@@ -14,6 +14,10 @@ async fn a_streamed_run_approved_through_the_rest_route_runs_the_tool() {
         .await;
     assert_eq!(stream.status, 200);
     assert!(stream.content_type.starts_with("text/event-stream"));
+    assert_eq!(
+        stream.cache_control, "no-store",
+        "no cache may hold a live stream"
+    );
 
     let required = stream.until("approvalRequired").await;
     let request = &required.data["request"];

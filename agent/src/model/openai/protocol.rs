@@ -1,0 +1,695 @@
+//! The chat-completions wire format: the request we send, the chunks we read, and the assembly of one step from
+//! its chunks.
+//!
+//! Only the fields we use are modelled, and every field we read is optional: the OpenAI-compatible servers differ
+//! in what they send (`null` or nothing, an `index` or none, `usage` in every chunk or only the last), and a
+//! missing field we can do without must not fail a run.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::ToolCallId;
+use crate::model::{ModelChunk, ModelError, Usage};
+use crate::wire::{Message, ToolCall, ToolSpec};
+
+/// The longest piece of a provider's text we put into an error message.
+const MAX_MESSAGE_CHARS: usize = 500;
+
+/// The body of `POST {base}/chat/completions`.
+#[derive(Debug, Serialize)]
+pub struct ChatRequest<'a> {
+    pub model: &'a str,
+    pub messages: Vec<ChatMessage<'a>>,
+    /// Left out when empty: OpenAI refuses an empty `tools` array.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ChatTool<'a>>,
+    pub stream: bool,
+    pub stream_options: StreamOptions,
+}
+
+impl<'a> ChatRequest<'a> {
+    /// A streamed request for the next step of a conversation.
+    pub fn new(model: &'a str, messages: &'a [Message], tools: &'a [ToolSpec]) -> Self {
+        Self {
+            model,
+            messages: messages.iter().map(ChatMessage::from_message).collect(),
+            tools: tools.iter().map(ChatTool::from_spec).collect(),
+            stream: true,
+            // Without it, streamed responses carry no token counts.
+            stream_options: StreamOptions {
+                include_usage: true,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct StreamOptions {
+    pub include_usage: bool,
+}
+
+/// One message as the API expects it.
+#[derive(Debug, Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum ChatMessage<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: &'a str,
+    },
+    Assistant {
+        /// `null` when the model only called tools, as the API itself reports such a message.
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ChatToolCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: String,
+    },
+}
+
+impl<'a> ChatMessage<'a> {
+    pub fn from_message(message: &'a Message) -> Self {
+        match message {
+            Message::System { content } => Self::System { content },
+            Message::User { content } => Self::User { content },
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => Self::Assistant {
+                content: (!content.is_empty() || tool_calls.is_empty()).then_some(content.as_str()),
+                tool_calls: tool_calls.iter().map(ChatToolCall::from_call).collect(),
+            },
+            // Every result goes back, denials included: the denial's wording is what keeps the model from
+            // retrying the same call.
+            Message::Tool {
+                tool_call_id,
+                output,
+                ..
+            } => Self::Tool {
+                tool_call_id: tool_call_id.as_str(),
+                content: output.model_text(),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatToolCall<'a> {
+    pub id: &'a str,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: ChatFunctionCall<'a>,
+}
+
+impl<'a> ChatToolCall<'a> {
+    fn from_call(call: &'a ToolCall) -> Self {
+        Self {
+            id: call.id.as_str(),
+            kind: "function",
+            function: ChatFunctionCall {
+                name: &call.name,
+                // Models send an empty string for a call without arguments, and the tool runtime reads it as `{}`.
+                // Servers that parse the history (Ollama does) refuse an empty string, so we send what it meant.
+                arguments: if call.arguments.trim().is_empty() {
+                    "{}"
+                } else {
+                    &call.arguments
+                },
+            },
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatFunctionCall<'a> {
+    pub name: &'a str,
+    pub arguments: &'a str,
+}
+
+/// A tool the model may call.
+#[derive(Debug, Serialize)]
+pub struct ChatTool<'a> {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: ChatFunction<'a>,
+}
+
+impl<'a> ChatTool<'a> {
+    fn from_spec(spec: &'a ToolSpec) -> Self {
+        Self {
+            kind: "function",
+            function: ChatFunction {
+                name: &spec.name,
+                description: &spec.description,
+                parameters: &spec.input_schema,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatFunction<'a> {
+    pub name: &'a str,
+    pub description: &'a str,
+    pub parameters: &'a Value,
+}
+
+/// One `data:` payload of the stream.
+#[derive(Debug, Deserialize)]
+pub struct ChatChunk {
+    #[serde(default)]
+    choices: Option<Vec<ChunkChoice>>,
+    #[serde(default)]
+    usage: Option<ChunkUsage>,
+    /// Some servers report a failure inside the stream, after the 200.
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChunkChoice {
+    #[serde(default)]
+    index: Option<u32>,
+    #[serde(default)]
+    delta: Option<ChunkDelta>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChunkDelta {
+    #[serde(default)]
+    content: Option<String>,
+    /// OpenAI's refusal text, sent instead of content. The person should read it like an answer.
+    #[serde(default)]
+    refusal: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ToolCallDelta {
+    #[serde(default)]
+    index: Option<u32>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<FunctionDelta>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FunctionDelta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChunkUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    total_tokens: Option<u64>,
+}
+
+impl From<ChunkUsage> for Usage {
+    fn from(usage: ChunkUsage) -> Self {
+        let prompt_tokens = usage.prompt_tokens.unwrap_or(0);
+        let completion_tokens = usage.completion_tokens.unwrap_or(0);
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: usage
+                .total_tokens
+                .unwrap_or(prompt_tokens + completion_tokens),
+        }
+    }
+}
+
+/// A tool call whose pieces are still arriving.
+#[derive(Debug, Default)]
+struct PartialCall {
+    id: Option<String>,
+    name: String,
+    arguments: String,
+}
+
+/// One step assembled from its chunks: text goes out as it arrives, tool calls and the rest when the step ends.
+#[derive(Debug, Default)]
+pub struct StepAssembler {
+    /// Keyed by the call's `index`, so calls come out in the order the model made them even when their pieces
+    /// interleave.
+    calls: BTreeMap<u32, PartialCall>,
+    /// The index of the call the last piece belonged to, for servers that send no `index`.
+    last_index: Option<u32>,
+    finish_reason: Option<String>,
+    usage: Option<Usage>,
+}
+
+impl StepAssembler {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// True once the model said why it stopped: the step's content is complete even if the usage or the
+    /// terminator never come.
+    pub fn has_finished(&self) -> bool {
+        self.finish_reason.is_some()
+    }
+
+    /// Takes one chunk and returns the text it carries. A chunk that reports an error fails the step.
+    pub fn apply(&mut self, chunk: ChatChunk) -> Result<Option<String>, ModelError> {
+        if let Some(error) = chunk.error.filter(|error| !error.is_null()) {
+            return Err(ModelError::Provider(error_message_in(&error)));
+        }
+        if let Some(usage) = chunk.usage {
+            self.usage = Some(usage.into());
+        }
+        let mut text = String::new();
+        // We ask for one choice; a server that sends more gets its first one read.
+        for choice in chunk.choices.unwrap_or_default() {
+            if choice.index.unwrap_or(0) != 0 {
+                continue;
+            }
+            if let Some(delta) = choice.delta {
+                text.extend(delta.content);
+                text.extend(delta.refusal);
+                for piece in delta.tool_calls.unwrap_or_default() {
+                    self.add_call_piece(piece);
+                }
+            }
+            if let Some(reason) = choice.finish_reason {
+                self.finish_reason = Some(reason);
+            }
+        }
+        Ok((!text.is_empty()).then_some(text))
+    }
+
+    fn add_call_piece(&mut self, piece: ToolCallDelta) {
+        let id = piece.id.filter(|id| !id.is_empty());
+        let index = piece.index.unwrap_or_else(|| {
+            // Without an index, a new id starts a new call and anything else continues the last one.
+            let known = id.as_ref().and_then(|id| {
+                self.calls
+                    .iter()
+                    .find(|(_, call)| call.id.as_ref() == Some(id))
+                    .map(|(index, _)| *index)
+            });
+            match (known, &id, self.last_index) {
+                (Some(index), _, _) => index,
+                (None, Some(_), _) | (None, None, None) => {
+                    self.calls.keys().next_back().map_or(0, |last| last + 1)
+                }
+                (None, None, Some(last)) => last,
+            }
+        });
+        self.last_index = Some(index);
+        let call = self.calls.entry(index).or_default();
+        // The id and the name come whole in the call's first piece; some servers repeat them in later pieces.
+        if call.id.is_none() {
+            call.id = id;
+        }
+        if let Some(function) = piece.function {
+            if let Some(name) = function.name.filter(|name| !name.is_empty())
+                && call.name.is_empty()
+            {
+                call.name = name;
+            }
+            if let Some(arguments) = function.arguments {
+                call.arguments.push_str(&arguments);
+            }
+        }
+    }
+
+    /// The end of the step: the complete tool calls in the model's order, then the usage and the finish reason.
+    pub fn finish(self) -> Result<Vec<ModelChunk>, ModelError> {
+        let mut chunks = Vec::with_capacity(self.calls.len() + 2);
+        for (index, call) in self.calls {
+            if call.name.is_empty() {
+                return Err(ModelError::Malformed(format!(
+                    "tool call {index} has no function name"
+                )));
+            }
+            chunks.push(ModelChunk::ToolCall(ToolCall {
+                id: call_id(call.id, &call.name),
+                name: call.name,
+                // Not checked here: arguments that are not JSON are a recoverable error the tool runtime reports
+                // to the model, so it can correct itself.
+                arguments: call.arguments,
+            }));
+        }
+        chunks.extend(self.usage.map(ModelChunk::Usage));
+        chunks.extend(self.finish_reason.map(ModelChunk::Finish));
+        Ok(chunks)
+    }
+}
+
+/// The provider's id when it is one we can carry, otherwise a fresh one. The API matches tool results to calls by
+/// the ids in the conversation we send, so a replaced id works as long as we use it consistently, and we do.
+fn call_id(id: Option<String>, name: &str) -> ToolCallId {
+    match id.map(ToolCallId::parse) {
+        Some(Ok(id)) => id,
+        Some(Err(error)) => {
+            tracing::debug!(tool = name, %error, "the provider's tool call id is not usable; using a fresh one");
+            ToolCallId::generate()
+        }
+        None => ToolCallId::generate(),
+    }
+}
+
+/// The provider's explanation in an error body: `{"error":{"message":...}}` (OpenAI, vLLM, llama.cpp),
+/// `{"error":"..."}` (Ollama's native errors), `{"message":...}`, or else the text itself. Shortened.
+pub fn error_message(body: &str) -> String {
+    match serde_json::from_str::<Value>(body) {
+        Ok(value) => error_message_in(&value),
+        Err(_) => shorten(body.trim()),
+    }
+}
+
+fn error_message_in(value: &Value) -> String {
+    let error = value.get("error").unwrap_or(value);
+    let message = match error {
+        Value::String(text) => Some(text.as_str()),
+        _ => error
+            .get("message")
+            .or_else(|| value.get("message"))
+            .and_then(Value::as_str),
+    };
+    shorten(&message.map_or_else(|| value.to_string(), str::to_owned))
+}
+
+/// At most [`MAX_MESSAGE_CHARS`] characters of a provider's text.
+pub fn shorten(text: &str) -> String {
+    if text.chars().count() <= MAX_MESSAGE_CHARS {
+        text.to_owned()
+    } else {
+        let cut: String = text.chars().take(MAX_MESSAGE_CHARS).collect();
+        format!("{cut}…")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{ToolAnnotations, ToolErrorCode, ToolOutput, approval_denied_message};
+    use serde_json::json;
+
+    fn chunk(value: Value) -> ChatChunk {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn tool_piece(index: u32, id: Option<&str>, name: Option<&str>, arguments: &str) -> Value {
+        let mut function = json!({ "arguments": arguments });
+        if let Some(name) = name {
+            function["name"] = json!(name);
+        }
+        let mut piece = json!({ "index": index, "type": "function", "function": function });
+        if let Some(id) = id {
+            piece["id"] = json!(id);
+        }
+        json!({ "choices": [{ "index": 0, "delta": { "tool_calls": [piece] }, "finish_reason": null }] })
+    }
+
+    fn calls(chunks: &[ModelChunk]) -> Vec<(String, String, String)> {
+        chunks
+            .iter()
+            .filter_map(|chunk| match chunk {
+                ModelChunk::ToolCall(call) => Some((
+                    call.id.to_string(),
+                    call.name.clone(),
+                    call.arguments.clone(),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn maps_the_conversation_to_the_api_format() {
+        let denial = ToolOutput::error(
+            ToolErrorCode::ApprovalDenied,
+            approval_denied_message("The user denied this tool call."),
+        );
+        let messages = vec![
+            Message::System {
+                content: "Be brief.".into(),
+            },
+            Message::User {
+                content: "tidy up".into(),
+            },
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![
+                    ToolCall {
+                        id: ToolCallId::parse("call_1").unwrap(),
+                        name: "delete_file".into(),
+                        arguments: r#"{"path":"a.txt"}"#.into(),
+                    },
+                    ToolCall {
+                        id: ToolCallId::parse("call_2").unwrap(),
+                        name: "list_files".into(),
+                        arguments: String::new(),
+                    },
+                ],
+            },
+            Message::Tool {
+                tool_call_id: ToolCallId::parse("call_1").unwrap(),
+                tool_name: "delete_file".into(),
+                output: denial.clone(),
+            },
+            Message::Tool {
+                tool_call_id: ToolCallId::parse("call_2").unwrap(),
+                tool_name: "list_files".into(),
+                output: ToolOutput::Ok {
+                    content: json!({"entries": []}),
+                },
+            },
+            Message::Assistant {
+                content: "Done.".into(),
+                tool_calls: vec![],
+            },
+        ];
+        let tools = vec![ToolSpec {
+            name: "delete_file".into(),
+            description: "Deletes a file.".into(),
+            input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+            annotations: ToolAnnotations::default(),
+        }];
+        let body = serde_json::to_value(ChatRequest::new("gpt-test", &messages, &tools)).unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "model": "gpt-test",
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "tools": [{
+                    "type": "function",
+                    "function": {
+                        "name": "delete_file",
+                        "description": "Deletes a file.",
+                        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}
+                    }
+                }],
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "tidy up"},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "call_1", "type": "function",
+                         "function": {"name": "delete_file", "arguments": "{\"path\":\"a.txt\"}"}},
+                        {"id": "call_2", "type": "function",
+                         "function": {"name": "list_files", "arguments": "{}"}}
+                    ]},
+                    {"role": "tool", "tool_call_id": "call_1",
+                     "content": denial.model_text()},
+                    {"role": "tool", "tool_call_id": "call_2", "content": "{\"entries\":[]}"},
+                    {"role": "assistant", "content": "Done."}
+                ]
+            })
+        );
+        let denial = body["messages"][3]["content"].as_str().unwrap();
+        assert!(denial.contains("APPROVAL_DENIED") && denial.contains("Do not retry"));
+    }
+
+    #[test]
+    fn leaves_out_an_empty_tool_list() {
+        let messages = vec![Message::User {
+            content: "hi".into(),
+        }];
+        let body = serde_json::to_value(ChatRequest::new("m", &messages, &[])).unwrap();
+        assert!(body.get("tools").is_none());
+    }
+
+    #[test]
+    fn assembles_interleaved_calls_by_index() {
+        let mut step = StepAssembler::new();
+        let pieces = [
+            tool_piece(0, Some("call_a"), Some("read_file"), ""),
+            tool_piece(1, Some("call_b"), Some("list_files"), "{\"pa"),
+            tool_piece(0, None, None, "{\"path\": \"no"),
+            tool_piece(1, None, None, "th\":\".\"}"),
+            tool_piece(0, None, None, "tes.txt\"}"),
+        ];
+        for piece in pieces {
+            assert_eq!(step.apply(chunk(piece)).unwrap(), None);
+        }
+        step.apply(chunk(
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+        ))
+        .unwrap();
+        step.apply(chunk(json!({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})))
+            .unwrap();
+        let chunks = step.finish().unwrap();
+        assert_eq!(
+            calls(&chunks),
+            vec![
+                (
+                    "call_a".into(),
+                    "read_file".into(),
+                    "{\"path\": \"notes.txt\"}".into()
+                ),
+                (
+                    "call_b".into(),
+                    "list_files".into(),
+                    "{\"path\":\".\"}".into()
+                ),
+            ]
+        );
+        assert_eq!(
+            &chunks[2..],
+            &[
+                ModelChunk::Usage(Usage {
+                    prompt_tokens: 10,
+                    completion_tokens: 5,
+                    total_tokens: 15
+                }),
+                ModelChunk::Finish("tool_calls".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn assembles_calls_from_servers_that_send_no_index_and_repeat_names() {
+        let mut step = StepAssembler::new();
+        let piece = |id: Option<&str>, name: Option<&str>, arguments: &str| {
+            let mut value = tool_piece(0, id, name, arguments);
+            value["choices"][0]["delta"]["tool_calls"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("index");
+            chunk(value)
+        };
+        for next in [
+            piece(Some("c1"), Some("read_file"), "{\"path\":"),
+            piece(None, Some("read_file"), "\"a\"}"),
+            piece(Some("c2"), Some("read_file"), "{\"path\":\"b\"}"),
+            piece(Some("c1"), None, ""),
+        ] {
+            step.apply(next).unwrap();
+        }
+        assert_eq!(
+            calls(&step.finish().unwrap()),
+            vec![
+                ("c1".into(), "read_file".into(), "{\"path\":\"a\"}".into()),
+                ("c2".into(), "read_file".into(), "{\"path\":\"b\"}".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn replaces_missing_or_unusable_ids_and_keeps_raw_arguments() {
+        let mut step = StepAssembler::new();
+        step.apply(chunk(tool_piece(0, None, Some("read_file"), "{not json")))
+            .unwrap();
+        step.apply(chunk(tool_piece(
+            1,
+            Some("call with spaces"),
+            Some("read_file"),
+            "",
+        )))
+        .unwrap();
+        let found = calls(&step.finish().unwrap());
+        assert_eq!(found.len(), 2);
+        assert!(found.iter().all(|(id, _, _)| id.starts_with("call_")));
+        assert_ne!(found[0].0, found[1].0);
+        assert_eq!(found[0].2, "{not json");
+        assert_eq!(found[1].2, "");
+    }
+
+    #[test]
+    fn text_and_refusals_come_out_at_once_and_empty_deltas_do_not() {
+        let mut step = StepAssembler::new();
+        assert_eq!(
+            step.apply(chunk(
+                json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+            ))
+            .unwrap(),
+            None
+        );
+        assert_eq!(
+            step.apply(chunk(json!({"choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": null}], "usage": null})))
+                .unwrap(),
+            Some("Hel".into())
+        );
+        assert_eq!(
+            step.apply(chunk(json!({"choices": [{"index": 0, "delta": {"content": null, "refusal": "I can't."}}]})))
+                .unwrap(),
+            Some("I can't.".into())
+        );
+        assert!(!step.has_finished());
+        step.apply(chunk(
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        ))
+        .unwrap();
+        assert!(step.has_finished());
+        assert_eq!(
+            step.finish().unwrap(),
+            vec![ModelChunk::Finish("stop".into())]
+        );
+    }
+
+    #[test]
+    fn a_nameless_call_or_an_error_chunk_fails_the_step() {
+        let mut step = StepAssembler::new();
+        step.apply(chunk(tool_piece(0, Some("c1"), None, "{}")))
+            .unwrap();
+        assert!(matches!(step.finish(), Err(ModelError::Malformed(_))));
+
+        let mut step = StepAssembler::new();
+        let error = step
+            .apply(chunk(json!({"error": {"message": "The server had an error while processing your request.", "type": "server_error"}})))
+            .unwrap_err();
+        assert_eq!(
+            error,
+            ModelError::Provider("The server had an error while processing your request.".into())
+        );
+    }
+
+    #[test]
+    fn finds_the_providers_message_in_any_common_shape() {
+        assert_eq!(
+            error_message(
+                r#"{"error":{"message":"Incorrect API key provided.","type":"invalid_request_error"}}"#
+            ),
+            "Incorrect API key provided."
+        );
+        assert_eq!(
+            error_message(r#"{"error":"model 'llama9' not found"}"#),
+            "model 'llama9' not found"
+        );
+        assert_eq!(
+            error_message(r#"{"message":"Not Found","status":404}"#),
+            "Not Found"
+        );
+        assert_eq!(error_message("  Bad Gateway\n"), "Bad Gateway");
+        let long = "x".repeat(2000);
+        assert_eq!(error_message(&long).chars().count(), MAX_MESSAGE_CHARS + 1);
+    }
+}
