@@ -6,6 +6,9 @@ const binary = process.env.TOOLGATE_BIN ?? "../target/release/toolgate";
 /** The main server, and one with a short approval timeout for the timeout test. */
 export const MAIN = "http://127.0.0.1:3100";
 export const SHORT_TIMEOUT = "http://127.0.0.1:3101";
+/** A server that needs an access token (security.spec.ts logs in to it). */
+export const WITH_TOKEN = "http://127.0.0.1:3102";
+export const E2E_TOKEN = "e2e-4f8b2c6d1a9e7f3b5c0d8e2a6f4b1c9d";
 
 export default defineConfig({
   testDir: "./tests",
@@ -52,6 +55,13 @@ export default defineConfig({
     {
       command: `./serve.sh ${binary} 3101 --approval-timeout-secs 3 --log warn`,
       url: `${SHORT_TIMEOUT}/healthz`,
+      reuseExistingServer: false,
+      timeout: 60_000,
+    },
+    {
+      command: `./serve.sh ${binary} 3102 --log warn`,
+      env: { TOOLGATE_TOKEN: E2E_TOKEN },
+      url: `${WITH_TOKEN}/healthz`,
       reuseExistingServer: false,
       timeout: 60_000,
     },

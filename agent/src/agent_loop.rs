@@ -1,15 +1,23 @@
 //! The sampling loop: ask the model for a step, stream its text, run its tool calls as a batch, feed the results
-//! back, until a final answer, the step limit, an abort or an error.
+//! back, until a final answer, the step limit, an abort, an error, or (in `interrupt` mode) a batch that needs a
+//! person, which ends the run with an [`Interruption`] that a later run resumes.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
 use futures::StreamExt;
+use serde_json::Value;
 
 use crate::events::AgentEvent;
+use crate::ids::{RunId, ToolCallId};
 use crate::model::{Model, ModelChunk, ModelRequest};
-use crate::runtime::{PreparedCall, RunContext, RunError, prepare_call, settle_call};
-use crate::wire::{ApprovalMode, Message, ToolCall, ToolErrorCode, ToolOutput};
+use crate::runtime::{
+    PreparedCall, RunContext, RunError, grant_for_session, prepare_call, run_tool, settle_call,
+};
+use crate::wire::{
+    ApprovalMode, DecisionScope, Message, PermissionDecision, Resolution, ToolCall, ToolErrorCode,
+    ToolOutput, approval_denied_message,
+};
 
 /// Bounds on one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,12 +40,85 @@ impl Default for LoopLimits {
     }
 }
 
-/// How a run ended, and the messages it added to the conversation (the user's message first).
+/// A call of an interrupted batch that waits for a person.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingCall {
+    pub call: ToolCall,
+    /// The parsed arguments, already valid against the tool's schema.
+    pub input: Value,
+    /// Why the policy asks.
+    pub reason: String,
+}
+
+/// Where an `interrupt`-mode run stopped: a batch in which some calls need a person. The calls that did not need
+/// one have run already; their outputs wait here until the batch is resumed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Interruption {
+    /// The step whose batch was interrupted.
+    pub step: u32,
+    /// The whole batch, in the model's order.
+    pub calls: Vec<ToolCall>,
+    /// Outputs of the calls that are settled already.
+    pub settled: Vec<(ToolCallId, ToolOutput)>,
+    /// The calls that wait for a person, in the model's order.
+    pub pending: Vec<PendingCall>,
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunEnd {
+    /// The model gave a final answer.
+    Answer(String),
+    /// A batch needs a person; a later run resumes it.
+    Interrupted(Interruption),
+    Failed(RunError),
+}
+
+/// How a run ended, and the messages it added to the conversation (for a new run, the user's message first).
 #[derive(Debug)]
 pub struct LoopOutcome {
     pub messages: Vec<Message>,
-    pub result: Result<String, RunError>,
+    pub end: RunEnd,
     pub steps: u32,
+}
+
+impl LoopOutcome {
+    pub fn answer(&self) -> Option<&str> {
+        match &self.end {
+            RunEnd::Answer(answer) => Some(answer),
+            _ => None,
+        }
+    }
+
+    pub fn error(&self) -> Option<&RunError> {
+        match &self.end {
+            RunEnd::Failed(error) => Some(error),
+            _ => None,
+        }
+    }
+
+    pub fn interruption(&self) -> Option<&Interruption> {
+        match &self.end {
+            RunEnd::Interrupted(interruption) => Some(interruption),
+            _ => None,
+        }
+    }
+
+    /// The event that ends an answered or failed run. An interrupted run's terminal event names the interrupts
+    /// its caller issues, so the caller makes it.
+    pub fn terminal_event(&self) -> Option<AgentEvent> {
+        match &self.end {
+            RunEnd::Answer(answer) => Some(AgentEvent::RunFinished {
+                answer: answer.clone(),
+                steps: self.steps,
+            }),
+            RunEnd::Failed(error) => Some(AgentEvent::RunFailed {
+                code: error.code(),
+                message: error.to_string(),
+            }),
+            RunEnd::Interrupted(_) => None,
+        }
+    }
 }
 
 enum Repeat {
@@ -64,7 +145,7 @@ impl RepeatGuard {
 
     fn check(&mut self, call: &ToolCall) -> Repeat {
         // serde_json objects are ordered maps, so the same arguments in another key order compare equal.
-        let arguments = serde_json::from_str::<serde_json::Value>(&call.arguments)
+        let arguments = serde_json::from_str::<Value>(&call.arguments)
             .map(|v| v.to_string())
             .unwrap_or_else(|_| call.arguments.clone());
         let times = self.seen.entry((call.name.clone(), arguments)).or_insert(0);
@@ -81,23 +162,8 @@ impl RepeatGuard {
     }
 }
 
-impl LoopOutcome {
-    /// The event that ends the run: `done` with the answer, or `error`.
-    pub fn terminal_event(&self) -> AgentEvent {
-        match &self.result {
-            Ok(answer) => AgentEvent::RunFinished {
-                answer: answer.clone(),
-                steps: self.steps,
-            },
-            Err(error) => AgentEvent::RunFailed {
-                code: error.code(),
-                message: error.to_string(),
-            },
-        }
-    }
-}
-
-/// Runs one user message to the end. Emits every event, the terminal `done` or `error` included.
+/// Runs one user message to the end. Emits every event, including the terminal `done` or `error` (an interrupted
+/// run's terminal event is the caller's: see [`LoopOutcome::terminal_event`]).
 pub async fn run_loop(
     model: &dyn Model,
     context: &RunContext,
@@ -106,7 +172,9 @@ pub async fn run_loop(
     user_message: &str,
 ) -> LoopOutcome {
     let outcome = run_until_end(model, context, limits, history, user_message).await;
-    context.emit(outcome.terminal_event());
+    if let Some(terminal) = outcome.terminal_event() {
+        context.emit(terminal);
+    }
     outcome
 }
 
@@ -119,39 +187,154 @@ pub async fn run_until_end(
     history: &[Message],
     user_message: &str,
 ) -> LoopOutcome {
+    emit_started(context, user_message, None);
+    let mut messages = history.to_vec();
+    messages.push(Message::User {
+        content: user_message.to_owned(),
+    });
+    let (end, steps) = sample(model, context, limits, &mut messages, 1).await;
+    LoopOutcome {
+        messages: messages.split_off(history.len()),
+        end,
+        steps,
+    }
+}
+
+/// Continues an interrupted batch with a person's resolution for each pending call, then samples on. `history`
+/// is the conversation up to and including the assistant message that made the batch. Resolutions must answer
+/// every pending call; edited arguments must already be checked against the tool's schema (they are checked
+/// again before anything runs). Emits every event but the terminal one, like [`run_until_end`].
+pub async fn resume_until_end(
+    model: &dyn Model,
+    context: &RunContext,
+    limits: LoopLimits,
+    parent_run_id: &RunId,
+    history: &[Message],
+    interruption: Interruption,
+    resolutions: &HashMap<ToolCallId, Resolution>,
+) -> LoopOutcome {
+    emit_started(context, "", Some(parent_run_id));
+    let mut messages = history.to_vec();
+    let mut outputs: HashMap<ToolCallId, ToolOutput> = interruption.settled.into_iter().collect();
+
+    let decided = interruption.pending.iter().map(|pending| async {
+        let id = pending.call.id.clone();
+        context.emit(AgentEvent::ToolCallDecided {
+            step: interruption.step,
+            tool_call_id: id.clone(),
+            tool_name: pending.call.name.clone(),
+            arguments: pending.input.clone(),
+            permission: PermissionDecision::Ask {
+                reason: pending.reason.clone(),
+            },
+        });
+        let Some(resolution) = resolutions.get(&id) else {
+            let error = RunError::Model(format!("the resume did not answer tool call {id}"));
+            return (id, Err(error));
+        };
+        context.emit(AgentEvent::ApprovalResolved {
+            tool_call_id: id.clone(),
+            tool_name: pending.call.name.clone(),
+            resolution: resolution.clone(),
+            waited: std::time::Duration::ZERO,
+        });
+        let output = match resolution {
+            Resolution::Denied { reason, .. } => {
+                let output = ToolOutput::error(
+                    ToolErrorCode::ApprovalDenied,
+                    approval_denied_message(reason),
+                );
+                context.emit(AgentEvent::ToolFinished {
+                    tool_call_id: id.clone(),
+                    tool_name: pending.call.name.clone(),
+                    executed_arguments: None,
+                    output: output.clone(),
+                    elapsed: std::time::Duration::ZERO,
+                });
+                Ok(output)
+            }
+            Resolution::Approved {
+                scope,
+                edited_arguments,
+                ..
+            } => {
+                if *scope == DecisionScope::Session {
+                    grant_for_session(context, &pending.call.name);
+                }
+                run_tool(
+                    context,
+                    &pending.call,
+                    pending.input.clone(),
+                    edited_arguments.clone(),
+                )
+                .await
+            }
+        };
+        (id, output)
+    });
+    let mut failure = None;
+    for (id, output) in futures::future::join_all(decided).await {
+        match output {
+            Ok(output) => {
+                outputs.insert(id, output);
+            }
+            Err(error) => {
+                failure.get_or_insert(error);
+            }
+        }
+    }
+    for call in &interruption.calls {
+        if let Some(output) = outputs.remove(&call.id) {
+            messages.push(Message::Tool {
+                tool_call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+                output,
+            });
+        }
+    }
+    let (end, steps) = match failure {
+        Some(error) => {
+            answer_unfinished(&mut messages, &interruption.calls, &error);
+            (RunEnd::Failed(error), interruption.step)
+        }
+        None => sample(model, context, limits, &mut messages, interruption.step + 1).await,
+    };
+    LoopOutcome {
+        messages: messages.split_off(history.len()),
+        end,
+        steps,
+    }
+}
+
+fn emit_started(context: &RunContext, user_message: &str, parent_run_id: Option<&RunId>) {
     context.emit(AgentEvent::RunStarted {
         session_id: context.session_id.clone(),
         message: user_message.to_owned(),
         policy: context.permissions.policy,
         approval_mode: context.approval_mode,
+        parent_run_id: parent_run_id.cloned(),
     });
-    let mut messages = history.to_vec();
-    messages.push(Message::User {
-        content: user_message.to_owned(),
-    });
-    let (result, steps) = sample(model, context, limits, &mut messages).await;
-    LoopOutcome {
-        messages: messages.split_off(history.len()),
-        result,
-        steps,
-    }
 }
 
+/// Samples from `first_step` until the run ends. Returns how it ended and the last step taken.
 async fn sample(
     model: &dyn Model,
     context: &RunContext,
     limits: LoopLimits,
     messages: &mut Vec<Message>,
-) -> (Result<String, RunError>, u32) {
+    first_step: u32,
+) -> (RunEnd, u32) {
     let tools = context.toolbox.specs();
     let mut guard = RepeatGuard::new(limits);
-    let aborted = || RunError::Aborted {
-        reason: context.abort.reason(),
+    let aborted = || {
+        RunEnd::Failed(RunError::Aborted {
+            reason: context.abort.reason(),
+        })
     };
 
-    for step in 1..=limits.max_steps {
+    for step in first_step..=limits.max_steps.max(first_step) {
         if context.abort.is_aborted() {
-            return (Err(aborted()), step - 1);
+            return (aborted(), step - 1);
         }
         context.emit(AgentEvent::StepStarted { step });
         context.emit(AgentEvent::ModelRequested {
@@ -174,7 +357,7 @@ async fn sample(
             loop {
                 let chunk = tokio::select! {
                     biased;
-                    () = context.abort.aborted() => return (Err(aborted()), step),
+                    () = context.abort.aborted() => return (aborted(), step),
                     chunk = stream.next() => chunk,
                 };
                 match chunk {
@@ -186,7 +369,9 @@ async fn sample(
                     Some(Ok(ModelChunk::ToolCall(call))) => calls.push(call),
                     Some(Ok(ModelChunk::Usage(reported))) => usage = Some(reported),
                     Some(Ok(ModelChunk::Finish(reason))) => finish_reason = Some(reason),
-                    Some(Err(error)) => return (Err(RunError::Model(error.to_string())), step),
+                    Some(Err(error)) => {
+                        return (RunEnd::Failed(RunError::Model(error.to_string())), step);
+                    }
                 }
             }
         }
@@ -201,7 +386,7 @@ async fn sample(
             tool_calls: calls.clone(),
         });
         if calls.is_empty() {
-            return (Ok(text), step);
+            return (RunEnd::Answer(text), step);
         }
 
         // Prepare the whole batch before any of it runs.
@@ -228,27 +413,37 @@ async fn sample(
                     }
                 }
                 Repeat::Stop => {
-                    return (
-                        Err(RunError::RepeatedCall {
-                            tool_name: call.name.clone(),
-                        }),
-                        step,
-                    );
+                    let error = RunError::RepeatedCall {
+                        tool_name: call.name.clone(),
+                    };
+                    answer_unfinished(messages, &calls, &error);
+                    return (RunEnd::Failed(error), step);
                 }
             };
             batch.push(prepared);
         }
-        if context.approval_mode == ApprovalMode::FailClosed
-            && let Some((call, reason)) = batch
-                .iter()
-                .find_map(|prepared| prepared.asks().map(|reason| (prepared.call(), reason)))
-        {
-            let error = RunError::ApprovalRequired {
-                tool_name: call.name.clone(),
-                reason: reason.to_owned(),
-            };
-            answer_unfinished(messages, &calls, &error);
-            return (Err(error), step);
+        let asking = batch
+            .iter()
+            .find_map(|prepared| prepared.asks().map(|reason| (prepared.call(), reason)));
+        match (context.approval_mode, asking) {
+            (ApprovalMode::FailClosed, Some((call, reason))) => {
+                let error = RunError::ApprovalRequired {
+                    tool_name: call.name.clone(),
+                    reason: reason.to_owned(),
+                };
+                answer_unfinished(messages, &calls, &error);
+                return (RunEnd::Failed(error), step);
+            }
+            (ApprovalMode::Interrupt, Some(_)) => {
+                return match interrupt(batch, step, &calls, context).await {
+                    Ok(interruption) => (RunEnd::Interrupted(interruption), step),
+                    Err(error) => {
+                        answer_unfinished(messages, &calls, &error);
+                        (RunEnd::Failed(error), step)
+                    }
+                };
+            }
+            _ => {}
         }
 
         // Settle the batch concurrently: parallel approvals are independent.
@@ -272,15 +467,59 @@ async fn sample(
         }
         if let Some(error) = failure {
             answer_unfinished(messages, &calls, &error);
-            return (Err(error), step);
+            return (RunEnd::Failed(error), step);
         }
     }
     (
-        Err(RunError::StepLimit {
+        RunEnd::Failed(RunError::StepLimit {
             max_steps: limits.max_steps,
         }),
         limits.max_steps,
     )
+}
+
+/// Runs what in the batch needs no person and sets the rest aside for a later run.
+async fn interrupt(
+    batch: Vec<PreparedCall>,
+    step: u32,
+    calls: &[ToolCall],
+    context: &RunContext,
+) -> Result<Interruption, RunError> {
+    let mut pending = Vec::new();
+    let mut now = Vec::new();
+    for prepared in batch {
+        match prepared {
+            PreparedCall::Decided {
+                call,
+                input,
+                permission: PermissionDecision::Ask { reason },
+                ..
+            } => pending.push(PendingCall {
+                call,
+                input,
+                reason,
+            }),
+            other => now.push(other),
+        }
+    }
+    let settled = futures::future::join_all(now.into_iter().map(|prepared| async move {
+        let id = prepared.call().id.clone();
+        (id, settle_call(prepared, context).await)
+    }))
+    .await;
+    let mut outputs = Vec::with_capacity(settled.len());
+    for (id, result) in settled {
+        match result {
+            Ok(output) => outputs.push((id, output)),
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(Interruption {
+        step,
+        calls: calls.to_vec(),
+        settled: outputs,
+        pending,
+    })
 }
 
 /// Gives every call of the last batch that has no result one that says the run ended, so the history stays a

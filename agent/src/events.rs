@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::model::Usage;
 use crate::wire::{
-    ApprovalMode, ApprovalPolicy, ApprovalRequest, PermissionDecision, Resolution, RunErrorCode,
-    StreamEvent, ToolOutput,
+    ApprovalMode, ApprovalPolicy, ApprovalRequest, InterruptRequest, PermissionDecision,
+    Resolution, RunErrorCode, StreamEvent, ToolOutput,
 };
 
 #[derive(Clone, Debug, PartialEq)]
@@ -22,6 +22,7 @@ pub enum AgentEvent {
         message: String,
         policy: ApprovalPolicy,
         approval_mode: ApprovalMode,
+        parent_run_id: Option<RunId>,
     },
     StepStarted {
         step: u32,
@@ -76,6 +77,9 @@ pub enum AgentEvent {
         answer: String,
         steps: u32,
     },
+    RunInterrupted {
+        interrupts: Vec<InterruptRequest>,
+    },
     RunFailed {
         code: RunErrorCode,
         message: String,
@@ -102,12 +106,14 @@ impl AgentEvent {
                 message,
                 policy,
                 approval_mode,
+                parent_run_id,
             } => vec![StreamEvent::RunStarted {
                 run_id,
                 session_id,
                 message,
                 policy,
                 approval_mode,
+                parent_run_id,
             }],
             AgentEvent::StepStarted { step } => vec![StreamEvent::Step { run_id, step }],
             AgentEvent::ModelRequested {
@@ -237,6 +243,9 @@ impl AgentEvent {
                     answer,
                     steps,
                 }]
+            }
+            AgentEvent::RunInterrupted { interrupts } => {
+                vec![StreamEvent::Interrupted { run_id, interrupts }]
             }
             AgentEvent::RunFailed { code, message } => {
                 vec![StreamEvent::Error {

@@ -16,13 +16,16 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::agent_loop::{LoopLimits, run_until_end};
+use crate::agent_loop::{
+    Interruption, LoopLimits, LoopOutcome, RunEnd, resume_until_end, run_until_end,
+};
 use crate::approvals::{
     ApprovalNotFound, ApprovalRegistry, ResolveError, ResolvedApproval, now_ms,
 };
 use crate::events::{AgentEvent, EventSink};
 use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::input::StartRunInput;
+use crate::interrupts::{InterruptStore, IssuedInterrupt, Suspension, arguments_digest};
 use crate::model::Model;
 use crate::policy::PermissionPolicy;
 use crate::runtime::{AbortReason, RunAbort, RunContext};
@@ -30,8 +33,8 @@ use crate::session::{SessionBusy, SessionStore};
 use crate::tools::Toolbox;
 use crate::view::{RunView, SessionView};
 use crate::wire::{
-    ApprovalMode, ApprovalPolicy, ApprovalRequest, Decision, Resolution, RunErrorCode, RunEvent,
-    StreamEvent,
+    ApprovalMode, ApprovalPolicy, ApprovalRequest, Decision, InterruptRequest, Message, Resolution,
+    RunErrorCode, RunEvent, StreamEvent,
 };
 
 /// How much the harness keeps, and for how long.
@@ -104,6 +107,8 @@ pub struct RunRecord {
     /// The sequence number of the newest event; subscribers wait on it.
     version: watch::Sender<u64>,
     max_events: usize,
+    /// The whole conversation once the run ended, for runs whose client owns it (AG-UI).
+    conversation: Mutex<Option<Arc<Vec<Message>>>>,
 }
 
 impl std::fmt::Debug for RunRecord {
@@ -130,7 +135,16 @@ impl RunRecord {
             }),
             version: watch::channel(0).0,
             max_events,
+            conversation: Mutex::new(None),
         }
+    }
+
+    /// The run's whole conversation, once it ended, for runs whose client owns the conversation.
+    pub fn conversation(&self) -> Option<Arc<Vec<Message>>> {
+        self.conversation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn state(&self) -> MutexGuard<'_, RecordState> {
@@ -258,13 +272,32 @@ impl EventSink for RunRecord {
     }
 }
 
+/// Where a run's conversation comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunSource {
+    /// The session's own history; the run's messages join it.
+    Session,
+    /// A conversation the client owns (AG-UI sends it whole on every run). The run's messages do not join the
+    /// session's history; the run keeps its final conversation for the client ([`RunRecord::conversation`]).
+    Given(Vec<Message>),
+    /// The resume of an interrupted run, with a person's resolution for each of its pending calls, checked
+    /// already against what was issued.
+    Resume {
+        suspension: Box<Suspension>,
+        resolutions: HashMap<ToolCallId, Resolution>,
+    },
+}
+
 /// What starting a run needs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct StartRun {
     pub message: String,
     pub session_id: Option<SessionId>,
     pub policy: Option<ApprovalPolicy>,
     pub mode: ApprovalMode,
+    /// A run id the client chose (AG-UI clients do); a fresh one when absent.
+    pub run_id: Option<RunId>,
+    pub source: RunSource,
 }
 
 impl StartRun {
@@ -274,6 +307,8 @@ impl StartRun {
             session_id: input.session_id,
             policy: input.policy,
             mode,
+            run_id: None,
+            source: RunSource::Session,
         }
     }
 }
@@ -291,6 +326,8 @@ pub enum StartError {
         requested: ApprovalPolicy,
         configured: ApprovalPolicy,
     },
+    #[error("Run id {0} is already taken; every run needs a new id.")]
+    RunIdTaken(RunId),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -319,6 +356,7 @@ struct Inner {
     approvals: ApprovalRegistry,
     sessions: SessionStore,
     runs: Mutex<RunTable>,
+    interrupts: InterruptStore,
     closing: CancellationToken,
     tasks: TaskTracker,
 }
@@ -406,6 +444,102 @@ impl SessionFollow {
     }
 }
 
+impl Inner {
+    /// Records how a run ended (the session's history, a suspension, the conversation), then emits its terminal
+    /// event: whoever sees that event can rely on everything before it.
+    fn finish_run(
+        &self,
+        record: &RunRecord,
+        session: &crate::session::Session,
+        prior: Vec<Message>,
+        owned_by_session: bool,
+        outcome: std::thread::Result<LoopOutcome>,
+    ) {
+        let run_id = record.run_id().clone();
+        let (messages, terminal) = match outcome {
+            Ok(outcome) => {
+                let terminal = match (&outcome.end, outcome.terminal_event()) {
+                    (_, Some(terminal)) => terminal,
+                    (RunEnd::Interrupted(interruption), None) => {
+                        let mut history = prior.clone();
+                        history.extend(outcome.messages.iter().cloned());
+                        let interrupts =
+                            self.issue_interrupts(record, history, interruption.clone());
+                        AgentEvent::RunInterrupted { interrupts }
+                    }
+                    (_, None) => AgentEvent::RunFailed {
+                        code: RunErrorCode::Internal,
+                        message: "The run ended without a terminal event.".to_owned(),
+                    },
+                };
+                (outcome.messages, terminal)
+            }
+            Err(_) => {
+                tracing::error!(%run_id, "the run panicked");
+                let terminal = AgentEvent::RunFailed {
+                    code: RunErrorCode::Internal,
+                    message: "The run failed unexpectedly.".to_owned(),
+                };
+                (Vec::new(), terminal)
+            }
+        };
+        if owned_by_session {
+            session.end(&run_id, messages);
+        } else {
+            let mut conversation = prior;
+            conversation.extend(messages);
+            *record
+                .conversation
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(conversation));
+            session.end(&run_id, Vec::new());
+        }
+        {
+            let mut table = self.runs();
+            table.finished.push_back((Instant::now(), run_id));
+            self.sweep(&mut table);
+        }
+        record.emit(terminal);
+    }
+
+    /// Keeps an interrupted run's suspension and returns the interrupts it issued.
+    fn issue_interrupts(
+        &self,
+        record: &RunRecord,
+        history: Vec<Message>,
+        interruption: Interruption,
+    ) -> Vec<InterruptRequest> {
+        let expires_at = now_ms().saturating_add(self.config.approval_timeout.as_millis() as u64);
+        let interrupts: Vec<IssuedInterrupt> = interruption
+            .pending
+            .iter()
+            .map(|pending| IssuedInterrupt {
+                request: InterruptRequest {
+                    id: format!("int_{}", uuid::Uuid::new_v4().simple()),
+                    tool_call_id: pending.call.id.clone(),
+                    tool_name: pending.call.name.clone(),
+                    arguments: pending.input.clone(),
+                    reason: pending.reason.clone(),
+                    expires_at,
+                },
+                digest: arguments_digest(&pending.input),
+            })
+            .collect();
+        let requests = interrupts
+            .iter()
+            .map(|issued| issued.request.clone())
+            .collect();
+        self.interrupts.issue(Suspension {
+            run_id: record.run_id().clone(),
+            session_id: record.session_id().clone(),
+            history,
+            interruption,
+            interrupts,
+        });
+        requests
+    }
+}
+
 /// The application's harness. Cloning is cheap; every clone is the same harness.
 #[derive(Clone)]
 pub struct Harness {
@@ -428,6 +562,7 @@ impl Harness {
         Self {
             inner: Arc::new(Inner {
                 approvals: ApprovalRegistry::new(config.approval_timeout),
+                interrupts: InterruptStore::new(config.retention.finished_runs.max(1_000)),
                 config,
                 model,
                 toolbox: Arc::new(toolbox),
@@ -481,7 +616,7 @@ impl Harness {
         };
         let session_id = request.session_id.unwrap_or_else(SessionId::generate);
         let session = inner.sessions.get_or_create(&session_id);
-        let run_id = RunId::generate();
+        let run_id = request.run_id.unwrap_or_else(RunId::generate);
         let record = Arc::new(RunRecord::new(
             run_id.clone(),
             session_id.clone(),
@@ -493,6 +628,9 @@ impl Harness {
         {
             let mut table = inner.runs();
             inner.sweep(&mut table);
+            if table.runs.contains_key(&run_id) || inner.interrupts.knows(&run_id) {
+                return Err(StartError::RunIdTaken(run_id));
+            }
             table.runs.insert(run_id.clone(), Arc::clone(&record));
         }
         if let Err(busy) = session.begin(&run_id) {
@@ -512,42 +650,48 @@ impl Harness {
             abort: record.abort.clone(),
             events: Arc::clone(&record) as Arc<dyn EventSink>,
         };
-        let history = session.history();
         let task_inner = Arc::clone(inner);
         let task_record = Arc::clone(&record);
         inner.tasks.spawn(async move {
+            let model = &*task_inner.model;
             let limits = task_inner.config.limits;
-            let run = run_until_end(
-                &*task_inner.model,
-                &context,
-                limits,
-                &history,
-                &request.message,
-            );
-            let (messages, terminal) = match AssertUnwindSafe(run).catch_unwind().await {
-                Ok(outcome) => {
-                    let terminal = outcome.terminal_event();
-                    (outcome.messages, terminal)
+            // A panic in a run must not leave its viewers waiting: it ends the run with an internal error.
+            let (prior, owned_by_session, outcome) = match request.source {
+                RunSource::Session => {
+                    let history = session.history();
+                    let run = run_until_end(model, &context, limits, &history, &request.message);
+                    let outcome = AssertUnwindSafe(run).catch_unwind().await;
+                    (history, true, outcome)
                 }
-                Err(_) => {
-                    tracing::error!(run_id = %context.run_id, "the run panicked");
-                    let terminal = AgentEvent::RunFailed {
-                        code: RunErrorCode::Internal,
-                        message: "The run failed unexpectedly.".to_owned(),
-                    };
-                    (Vec::new(), terminal)
+                RunSource::Given(history) => {
+                    let run = run_until_end(model, &context, limits, &history, &request.message);
+                    let outcome = AssertUnwindSafe(run).catch_unwind().await;
+                    (history, false, outcome)
+                }
+                RunSource::Resume {
+                    suspension,
+                    resolutions,
+                } => {
+                    let Suspension {
+                        run_id: parent,
+                        history,
+                        interruption,
+                        ..
+                    } = *suspension;
+                    let run = resume_until_end(
+                        model,
+                        &context,
+                        limits,
+                        &parent,
+                        &history,
+                        interruption,
+                        &resolutions,
+                    );
+                    let outcome = AssertUnwindSafe(run).catch_unwind().await;
+                    (history, false, outcome)
                 }
             };
-            // The session is free and the run is filed before anyone sees the terminal event.
-            session.end(&context.run_id, messages);
-            {
-                let mut table = task_inner.runs();
-                table
-                    .finished
-                    .push_back((Instant::now(), context.run_id.clone()));
-                task_inner.sweep(&mut table);
-            }
-            task_record.emit(terminal);
+            task_inner.finish_run(&task_record, &session, prior, owned_by_session, outcome);
         });
         Ok(record)
     }
@@ -593,6 +737,11 @@ impl Harness {
                 ResolveError::NotFound(not_found) => DecideError::NotFound(not_found),
                 ResolveError::Refused(error) => DecideError::InvalidArguments(error.message),
             })
+    }
+
+    /// The suspensions interrupted runs left, for resumes.
+    pub fn interrupts(&self) -> &InterruptStore {
+        &self.inner.interrupts
     }
 
     /// Pending approvals, of one run or of all.

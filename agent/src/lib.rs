@@ -5,10 +5,11 @@
 //!
 //! - [`hub`]: the [`Harness`](hub::Harness): sessions, runs as resources with replayable event logs;
 //! - [`agent_loop`]: the sampling loop;
-//! - [`model`]: the model trait and the scripted model;
+//! - [`model`]: the model trait, the scripted model and (feature `openai`) the OpenAI-compatible client;
 //! - [`runtime`]: one tool call: prepare, decide, ask, execute;
 //! - [`policy`]: permission decisions;
 //! - [`approvals`]: the registry of pending approvals;
+//! - [`interrupts`]: what interrupt-mode (AG-UI) runs issued, until a resume uses it once;
 //! - [`tools`]: tools, their schemas and the built-in workspace tools;
 //! - [`events`]: the internal events and their projection to the wire.
 
@@ -25,6 +26,8 @@ pub mod approvals;
 pub mod events;
 #[cfg(feature = "runtime")]
 pub mod hub;
+#[cfg(feature = "runtime")]
+pub mod interrupts;
 #[cfg(feature = "runtime")]
 pub mod model;
 #[cfg(feature = "runtime")]

@@ -22,7 +22,7 @@ use crate::approvals::{ApprovalRegistry, NewApproval};
 use crate::events::{AgentEvent, EventSink};
 use crate::ids::{RunId, SessionId};
 use crate::policy::{PermissionPolicy, SessionGrants};
-use crate::tools::{Tool, ToolContext, ToolError, Toolbox, unknown_tool_message};
+use crate::tools::{ToolContext, ToolError, Toolbox, unknown_tool_message};
 use crate::wire::{
     ApprovalMode, DecisionScope, PermissionDecision, Resolution, RunErrorCode, ToolCall,
     ToolErrorCode, ToolOutput, approval_denied_message,
@@ -158,7 +158,6 @@ pub enum PreparedCall {
     /// Valid input and a permission decision.
     Decided {
         call: ToolCall,
-        tool: Arc<dyn Tool>,
         input: Value,
         permission: PermissionDecision,
     },
@@ -199,7 +198,7 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
         output,
     };
 
-    let Some(tool) = context.toolbox.get(&call.name).cloned() else {
+    let Some(tool) = context.toolbox.get(&call.name) else {
         let message = unknown_tool_message(&call.name, &context.toolbox);
         decided(
             PermissionDecision::Deny {
@@ -241,7 +240,6 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
     }
     PreparedCall::Decided {
         call: call.clone(),
-        tool,
         input,
         permission,
     }
@@ -252,17 +250,16 @@ pub async fn settle_call(
     prepared: PreparedCall,
     context: &RunContext,
 ) -> Result<ToolOutput, RunError> {
-    let (call, tool, mut input, permission) = match prepared {
+    let (call, input, permission) = match prepared {
         PreparedCall::Refused { call, output } => {
             finish(context, &call, None, output.clone(), Duration::ZERO);
             return Ok(output);
         }
         PreparedCall::Decided {
             call,
-            tool,
             input,
             permission,
-        } => (call, tool, input, permission),
+        } => (call, input, permission),
     };
 
     let mut executed_arguments = None;
@@ -282,25 +279,56 @@ pub async fn settle_call(
                 ..
             } => {
                 if scope == DecisionScope::Session {
-                    context.grants().insert(call.name.clone());
-                    context.emit(AgentEvent::SessionGrantAdded {
-                        tool_name: call.name.clone(),
-                    });
+                    grant_for_session(context, &call.name);
                 }
-                if let Some(edited) = edited_arguments {
-                    // Checked when the decision was made; checked again here because nothing runs unchecked.
-                    if let Err(error) = context.toolbox.validate(&call.name, &edited) {
-                        let output = ToolOutput::from(error);
-                        finish(context, &call, Some(edited), output.clone(), Duration::ZERO);
-                        return Ok(output);
-                    }
-                    input = edited.clone();
-                    executed_arguments = Some(edited);
-                }
+                executed_arguments = edited_arguments;
             }
         }
     }
+    run_tool(context, &call, input, executed_arguments).await
+}
 
+/// Remembers that a person approved `tool_name` for the rest of the session.
+pub fn grant_for_session(context: &RunContext, tool_name: &str) {
+    context.grants().insert(tool_name.to_owned());
+    context.emit(AgentEvent::SessionGrantAdded {
+        tool_name: tool_name.to_owned(),
+    });
+}
+
+/// Runs an allowed (or approved) call and emits its result. Arguments a person edited replace `input`; they are
+/// checked against the tool's schema again, because nothing runs unchecked. Nothing runs once the run is aborted.
+pub async fn run_tool(
+    context: &RunContext,
+    call: &ToolCall,
+    input: Value,
+    edited_arguments: Option<Value>,
+) -> Result<ToolOutput, RunError> {
+    let input = match edited_arguments.clone() {
+        Some(edited) => {
+            if let Err(error) = context.toolbox.validate(&call.name, &edited) {
+                let output = ToolOutput::from(error);
+                finish(context, call, Some(edited), output.clone(), Duration::ZERO);
+                return Ok(output);
+            }
+            edited
+        }
+        None => input,
+    };
+    let Some(tool) = context.toolbox.get(&call.name).cloned() else {
+        let output = ToolOutput::error(
+            ToolErrorCode::UnknownTool,
+            unknown_tool_message(&call.name, &context.toolbox),
+        );
+        finish(
+            context,
+            call,
+            edited_arguments,
+            output.clone(),
+            Duration::ZERO,
+        );
+        return Ok(output);
+    };
     if context.abort.is_aborted() {
         return Err(RunError::Aborted {
             reason: context.abort.reason(),
@@ -317,23 +345,34 @@ pub async fn settle_call(
             let output = ToolOutput::from(ToolError::failed(format!(
                 "The run was aborted while {} was running.", call.name
             )));
-            finish(context, &call, executed_arguments, output, started.elapsed());
+            finish(context, call, edited_arguments, output, started.elapsed());
             return Err(RunError::Aborted { reason: context.abort.reason() });
         }
     };
-    let output = match result {
-        Ok(content) => ToolOutput::Ok { content },
-        Err(error) => error.into(),
+    let output = match (result, &edited_arguments) {
+        // The model must know its call did not run as it asked.
+        (Ok(content), Some(edited)) => ToolOutput::Ok {
+            content: serde_json::json!({
+                "note": EDITED_NOTE,
+                "editedArguments": edited,
+                "result": content,
+            }),
+        },
+        (Ok(content), None) => ToolOutput::Ok { content },
+        (Err(error), _) => error.into(),
     };
     finish(
         context,
-        &call,
-        executed_arguments,
+        call,
+        edited_arguments,
         output.clone(),
         started.elapsed(),
     );
     Ok(output)
 }
+
+/// What the model reads when a person edited its call's arguments before approving it.
+pub const EDITED_NOTE: &str = "A person edited the arguments of this call before approving it; it ran with editedArguments, not with yours.";
 
 /// Registers the approval, announces it, and waits. In fail-closed mode it refuses instead.
 async fn request_approval(
@@ -342,7 +381,8 @@ async fn request_approval(
     reason: String,
     context: &RunContext,
 ) -> Result<Resolution, RunError> {
-    if context.approval_mode == ApprovalMode::FailClosed {
+    // Only interactive mode waits here; an interrupt-mode loop sets asking calls aside before they get here.
+    if context.approval_mode != ApprovalMode::Interactive {
         return Err(RunError::ApprovalRequired {
             tool_name: call.name.clone(),
             reason,

@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::wire::{
-    ApprovalMode, ApprovalPolicy, ApprovalRequest, PermissionDecision, Resolution, RunErrorCode,
-    RunEvent, StreamEvent, ToolOutput,
+    ApprovalMode, ApprovalPolicy, ApprovalRequest, InterruptRequest, PermissionDecision,
+    Resolution, RunErrorCode, RunEvent, StreamEvent, ToolOutput,
 };
 
 /// How many debug entries a view keeps per run; older ones are dropped from the view (not from the event log).
@@ -22,6 +22,8 @@ pub const MAX_DEBUG_ENTRIES: usize = 500;
 pub enum RunStatus {
     Running,
     Done,
+    /// Ended with calls that wait for a resume (AG-UI interrupts).
+    Interrupted,
     Failed,
 }
 
@@ -37,6 +39,8 @@ pub enum ToolCallStatus {
     Succeeded,
     /// Finished with an error output (including denials).
     Failed,
+    /// Left for a later run to resume (AG-UI interrupts).
+    Interrupted,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -57,6 +61,9 @@ pub struct ToolCallView {
     pub output: Option<ToolOutput>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
+    /// Set when the run ended with this call left for a resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupt: Option<InterruptRequest>,
 }
 
 impl ToolCallView {
@@ -65,6 +72,7 @@ impl ToolCallView {
             (Some(output), _, _) if output.is_ok() => ToolCallStatus::Succeeded,
             (Some(_), _, _) => ToolCallStatus::Failed,
             (None, Some(_), None) => ToolCallStatus::AwaitingApproval,
+            (None, _, _) if self.interrupt.is_some() => ToolCallStatus::Interrupted,
             (None, _, _) => ToolCallStatus::Running,
         }
     }
@@ -112,6 +120,8 @@ pub struct RunView {
     pub message: String,
     pub policy: ApprovalPolicy,
     pub approval_mode: ApprovalMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<RunId>,
     pub status: RunStatus,
     pub steps: Vec<StepView>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,12 +144,14 @@ impl RunView {
                 message,
                 policy,
                 approval_mode,
+                parent_run_id,
             } => Some(Self {
                 run_id: run_id.clone(),
                 session_id: session_id.clone(),
                 message: message.clone(),
                 policy: *policy,
                 approval_mode: *approval_mode,
+                parent_run_id: parent_run_id.clone(),
                 status: RunStatus::Running,
                 steps: Vec::new(),
                 answer: None,
@@ -227,6 +239,7 @@ impl RunView {
                     executed_arguments: None,
                     output: None,
                     duration_ms: None,
+                    interrupt: None,
                 });
             }
             StreamEvent::ApprovalRequired { request } => {
@@ -272,6 +285,14 @@ impl RunView {
             StreamEvent::Done { answer, .. } => {
                 self.status = RunStatus::Done;
                 self.answer = Some(answer.clone());
+            }
+            StreamEvent::Interrupted { interrupts, .. } => {
+                self.status = RunStatus::Interrupted;
+                for interrupt in interrupts {
+                    if let Some(call) = self.tool_call_mut(&interrupt.tool_call_id) {
+                        call.interrupt = Some(interrupt.clone());
+                    }
+                }
             }
             StreamEvent::Error { code, message, .. } => {
                 self.status = RunStatus::Failed;
@@ -338,6 +359,7 @@ pub fn event_run_id(event: &StreamEvent) -> &RunId {
         | StreamEvent::ToolResult { run_id, .. }
         | StreamEvent::Debug { run_id, .. }
         | StreamEvent::Done { run_id, .. }
+        | StreamEvent::Interrupted { run_id, .. }
         | StreamEvent::Error { run_id, .. } => run_id,
         StreamEvent::ApprovalRequired { request } => &request.run_id,
     }
@@ -374,6 +396,7 @@ mod tests {
                 message: "delete a.txt".into(),
                 policy: ApprovalPolicy::OnRequest,
                 approval_mode: ApprovalMode::Interactive,
+                parent_run_id: None,
             },
             StreamEvent::Step {
                 run_id: run_id(),

@@ -68,6 +68,9 @@ pub enum ApprovalMode {
     FailClosed,
     /// Register a pending approval and wait for a decision, a timeout or an abort.
     Interactive,
+    /// End the run with the calls that need a person, as interrupts; a later run resumes with the decisions
+    /// (the AG-UI model).
+    Interrupt,
 }
 
 /// A per-tool rule that overrides the policy.
@@ -297,6 +300,21 @@ pub struct ApprovalRequest {
     pub expires_at: u64,
 }
 
+/// A call an interrupted run left for a person; a later run answers it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InterruptRequest {
+    /// The interrupt's id, which the resume answers.
+    pub id: String,
+    pub tool_call_id: ToolCallId,
+    pub tool_name: String,
+    pub arguments: Value,
+    /// Why the policy asks.
+    pub reason: String,
+    /// Milliseconds since the Unix epoch; a resume after this is refused.
+    pub expires_at: u64,
+}
+
 /// Who approved a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -408,6 +426,9 @@ pub enum StreamEvent {
         message: String,
         policy: ApprovalPolicy,
         approval_mode: ApprovalMode,
+        /// The interrupted run this one resumes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent_run_id: Option<RunId>,
     },
     /// A step of the sampling loop began (1-based).
     #[serde(rename_all = "camelCase")]
@@ -468,6 +489,12 @@ pub enum StreamEvent {
         answer: String,
         steps: u32,
     },
+    /// The run ended because calls need a person; a later run resumes it.
+    #[serde(rename_all = "camelCase")]
+    Interrupted {
+        run_id: RunId,
+        interrupts: Vec<InterruptRequest>,
+    },
     /// The run ended with an error.
     #[serde(rename_all = "camelCase")]
     Error {
@@ -490,12 +517,13 @@ impl StreamEvent {
             Self::ToolResult { .. } => "toolResult",
             Self::Debug { .. } => "debug",
             Self::Done { .. } => "done",
+            Self::Interrupted { .. } => "interrupted",
             Self::Error { .. } => "error",
         }
     }
 
     /// Every event name, for clients that subscribe by name (EventSource).
-    pub const KINDS: [&'static str; 10] = [
+    pub const KINDS: [&'static str; 11] = [
         "runStarted",
         "step",
         "assistantDelta",
@@ -505,12 +533,16 @@ impl StreamEvent {
         "toolResult",
         "debug",
         "done",
+        "interrupted",
         "error",
     ];
 
     /// True for the events that end a run.
     pub fn is_terminal(&self) -> bool {
-        matches!(self, Self::Done { .. } | Self::Error { .. })
+        matches!(
+            self,
+            Self::Done { .. } | Self::Interrupted { .. } | Self::Error { .. }
+        )
     }
 }
 

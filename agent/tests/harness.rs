@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::hub::{DecideError, Harness, HarnessConfig, Retention, StartError, StartRun};
+use agent::hub::{DecideError, Harness, HarnessConfig, Retention, RunSource, StartError, StartRun};
 use agent::model::ScriptedModel;
 use agent::policy::PermissionPolicy;
 use agent::tools::{Workspace, workspace_tools};
@@ -46,6 +46,8 @@ fn start(message: &str) -> StartRun {
         session_id: None,
         policy: None,
         mode: ApprovalMode::Interactive,
+        run_id: None,
+        source: RunSource::Session,
     }
 }
 

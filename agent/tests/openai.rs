@@ -1017,7 +1017,7 @@ async fn a_multi_step_run_pauses_for_approval_and_sends_the_call_and_its_result_
         .unwrap();
     let outcome = within("the end of the run", run).await.unwrap();
 
-    assert_eq!(outcome.result, Ok("Deleted old.txt.".to_owned()));
+    assert_eq!(outcome.answer(), Some("Deleted old.txt."));
     assert_eq!(outcome.steps, 2);
     assert_eq!(fx.deletes.inputs(), vec![json!({"path": "old.txt"})]);
 
@@ -1145,7 +1145,7 @@ async fn a_denied_call_goes_back_to_the_model_as_a_denial_output() {
         .unwrap();
     let outcome = within("the end of the run", run).await.unwrap();
 
-    assert_eq!(outcome.result, Ok("I left old.txt alone.".to_owned()));
+    assert_eq!(outcome.answer(), Some("I left old.txt alone."));
     assert_eq!(fx.deletes.count(), 0);
     let received = server.received();
     assert_eq!(received.len(), 2);
@@ -1183,8 +1183,8 @@ async fn a_provider_failure_ends_the_run_with_a_model_error_that_hides_the_key()
     )
     .await;
 
-    let Err(RunError::Model(message)) = &outcome.result else {
-        panic!("expected a model error, got {:?}", outcome.result);
+    let Some(RunError::Model(message)) = outcome.error() else {
+        panic!("expected a model error, got {:?}", outcome.end);
     };
     assert!(message.contains("HTTP 401"), "{message}");
     assert!(!message.contains(KEY), "{message}");

@@ -38,7 +38,7 @@ async fn resumes_the_loop_after_an_interactive_approval_is_granted() {
         .unwrap();
     let outcome = run.await.unwrap();
 
-    assert_eq!(outcome.result, Ok("Deleted a.txt.".to_owned()));
+    assert_eq!(outcome.answer(), Some("Deleted a.txt."));
     assert_eq!(outcome.steps, 2);
     assert_eq!(fx.deletes.count(), 1);
     let second_request = &model.requests()[1];
@@ -76,7 +76,7 @@ async fn resumes_the_loop_with_a_recoverable_error_after_an_interactive_denial()
         .unwrap();
     let outcome = run.await.unwrap();
 
-    assert_eq!(outcome.result, Ok("I left a.txt alone.".to_owned()));
+    assert_eq!(outcome.answer(), Some("I left a.txt alone."));
     assert_eq!(fx.deletes.count(), 0);
     let results = tool_results(&model.requests()[1]);
     match &results[0].1 {
@@ -109,7 +109,7 @@ async fn risky_tools_request_approval_and_fail_closed_by_default() {
     ])]);
     let outcome = run_loop(&model, &fx.context, limits(), &[], "read then delete").await;
 
-    let error = outcome.result.unwrap_err();
+    let error = outcome.error().cloned().unwrap();
     assert_eq!(error.code(), RunErrorCode::ApprovalRequired);
     assert!(
         error
@@ -170,7 +170,7 @@ async fn parallel_approvals_resolve_independently() {
         .unwrap();
     let outcome = run.await.unwrap();
 
-    assert_eq!(outcome.result, Ok("done".to_owned()));
+    assert_eq!(outcome.answer(), Some("done"));
     assert_eq!(fx.deletes.inputs(), vec![json!({"path": "a.txt"})]);
     let results = tool_results(&model.requests()[1]);
     let codes: Vec<Option<ToolErrorCode>> = results
@@ -199,7 +199,7 @@ async fn the_repeated_call_guard_warns_the_model_then_ends_the_run() {
     let outcome = run_loop(&model, &fx.context, limits(), &[], "loop").await;
 
     assert_eq!(
-        outcome.result.unwrap_err().code(),
+        outcome.error().cloned().unwrap().code(),
         RunErrorCode::RepeatedCall
     );
     assert_eq!(fx.reads.count(), 2, "the same call runs at most twice");
@@ -236,7 +236,10 @@ async fn the_loop_stops_at_the_step_limit() {
         ..LoopLimits::default()
     };
     let outcome = run_loop(&model, &fx.context, limits, &[], "go").await;
-    assert_eq!(outcome.result.unwrap_err().code(), RunErrorCode::StepLimit);
+    assert_eq!(
+        outcome.error().cloned().unwrap().code(),
+        RunErrorCode::StepLimit
+    );
     assert_eq!(outcome.steps, 3);
     assert_eq!(fx.reads.count(), 3);
 }
@@ -256,7 +259,7 @@ async fn aborting_while_waiting_ends_the_run_and_nothing_runs_after() {
     fx.context.abort.abort(AbortReason::Disconnected);
     let outcome = run.await.unwrap();
 
-    let error = outcome.result.unwrap_err();
+    let error = outcome.error().cloned().unwrap();
     assert_eq!(error.code(), RunErrorCode::Aborted);
     assert_eq!(
         error.to_string(),
@@ -293,7 +296,7 @@ async fn the_scripted_model_runs_a_whole_conversation_offline() {
         .resolve(&fx.context.run_id, &call_id, Decision::approve())
         .unwrap();
     let outcome = run.await.unwrap();
-    let answer = outcome.result.unwrap();
+    let answer = outcome.answer().unwrap().to_owned();
     assert!(
         answer.contains("write_file wrote 5 bytes to notes.txt."),
         "{answer}"
@@ -331,7 +334,7 @@ async fn a_model_error_ends_the_run_with_its_message() {
     }
     let fx = interactive();
     let outcome = run_loop(&Broken, &fx.context, limits(), &[], "x").await;
-    let error = outcome.result.unwrap_err();
+    let error = outcome.error().cloned().unwrap();
     assert_eq!(error.code(), RunErrorCode::Model);
     assert!(error.to_string().contains("reset by peer"));
 }

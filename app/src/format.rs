@@ -35,6 +35,7 @@ pub fn call_status(call: &ToolCallView) -> (&'static str, String) {
     let approved = matches!(call.resolution, Some(Resolution::Approved { .. }));
     match call.status() {
         ToolCallStatus::AwaitingApproval => ("waiting", "waiting for approval".to_owned()),
+        ToolCallStatus::Interrupted => ("waiting", "waiting for a resume".to_owned()),
         ToolCallStatus::Running if approved => ("running", "approved · running".to_owned()),
         ToolCallStatus::Running => ("running", "running".to_owned()),
         ToolCallStatus::Succeeded if approved => ("ok", "approved · done".to_owned()),
@@ -100,6 +101,7 @@ mod tests {
             executed_arguments: None,
             output: None,
             duration_ms: None,
+            interrupt: None,
         }
     }
 

@@ -83,6 +83,7 @@ fn Chat(state: PageState) -> impl IntoView {
         ui.now_ms.set(js_now());
         set_interval(move || ui.now_ms.set(js_now()), Duration::from_secs(1));
     });
+    follow_the_bottom(ui);
 
     let summary = format!(
         "policy {} · model {} · approvals time out after {} s",
@@ -107,6 +108,48 @@ fn Chat(state: PageState) -> impl IntoView {
         </div>
     }
     .into_any()
+}
+
+/// Keeps the newest part of the transcript in view as events arrive, unless the person scrolled up to read.
+fn follow_the_bottom(ui: Ui) {
+    #[cfg(feature = "hydrate")]
+    {
+        use std::cell::Cell;
+        use std::rc::Rc;
+
+        fn near_bottom() -> bool {
+            let Some(window) = web_sys::window() else {
+                return true;
+            };
+            let scrolled = window.scroll_y().unwrap_or(0.0)
+                + window
+                    .inner_height()
+                    .ok()
+                    .and_then(|h| h.as_f64())
+                    .unwrap_or(0.0);
+            let height = window
+                .document()
+                .and_then(|document| document.document_element())
+                .map_or(0.0, |root| f64::from(root.scroll_height()));
+            scrolled >= height - 120.0
+        }
+
+        let stick = Rc::new(Cell::new(true));
+        let on_scroll = Rc::clone(&stick);
+        let handle =
+            window_event_listener(leptos::ev::scroll, move |_| on_scroll.set(near_bottom()));
+        on_cleanup(move || handle.remove());
+        Effect::new(move |_| {
+            ui.session.track();
+            if stick.get()
+                && let Some(window) = web_sys::window()
+            {
+                window.scroll_to_with_x_and_y(0.0, 1e9);
+            }
+        });
+    }
+    #[cfg(not(feature = "hydrate"))]
+    let _ = ui;
 }
 
 /// The browser's clock in milliseconds since the Unix epoch. Only effects call it, and effects run only in the

@@ -191,21 +191,30 @@ fn find_run(harness: &Harness, raw: &str) -> Result<Arc<RunRecord>, ApiError> {
 /// Where a subscriber resumes: after the `Last-Event-ID` header when the client sends one (EventSource does on
 /// reconnect), else after the `after` query parameter, else from the start.
 fn resume_point(headers: &HeaderMap, query: &HashMap<String, String>) -> Result<u64, ApiError> {
-    let parse = |field: &str, raw: &str| {
-        raw.trim()
-            .parse::<u64>()
-            .map_err(|_| ApiError::field(field, "Expected a non-negative integer event id"))
+    let parse = |field: &str, raw: &[u8]| {
+        parse_run_event_id(raw)
+            .ok_or_else(|| ApiError::field(field, "Expected a non-negative integer event id"))
     };
     if let Some(value) = headers.get("last-event-id") {
-        let raw = value.to_str().map_err(|_| {
-            ApiError::field("Last-Event-ID", "Expected a non-negative integer event id")
-        })?;
-        return parse("Last-Event-ID", raw);
+        return parse("Last-Event-ID", value.as_bytes());
     }
     match query.get("after") {
-        Some(raw) => parse("after", raw),
+        Some(raw) => parse("after", raw.as_bytes()),
         None => Ok(0),
     }
+}
+
+/// A run stream's event id (`Last-Event-ID`, `after`): the sequence number of the last event seen, or `None` for
+/// anything else. Public so that the fuzz target reaches the very parser the routes use.
+pub fn parse_run_event_id(raw: &[u8]) -> Option<u64> {
+    std::str::from_utf8(raw.trim_ascii()).ok()?.parse().ok()
+}
+
+/// A session stream's event id: `runId:seq`, or `None` for anything else. Public for the fuzz target.
+pub fn parse_session_event_id(raw: &[u8]) -> Option<(RunId, u64)> {
+    let raw = std::str::from_utf8(raw.trim_ascii()).ok()?;
+    let (run, seq) = raw.rsplit_once(':')?;
+    Some((RunId::parse(run).ok()?, seq.parse().ok()?))
 }
 
 /// `GET /api/agent/runs/{runId}/events`: the run's events from the start or after `Last-Event-ID`, then live.
@@ -231,17 +240,14 @@ fn session_resume_point(
     query: &HashMap<String, String>,
 ) -> Result<Option<(RunId, u64)>, ApiError> {
     if let Some(value) = headers.get("last-event-id") {
-        let invalid = || {
-            ApiError::field(
-                "Last-Event-ID",
-                "Expected runId:seq, as sent in the stream's ids",
-            )
-        };
-        let raw = value.to_str().map_err(|_| invalid())?;
-        let (run, seq) = raw.trim().rsplit_once(':').ok_or_else(invalid)?;
-        let run = RunId::parse(run).map_err(|_| invalid())?;
-        let seq = seq.parse::<u64>().map_err(|_| invalid())?;
-        return Ok(Some((run, seq)));
+        return parse_session_event_id(value.as_bytes())
+            .map(Some)
+            .ok_or_else(|| {
+                ApiError::field(
+                    "Last-Event-ID",
+                    "Expected runId:seq, as sent in the stream's ids",
+                )
+            });
     }
     match query.get("run") {
         Some(run) => Ok(Some((

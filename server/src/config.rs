@@ -8,6 +8,8 @@ use agent::policy::ToolRules;
 use agent::wire::ApprovalPolicy;
 use clap::{Parser, ValueEnum};
 
+use crate::security::{AccessToken, PublicOrigin};
+
 /// Which model drives the agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ModelKind {
@@ -19,11 +21,33 @@ pub enum ModelKind {
 
 /// toolgate: an LLM agent whose every tool call passes a permission policy, with a person in the loop.
 #[derive(Clone, Debug, Parser)]
-#[command(name = "toolgate", version, about, long_about = None)]
+#[command(
+    name = "toolgate",
+    version,
+    about = "toolgate: an LLM agent whose every tool call passes a permission policy, with a person in the loop.",
+    long_about = None
+)]
 pub struct Config {
     /// Address to listen on.
     #[arg(long, env = "TOOLGATE_ADDR", default_value = "127.0.0.1:3000")]
     pub addr: SocketAddr,
+
+    /// An access token (printable ASCII, no spaces; long and random). When set, the API needs
+    /// `Authorization: Bearer <token>` and people log in at /login. Needed to listen on anything but loopback.
+    /// Prefer the environment variable: other users of the machine can see a flag in the process list.
+    #[arg(long, env = "TOOLGATE_TOKEN", hide_env_values = true, value_parser = AccessToken::parse)]
+    pub token: Option<AccessToken>,
+
+    /// The origins browsers reach this server at, when that is not `http://` and the address they asked for:
+    /// behind a reverse proxy or TLS, for example https://toolgate.example.com. Repeat the flag or separate them
+    /// with commas. Pages of any other origin may not start, decide or cancel anything.
+    #[arg(
+        long = "public-origin",
+        env = "TOOLGATE_PUBLIC_ORIGIN",
+        value_delimiter = ',',
+        value_parser = PublicOrigin::parse
+    )]
+    pub public_origins: Vec<PublicOrigin>,
 
     /// The model: `scripted` (offline, the default) or `openai` (any OpenAI-compatible API; its key, if it needs
     /// one, comes from the environment variable OPENAI_API_KEY, never from a flag).
@@ -159,5 +183,52 @@ mod tests {
         let error = Config::try_parse_from(["toolgate", "--rules", "delete_file"]).unwrap_err();
         assert!(error.to_string().contains("tool=allow|ask|deny"));
         assert!(Config::try_parse_from(["toolgate", "--approval-timeout-secs", "0"]).is_err());
+    }
+
+    #[test]
+    fn the_token_is_optional_validated_and_never_printed() {
+        let config = Config::try_parse_from(["toolgate"]).unwrap();
+        assert_eq!(config.token, None);
+        assert!(config.public_origins.is_empty());
+        let config =
+            Config::try_parse_from(["toolgate", "--token", "tok-3f9a1c77e2b54d08"]).unwrap();
+        assert_eq!(
+            config.token,
+            Some(AccessToken::parse("tok-3f9a1c77e2b54d08").unwrap())
+        );
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("tok-3f9a1c77e2b54d08"), "{printed}");
+        assert!(printed.contains("AccessToken(<redacted>)"), "{printed}");
+        let error = Config::try_parse_from(["toolgate", "--token", "two words"]).unwrap_err();
+        assert!(error.to_string().contains("printable ASCII"), "{error}");
+        assert!(Config::try_parse_from(["toolgate", "--token", ""]).is_err());
+    }
+
+    #[test]
+    fn public_origins_repeat_or_come_comma_separated_and_are_normalized() {
+        let config = Config::try_parse_from([
+            "toolgate",
+            "--public-origin",
+            "https://Toolgate.example.com/",
+            "--public-origin",
+            "http://127.0.0.1:3000,http://localhost:3000",
+        ])
+        .unwrap();
+        let origins: Vec<&str> = config
+            .public_origins
+            .iter()
+            .map(PublicOrigin::as_str)
+            .collect();
+        assert_eq!(
+            origins,
+            [
+                "https://toolgate.example.com",
+                "http://127.0.0.1:3000",
+                "http://localhost:3000"
+            ]
+        );
+        let error = Config::try_parse_from(["toolgate", "--public-origin", "toolgate.example.com"])
+            .unwrap_err();
+        assert!(error.to_string().contains("is not an origin"), "{error}");
     }
 }

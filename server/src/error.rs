@@ -45,7 +45,9 @@ impl ApiError {
             Self::ApprovalNotFound(_) | Self::RunNotFound(_) | Self::NoRoute => {
                 StatusCode::NOT_FOUND
             }
-            Self::Start(StartError::SessionBusy(_)) => StatusCode::CONFLICT,
+            Self::Start(StartError::SessionBusy(_) | StartError::RunIdTaken(_)) => {
+                StatusCode::CONFLICT
+            }
             Self::Start(StartError::PolicyTooLoose { .. }) | Self::Forbidden(_) => {
                 StatusCode::FORBIDDEN
             }

@@ -1,10 +1,12 @@
 //! toolgate's server: configuration, the HTTP API, SSE, the embedded site, and the wiring between them.
 
+pub mod agui;
 pub mod api;
 pub mod assets;
 pub mod body;
 pub mod config;
 pub mod error;
+pub mod security;
 pub mod session_cookie;
 pub mod startup;
 pub mod state;

@@ -17,11 +17,13 @@ use leptos::prelude::provide_context;
 use leptos_axum::{LeptosRoutes, generate_route_list};
 use tokio::net::TcpListener;
 
+use crate::agui;
 use crate::api;
 use crate::assets;
 use crate::body::MAX_BODY_BYTES;
 use crate::config::{Config, ModelKind};
 use crate::error::ApiError;
+use crate::security::{Security, SecurityError};
 use crate::session_cookie::ensure_session;
 use crate::state::AppState;
 
@@ -42,6 +44,8 @@ pub enum StartupError {
     },
     #[error("{0}")]
     Config(String),
+    #[error(transparent)]
+    Security(#[from] SecurityError),
 }
 
 /// A built application, bound to its address, not yet serving.
@@ -105,6 +109,8 @@ async fn api_not_found() -> ApiError {
 
 /// Builds the harness and the router, and binds the listener (port 0 picks a free port).
 pub async fn build(config: Config) -> Result<Application, StartupError> {
+    // First: a server that must not start should not create a workspace or bind a port either.
+    let security = Security::from_config(&config)?;
     let workspace =
         Workspace::open(&config.workspace).map_err(|source| StartupError::Workspace {
             path: config.workspace.display().to_string(),
@@ -146,11 +152,12 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         policy = %config.policy,
         rules = %config.rules,
         assets = assets::file_count(),
+        security = %security.describe(),
         "toolgate is ready"
     );
     Ok(Application {
         listener,
-        router: router(state),
+        router: security.protect(router(state)),
         harness,
     })
 }
@@ -173,6 +180,7 @@ fn router(state: AppState) -> Router {
             "/api/agent/approvals/{run_id}/{tool_call_id}",
             post(api::decide),
         )
+        .route("/api/agui", post(agui::run))
         .route("/api/{*rest}", any(api_not_found));
 
     let harness = state.harness.clone();

@@ -19,7 +19,9 @@ use crate::ids::RunId;
 use crate::wire::{Message, ToolCall, ToolSpec};
 
 #[cfg(feature = "openai")]
-pub use openai::{ApiKey, OpenAiConfig, OpenAiModel, OpenAiSetupError, RetryPolicy};
+pub use openai::{
+    ApiKey, OpenAiConfig, OpenAiModel, OpenAiSetupError, RetryPolicy, install_crypto_provider,
+};
 pub use scripted::ScriptedModel;
 
 /// Token counts reported by a model.

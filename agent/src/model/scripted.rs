@@ -262,65 +262,16 @@ fn shorten(text: &str, max: usize) -> String {
 /// One line about one tool result.
 fn describe(call: Option<&ToolCall>, tool_name: &str, output: &ToolOutput) -> String {
     let args = call.map(ToolCall::arguments_value).unwrap_or(Value::Null);
-    let arg = |field: &str| {
-        args.get(field)
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned()
-    };
     match output {
-        ToolOutput::Ok { content } => match tool_name {
-            "list_files" => {
-                let names: Vec<&str> = content["entries"]
-                    .as_array()
-                    .map(|entries| entries.iter().filter_map(|e| e["name"].as_str()).collect())
-                    .unwrap_or_default();
-                let place = content["path"].as_str().unwrap_or(".");
-                if names.is_empty() {
-                    format!("list_files found nothing in {place}.")
-                } else {
-                    let shown: Vec<&str> = names.iter().copied().take(20).collect();
-                    let more = names.len().saturating_sub(shown.len());
-                    let more = if more > 0 {
-                        format!(" and {more} more")
-                    } else {
-                        String::new()
-                    };
-                    format!(
-                        "list_files found {} in {place}: {}{more}.",
-                        names.len(),
-                        shown.join(", ")
-                    )
-                }
-            }
-            "read_file" => format!(
-                "read_file read {}: \"{}\"",
-                arg("path"),
-                shorten(content["content"].as_str().unwrap_or(""), 400)
-            ),
-            "write_file" => format!(
-                "write_file wrote {} bytes to {}.",
-                content["bytes"],
-                content["path"].as_str().unwrap_or("the file")
-            ),
-            "delete_file" => format!("delete_file deleted {}.", arg("path")),
-            "run_command" => {
-                let stdout = shorten(content["stdout"].as_str().unwrap_or(""), 400);
-                let exit = &content["exitCode"];
-                if stdout.is_empty() {
-                    format!(
-                        "run_command ran {} (exit code {exit}) with no output.",
-                        arg("command")
-                    )
-                } else {
-                    format!(
-                        "run_command ran {} (exit code {exit}): {stdout}",
-                        arg("command")
-                    )
-                }
-            }
-            other => format!("{other} returned {}", shorten(&content.to_string(), 400)),
-        },
+        // A person changed the call before approving it: say so, and describe what really ran.
+        ToolOutput::Ok { content } if content.get("editedArguments").is_some() => {
+            let edited = &content["editedArguments"];
+            format!(
+                "{tool_name} ran with arguments edited by a person ({edited}): {}",
+                describe_ok(tool_name, edited, &content["result"])
+            )
+        }
+        ToolOutput::Ok { content } => describe_ok(tool_name, &args, content),
         ToolOutput::Error {
             code: ToolErrorCode::ApprovalDenied,
             message,
@@ -338,6 +289,68 @@ fn describe(call: Option<&ToolCall>, tool_name: &str, output: &ToolOutput) -> St
         ToolOutput::Error { code, message } => {
             format!("{tool_name} failed ({}): {message}", code.as_str())
         }
+    }
+}
+
+/// One line about a successful call that ran with `args`.
+fn describe_ok(tool_name: &str, args: &Value, content: &Value) -> String {
+    let arg = |field: &str| {
+        args.get(field)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    match tool_name {
+        "list_files" => {
+            let names: Vec<&str> = content["entries"]
+                .as_array()
+                .map(|entries| entries.iter().filter_map(|e| e["name"].as_str()).collect())
+                .unwrap_or_default();
+            let place = content["path"].as_str().unwrap_or(".");
+            if names.is_empty() {
+                format!("list_files found nothing in {place}.")
+            } else {
+                let shown: Vec<&str> = names.iter().copied().take(20).collect();
+                let more = names.len().saturating_sub(shown.len());
+                let more = if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                };
+                format!(
+                    "list_files found {} in {place}: {}{more}.",
+                    names.len(),
+                    shown.join(", ")
+                )
+            }
+        }
+        "read_file" => format!(
+            "read_file read {}: \"{}\"",
+            arg("path"),
+            shorten(content["content"].as_str().unwrap_or(""), 400)
+        ),
+        "write_file" => format!(
+            "write_file wrote {} bytes to {}.",
+            content["bytes"],
+            content["path"].as_str().unwrap_or("the file")
+        ),
+        "delete_file" => format!("delete_file deleted {}.", arg("path")),
+        "run_command" => {
+            let stdout = shorten(content["stdout"].as_str().unwrap_or(""), 400);
+            let exit = &content["exitCode"];
+            if stdout.is_empty() {
+                format!(
+                    "run_command ran {} (exit code {exit}) with no output.",
+                    arg("command")
+                )
+            } else {
+                format!(
+                    "run_command ran {} (exit code {exit}): {stdout}",
+                    arg("command")
+                )
+            }
+        }
+        other => format!("{other} returned {}", shorten(&content.to_string(), 400)),
     }
 }
 

@@ -27,6 +27,8 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(configure: impl FnOnce(&mut Config)) -> TestApp {
+    // The workspace builds reqwest with rustls but no compiled-in crypto provider; the test client needs one.
+    agent::model::install_crypto_provider();
     let workspace = tempfile::tempdir().expect("a temporary workspace");
     let mut config = Config::for_tests(workspace.path());
     config.log = "warn".into();

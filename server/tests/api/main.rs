@@ -2,7 +2,9 @@
 
 mod helpers;
 
+mod agui;
 mod bodies;
 mod runs;
+mod security;
 mod seed;
 mod streaming;

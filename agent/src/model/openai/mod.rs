@@ -555,7 +555,7 @@ fn describe(error: &reqwest::Error) -> String {
 
 /// reqwest is built without a TLS crypto provider so that none is compiled in that needs cmake (aws-lc); ring is
 /// ours, installed as the process default once. If something else installed a provider first, that one serves.
-fn install_crypto_provider() {
+pub fn install_crypto_provider() {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         let _ = rustls::crypto::ring::default_provider().install_default();

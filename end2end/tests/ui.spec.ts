@@ -1,0 +1,79 @@
+import { expect, test } from "@playwright/test";
+import { card, openPage, screenshot, send } from "./helpers";
+
+function unique(name: string) {
+  return `${name}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 6)}.txt`;
+}
+
+test("a person can decide with the keyboard alone", async ({ page }, testInfo) => {
+  await openPage(page);
+  await page.getByLabel("Message", { exact: true }).fill(`delete ${unique("keys")}`);
+  await page.keyboard.press("Enter");
+  const pending = card(page, "delete_file");
+  // Focus moves to the new card (the card itself, so a stray Enter cannot approve anything)...
+  await expect(pending).toBeFocused();
+  await page.keyboard.press("Enter");
+  await expect(pending).toBeVisible();
+  // ...and the buttons are the next stops.
+  await page.keyboard.press("Tab");
+  await expect(pending.getByRole("button", { name: "Approve", exact: true })).toBeFocused();
+  await screenshot(page, testInfo, "keyboard-focus");
+  await page.keyboard.press("Tab");
+  await expect(pending.getByRole("button", { name: "Approve for session" })).toBeFocused();
+  await page.keyboard.press("Tab");
+  await expect(pending.getByLabel("Reason (optional)")).toBeFocused();
+  await page.keyboard.type("not by keyboard");
+  await page.keyboard.press("Tab");
+  await expect(pending.getByRole("button", { name: "Deny" })).toBeFocused();
+  await page.keyboard.press("Enter");
+  await expect(pending).toHaveCount(0);
+  await expect(page.locator(".tool-call .resolution")).toHaveText("The user denied this tool call: not by keyboard");
+});
+
+test("the page reads well in a narrow window", async ({ page }, testInfo) => {
+  await page.setViewportSize({ width: 375, height: 740 });
+  await openPage(page);
+  await send(page, `write ${unique("narrow")}: a and delete ${unique("narrow")}`);
+  await expect(page.locator(".approval-card")).toHaveCount(2);
+  // Nothing is wider than the screen.
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  expect(overflow).toBeLessThanOrEqual(0);
+  for (const button of await page.locator(".approval-card button").all()) {
+    const box = await button.boundingBox();
+    expect(box!.x + box!.width).toBeLessThanOrEqual(375);
+  }
+  await screenshot(page, testInfo, "narrow-window");
+});
+
+test("a message that does not reach the server says so", async ({ page }, testInfo) => {
+  await openPage(page);
+  await page.route("**/api/fn/start_run", (route) => route.abort("connectionrefused"));
+  await send(page, "list files");
+  const alert = page.getByRole("alert");
+  await expect(alert).toContainText("The message was not sent");
+  await expect(page.getByLabel("Message", { exact: true })).toHaveValue("list files");
+  await screenshot(page, testInfo, "unreachable");
+  await alert.getByRole("button", { name: "Dismiss" }).click();
+  await expect(page.getByRole("alert")).toHaveCount(0);
+});
+
+test("a run that fails shows why", async ({ page }, testInfo) => {
+  await openPage(page);
+  await send(page, `delete ${unique("cancelled")}`);
+  await expect(card(page, "delete_file")).toBeVisible();
+  await page.getByRole("button", { name: "Cancel the run" }).click();
+  await expect(card(page, "delete_file")).toHaveCount(0);
+  await expect(page.locator(".turn.failed")).toHaveText("The run failed: The run was cancelled.");
+  await expect(page.locator(".tool-call .badge")).toHaveText("aborted");
+  await screenshot(page, testInfo, "run-failed");
+});
+
+test("the debug console shows each debug event with its time", async ({ page }) => {
+  await openPage(page);
+  await send(page, "list files");
+  await expect(page.locator(".turn.assistant")).toHaveCount(1);
+  await page.getByRole("button", { name: /Show debug console/ }).click();
+  const entries = page.locator("#debug-log li");
+  await expect(entries.first()).toContainText(/^\d\d:\d\d:\d\d\.\d\d\d step 1: asking the scripted model/);
+  await expect(page.locator("#debug-log")).toContainText("list_files (call_1): allow: list_files is read-only.");
+});

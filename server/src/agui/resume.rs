@@ -1,0 +1,258 @@
+//! Checking a resume against what the interrupted run issued, all or nothing, before anything executes.
+//!
+//! The peers trust the client here: the interrupted call is rebuilt from the history the client sends. toolgate
+//! keeps what it issued and refuses a resume that names another thread, comes after the interrupts expired,
+//! answers too few or too many of them (or one twice), carries a history whose interrupted calls differ from the
+//! ones issued, or carries a payload (or edited arguments) that its schema does not allow.
+
+use std::collections::{HashMap, HashSet};
+
+use agent::ids::ToolCallId;
+use agent::interrupts::{Suspension, arguments_digest};
+use agent::tools::Toolbox;
+use agent::wire::{Decision, Message, Resolution};
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use super::input::{ResumeEntry, ResumeStatus, RunInput};
+
+/// A refused resume: an HTTP status, a machine-readable code and a message a person can act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// What a resume payload may say, published in each interrupt.
+pub fn response_schema() -> Value {
+    json!({
+        "type": "object",
+        "oneOf": [
+            {
+                "description": "Approve the call, optionally with edited arguments (they must satisfy the tool's input schema) and for the rest of the thread.",
+                "properties": {
+                    "approved": {"const": true},
+                    "arguments": {"type": "object"},
+                    "scope": {"enum": ["once", "session"]},
+                    "reason": {"type": "string", "maxLength": 2000}
+                },
+                "required": ["approved"],
+                "additionalProperties": false
+            },
+            {
+                "description": "Deny the call; the reason reaches the model.",
+                "properties": {
+                    "approved": {"const": false},
+                    "reason": {"type": "string", "maxLength": 2000}
+                },
+                "required": ["approved"],
+                "additionalProperties": false
+            }
+        ]
+    })
+}
+
+fn unprocessable(code: &'static str, message: impl Into<String>) -> Refusal {
+    Refusal::new(StatusCode::UNPROCESSABLE_ENTITY, code, message)
+}
+
+/// Reads one payload as a person's decision, with the same validation as the REST route's body.
+fn decision(entry: &ResumeEntry) -> Result<Decision, Refusal> {
+    if entry.status == ResumeStatus::Cancelled {
+        return Ok(Decision::Deny {
+            reason: Some("the approval was cancelled".to_owned()),
+        });
+    }
+    let invalid = |detail: String| {
+        unprocessable(
+            "INVALID_RESUME_PAYLOAD",
+            format!(
+                "The answer to interrupt {} does not match its responseSchema: {detail}",
+                entry.interrupt_id
+            ),
+        )
+    };
+    let Some(Value::Object(payload)) = &entry.payload else {
+        return Err(invalid(
+            "a resolved entry needs an object payload".to_owned(),
+        ));
+    };
+    let unknown: Vec<&str> = payload
+        .keys()
+        .map(String::as_str)
+        .filter(|key| !["approved", "arguments", "scope", "reason"].contains(key))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(invalid(format!("unknown field(s) {}", unknown.join(", "))));
+    }
+    let approved = match payload.get("approved") {
+        Some(Value::Bool(approved)) => *approved,
+        _ => return Err(invalid("approved must be true or false".to_owned())),
+    };
+    let mut body = payload.clone();
+    body.remove("approved");
+    body.insert(
+        "decision".to_owned(),
+        Value::String(if approved { "approve" } else { "deny" }.to_owned()),
+    );
+    Decision::from_json(&Value::Object(body)).map_err(|errors| invalid(errors.to_string()))
+}
+
+/// The interrupted calls as the client's history has them.
+fn history_calls(messages: &[Message]) -> HashMap<&ToolCallId, (&str, Option<String>)> {
+    messages
+        .iter()
+        .filter_map(|message| match message {
+            Message::Assistant { tool_calls, .. } => Some(tool_calls),
+            _ => None,
+        })
+        .flatten()
+        .map(|call| {
+            let digest = serde_json::from_str::<Value>(&call.arguments)
+                .ok()
+                .map(|arguments| arguments_digest(&arguments));
+            (&call.id, (call.name.as_str(), digest))
+        })
+        .collect()
+}
+
+/// Checks a resume against the suspension it answers and returns a resolution per interrupted call.
+pub fn check(
+    suspension: &Suspension,
+    input: &RunInput,
+    toolbox: &Toolbox,
+    now_ms: u64,
+) -> Result<HashMap<ToolCallId, Resolution>, Refusal> {
+    if suspension.session_id != input.thread_id {
+        return Err(Refusal::new(
+            StatusCode::CONFLICT,
+            "THREAD_MISMATCH",
+            format!(
+                "Run {} belongs to thread {}, not {}.",
+                suspension.run_id, suspension.session_id, input.thread_id
+            ),
+        ));
+    }
+    if now_ms >= suspension.expires_at() {
+        return Err(Refusal::new(
+            StatusCode::GONE,
+            "INTERRUPT_EXPIRED",
+            format!(
+                "The interrupts of run {} expired; nothing was run. Start a new run instead.",
+                suspension.run_id
+            ),
+        ));
+    }
+
+    let entries = input.resume.as_deref().unwrap_or_default();
+    let issued: HashMap<&str, _> = suspension
+        .interrupts
+        .iter()
+        .map(|issued| (issued.request.id.as_str(), issued))
+        .collect();
+    let mut answered = HashSet::new();
+    for entry in entries {
+        if !issued.contains_key(entry.interrupt_id.as_str()) {
+            return Err(unprocessable(
+                "UNKNOWN_INTERRUPT",
+                format!(
+                    "Run {} issued no interrupt {}.",
+                    suspension.run_id, entry.interrupt_id
+                ),
+            ));
+        }
+        if !answered.insert(entry.interrupt_id.as_str()) {
+            return Err(unprocessable(
+                "DUPLICATE_RESUME_ENTRY",
+                format!(
+                    "Interrupt {} is answered more than once.",
+                    entry.interrupt_id
+                ),
+            ));
+        }
+    }
+    let missing: Vec<&str> = suspension
+        .interrupts
+        .iter()
+        .map(|issued| issued.request.id.as_str())
+        .filter(|id| !answered.contains(id))
+        .collect();
+    if !missing.is_empty() {
+        return Err(unprocessable(
+            "INCOMPLETE_RESUME",
+            format!(
+                "The resume must answer every open interrupt of run {} exactly once; missing: {}.",
+                suspension.run_id,
+                missing.join(", ")
+            ),
+        ));
+    }
+
+    let history = history_calls(&input.messages);
+    for issued in &suspension.interrupts {
+        let request = &issued.request;
+        let mismatch = |detail: &str| {
+            Refusal::new(
+                StatusCode::CONFLICT,
+                "HISTORY_MISMATCH",
+                format!(
+                    "The history's tool call {} ({}) {detail}; nothing was run.",
+                    request.tool_call_id, request.tool_name
+                ),
+            )
+        };
+        match history.get(&request.tool_call_id) {
+            None => return Err(mismatch("is missing")),
+            Some((name, _)) if *name != request.tool_name => {
+                return Err(mismatch("names another tool"));
+            }
+            Some((_, digest)) if digest.as_deref() != Some(issued.digest.as_str()) => {
+                return Err(mismatch(
+                    "has arguments that differ from the ones approval was asked for",
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+
+    let mut resolutions = HashMap::with_capacity(entries.len());
+    for entry in entries {
+        let Some(issued) = issued.get(entry.interrupt_id.as_str()) else {
+            continue;
+        };
+        let decision = decision(entry)?;
+        if let Decision::Approve {
+            arguments: Some(arguments),
+            ..
+        } = &decision
+        {
+            toolbox
+                .validate(&issued.request.tool_name, arguments)
+                .map_err(|error| {
+                    unprocessable(
+                        "INVALID_ARGUMENTS",
+                        format!(
+                            "The edited arguments for interrupt {} do not fit {}: {}",
+                            entry.interrupt_id, issued.request.tool_name, error.message
+                        ),
+                    )
+                })?;
+        }
+        resolutions.insert(
+            issued.request.tool_call_id.clone(),
+            Resolution::from_decision(decision),
+        );
+    }
+    Ok(resolutions)
+}

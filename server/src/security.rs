@@ -1,0 +1,549 @@
+//! Who may do what. One layer over the whole router, so a route added later is covered without anyone
+//! remembering to:
+//!
+//! 1. Without a token, the server listens on loopback only (checked at start-up) and answers only requests whose
+//!    `Host` is a loopback name or a `--public-origin` host: a web page cannot reach it by DNS rebinding, which
+//!    would otherwise make the attacker's page "same-origin" with it.
+//! 2. Every request that is not GET, HEAD or OPTIONS must not come from another origin: `Sec-Fetch-Site`, when
+//!    sent, must be `same-origin` or `none`, and `Origin`, when sent, must be the server's own origin (each of
+//!    `--public-origin`, or `http://{Host}` without it). Refused requests get a 403 and never reach a handler, so
+//!    nothing changes. Requests with neither header (curl, scripts) pass this check; the token decides for them.
+//! 3. With a token, every route except `GET /healthz` and the login page needs `Authorization: Bearer <token>` or
+//!    the login cookie; a state-changing request that authenticates with the cookie must also carry `Origin` or
+//!    `Sec-Fetch-Site` (browsers always do), so the cookie alone, which a browser attaches by itself, never
+//!    suffices. Pages without credentials redirect to `/login`; everything else gets a 401.
+//!
+//! Every response also refuses to be framed by another page, so nobody can trick a person into pressing Approve
+//! through an invisible frame.
+
+pub mod login;
+pub mod origin;
+pub mod token;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+pub use origin::PublicOrigin;
+pub use token::AccessToken;
+
+use crate::config::Config;
+use crate::error::ApiError;
+use origin::{Authority, FetchSite};
+use token::{AUTH_COOKIE, Credentials, RandomUnavailable};
+
+/// Why the server refuses to start.
+#[derive(Debug, thiserror::Error)]
+pub enum SecurityError {
+    #[error(
+        "refusing to listen on {addr} without an access token: anyone who can reach that address could start runs and approve tool calls that write files and run commands. Set a token with --token or the environment variable TOOLGATE_TOKEN (people then log in at /login, scripts send Authorization: Bearer <token>), or listen on a loopback address only, for example --addr 127.0.0.1:3000."
+    )]
+    ExposedWithoutToken { addr: SocketAddr },
+    #[error("cannot set up the access token: {0}")]
+    Random(#[from] RandomUnavailable),
+}
+
+/// Where a state-changing request says it comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Provenance {
+    /// A browser marked it as coming from our own origin (or from the person, not a page).
+    OwnPage,
+    /// No `Origin`, no `Sec-Fetch-Site`: not a browser's request, or a very old browser.
+    Unmarked,
+}
+
+/// Why a request was refused. The messages say why and what to do; none repeats a credential.
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    ForeignHost {
+        host: String,
+    },
+    MalformedHeader {
+        name: &'static str,
+    },
+    FetchSite {
+        value: String,
+    },
+    OpaqueOrigin,
+    ForeignOrigin {
+        origin: String,
+        expected: Vec<String>,
+    },
+    CookieWithoutOrigin,
+    WrongToken,
+    NoCredentials {
+        page: bool,
+    },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ForeignHost { host } => write!(
+                f,
+                "Request refused: it is addressed to {host:?}, which is not a loopback name. Without an access token toolgate answers only requests addressed to localhost or a loopback address, so that no web page can reach it by DNS rebinding. Start it with --token, or list this address with --public-origin."
+            ),
+            Self::MalformedHeader { name } => write!(
+                f,
+                "Request refused: its {name} header is malformed or repeated."
+            ),
+            Self::FetchSite { value } => write!(
+                f,
+                "Cross-site request refused: the browser marked it Sec-Fetch-Site: {value}, so it comes from a page that is not toolgate's own. Only toolgate's own page may start, decide or cancel anything."
+            ),
+            Self::OpaqueOrigin => f.write_str(
+                "Cross-site request refused: it comes from an opaque origin (Origin: null), such as a sandboxed frame or a local file. Only toolgate's own page may start, decide or cancel anything.",
+            ),
+            Self::ForeignOrigin { origin, expected } => write!(
+                f,
+                "Cross-site request refused: it comes from a page at {origin}, which is not this server's origin ({}). Only toolgate's own page may start, decide or cancel anything. If you reach toolgate through a proxy, list that address with --public-origin.",
+                if expected.is_empty() {
+                    "unknown: the request has no Host header".to_owned()
+                } else {
+                    expected.join(", ")
+                }
+            ),
+            Self::CookieWithoutOrigin => f.write_str(
+                "Request refused: it is authenticated only by the login cookie and carries no Origin header, so it cannot be told apart from a forged one. Browsers send Origin by themselves; scripts should send Authorization: Bearer <token>.",
+            ),
+            Self::WrongToken => f.write_str(
+                "The access token is wrong. Send Authorization: Bearer <token> with the token the server was started with.",
+            ),
+            Self::NoCredentials { .. } => f.write_str(
+                "This server needs its access token: send Authorization: Bearer <token>, or log in at /login.",
+            ),
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Self::NoCredentials { page: true } => {
+                (StatusCode::SEE_OTHER, [(header::LOCATION, "/login")]).into_response()
+            }
+            Self::WrongToken | Self::NoCredentials { page: false } => {
+                let mut response = ApiError::Unauthorized(self.to_string()).into_response();
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"toolgate\""),
+                );
+                response
+            }
+            other => ApiError::Forbidden(other.to_string()).into_response(),
+        }
+    }
+}
+
+struct Policy {
+    /// `--public-origin`; when empty, the server's origin is `http://{Host}`.
+    origins: Vec<PublicOrigin>,
+    credentials: Option<Credentials>,
+}
+
+/// The security policy of one server, built from its configuration.
+#[derive(Clone)]
+pub struct Security {
+    policy: Arc<Policy>,
+}
+
+impl fmt::Debug for Security {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Security")
+            .field("origins", &self.policy.origins)
+            .field("token", &self.policy.credentials.is_some())
+            .finish()
+    }
+}
+
+/// The one value of a header that must appear at most once.
+fn single<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+    shown: &'static str,
+) -> Result<Option<&'a HeaderValue>, Refusal> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    match values.next() {
+        Some(_) => Err(Refusal::MalformedHeader { name: shown }),
+        None => Ok(first),
+    }
+}
+
+/// The token of `Authorization: Bearer <token>` (the scheme is case-insensitive).
+fn bearer(value: &HeaderValue) -> Option<&[u8]> {
+    let bytes = value.as_bytes();
+    let scheme = bytes.get(..7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then(|| bytes[7..].trim_ascii())
+}
+
+/// Every value of the cookie `name` in the request.
+fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .filter(move |(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+fn changes_state(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// What anybody may reach when a token is set: the health check and the login page.
+fn is_open(method: &Method, path: &str) -> bool {
+    match path {
+        "/healthz" => matches!(*method, Method::GET | Method::HEAD),
+        "/login" => matches!(*method, Method::GET | Method::HEAD | Method::POST),
+        _ => false,
+    }
+}
+
+fn is_api(path: &str) -> bool {
+    path == "/api" || path.starts_with("/api/")
+}
+
+impl Security {
+    /// The policy for `config`; refuses a non-loopback address without a token.
+    pub fn from_config(config: &Config) -> Result<Self, SecurityError> {
+        if config.token.is_none() && !config.addr.ip().to_canonical().is_loopback() {
+            return Err(SecurityError::ExposedWithoutToken { addr: config.addr });
+        }
+        let credentials = config.token.as_ref().map(Credentials::new).transpose()?;
+        if config.token.as_ref().is_some_and(AccessToken::is_short) {
+            tracing::warn!(
+                "the access token is shorter than 16 characters; use a long random one (for example `openssl rand -hex 32`)"
+            );
+        }
+        Ok(Self {
+            policy: Arc::new(Policy {
+                origins: config.public_origins.clone(),
+                credentials,
+            }),
+        })
+    }
+
+    /// For the start-up log line: how requests are authenticated, never the token.
+    pub fn describe(&self) -> String {
+        let auth = if self.policy.credentials.is_some() {
+            "access token (log in at /login)"
+        } else {
+            "none (loopback only)"
+        };
+        let origins = if self.policy.origins.is_empty() {
+            "http://{Host}".to_owned()
+        } else {
+            self.policy
+                .origins
+                .iter()
+                .map(PublicOrigin::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!("auth: {auth}; origins: {origins}")
+    }
+
+    fn credentials(&self) -> Option<&Credentials> {
+        self.policy.credentials.as_ref()
+    }
+
+    /// Whether the request carries a valid login cookie.
+    fn has_login_cookie(&self, headers: &HeaderMap) -> bool {
+        self.credentials().is_some_and(|credentials| {
+            cookies(headers, AUTH_COOKIE).any(|value| credentials.is_cookie(value.as_bytes()))
+        })
+    }
+
+    /// Adds the login page (when a token is set) and puts every route, present and fallback, behind the checks.
+    pub fn protect(&self, router: Router) -> Router {
+        let router = match self.credentials() {
+            Some(_) => router.merge(login::routes(self.clone())),
+            None => router,
+        };
+        router.layer(axum::middleware::from_fn_with_state(self.clone(), guard))
+    }
+
+    fn admit(&self, method: &Method, path: &str, headers: &HeaderMap) -> Result<(), Refusal> {
+        let host = match single(headers, &header::HOST, "Host")? {
+            Some(value) => Some(
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(Authority::parse)
+                    .ok_or(Refusal::MalformedHeader { name: "Host" })?,
+            ),
+            None => None,
+        };
+        if self.credentials().is_none() {
+            self.check_host(host.as_ref())?;
+        }
+        let provenance = if changes_state(method) {
+            self.check_origin(host.as_ref(), headers)?
+        } else {
+            Provenance::Unmarked
+        };
+        match self.credentials() {
+            Some(credentials) if !is_open(method, path) => {
+                self.check_credentials(credentials, method, path, headers, provenance)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn check_host(&self, host: Option<&Authority>) -> Result<(), Refusal> {
+        match host {
+            // Browsers always send Host; a request without one is not a rebinding page's.
+            None => Ok(()),
+            Some(host)
+                if host.is_loopback()
+                    || self
+                        .policy
+                        .origins
+                        .iter()
+                        .any(|origin| origin.authority().host == host.host) =>
+            {
+                Ok(())
+            }
+            Some(host) => Err(Refusal::ForeignHost {
+                host: host.host.clone(),
+            }),
+        }
+    }
+
+    fn check_origin(
+        &self,
+        host: Option<&Authority>,
+        headers: &HeaderMap,
+    ) -> Result<Provenance, Refusal> {
+        let mut provenance = Provenance::Unmarked;
+        if let Some(value) = single(headers, &SEC_FETCH_SITE, "Sec-Fetch-Site")? {
+            match FetchSite::parse(value.as_bytes()) {
+                Some(site) if site.is_allowed() => provenance = Provenance::OwnPage,
+                _ => {
+                    return Err(Refusal::FetchSite {
+                        value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                    });
+                }
+            }
+        }
+        if let Some(value) = single(headers, &header::ORIGIN, "Origin")? {
+            let raw = String::from_utf8_lossy(value.as_bytes());
+            if raw == "null" {
+                return Err(Refusal::OpaqueOrigin);
+            }
+            let expected: Vec<PublicOrigin> = if self.policy.origins.is_empty() {
+                host.map(PublicOrigin::from_host).into_iter().collect()
+            } else {
+                self.policy.origins.clone()
+            };
+            match PublicOrigin::parse(&raw) {
+                Ok(origin) if expected.contains(&origin) => provenance = Provenance::OwnPage,
+                _ => {
+                    return Err(Refusal::ForeignOrigin {
+                        origin: raw.into_owned(),
+                        expected: expected.iter().map(|o| o.as_str().to_owned()).collect(),
+                    });
+                }
+            }
+        }
+        Ok(provenance)
+    }
+
+    fn check_credentials(
+        &self,
+        credentials: &Credentials,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        provenance: Provenance,
+    ) -> Result<(), Refusal> {
+        if let Some(value) = single(headers, &header::AUTHORIZATION, "Authorization")? {
+            // A wrong token is wrong even with a good cookie: a script should learn its token is stale.
+            return match bearer(value) {
+                Some(token) if credentials.is_token(token) => Ok(()),
+                _ => Err(Refusal::WrongToken),
+            };
+        }
+        if self.has_login_cookie(headers) {
+            if changes_state(method) && provenance == Provenance::Unmarked {
+                return Err(Refusal::CookieWithoutOrigin);
+            }
+            return Ok(());
+        }
+        Err(Refusal::NoCredentials {
+            page: matches!(*method, Method::GET | Method::HEAD) && !is_api(path),
+        })
+    }
+}
+
+const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
+
+/// Headers every response carries: no framing by other pages (clickjacking the Approve button), no MIME sniffing,
+/// and no embedding of our responses by other origins.
+fn harden(headers: &mut HeaderMap) {
+    let defaults = [
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::CONTENT_SECURITY_POLICY, "frame-ancestors 'none'"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (
+            HeaderName::from_static("cross-origin-resource-policy"),
+            "same-origin",
+        ),
+    ];
+    for (name, value) in defaults {
+        if !headers.contains_key(&name) {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+    }
+}
+
+async fn guard(State(security): State<Security>, request: Request, next: Next) -> Response {
+    let verdict = security.admit(request.method(), request.uri().path(), request.headers());
+    let mut response = match verdict {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => {
+            if !matches!(refusal, Refusal::NoCredentials { page: true }) {
+                tracing::warn!(
+                    method = %request.method(),
+                    path = request.uri().path(),
+                    reason = %refusal,
+                    "refused a request"
+                );
+            }
+            refusal.into_response()
+        }
+    };
+    harden(response.headers_mut());
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn security(args: &[&str]) -> Security {
+        let mut argv = vec!["toolgate"];
+        argv.extend_from_slice(args);
+        Security::from_config(&Config::parse_from(argv)).unwrap()
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn a_non_loopback_address_without_a_token_refuses_to_start() {
+        for addr in ["0.0.0.0:3000", "[::]:3000", "192.168.1.20:3000"] {
+            let config = Config::parse_from(["toolgate", "--addr", addr]);
+            let error = Security::from_config(&config).unwrap_err().to_string();
+            assert!(
+                error.starts_with(&format!(
+                    "refusing to listen on {addr} without an access token"
+                )),
+                "{error}"
+            );
+            assert!(error.contains("--token"), "{error}");
+        }
+        for addr in ["127.0.0.1:3000", "127.0.0.2:3000", "[::1]:3000"] {
+            assert!(
+                Security::from_config(&Config::parse_from(["toolgate", "--addr", addr])).is_ok()
+            );
+        }
+        let config = Config::parse_from([
+            "toolgate",
+            "--addr",
+            "0.0.0.0:3000",
+            "--token",
+            "a-long-enough-token",
+        ]);
+        assert!(Security::from_config(&config).is_ok());
+    }
+
+    #[test]
+    fn the_description_names_the_mode_and_never_the_token() {
+        let open = security(&[]);
+        assert_eq!(
+            open.describe(),
+            "auth: none (loopback only); origins: http://{Host}"
+        );
+        let closed = security(&[
+            "--token",
+            "a-long-enough-token",
+            "--public-origin",
+            "https://a.example",
+        ]);
+        assert_eq!(
+            closed.describe(),
+            "auth: access token (log in at /login); origins: https://a.example"
+        );
+        assert!(!format!("{closed:?}").contains("a-long-enough-token"));
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_with_any_case_of_the_scheme() {
+        assert_eq!(
+            bearer(&HeaderValue::from_static("Bearer abc")),
+            Some(&b"abc"[..])
+        );
+        assert_eq!(
+            bearer(&HeaderValue::from_static("bearer  abc ")),
+            Some(&b"abc"[..])
+        );
+        assert_eq!(bearer(&HeaderValue::from_static("Basic abc")), None);
+        assert_eq!(bearer(&HeaderValue::from_static("Bearer")), None);
+    }
+
+    #[test]
+    fn reads_pass_the_origin_check_and_writes_do_not() {
+        let open = security(&[]);
+        let evil = headers(&[
+            ("host", "127.0.0.1:3000"),
+            ("origin", "http://evil.example"),
+        ]);
+        assert_eq!(
+            open.admit(&Method::GET, "/api/agent/approvals", &evil),
+            Ok(())
+        );
+        assert!(matches!(
+            open.admit(&Method::POST, "/api/anything-added-later", &evil),
+            Err(Refusal::ForeignOrigin { .. })
+        ));
+        assert!(matches!(
+            open.admit(&Method::DELETE, "/api/x", &evil),
+            Err(Refusal::ForeignOrigin { .. })
+        ));
+    }
+
+    #[test]
+    fn repeated_origin_headers_are_refused() {
+        let open = security(&[]);
+        let twice = headers(&[
+            ("host", "127.0.0.1:3000"),
+            ("origin", "http://127.0.0.1:3000"),
+            ("origin", "http://evil.example"),
+        ]);
+        assert_eq!(
+            open.admit(&Method::POST, "/api/agent/runs", &twice),
+            Err(Refusal::MalformedHeader { name: "Origin" })
+        );
+    }
+}

@@ -1,0 +1,553 @@
+//! `POST /api/agui`: approvals as AG-UI interrupts, and every way a resume can be wrong.
+
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::helpers::{PATIENCE, TestApp, spawn_app, spawn_app_with};
+
+/// What one AG-UI request gave back: its status, and its events when it streamed.
+struct Answer {
+    status: u16,
+    events: Vec<Value>,
+    body: Value,
+}
+
+impl Answer {
+    fn of_type(&self, kind: &str) -> Vec<&Value> {
+        self.events.iter().filter(|e| e["type"] == kind).collect()
+    }
+
+    fn finished(&self) -> &Value {
+        let last = self.events.last().expect("the run streamed events");
+        assert_eq!(last["type"], "RUN_FINISHED", "{:#?}", self.events);
+        last
+    }
+
+    fn interrupts(&self) -> Vec<Value> {
+        let finished = self.finished();
+        assert_eq!(finished["outcome"]["type"], "interrupt");
+        finished["outcome"]["interrupts"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    /// The conversation the run ended with, as the client should send it next.
+    fn snapshot(&self) -> Vec<Value> {
+        let snapshot = self.of_type("MESSAGES_SNAPSHOT");
+        assert_eq!(snapshot.len(), 1);
+        snapshot[0]["messages"].as_array().unwrap().clone()
+    }
+
+    fn refused(&self, status: u16, code: &str) {
+        assert_eq!(self.status, status, "{}", self.body);
+        assert_eq!(self.body["code"], code, "{}", self.body);
+        assert_eq!(self.body["ok"], false);
+    }
+}
+
+async fn agui(app: &TestApp, body: Value) -> Answer {
+    let response = app.post_json("/api/agui", &body).await;
+    let status = response.status().as_u16();
+    if status != 200 {
+        let body = response.json().await.unwrap_or(Value::Null);
+        return Answer {
+            status,
+            events: Vec::new(),
+            body,
+        };
+    }
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let mut stream = response.bytes_stream().eventsource();
+    let mut events = Vec::new();
+    while let Some(event) = tokio::time::timeout(PATIENCE, stream.next())
+        .await
+        .expect("AG-UI events arrive")
+    {
+        let event = event.expect("a well-formed SSE event");
+        events.push(serde_json::from_str::<Value>(&event.data).expect("AG-UI events are JSON"));
+    }
+    Answer {
+        status,
+        events,
+        body: Value::Null,
+    }
+}
+
+fn user(text: &str) -> Value {
+    json!({"id": "m-user", "role": "user", "content": text})
+}
+
+fn start(thread: &str, run: &str, text: &str) -> Value {
+    json!({"threadId": thread, "runId": run, "messages": [user(text)], "tools": [], "context": [], "state": {}, "forwardedProps": {}})
+}
+
+fn resume(thread: &str, run: &str, parent: &str, messages: Vec<Value>, entries: Value) -> Value {
+    json!({"threadId": thread, "runId": run, "parentRunId": parent, "messages": messages, "resume": entries, "tools": [], "context": []})
+}
+
+fn approve(interrupt: &Value) -> Value {
+    json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true}})
+}
+
+fn deny(interrupt: &Value, reason: &str) -> Value {
+    json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": false, "reason": reason}})
+}
+
+#[tokio::test]
+async fn one_approval_interrupts_the_run_and_the_resume_runs_the_tool() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("a.txt"), "a").unwrap();
+    let first = agui(&app, start("thread-1", "run-1", "delete a.txt")).await;
+    assert_eq!(first.status, 200);
+    let types: Vec<&str> = first
+        .events
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "RUN_STARTED",
+            "TOOL_CALL_START",
+            "TOOL_CALL_ARGS",
+            "TOOL_CALL_END",
+            "MESSAGES_SNAPSHOT",
+            "RUN_FINISHED"
+        ]
+    );
+    assert_eq!(
+        first.events[0],
+        json!({"type": "RUN_STARTED", "threadId": "thread-1", "runId": "run-1"})
+    );
+    let interrupts = first.interrupts();
+    assert_eq!(interrupts.len(), 1);
+    let interrupt = &interrupts[0];
+    assert_eq!(interrupt["reason"], "tool_call");
+    assert_eq!(interrupt["toolCallId"], "call_1");
+    assert_eq!(interrupt["message"], "delete_file is destructive.");
+    assert!(interrupt["responseSchema"]["oneOf"].is_array());
+    assert!(interrupt["expiresAt"].as_str().unwrap().ends_with('Z'));
+    assert!(app.file("a.txt").exists(), "nothing ran before the resume");
+
+    let second = agui(
+        &app,
+        resume(
+            "thread-1",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([approve(interrupt)]),
+        ),
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.body);
+    assert_eq!(second.events[0]["parentRunId"], "run-1");
+    let results = second.of_type("TOOL_CALL_RESULT");
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0]["toolCallId"], "call_1");
+    assert!(
+        second.of_type("TOOL_CALL_START").is_empty(),
+        "a resumed call is not replayed"
+    );
+    assert_eq!(second.finished()["outcome"]["type"], "success");
+    let text: String = second
+        .of_type("TEXT_MESSAGE_CONTENT")
+        .iter()
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "delete_file deleted a.txt.");
+    assert!(!app.file("a.txt").exists());
+    let snapshot = second.snapshot();
+    assert_eq!(
+        snapshot.last().unwrap()["content"],
+        "delete_file deleted a.txt."
+    );
+    assert!(
+        snapshot
+            .iter()
+            .any(|m| m["role"] == "tool" && m["toolCallId"] == "call_1")
+    );
+}
+
+#[tokio::test]
+async fn a_batch_of_two_resolves_each_call_its_own_way() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("a.txt"), "a").unwrap();
+    std::fs::write(app.file("b.txt"), "b").unwrap();
+    let first = agui(
+        &app,
+        start("thread-2", "run-1", "delete a.txt and delete b.txt"),
+    )
+    .await;
+    let interrupts = first.interrupts();
+    assert_eq!(interrupts.len(), 2);
+    let second = agui(
+        &app,
+        resume(
+            "thread-2",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupts[0]), deny(&interrupts[1], "b is needed")]),
+        ),
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.body);
+    assert!(!app.file("a.txt").exists());
+    assert_eq!(std::fs::read_to_string(app.file("b.txt")).unwrap(), "b");
+    let denied = second
+        .of_type("TOOL_CALL_RESULT")
+        .into_iter()
+        .find(|e| e["toolCallId"] == interrupts[1]["toolCallId"])
+        .unwrap()
+        .clone();
+    let output: Value = serde_json::from_str(denied["content"].as_str().unwrap()).unwrap();
+    assert_eq!(output["error"]["code"], "APPROVAL_DENIED");
+    assert_eq!(
+        output["error"]["message"],
+        "The user denied this tool call: b is needed. The action was not performed. Do not retry the same call; take a different approach or explain what you need in the final answer."
+    );
+}
+
+#[tokio::test]
+async fn approved_edited_arguments_run_instead_and_the_model_is_told() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("a.txt"), "a").unwrap();
+    std::fs::write(app.file("c.txt"), "c").unwrap();
+    let first = agui(&app, start("thread-3", "run-1", "delete a.txt")).await;
+    let interrupt = &first.interrupts()[0];
+    let entry = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "arguments": {"path": "c.txt"}}});
+    let second = agui(
+        &app,
+        resume(
+            "thread-3",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([entry]),
+        ),
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.body);
+    assert!(app.file("a.txt").exists());
+    assert!(!app.file("c.txt").exists());
+    let result = second.of_type("TOOL_CALL_RESULT")[0]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(result.contains("edited"), "{result}");
+    let text: String = second
+        .of_type("TEXT_MESSAGE_CONTENT")
+        .iter()
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert!(text.contains("edited by a person"), "{text}");
+    assert!(text.contains("c.txt"), "{text}");
+
+    // Edited arguments that break the tool's schema are refused, and nothing runs.
+    let first = agui(&app, start("thread-3b", "run-3", "delete a.txt")).await;
+    let interrupt = &first.interrupts()[0];
+    let entry = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "arguments": {"path": 7}}});
+    let refused = agui(
+        &app,
+        resume(
+            "thread-3b",
+            "run-4",
+            "run-3",
+            first.snapshot(),
+            json!([entry]),
+        ),
+    )
+    .await;
+    refused.refused(422, "INVALID_ARGUMENTS");
+    assert!(app.file("a.txt").exists());
+}
+
+#[tokio::test]
+async fn a_made_up_parent_run_is_refused() {
+    let app = spawn_app().await;
+    let first = agui(&app, start("thread-4", "run-1", "delete a.txt")).await;
+    let interrupt = &first.interrupts()[0];
+    let refused = agui(
+        &app,
+        resume(
+            "thread-4",
+            "run-2",
+            "run-made-up",
+            first.snapshot(),
+            json!([approve(interrupt)]),
+        ),
+    )
+    .await;
+    refused.refused(404, "UNKNOWN_PARENT_RUN");
+    // Another thread's run is not this thread's parent either.
+    let other = agui(
+        &app,
+        resume(
+            "thread-other",
+            "run-3",
+            "run-1",
+            first.snapshot(),
+            json!([approve(interrupt)]),
+        ),
+    )
+    .await;
+    other.refused(409, "THREAD_MISMATCH");
+}
+
+#[tokio::test]
+async fn a_history_whose_interrupted_call_was_edited_is_refused_and_executes_nothing() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("a.txt"), "a").unwrap();
+    std::fs::write(app.file("important.txt"), "keep").unwrap();
+    let first = agui(&app, start("thread-5", "run-1", "delete a.txt")).await;
+    let interrupt = first.interrupts()[0].clone();
+    let mut edited = first.snapshot();
+    for message in &mut edited {
+        if let Some(calls) = message.get_mut("toolCalls") {
+            calls[0]["function"]["arguments"] = json!("{\"path\":\"important.txt\"}");
+        }
+    }
+    let refused = agui(
+        &app,
+        resume(
+            "thread-5",
+            "run-2",
+            "run-1",
+            edited,
+            json!([approve(&interrupt)]),
+        ),
+    )
+    .await;
+    refused.refused(409, "HISTORY_MISMATCH");
+    assert!(app.file("important.txt").exists() && app.file("a.txt").exists());
+
+    // All or nothing: the interrupts are still open, and a faithful resume works.
+    let honest = agui(
+        &app,
+        resume(
+            "thread-5",
+            "run-3",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupt)]),
+        ),
+    )
+    .await;
+    assert_eq!(honest.status, 200, "{}", honest.body);
+    assert!(!app.file("a.txt").exists());
+    assert!(app.file("important.txt").exists());
+}
+
+#[tokio::test]
+async fn a_replayed_resume_is_refused_and_the_tool_runs_once() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("log.txt"), "").unwrap();
+    let first = agui(&app, start("thread-6", "run-1", "write log.txt: once")).await;
+    let interrupt = first.interrupts()[0].clone();
+    let body = resume(
+        "thread-6",
+        "run-2",
+        "run-1",
+        first.snapshot(),
+        json!([approve(&interrupt)]),
+    );
+    let once = agui(&app, body.clone()).await;
+    assert_eq!(once.status, 200);
+    let again = agui(&app, body).await;
+    again.refused(409, "RUN_ID_TAKEN");
+    let mut replay = resume(
+        "thread-6",
+        "run-3",
+        "run-1",
+        first.snapshot(),
+        json!([approve(&interrupt)]),
+    );
+    replay["runId"] = json!("run-3");
+    let replayed = agui(&app, replay).await;
+    replayed.refused(409, "RESUME_ALREADY_USED");
+    assert!(
+        replayed.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("already resumed by run run-2")
+    );
+    assert_eq!(once.of_type("TOOL_CALL_RESULT").len(), 1);
+}
+
+#[tokio::test]
+async fn a_partial_batch_is_refused() {
+    let app = spawn_app().await;
+    let first = agui(
+        &app,
+        start("thread-7", "run-1", "delete a.txt and delete b.txt"),
+    )
+    .await;
+    let interrupts = first.interrupts();
+    let partial = agui(
+        &app,
+        resume(
+            "thread-7",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupts[0])]),
+        ),
+    )
+    .await;
+    partial.refused(422, "INCOMPLETE_RESUME");
+    assert!(
+        partial.body["error"]
+            .as_str()
+            .unwrap()
+            .contains(interrupts[1]["id"].as_str().unwrap())
+    );
+    let twice = agui(
+        &app,
+        resume(
+            "thread-7",
+            "run-3",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupts[0]), approve(&interrupts[0])]),
+        ),
+    )
+    .await;
+    twice.refused(422, "DUPLICATE_RESUME_ENTRY");
+    let unknown = agui(
+        &app,
+        resume(
+            "thread-7",
+            "run-4",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupts[0]), approve(&interrupts[1]), {"interruptId": "int_nope", "status": "cancelled"}]),
+        ),
+    )
+    .await;
+    unknown.refused(422, "UNKNOWN_INTERRUPT");
+    let malformed = agui(
+        &app,
+        resume(
+            "thread-7",
+            "run-5",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupts[0]), {"interruptId": interrupts[1]["id"], "status": "resolved", "payload": {"approved": "yes"}}]),
+        ),
+    )
+    .await;
+    malformed.refused(422, "INVALID_RESUME_PAYLOAD");
+}
+
+#[tokio::test]
+async fn an_expired_interrupt_is_refused() {
+    let app = spawn_app_with(|config| config.approval_timeout_secs = 1).await;
+    std::fs::write(app.file("a.txt"), "a").unwrap();
+    let first = agui(&app, start("thread-8", "run-1", "delete a.txt")).await;
+    let interrupt = first.interrupts()[0].clone();
+    // The interrupt expires one second after it was issued; this test has to let that second pass.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let late = agui(
+        &app,
+        resume(
+            "thread-8",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupt)]),
+        ),
+    )
+    .await;
+    late.refused(410, "INTERRUPT_EXPIRED");
+    assert!(app.file("a.txt").exists());
+}
+
+#[tokio::test]
+async fn a_thread_waiting_for_a_resume_refuses_a_new_run_and_a_cancel_frees_it() {
+    let app = spawn_app().await;
+    let first = agui(&app, start("thread-9", "run-1", "delete a.txt")).await;
+    let interrupt = first.interrupts()[0].clone();
+    let blocked = agui(&app, start("thread-9", "run-2", "list files")).await;
+    blocked.refused(409, "THREAD_INTERRUPTED");
+    // @ag-ui/client sends no parentRunId: the thread's open interrupts name it.
+    let mut cancel = resume(
+        "thread-9",
+        "run-3",
+        "ignored",
+        first.snapshot(),
+        json!([{"interruptId": interrupt["id"], "status": "cancelled"}]),
+    );
+    cancel.as_object_mut().unwrap().remove("parentRunId");
+    let cancelled = agui(&app, cancel).await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.body);
+    let output: Value = serde_json::from_str(
+        cancelled.of_type("TOOL_CALL_RESULT")[0]["content"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(output["error"]["code"], "APPROVAL_DENIED");
+    let next = agui(&app, start("thread-9", "run-4", "list files")).await;
+    assert_eq!(next.finished()["outcome"]["type"], "success");
+}
+
+#[tokio::test]
+async fn the_same_policy_rules_and_session_grants_apply() {
+    let app = spawn_app_with(|config| config.rules = "run_command=deny".parse().unwrap()).await;
+    std::fs::write(app.file("a.txt"), "a").unwrap();
+    std::fs::write(app.file("b.txt"), "b").unwrap();
+    // Read-only tools run at once: no interrupt.
+    let read = agui(&app, start("thread-10", "run-1", "read a.txt")).await;
+    assert_eq!(read.finished()["outcome"]["type"], "success");
+    // A denying rule is a recoverable output, never an interrupt.
+    let denied = agui(&app, start("thread-10", "run-2", "run ls")).await;
+    assert_eq!(denied.finished()["outcome"]["type"], "success");
+    assert!(
+        denied.of_type("TOOL_CALL_RESULT")[0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("PERMISSION_DENIED")
+    );
+    // Approving for the session lets the thread's next call of that tool run without an interrupt.
+    let first = agui(&app, start("thread-10", "run-3", "delete a.txt")).await;
+    let interrupt = &first.interrupts()[0];
+    let entry = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "scope": "session"}});
+    let resumed = agui(
+        &app,
+        resume(
+            "thread-10",
+            "run-4",
+            "run-3",
+            first.snapshot(),
+            json!([entry]),
+        ),
+    )
+    .await;
+    assert_eq!(resumed.status, 200);
+    let next = agui(&app, start("thread-10", "run-5", "delete b.txt")).await;
+    assert_eq!(next.finished()["outcome"]["type"], "success");
+    assert!(!app.file("b.txt").exists());
+}
+
+#[tokio::test]
+async fn malformed_input_is_400() {
+    let app = spawn_app().await;
+    let bad = agui(&app, json!({"threadId": "t", "messages": []})).await;
+    bad.refused(400, "INVALID_INPUT");
+    let bad = agui(
+        &app,
+        json!({"threadId": "t t", "runId": "r", "messages": []}),
+    )
+    .await;
+    bad.refused(400, "INVALID_INPUT");
+    let no_user = agui(&app, json!({"threadId": "t", "runId": "r", "messages": []})).await;
+    no_user.refused(422, "NO_USER_MESSAGE");
+}

@@ -1,0 +1,271 @@
+//! Bad input gets a clear 4xx and changes nothing: the cases `bodies.rs` does not cover.
+
+use futures::stream;
+use reqwest::header::HeaderValue;
+use serde_json::{Value, json};
+
+use super::pending;
+use crate::helpers::{TestApp, spawn_app};
+
+async fn field_errors(response: reqwest::Response) -> Value {
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["ok"], false);
+    assert_eq!(body["error"], "Invalid request body.");
+    body
+}
+
+async fn raw_post(
+    app: &TestApp,
+    path: &str,
+    content_type: Option<&str>,
+    body: Vec<u8>,
+) -> reqwest::Response {
+    let mut request = app.client.post(app.url(path)).body(body);
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
+    request.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_last_event_id_that_is_not_an_event_id_is_400() {
+    let app = spawn_app().await;
+    let run_id = app.create_run(json!({"message": "list files"})).await;
+    let run_events = app.url(&format!("/api/agent/runs/{run_id}/events"));
+    let bad: [&[u8]; 6] = [
+        b"abc",
+        b"-1",
+        b"1.5",
+        b"99999999999999999999999",
+        b"",
+        b"\xff\xfe",
+    ];
+    for raw in bad {
+        let response = app
+            .client
+            .get(&run_events)
+            .header("last-event-id", HeaderValue::from_bytes(raw).unwrap())
+            .send()
+            .await
+            .unwrap();
+        let body = field_errors(response).await;
+        assert_eq!(
+            body["fieldErrors"]["Last-Event-ID"],
+            json!(["Expected a non-negative integer event id"]),
+            "{raw:?}"
+        );
+    }
+    let session_events = app.url("/api/agent/sessions/some-session/events");
+    let bad: [&[u8]; 5] = [b"42", b"run_1:x", b"../etc:1", b":5", b"run_1:\xff"];
+    for raw in bad {
+        let response = app
+            .client
+            .get(&session_events)
+            .header("last-event-id", HeaderValue::from_bytes(raw).unwrap())
+            .send()
+            .await
+            .unwrap();
+        let body = field_errors(response).await;
+        assert_eq!(
+            body["fieldErrors"]["Last-Event-ID"],
+            json!(["Expected runId:seq, as sent in the stream's ids"]),
+            "{raw:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_json_body_that_is_not_an_object_is_400() {
+    let app = spawn_app().await;
+    for (body, received) in [
+        (json!([{"decision": "approve"}]), "array"),
+        (json!("approve"), "string"),
+        (json!(null), "null"),
+        (json!(42), "number"),
+    ] {
+        let response = app.decide("run-1", "call-1", body.clone()).await;
+        let errors = field_errors(response).await;
+        assert_eq!(
+            errors["formErrors"],
+            json!([format!("Expected object, received {received}")])
+        );
+        assert_eq!(errors["fieldErrors"], json!({}));
+        let response = app.post_json("/api/agent/runs", &body).await;
+        let errors = field_errors(response).await;
+        assert_eq!(
+            errors["formErrors"],
+            json!([format!("Expected object, received {received}")])
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_utf8_is_400_malformed_json() {
+    let app = spawn_app().await;
+    let mut body = b"{\"message\": \"list ".to_vec();
+    body.extend_from_slice(&[0xff, 0xfe, 0xc3]);
+    body.extend_from_slice(b"\"}");
+    let response = raw_post(&app, "/api/agent/runs", Some("application/json"), body).await;
+    let errors = field_errors(response).await;
+    let message = errors["formErrors"][0].as_str().unwrap();
+    assert!(message.starts_with("Malformed JSON:"), "{message}");
+    assert_eq!(errors["fieldErrors"], json!({}));
+}
+
+#[tokio::test]
+async fn unknown_and_mistyped_fields_of_a_start_body_are_400() {
+    let app = spawn_app().await;
+    let response = app
+        .post_json(
+            "/api/agent/stream",
+            &json!({"message": "list files", "mesage": "typo", "sessionId": 7}),
+        )
+        .await;
+    let errors = field_errors(response).await;
+    assert_eq!(
+        errors["formErrors"],
+        json!(["Unrecognized key(s) in object: 'mesage'"])
+    );
+    assert_eq!(
+        errors["fieldErrors"],
+        json!({"sessionId": ["Expected string, received number"]})
+    );
+}
+
+#[tokio::test]
+async fn every_body_route_refuses_a_body_over_the_limit_even_when_chunked() {
+    let app = spawn_app().await;
+    let huge = "x".repeat(100 * 1024);
+    for path in [
+        "/api/agent",
+        "/api/agent/stream",
+        "/api/agent/runs",
+        "/api/agent/approvals/r/c",
+    ] {
+        let response = app.post_json(path, &json!({"message": huge})).await;
+        assert_eq!(response.status(), 413, "{path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(
+            body["error"],
+            "The request body is larger than 65536 bytes."
+        );
+    }
+    // No Content-Length: the limit holds while reading.
+    let chunks = (0..100).map(|_| Ok::<_, std::io::Error>(vec![b' '; 1024]));
+    let response = app
+        .client
+        .post(app.url("/api/agent/runs"))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+}
+
+#[tokio::test]
+async fn a_body_without_a_json_content_type_is_415() {
+    let app = spawn_app().await;
+    let body = br#"{"decision": "approve"}"#.to_vec();
+    for content_type in [
+        None,
+        Some("application/x-www-form-urlencoded"),
+        Some("text/plain"),
+        Some("multipart/form-data; boundary=x"),
+    ] {
+        let response = raw_post(&app, "/api/agent/approvals/r/c", content_type, body.clone()).await;
+        assert_eq!(response.status(), 415, "{content_type:?}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(
+            body["error"],
+            "The request body must be JSON (Content-Type: application/json)."
+        );
+    }
+}
+
+#[tokio::test]
+async fn malformed_ids_in_paths_and_queries_are_400() {
+    let app = spawn_app().await;
+    let long = "c".repeat(129);
+    let cases = [
+        ("/api/agent/approvals/run-1/a%2Fb", "toolCallId"),
+        ("/api/agent/approvals/run-1/%C3%A9", "toolCallId"),
+        (&*format!("/api/agent/approvals/run-1/{long}"), "toolCallId"),
+        ("/api/agent/approvals/a%20b/call-1", "runId"),
+    ];
+    for (path, field) in cases {
+        let response = app.post_json(path, &json!({"decision": "approve"})).await;
+        let errors = field_errors(response).await;
+        let message = errors["fieldErrors"][field][0].as_str().unwrap_or_default();
+        assert!(message.starts_with("Invalid id:"), "{path}: {errors}");
+    }
+    let response = app
+        .post_json("/api/agent/runs/..%2F..%2Fetc/cancel", &json!({}))
+        .await;
+    assert_eq!(
+        field_errors(response).await["fieldErrors"]["runId"][0],
+        "Invalid id: may contain only letters, digits and - _ . : (found '/')"
+    );
+    let response = app
+        .get(&format!("/api/agent/runs/{}/events", "r".repeat(200)))
+        .await;
+    field_errors(response).await;
+    let response = app.get("/api/agent/sessions/a%20b/events").await;
+    field_errors(response).await;
+}
+
+#[tokio::test]
+async fn refused_decisions_leave_the_approval_pending() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("a.txt"), "keep").unwrap();
+    let run_id = app.create_run(json!({"message": "delete a.txt"})).await;
+    let mut events = app.events(&run_id, None).await;
+    let required = events.until("approvalRequired").await;
+    let call_id = required.data["request"]["toolCallId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/api/agent/approvals/{run_id}/{call_id}");
+    let bad_bodies: [(Option<&str>, Vec<u8>); 6] = [
+        (
+            Some("application/json"),
+            br#"{"decision": "approve", "extra": 1}"#.to_vec(),
+        ),
+        (Some("application/json"), br#"{"decision": "yes"}"#.to_vec()),
+        (
+            Some("application/json"),
+            br#"[{"decision": "approve"}]"#.to_vec(),
+        ),
+        (
+            Some("application/json"),
+            br#"{"decision": "approve""#.to_vec(),
+        ),
+        (Some("text/plain"), br#"{"decision": "approve"}"#.to_vec()),
+        (
+            Some("application/json"),
+            br#"{"decision": "approve", "arguments": {"path": 5}}"#.to_vec(),
+        ),
+    ];
+    for (content_type, body) in bad_bodies {
+        let response = raw_post(&app, &path, content_type, body.clone()).await;
+        assert!(
+            response.status().is_client_error(),
+            "{}: {}",
+            String::from_utf8_lossy(&body),
+            response.status()
+        );
+    }
+    let still = pending(&app).await;
+    assert_eq!(still.len(), 1);
+    assert_eq!(still[0]["toolCallId"], call_id);
+    assert_eq!(std::fs::read_to_string(app.file("a.txt")).unwrap(), "keep");
+    let decided = app
+        .decide(&run_id, &call_id, json!({"decision": "deny"}))
+        .await;
+    assert_eq!(
+        decided.status(),
+        200,
+        "the approval was still there to decide"
+    );
+}

@@ -1,0 +1,319 @@
+//! The real `toolgate` binary, as a user starts it: signals end it cleanly, it refuses to listen beyond loopback
+//! without a token, it never prints the token, and the commands it runs never see the model's key.
+
+use std::net::SocketAddr;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use crate::helpers::{PATIENCE, SseStream};
+
+/// How long a signalled server may take to exit: the "within a few seconds".
+const EXIT_WITHIN: Duration = Duration::from_secs(5);
+
+/// The binary with a clean environment of its own: no `TOOLGATE_*` of whoever runs the tests.
+fn toolgate(args: &[&str], envs: &[(&str, &str)]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
+    for (name, _) in std::env::vars() {
+        if name.starts_with("TOOLGATE_") || name == "OPENAI_API_KEY" {
+            command.env_remove(name);
+        }
+    }
+    command
+        .args(args)
+        .envs(envs.iter().copied())
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+/// Sends each line the process prints (stdout and stderr) to `lines`.
+fn forward(
+    output: Option<impl AsyncRead + Unpin + Send + 'static>,
+    lines: mpsc::UnboundedSender<String>,
+) {
+    if let Some(output) = output {
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(output).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                let _ = lines.send(line);
+            }
+        });
+    }
+}
+
+/// Removes terminal colour codes, in case the log is coloured anyway.
+fn plain(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    lines: mpsc::UnboundedReceiver<String>,
+    /// Everything it printed so far.
+    log: String,
+    _workspace: tempfile::TempDir,
+}
+
+impl Server {
+    /// Starts the binary on a free loopback port (unless `args` name an address) and waits until it is ready.
+    async fn start(args: &[&str], envs: &[(&str, &str)]) -> Self {
+        agent::model::install_crypto_provider();
+        let workspace = tempfile::tempdir().unwrap();
+        let workspace_path = workspace.path().to_str().unwrap().to_owned();
+        let mut all_args = vec!["--workspace", workspace_path.as_str()];
+        if !args.contains(&"--addr") {
+            all_args.extend(["--addr", "127.0.0.1:0"]);
+        }
+        all_args.extend_from_slice(args);
+        let mut child = toolgate(&all_args, envs)
+            .spawn()
+            .expect("the binary starts");
+        let (send, lines) = mpsc::unbounded_channel();
+        forward(child.stdout.take(), send.clone());
+        forward(child.stderr.take(), send);
+        let mut server = Self {
+            child,
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            lines,
+            log: String::new(),
+            _workspace: workspace,
+        };
+        let ready = server.line_containing("toolgate is ready").await;
+        let addr = ready
+            .split_whitespace()
+            .find_map(|field| field.strip_prefix("addr="))
+            .expect("the ready line names the address");
+        let mut addr: SocketAddr = addr.parse().unwrap();
+        if addr.ip().is_unspecified() {
+            addr.set_ip([127, 0, 0, 1].into());
+        }
+        server.addr = addr;
+        server
+    }
+
+    async fn line_containing(&mut self, needle: &str) -> String {
+        loop {
+            let line = tokio::time::timeout(PATIENCE, self.lines.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no {needle:?} in time; the log so far:\n{}", self.log))
+                .unwrap_or_else(|| panic!("the server ended before {needle:?}:\n{}", self.log));
+            let line = plain(&line);
+            self.log.push_str(&line);
+            self.log.push('\n');
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let pid = self.child.id().expect("still running");
+        let pid = libc::pid_t::try_from(pid).unwrap();
+        // SAFETY: kill has no memory-safety preconditions; the pid is our own child, which has not been reaped.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+
+    /// Waits for the process to exit (it must within `within`) and collects the rest of what it printed.
+    async fn exit(mut self, within: Duration) -> (ExitStatus, String) {
+        let status = tokio::time::timeout(within, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the server did not exit within {within:?}:\n{}", self.log))
+            .unwrap();
+        while let Ok(Some(line)) = tokio::time::timeout(PATIENCE, self.lines.recv()).await {
+            self.log.push_str(&plain(&line));
+            self.log.push('\n');
+        }
+        (status, self.log)
+    }
+}
+
+async fn a_signal_ends_open_streams_and_the_process(signal: libc::c_int) {
+    let server = Server::start(&[], &[]).await;
+    let client = reqwest::Client::new();
+    let response = client
+        .post(server.url("/api/agent/stream"))
+        .json(&json!({"message": "delete a.txt"}))
+        .send()
+        .await
+        .unwrap();
+    let mut stream = SseStream::new(response);
+    stream.until("approvalRequired").await;
+
+    let signalled = Instant::now();
+    server.signal(signal);
+    let rest = stream.rest().await;
+    let resolved = rest
+        .iter()
+        .find(|e| e.name == "approvalResolved")
+        .expect("the pending approval was resolved");
+    assert_eq!(resolved.data["resolution"]["source"], "abort");
+    let last = rest.last().expect("events after the signal");
+    assert_eq!(
+        last.name, "error",
+        "the stream's last event says why it ends"
+    );
+    assert_eq!(last.data["code"], "SHUTDOWN");
+    assert_eq!(
+        last.data["message"],
+        "The server is shutting down, so the run was aborted."
+    );
+
+    let (status, log) = server.exit(EXIT_WITHIN).await;
+    assert!(status.success(), "exit status {status:?}; log:\n{log}");
+    assert!(
+        signalled.elapsed() < EXIT_WITHIN,
+        "took {:?}",
+        signalled.elapsed()
+    );
+    assert!(log.contains("shutting down"), "{log}");
+}
+
+#[tokio::test]
+async fn sigterm_resolves_pending_approvals_ends_streams_and_exits_zero() {
+    a_signal_ends_open_streams_and_the_process(libc::SIGTERM).await;
+}
+
+#[tokio::test]
+async fn sigint_resolves_pending_approvals_ends_streams_and_exits_zero() {
+    a_signal_ends_open_streams_and_the_process(libc::SIGINT).await;
+}
+
+#[tokio::test]
+async fn the_binary_refuses_to_listen_beyond_loopback_without_a_token() {
+    let workspace = tempfile::tempdir().unwrap();
+    let path = workspace.path().join("ws");
+    let output = toolgate(
+        &["--addr", "0.0.0.0:0", "--workspace", path.to_str().unwrap()],
+        &[],
+    )
+    .output();
+    let output = tokio::time::timeout(PATIENCE, output)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("toolgate: refusing to listen on 0.0.0.0:0 without an access token"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--token") && stderr.contains("TOOLGATE_TOKEN"),
+        "{stderr}"
+    );
+    assert!(!path.exists(), "it refused before creating anything");
+}
+
+#[tokio::test]
+async fn the_token_from_the_environment_works_and_is_never_printed() {
+    let token = "tg-env-5d2c9b1e7a3f4e60b8c2d4f6a8e0c1b3";
+    let server = Server::start(
+        &["--addr", "0.0.0.0:0", "--log", "debug"],
+        &[
+            ("TOOLGATE_TOKEN", token),
+            (
+                "TOOLGATE_PUBLIC_ORIGIN",
+                "https://a.example,https://b.example",
+            ),
+        ],
+    )
+    .await;
+    assert!(
+        server.log.contains("security=auth: access token (log in at /login); origins: https://a.example, https://b.example"),
+        "{}",
+        server.log
+    );
+    let client = reqwest::Client::new();
+    let without = client
+        .get(server.url("/api/agent/approvals"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(without.status(), 401);
+    let with = client
+        .get(server.url("/api/agent/approvals"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(with.status(), 200);
+    let wrong_login = client
+        .post(server.url("/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={token}x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong_login.status(), 401);
+
+    server.signal(libc::SIGTERM);
+    let (status, log) = server.exit(EXIT_WITHIN).await;
+    assert!(status.success());
+    assert!(log.contains("a login attempt with a wrong token"), "{log}");
+    assert!(!log.contains(token), "the token appears in the log:\n{log}");
+
+    let help = toolgate(&["--help"], &[("TOOLGATE_TOKEN", token)])
+        .output()
+        .await
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("TOOLGATE_TOKEN"), "{help}");
+    assert!(!help.contains(token), "--help shows the token:\n{help}");
+}
+
+#[tokio::test]
+async fn run_command_never_sees_the_model_key_in_the_servers_environment() {
+    let key = "sk-test-3b7e1d9c5a2f4e8b";
+    let server = Server::start(
+        &["--policy", "trusted"],
+        &[("OPENAI_API_KEY", key), ("TOOLGATE_INNOCENT", "x")],
+    )
+    .await;
+    let response = reqwest::Client::new()
+        .post(server.url("/api/agent"))
+        .json(&json!({"message": "run env"}))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = response.json().await.unwrap();
+    let output = &body["steps"][0]["toolCalls"][0]["output"];
+    assert_eq!(output["status"], "ok", "{body}");
+    let env = output["content"]["stdout"].as_str().unwrap();
+    assert!(env.contains("PATH="), "{env}");
+    assert!(
+        !env.contains(key) && !env.contains("OPENAI_API_KEY"),
+        "{env}"
+    );
+    assert!(
+        !env.contains("TOOLGATE_"),
+        "none of the server's variables: {env}"
+    );
+    server.signal(libc::SIGTERM);
+    assert!(server.exit(EXIT_WITHIN).await.0.success());
+}

@@ -1,0 +1,357 @@
+//! The access token: the API needs `Authorization: Bearer`, browsers log in for an HttpOnly, SameSite=Strict
+//! cookie that is not the token, and a server that is reachable from other machines cannot start without one.
+
+use serde_json::{Value, json};
+use server::config::Config;
+use server::security::AccessToken;
+use server::startup::{StartupError, build};
+
+use super::{EVIL, headers, no_redirects, own_origin, post_form, refusal};
+use crate::helpers::{TestApp, spawn_app_with};
+
+const TOKEN: &str = "tg-7c1f0e9a4b2d48e6a1f3c5d7e9b0a2c4";
+
+async fn protected() -> TestApp {
+    spawn_app_with(|config| config.token = Some(AccessToken::parse(TOKEN).unwrap())).await
+}
+
+fn bearer() -> String {
+    format!("Bearer {TOKEN}")
+}
+
+/// Logs in through the form and returns the cookie pair (`name=value`) the server set.
+async fn log_in(app: &TestApp, token: &str) -> String {
+    let response = post_form(&no_redirects(), app.url("/login"), &[("token", token)])
+        .header("origin", own_origin(app))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 303);
+    assert_eq!(response.headers()["location"], "/");
+    let cookie = response.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    cookie.split(';').next().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn with_a_token_every_api_route_needs_it() {
+    let app = protected().await;
+    let client = &app.client;
+    let unauthenticated = [
+        client.get(app.url("/api/agent/approvals")),
+        client.get(app.url("/api/agent/runs/run_x/events")),
+        client.get(app.url("/api/agent/sessions/s1/events")),
+        client
+            .post(app.url("/api/agent/runs"))
+            .json(&json!({"message": "list files"})),
+        client
+            .post(app.url("/api/agent/approvals/r/c"))
+            .json(&json!({"decision": "approve"})),
+        post_form(client, app.url("/api/fn/pending"), &[("run_id", "r")]),
+        client
+            .post(app.url("/api/a-route-added-later"))
+            .json(&json!({})),
+    ];
+    for request in unauthenticated {
+        let response = request.send().await.unwrap();
+        assert_eq!(
+            response.headers()["www-authenticate"],
+            "Bearer realm=\"toolgate\""
+        );
+        let error = refusal(response, 401).await;
+        assert_eq!(
+            error,
+            "This server needs its access token: send Authorization: Bearer <token>, or log in at /login."
+        );
+    }
+    let wrong = client
+        .get(app.url("/api/agent/approvals"))
+        .header("authorization", format!("Bearer {TOKEN}x"))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        refusal(wrong, 401)
+            .await
+            .starts_with("The access token is wrong.")
+    );
+
+    let listed = client
+        .get(app.url("/api/agent/approvals"))
+        .header("authorization", bearer())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
+    let started = client
+        .post(app.url("/api/agent/runs"))
+        .header("authorization", format!("bearer {TOKEN}"))
+        .json(&json!({"message": "list files"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(started.status(), 201, "the scheme is case-insensitive");
+    let run_id = started.json::<Value>().await.unwrap()["runId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let events = client
+        .get(app.url(&format!("/api/agent/runs/{run_id}/events")))
+        .header("authorization", bearer())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 200);
+
+    // The health check stays open, for load balancers and `serve.sh`.
+    assert_eq!(app.get("/healthz").await.text().await.unwrap(), "ok");
+}
+
+#[tokio::test]
+async fn pages_redirect_to_a_login_form_that_needs_no_script() {
+    let app = protected().await;
+    let client = no_redirects();
+    for path in ["/", "/pkg/toolgate.js", "/favicon.svg"] {
+        let response = client.get(app.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), 303, "{path}");
+        assert_eq!(response.headers()["location"], "/login");
+    }
+    let login = client.get(app.url("/login")).send().await.unwrap();
+    assert_eq!(login.status(), 200);
+    assert_eq!(login.headers()["cache-control"], "no-store");
+    let csp = login.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        csp.starts_with("default-src 'none';") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    let html = login.text().await.unwrap();
+    assert!(
+        html.contains(r#"<form method="post" action="/login">"#),
+        "{html}"
+    );
+    assert!(html.contains(r#"name="token" type="password""#), "{html}");
+    assert!(!html.contains("<script"), "no script on the login page");
+    assert!(!html.contains(TOKEN));
+}
+
+#[tokio::test]
+async fn logging_in_sets_an_http_only_strict_cookie_that_is_not_the_token() {
+    let app = protected().await;
+    let client = no_redirects();
+    let response = post_form(&client, app.url("/login"), &[("token", TOKEN)])
+        .header("origin", own_origin(&app))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 303);
+    let set_cookie = response.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let attributes: Vec<&str> = set_cookie.split("; ").collect();
+    let (name, value) = attributes[0].split_once('=').unwrap();
+    assert_eq!(name, "toolgate_auth");
+    assert_eq!(value.len(), 64, "an HMAC-SHA256 in hex");
+    assert!(!value.contains(TOKEN) && !set_cookie.contains(TOKEN));
+    for attribute in ["Path=/", "HttpOnly", "SameSite=Strict"] {
+        assert!(attributes.contains(&attribute), "{set_cookie}");
+    }
+    assert!(
+        !attributes.contains(&"Secure"),
+        "a plain-http loopback page could not keep it"
+    );
+
+    let cookie = log_in(&app, TOKEN).await;
+    assert_eq!(
+        cookie, attributes[0],
+        "the cookie is the same for every login"
+    );
+    let page = client
+        .get(app.url("/"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(
+        page.text()
+            .await
+            .unwrap()
+            .contains("<title>toolgate</title>")
+    );
+    let to_home = client
+        .get(app.url("/login"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(to_home.status(), 303, "a logged-in browser skips the form");
+    let listed = client
+        .get(app.url("/api/agent/approvals"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
+
+    // A state-changing request with the cookie: from the page itself it passes (and finds nothing to decide).
+    let decide = |extra: &[(&str, &str)]| {
+        client
+            .post(app.url("/api/agent/approvals/r/c"))
+            .header("cookie", &cookie)
+            .headers(headers(extra))
+            .json(&json!({"decision": "approve"}))
+            .send()
+    };
+    let own = own_origin(&app);
+    assert_eq!(decide(&[("origin", &own)]).await.unwrap().status(), 404);
+    assert_eq!(
+        decide(&[("sec-fetch-site", "same-origin")])
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    // From another origin, or with nothing to show where it comes from, the cookie is not enough.
+    assert_eq!(decide(&[("origin", EVIL)]).await.unwrap().status(), 403);
+    let error = refusal(decide(&[]).await.unwrap(), 403).await;
+    assert!(
+        error.starts_with("Request refused: it is authenticated only by the login cookie and carries no Origin header"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_token_shows_the_form_again_with_a_401_and_no_cookie() {
+    let app = protected().await;
+    let client = no_redirects();
+    for form in [
+        vec![("token", "guess")],
+        vec![("token", "")],
+        vec![("other", TOKEN)],
+    ] {
+        let response = post_form(&client, app.url("/login"), &form)
+            .header("origin", own_origin(&app))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 401);
+        assert!(response.headers().get("set-cookie").is_none());
+        let html = response.text().await.unwrap();
+        assert!(html.contains(
+            r#"<p class="error" role="alert">That is not the access token. Try again.</p>"#
+        ));
+        assert!(html.contains(r#"<form method="post" action="/login">"#));
+    }
+    let not_a_form = client
+        .post(app.url("/login"))
+        .json(&json!({"token": TOKEN}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(not_a_form.status(), 415);
+    assert!(not_a_form.headers().get("set-cookie").is_none());
+    let long = "x".repeat(10_000);
+    let too_long = post_form(&client, app.url("/login"), &[("token", &long)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(too_long.status(), 413);
+}
+
+#[tokio::test]
+async fn another_site_cannot_log_a_browser_in() {
+    let app = protected().await;
+    let response = post_form(&no_redirects(), app.url("/login"), &[("token", TOKEN)])
+        .header("origin", EVIL)
+        .send()
+        .await
+        .unwrap();
+    assert!(response.headers().get("set-cookie").is_none());
+    let error = refusal(response, 403).await;
+    assert!(error.starts_with("Cross-site request refused"), "{error}");
+}
+
+#[tokio::test]
+async fn the_raw_token_or_a_forged_cookie_is_not_a_login() {
+    let app = protected().await;
+    let client = no_redirects();
+    let other_token = "a-different-token-entirely";
+    let other =
+        spawn_app_with(|config| config.token = Some(AccessToken::parse(other_token).unwrap()))
+            .await;
+    let others_cookie = log_in(&other, other_token).await;
+    for cookie in [
+        format!("toolgate_auth={TOKEN}"),
+        others_cookie,
+        "toolgate_auth=".to_owned(),
+    ] {
+        let page = client
+            .get(app.url("/"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status(), 303, "{cookie}");
+        let api = client
+            .get(app.url("/api/agent/approvals"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(api.status(), 401, "{cookie}");
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_bearer_token_is_not_rescued_by_a_good_cookie() {
+    let app = protected().await;
+    let cookie = log_in(&app, TOKEN).await;
+    let response = app
+        .client
+        .get(app.url("/api/agent/approvals"))
+        .header("cookie", &cookie)
+        .header("authorization", "Bearer stale-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+}
+
+#[tokio::test]
+async fn listening_beyond_loopback_without_a_token_refuses_to_start() {
+    for addr in ["0.0.0.0:0", "[::]:0"] {
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = dir.path().join("ws");
+        let mut config = Config::for_tests(&workspace);
+        config.addr = addr.parse().unwrap();
+        let Err(error) = build(config).await else {
+            panic!("{addr}: the server started without a token");
+        };
+        assert!(matches!(error, StartupError::Security(_)), "{error:?}");
+        let message = error.to_string();
+        assert!(
+            message.starts_with(&format!("refusing to listen on {addr} without an access token: anyone who can reach that address could start runs and approve tool calls")),
+            "{message}"
+        );
+        assert!(
+            message.contains("Set a token with --token or the environment variable TOOLGATE_TOKEN"),
+            "{message}"
+        );
+        assert!(!workspace.exists(), "nothing was set up before refusing");
+    }
+    let app = spawn_app_with(|config| {
+        config.addr = "0.0.0.0:0".parse().unwrap();
+        config.token = Some(AccessToken::parse(TOKEN).unwrap());
+    })
+    .await;
+    assert!(
+        app.addr.ip().is_unspecified(),
+        "with a token it listens where asked"
+    );
+}
