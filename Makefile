@@ -40,3 +40,22 @@ unit:
 
 e2e:
 	scripts/test.sh e2e
+
+.PHONY: bench
+# Options for the load generator, for example: make bench BENCH_ARGS="--concurrency 1,8,32 --scale 2000"
+BENCH_ARGS ?= --json target/bench.json
+
+## The benchmarks of issue 9 on the release binary: approval round trips, memory with 10,000 pending, browser bytes and hydration
+bench:
+	scripts/bootstrap.sh
+	cargo leptos build --release --precompress
+	cargo build --release -p bench
+	./target/release/toolgate-bench $(BENCH_ARGS)
+
+.PHONY: fuzz
+# Seconds each fuzz target runs, for example: make fuzz FUZZ_SECONDS=600
+FUZZ_SECONDS ?= 60
+
+## Fuzz the request decoding (JSON bodies, decisions, ids, Last-Event-ID) for FUZZ_SECONDS per target; not part of `make test`
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh

@@ -2,14 +2,14 @@
 # Runs every check and test of toolgate, each step timed. `make test` calls this with no argument.
 #
 #   scripts/test.sh            all steps
-#   scripts/test.sh STEP...    some of: lint unit site e2e
+#   scripts/test.sh STEP...    some of: bootstrap lint unit site e2e bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/tools/node_modules/.bin:$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(bootstrap lint unit site e2e)
+[ ${#steps[@]} -eq 0 ] && steps=(bootstrap lint unit site e2e bench)
 
 started=$SECONDS
 step() {
@@ -24,13 +24,13 @@ step() {
 lint() {
   cargo fmt --all --check
   # The server side: the harness with tokio, the app with ssr, the server; tests included.
-  cargo clippy -p agent -p app -p server --all-targets --features agent/runtime,app/ssr -- -D warnings
+  cargo clippy -p agent -p app -p server -p bench --all-targets --features agent/runtime,app/ssr -- -D warnings
   # The browser side: the wire types without tokio and the app with hydrate, for wasm32.
   cargo clippy -p agent -p frontend --target wasm32-unknown-unknown -- -D warnings
 }
 
 unit() {
-  cargo test -p agent -p app -p server --features agent/runtime,app/ssr
+  cargo test -p agent -p app -p server -p bench --features agent/runtime,app/ssr
 }
 
 site() {
@@ -41,6 +41,13 @@ e2e() {
   (cd end2end && npx playwright test)
 }
 
+# The load generator's smoke run: a few hundred verified round trips (seed routes and AG-UI) and 200 pending runs,
+# so the benchmark tool cannot rot. `make bench` is the full measurement.
+bench() {
+  cargo build --release -p bench
+  ./target/release/toolgate-bench --quick
+}
+
 for s in "${steps[@]}"; do
   case $s in
     bootstrap) step bootstrap scripts/bootstrap.sh ;;
@@ -48,6 +55,7 @@ for s in "${steps[@]}"; do
     unit) step unit unit ;;
     site) step site site ;;
     e2e) step e2e e2e ;;
+    bench) step bench bench ;;
     *) echo "unknown step: $s" >&2; exit 2 ;;
   esac
 done

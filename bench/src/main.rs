@@ -1,0 +1,203 @@
+//! toolgate-bench: the load generator behind `make bench` (issue 9).
+//!
+//! It starts the real `toolgate` binary for each scenario, drives it over HTTP/1.1 and SSE like a client would,
+//! verifies every trip, and reads the server's CPU time and memory from /proc. `--quick` is the smoke run the test
+//! command uses so the tool cannot rot.
+
+mod api;
+mod browser;
+mod cli;
+mod flow;
+mod procfs;
+mod report;
+mod roundtrip;
+mod scale;
+mod server;
+mod stats;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::cli::{Args, Scenario};
+use crate::flow::ApprovalFlow;
+use crate::report::{Meta, Report};
+use crate::server::ServerOptions;
+
+fn main() -> ExitCode {
+    let args = Args::parse_with_quick();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(threads) = args.client_threads {
+        runtime.worker_threads(threads.max(1));
+    }
+    let outcome = runtime
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|runtime| runtime.block_on(run(args)));
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!(
+                "toolgate-bench: some trips failed or could not be verified (see FAILED above)"
+            );
+            ExitCode::from(1)
+        }
+        Err(error) => {
+            eprintln!("toolgate-bench: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `git rev-parse --short HEAD` of the repository, with `+dirty` when the work tree has changes.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(hash) => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|status| !status.is_empty());
+            if dirty { format!("{hash}+dirty") } else { hash }
+        }
+        None => "unknown".to_owned(),
+    }
+}
+
+/// The round-trip scenario over one flow: every level, with progress on stderr and the table on stdout.
+async fn roundtrips<F: ApprovalFlow>(
+    flow: F,
+    server_options: &ServerOptions,
+    settings: &roundtrip::Settings,
+) -> Result<Vec<roundtrip::Level>> {
+    eprintln!(
+        "round trips ({}): {} measured + {} warm-up per level, at concurrency {:?}…",
+        flow.name(),
+        settings.trips,
+        settings.warmup,
+        settings.concurrency
+    );
+    let levels = roundtrip::run(flow, server_options, settings, |level| {
+        eprintln!(
+            "  concurrency {}: {:.0} trips/s, {} failed",
+            level.concurrency,
+            level.trips_per_second.median,
+            level.failed + level.unverified_files
+        );
+    })
+    .await?;
+    println!("{}", report::roundtrip(&levels));
+    Ok(levels)
+}
+
+/// Runs the chosen scenarios and prints the report; `Ok(false)` when a trip failed or was not verified.
+async fn run(args: Args) -> Result<bool> {
+    if args.concurrency.contains(&0) {
+        bail!("--concurrency must be at least 1");
+    }
+    let files_limit = procfs::raise_open_files_limit()?;
+    let server_options = ServerOptions {
+        binary: std::path::absolute(&args.server)
+            .with_context(|| format!("bad --server path {}", args.server.display()))?,
+        extra_args: args.server_args.clone(),
+        keep_workdir: args.keep_workdir,
+        tmpdir: args.tmpdir.clone().unwrap_or_else(server::default_tmpdir),
+    };
+    let meta = Meta {
+        date_utc: report::now_utc(),
+        commit: commit(),
+        server: server_options.binary.display().to_string(),
+        workspace_dir: server_options.tmpdir.display().to_string(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        machine: procfs::Machine::detect(),
+    };
+    println!("{}", report::header(&meta));
+    eprintln!("open-files limit of the bench and its servers: {files_limit}");
+    let patience = Duration::from_secs(args.patience_secs.max(1));
+    let mut report = Report {
+        meta: Some(meta),
+        ..Report::default()
+    };
+
+    let roundtrip_settings = roundtrip::Settings {
+        concurrency: args.concurrency.clone(),
+        trips: args.trips,
+        rounds: args.rounds,
+        warmup: args.warmup,
+        patience,
+    };
+    if args.wants(Scenario::Roundtrip) {
+        report.roundtrip = roundtrips(flow::SeedFlow, &server_options, &roundtrip_settings).await?;
+    }
+    if args.wants(Scenario::AguiRoundtrip) {
+        report.agui_roundtrip =
+            roundtrips(flow::AguiFlow, &server_options, &roundtrip_settings).await?;
+    }
+
+    if args.wants(Scenario::Scale) {
+        eprintln!("scale: {} runs pending at once…", args.scale);
+        let settings = scale::Settings {
+            runs: args.scale,
+            in_flight: args.in_flight,
+            patience,
+        };
+        let scale = scale::run(&server_options, &settings).await?;
+        println!("{}", report::scale(&scale));
+        report.scale = Some(scale);
+    }
+
+    let hydration_settings = browser::HydrationSettings {
+        node: args.node.clone(),
+        script: args.hydration_script.clone(),
+        chromium: args.chromium.clone(),
+        runs: args.hydration_runs,
+        warmup: 1,
+    };
+    if args.wants(Scenario::Assets) || args.wants(Scenario::Hydration) {
+        eprintln!("browser: asset sizes and hydration timing…");
+        let (assets, hydration) = browser::run(
+            &server_options,
+            args.wants(Scenario::Assets),
+            args.wants(Scenario::Hydration)
+                .then_some(&hydration_settings),
+        )
+        .await?;
+        if let Some(assets) = &assets {
+            println!("{}", report::assets(assets));
+        }
+        if let Some(hydration) = &hydration {
+            println!("{}", report::hydration(hydration));
+        }
+        report.assets = assets;
+        report.hydration = hydration;
+    }
+
+    report.targets = report::targets(&report);
+    if !report.targets.is_empty() {
+        println!("{}", report::targets_table(&report.targets));
+    }
+    let clean = report.is_clean();
+    println!(
+        "{}",
+        if clean {
+            "result: every trip verified"
+        } else {
+            "result: FAILED (see above)"
+        }
+    );
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
+        std::fs::write(path, json + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(clean)
+}

@@ -1,0 +1,277 @@
+//! The server under test: the real `toolgate` binary, started in a fresh temporary directory, watched through /proc.
+
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::procfs::{self, CpuTime, Memory};
+
+/// How long the server may take to answer `/healthz` after it starts.
+const START_PATIENCE: Duration = Duration::from_secs(30);
+/// How long the server may take to exit after SIGTERM (its own grace period is 3 s, then 6 s at most).
+const STOP_PATIENCE: Duration = Duration::from_secs(10);
+
+/// How to start the server.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    pub binary: PathBuf,
+    /// Extra options after the ones the bench sets.
+    pub extra_args: Vec<String>,
+    /// Keep the temporary directory (workspace and log) after the server stops.
+    pub keep_workdir: bool,
+    /// Where the server's temporary directory (its working directory and workspace) is created.
+    pub tmpdir: PathBuf,
+}
+
+/// The default place for the server's workspace: memory (tmpfs) when there is one, so that the figures measure
+/// toolgate rather than the disk's filesystem (every trip creates a file).
+pub fn default_tmpdir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    let writable = tempfile::Builder::new()
+        .prefix("toolgate-bench-probe-")
+        .tempdir_in(shm)
+        .is_ok();
+    if writable {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// A running server. Dropping it kills the process.
+pub struct Server {
+    child: Child,
+    pid: u32,
+    addr: SocketAddr,
+    workdir: tempfile::TempDir,
+    workspace: PathBuf,
+    log: PathBuf,
+}
+
+fn free_port() -> Result<u16> {
+    let listener =
+        TcpListener::bind("127.0.0.1:0").context("cannot find a free port on 127.0.0.1")?;
+    Ok(listener.local_addr()?.port())
+}
+
+impl Server {
+    /// Starts the server and waits until `/healthz` answers. Retries with another port if the chosen one was taken
+    /// in the meantime.
+    pub async fn start(options: &ServerOptions) -> Result<Self> {
+        let mut last_error = None;
+        for _ in 0..3 {
+            match Self::start_once(options).await {
+                Ok(server) => return Ok(server),
+                Err(StartFailure::PortTaken(error)) => last_error = Some(error),
+                Err(StartFailure::Other(error)) => return Err(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("the server did not start")))
+    }
+
+    async fn start_once(options: &ServerOptions) -> Result<Self, StartFailure> {
+        let binary = &options.binary;
+        if !binary.is_file() {
+            return Err(StartFailure::Other(anyhow::anyhow!(
+                "no server binary at {}: build it with `make site` (or `cargo leptos build --release --precompress`), \
+                 or pass --server PATH",
+                binary.display()
+            )));
+        }
+        let workdir = tempfile::Builder::new()
+            .prefix("toolgate-bench-")
+            .tempdir_in(&options.tmpdir)
+            .with_context(|| {
+                format!(
+                    "cannot create a temporary directory for the server in {}",
+                    options.tmpdir.display()
+                )
+            })?;
+        let workspace = workdir.path().join("workspace");
+        let log = workdir.path().join("server.log");
+        let log_file =
+            File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+
+        let mut command = Command::new(binary);
+        command
+            .current_dir(workdir.path())
+            .arg("--addr")
+            .arg(addr.to_string())
+            .arg("--workspace")
+            .arg(&workspace)
+            .args(["--log", "warn"])
+            // Every approval stays pending until the bench decides, even at scale on a slow machine.
+            .args(["--approval-timeout-secs", "900"])
+            .args(&options.extra_args)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(
+                log_file
+                    .try_clone()
+                    .context("cannot share the server log file")?,
+            ))
+            .stderr(Stdio::from(log_file));
+        // The caller's TOOLGATE_* settings must not change what is measured.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("TOOLGATE_") {
+                command.env_remove(key);
+            }
+        }
+        let child = command
+            .spawn()
+            .with_context(|| format!("cannot start {}", binary.display()))?;
+        let pid = child.id();
+        let mut server = Self {
+            child,
+            pid,
+            addr,
+            workdir,
+            workspace,
+            log,
+        };
+        if options.keep_workdir {
+            server.workdir.disable_cleanup(true);
+        }
+        server.wait_until_healthy().await?;
+        Ok(server)
+    }
+
+    async fn wait_until_healthy(&mut self) -> Result<(), StartFailure> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .context("cannot build an HTTP client")?;
+        let url = self.url("/healthz");
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self
+                .child
+                .try_wait()
+                .context("cannot wait for the server")?
+            {
+                let log = self.log_tail();
+                let error =
+                    anyhow::anyhow!("the server exited at start ({status}); its log:\n{log}");
+                return Err(if log.contains("cannot listen") {
+                    StartFailure::PortTaken(error)
+                } else {
+                    StartFailure::Other(error)
+                });
+            }
+            if let Ok(response) = client.get(&url).send().await
+                && response.status().is_success()
+                && response.text().await.is_ok_and(|body| body == "ok")
+            {
+                return Ok(());
+            }
+            if started.elapsed() > START_PATIENCE {
+                return Err(StartFailure::Other(anyhow::anyhow!(
+                    "the server did not answer {url} within {} s; its log:\n{}",
+                    START_PATIENCE.as_secs(),
+                    self.log_tail()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The directory the server's tools write in.
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    pub fn cpu_time(&self) -> Result<CpuTime> {
+        procfs::cpu_time(self.pid)
+    }
+
+    pub fn memory(&self) -> Result<Memory> {
+        procfs::memory(self.pid)
+    }
+
+    /// Fails when the server is no longer running.
+    pub fn ensure_running(&mut self) -> Result<()> {
+        if let Some(status) = self
+            .child
+            .try_wait()
+            .context("cannot wait for the server")?
+        {
+            bail!(
+                "the server exited during the benchmark ({status}); its log:\n{}",
+                self.log_tail()
+            );
+        }
+        Ok(())
+    }
+
+    /// The end of the server's log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+        if tail.is_empty() {
+            "(empty)".to_owned()
+        } else {
+            tail
+        }
+    }
+
+    /// Stops the server with SIGTERM, as an operator would, and waits for it to exit.
+    pub async fn stop(mut self) -> Result<()> {
+        if self.child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        let pid =
+            libc::pid_t::try_from(self.pid).context("the server's pid does not fit a pid_t")?;
+        // SAFETY: kill has no memory preconditions; the pid is our own child's, not yet reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let started = Instant::now();
+        while started.elapsed() < STOP_PATIENCE {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bail!(
+            "the server did not exit within {} s of SIGTERM",
+            STOP_PATIENCE.as_secs()
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+enum StartFailure {
+    PortTaken(anyhow::Error),
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for StartFailure {
+    fn from(error: anyhow::Error) -> Self {
+        Self::Other(error)
+    }
+}
