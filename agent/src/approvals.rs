@@ -216,7 +216,7 @@ impl ApprovalRegistry {
             }
             Entry::Vacant(slot) => {
                 slot.insert(PendingEntry {
-                    request: request.clone(),
+                    request,
                     sender,
                     ticket,
                 });
@@ -224,7 +224,6 @@ impl ApprovalRegistry {
         }
         Ok(PendingApproval {
             key,
-            request,
             receiver,
             registry: Arc::clone(&self.inner),
             deadline: Instant::now() + timeout,
@@ -313,7 +312,6 @@ impl ApprovalRegistry {
 /// The waiting side of one pending approval. Await [`PendingApproval::wait`] for its resolution.
 pub struct PendingApproval {
     key: ApprovalKey,
-    request: ApprovalRequest,
     receiver: oneshot::Receiver<Resolution>,
     registry: Arc<Inner>,
     deadline: Instant,
@@ -324,8 +322,13 @@ pub struct PendingApproval {
 }
 
 impl PendingApproval {
-    pub fn request(&self) -> &ApprovalRequest {
-        &self.request
+    /// The pending request, while it is pending (the registry holds the one copy).
+    pub fn request(&self) -> Option<ApprovalRequest> {
+        self.registry
+            .lock()
+            .get(&self.key)
+            .filter(|entry| entry.ticket == self.ticket)
+            .map(|entry| entry.request.clone())
     }
 
     /// Waits for a decision, the timeout or the run's abort, whichever comes first, and resolves exactly once.

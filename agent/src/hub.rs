@@ -93,7 +93,6 @@ pub struct EncodedEvent {
 
 struct RecordState {
     events: Vec<Arc<EncodedEvent>>,
-    view: Option<RunView>,
     finished: bool,
 }
 
@@ -130,7 +129,6 @@ impl RunRecord {
             abort: RunAbort::new(),
             state: Mutex::new(RecordState {
                 events: Vec::new(),
-                view: None,
                 finished: false,
             }),
             version: watch::channel(0).0,
@@ -172,9 +170,22 @@ impl RunRecord {
         self.state().finished
     }
 
-    /// The run as a viewer sees it now.
+    /// The run as a viewer sees it now, folded from its log. Kept as a log only: a run waiting for a person costs
+    /// its events, not a second copy of them.
     pub fn view(&self) -> Option<RunView> {
-        self.state().view.clone()
+        let (events, _) = self.events_after(0);
+        let decoded: Vec<RunEvent> = events
+            .iter()
+            .filter_map(|encoded| {
+                serde_json::from_str(&encoded.json)
+                    .map(|event| RunEvent {
+                        seq: encoded.seq,
+                        event,
+                    })
+                    .ok()
+            })
+            .collect();
+        RunView::from_events(&decoded)
     }
 
     /// The sequence number of the newest event.
@@ -247,13 +258,6 @@ impl RunRecord {
                 return;
             }
             let seq = state.events.len() as u64 + 1;
-            let event = RunEvent { seq, event };
-            match &mut state.view {
-                Some(view) => {
-                    view.apply(&event);
-                }
-                None => state.view = RunView::start(&event),
-            }
             state
                 .events
                 .push(Arc::new(EncodedEvent { seq, kind, json }));
@@ -529,13 +533,16 @@ impl Inner {
             .iter()
             .map(|issued| issued.request.clone())
             .collect();
-        self.interrupts.issue(Suspension {
-            run_id: record.run_id().clone(),
-            session_id: record.session_id().clone(),
-            history,
-            interruption,
-            interrupts,
-        });
+        self.interrupts.issue(
+            Suspension {
+                run_id: record.run_id().clone(),
+                session_id: record.session_id().clone(),
+                history,
+                interruption,
+                interrupts,
+            },
+            now_ms(),
+        );
         requests
     }
 }
@@ -562,7 +569,7 @@ impl Harness {
         Self {
             inner: Arc::new(Inner {
                 approvals: ApprovalRegistry::new(config.approval_timeout),
-                interrupts: InterruptStore::new(config.retention.finished_runs.max(1_000)),
+                interrupts: InterruptStore::new(config.retention.sessions),
                 config,
                 model,
                 toolbox: Arc::new(toolbox),

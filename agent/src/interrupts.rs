@@ -79,9 +79,36 @@ struct Slots {
     by_run: HashMap<RunId, Slot>,
     /// Issue order, oldest first, for the bound on how many are kept.
     order: VecDeque<RunId>,
+    /// The newest open suspension of each session.
+    open_by_session: HashMap<SessionId, RunId>,
 }
 
-/// Every suspension and tombstone of the process, bounded in count (the oldest go first).
+impl Slots {
+    /// Forgets used and expired suspensions, oldest first, until at most `keep` remain. An open suspension that
+    /// has not expired is never dropped: a person may still answer it.
+    fn evict(&mut self, keep: usize, now_ms: u64) {
+        let mut kept = VecDeque::with_capacity(self.order.len());
+        while let Some(run_id) = self.order.pop_front() {
+            let evictable = match self.by_run.get(&run_id) {
+                Some(Slot::Used { .. }) | None => true,
+                Some(Slot::Open(suspension)) => suspension.expires_at() <= now_ms,
+            };
+            if evictable && self.by_run.len() > keep {
+                if let Some(Slot::Open(suspension)) = self.by_run.remove(&run_id)
+                    && self.open_by_session.get(&suspension.session_id) == Some(&run_id)
+                {
+                    self.open_by_session.remove(&suspension.session_id);
+                }
+            } else {
+                kept.push_back(run_id);
+            }
+        }
+        self.order = kept;
+    }
+}
+
+/// Every suspension and tombstone of the process, bounded in count: used and expired ones go first (oldest first),
+/// and an open one never goes before it expires.
 pub struct InterruptStore {
     slots: Mutex<Slots>,
     capacity: usize,
@@ -101,6 +128,7 @@ impl InterruptStore {
             slots: Mutex::new(Slots {
                 by_run: HashMap::new(),
                 order: VecDeque::new(),
+                open_by_session: HashMap::new(),
             }),
             capacity: capacity.max(1),
         }
@@ -110,19 +138,19 @@ impl InterruptStore {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Keeps a suspension until it is resumed or pushed out by newer ones.
-    pub fn issue(&self, suspension: Suspension) {
+    /// Keeps a suspension until it is resumed, or expires and is pushed out by newer ones.
+    pub fn issue(&self, suspension: Suspension, now_ms: u64) {
         let mut slots = self.lock();
-        while slots.order.len() >= self.capacity {
-            match slots.order.pop_front() {
-                Some(oldest) => {
-                    slots.by_run.remove(&oldest);
-                }
-                None => break,
-            }
+        if slots.by_run.len() >= self.capacity {
+            // Make room for a tenth more at once, so that a full store scans once per many issues.
+            let keep = self.capacity - (self.capacity / 10).max(1);
+            slots.evict(keep, now_ms);
         }
         let run_id = suspension.run_id.clone();
         slots.order.push_back(run_id.clone());
+        slots
+            .open_by_session
+            .insert(suspension.session_id.clone(), run_id.clone());
         slots
             .by_run
             .insert(run_id, Slot::Open(Box::new(suspension)));
@@ -133,32 +161,24 @@ impl InterruptStore {
         self.lock().by_run.contains_key(run_id)
     }
 
-    /// An open, unexpired suspension in this session, if any: the session waits for a resume.
+    /// The session's open suspension that has not expired, if any: the session waits for a resume.
     pub fn open_in_session(&self, session_id: &SessionId, now_ms: u64) -> Option<RunId> {
-        self.lock().by_run.values().find_map(|slot| match slot {
-            Slot::Open(suspension)
-                if &suspension.session_id == session_id && suspension.expires_at() > now_ms =>
-            {
-                Some(suspension.run_id.clone())
+        let slots = self.lock();
+        let run_id = slots.open_by_session.get(session_id)?;
+        match slots.by_run.get(run_id) {
+            Some(Slot::Open(suspension)) if suspension.expires_at() > now_ms => {
+                Some(run_id.clone())
             }
             _ => None,
-        })
+        }
     }
 
-    /// The most recently issued suspension of a session that is still open (expired or not): the run a resume
-    /// answers when the client does not name it (`@ag-ui/client` sends no `parentRunId`).
+    /// The session's newest suspension that is still open (expired or not): the run a resume answers when the
+    /// client does not name it (`@ag-ui/client` sends no `parentRunId`).
     pub fn latest_open_in_session(&self, session_id: &SessionId) -> Option<RunId> {
         let slots = self.lock();
-        slots
-            .order
-            .iter()
-            .rev()
-            .find_map(|run_id| match slots.by_run.get(run_id) {
-                Some(Slot::Open(suspension)) if &suspension.session_id == session_id => {
-                    Some(run_id.clone())
-                }
-                _ => None,
-            })
+        let run_id = slots.open_by_session.get(session_id)?;
+        matches!(slots.by_run.get(run_id), Some(Slot::Open(_))).then(|| run_id.clone())
     }
 
     /// Puts a taken suspension back, open, when the run that took it could not start after all.
@@ -168,6 +188,9 @@ impl InterruptStore {
         if !slots.order.contains(&run_id) {
             slots.order.push_back(run_id.clone());
         }
+        slots
+            .open_by_session
+            .insert(suspension.session_id.clone(), run_id.clone());
         slots
             .by_run
             .insert(run_id, Slot::Open(Box::new(suspension)));
@@ -196,6 +219,11 @@ impl InterruptStore {
         let slot = slots
             .by_run
             .insert(parent.clone(), Slot::Used { by: by.clone() });
+        if let Some(Slot::Open(suspension)) = &slot
+            && slots.open_by_session.get(&suspension.session_id) == Some(parent)
+        {
+            slots.open_by_session.remove(&suspension.session_id);
+        }
         match slot {
             Some(Slot::Open(suspension)) => Ok((*suspension, checked)),
             // Unreachable: the slot was open a moment ago and the lock was held throughout.
@@ -255,7 +283,7 @@ mod tests {
     #[test]
     fn a_suspension_is_taken_once_and_a_replay_is_told_who_took_it() {
         let store = InterruptStore::new(10);
-        store.issue(suspension("r1", "t", u64::MAX));
+        store.issue(suspension("r1", "t", u64::MAX), 0);
         let (taken, ()) = store
             .take(&run("r1"), &run("r2"), |_| Ok::<_, ()>(()))
             .unwrap();
@@ -280,7 +308,7 @@ mod tests {
     #[test]
     fn a_refused_check_leaves_the_suspension_open() {
         let store = InterruptStore::new(10);
-        store.issue(suspension("r1", "t", u64::MAX));
+        store.issue(suspension("r1", "t", u64::MAX), 0);
         assert_eq!(
             store
                 .take(&run("r1"), &run("r2"), |_| Err::<(), _>("partial"))
@@ -297,7 +325,7 @@ mod tests {
     #[test]
     fn open_suspensions_block_their_session_until_they_expire() {
         let store = InterruptStore::new(10);
-        store.issue(suspension("r1", "t", 1_000));
+        store.issue(suspension("r1", "t", 1_000), 0);
         let thread = SessionId::parse("t").unwrap();
         assert_eq!(store.open_in_session(&thread, 999), Some(run("r1")));
         assert_eq!(store.open_in_session(&thread, 1_000), None);
@@ -308,12 +336,38 @@ mod tests {
     }
 
     #[test]
-    fn the_store_keeps_a_bounded_number() {
-        let store = InterruptStore::new(2);
-        for id in ["r1", "r2", "r3"] {
-            store.issue(suspension(id, "t", u64::MAX));
+    fn the_store_forgets_used_and_expired_suspensions_first_and_never_an_open_one() {
+        let store = InterruptStore::new(3);
+        store.issue(suspension("open", "t1", u64::MAX), 0);
+        store.issue(suspension("used", "t2", u64::MAX), 0);
+        store.issue(suspension("expired", "t3", 10), 0);
+        store
+            .take(&run("used"), &run("by"), |_| Ok::<_, ()>(()))
+            .unwrap();
+        store.issue(suspension("new", "t4", u64::MAX), 100);
+        assert!(
+            store.knows(&run("open")),
+            "an open suspension waits for its person"
+        );
+        assert!(
+            !store.knows(&run("used")),
+            "the oldest that can go goes first"
+        );
+        assert!(store.knows(&run("expired")) && store.knows(&run("new")));
+        // Even past its capacity, the store does not drop what may still be answered.
+        for i in 0..5 {
+            store.issue(
+                suspension(&format!("more{i}"), &format!("u{i}"), u64::MAX),
+                100,
+            );
         }
-        assert!(!store.knows(&run("r1")));
-        assert!(store.knows(&run("r2")) && store.knows(&run("r3")));
+        assert!(!store.knows(&run("expired")));
+        assert!(
+            store.knows(&run("open")) && store.knows(&run("new")) && store.knows(&run("more4"))
+        );
+        assert_eq!(
+            store.open_in_session(&SessionId::parse("t1").unwrap(), 100),
+            Some(run("open"))
+        );
     }
 }

@@ -402,10 +402,11 @@ async fn request_approval(
             context.approval_timeout,
         )
         .map_err(|error| RunError::Model(format!("the model reused a tool call id: {error}")))?;
-    // Registered before it is announced: whoever sees `approvalRequired` can decide at once.
-    context.emit(AgentEvent::ApprovalRequested {
-        request: pending.request().clone(),
-    });
+    // Registered before it is announced: whoever sees `approvalRequired` can decide at once. (Someone may have
+    // decided already, between the two; then the decision is in the channel and the announcement is skipped.)
+    if let Some(request) = pending.request() {
+        context.emit(AgentEvent::ApprovalRequested { request });
+    }
     let asked = Instant::now();
     let resolution = pending.wait().await;
     context.emit(AgentEvent::ApprovalResolved {

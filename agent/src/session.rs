@@ -147,15 +147,19 @@ impl SessionStore {
             return Arc::clone(session);
         }
         if sessions.len() >= self.max_sessions {
-            Self::evict(&mut sessions, self.idle_ttl, self.max_sessions);
+            // Make room for a tenth more at once, so that a full store sorts once per many new sessions rather
+            // than for each one.
+            let keep = self.max_sessions - (self.max_sessions / 10).max(1);
+            Self::evict(&mut sessions, self.idle_ttl, keep);
         }
         let session = Arc::new(Session::new(id.clone()));
         sessions.insert(id.clone(), Arc::clone(&session));
         session
     }
 
-    /// Drops idle sessions past their time, then the least recently used idle ones until there is room.
-    fn evict(sessions: &mut HashMap<SessionId, Arc<Session>>, idle_ttl: Duration, max: usize) {
+    /// Drops idle sessions past their time, then the least recently used idle ones until at most `keep` remain.
+    /// A session with a run going is never dropped.
+    fn evict(sessions: &mut HashMap<SessionId, Arc<Session>>, idle_ttl: Duration, keep: usize) {
         let now = Instant::now();
         let mut idle: Vec<(Instant, SessionId)> = sessions
             .values()
@@ -167,10 +171,10 @@ impl SessionStore {
                     .then(|| (state.last_used, s.id.clone()))
             })
             .collect();
-        idle.sort();
+        idle.sort_unstable();
         for (last_used, id) in idle {
             let expired = now.duration_since(last_used) >= idle_ttl;
-            if !expired && sessions.len() < max {
+            if !expired && sessions.len() <= keep {
                 break;
             }
             sessions.remove(&id);
@@ -224,5 +228,17 @@ mod tests {
         assert_eq!(store.len(), 2);
         assert!(store.get(&sid("busy")).is_some());
         assert!(store.get(&sid("idle")).is_none());
+    }
+
+    #[test]
+    fn a_full_store_makes_room_for_many_at_once_oldest_first() {
+        let store = SessionStore::new(100, Duration::from_secs(3600));
+        for i in 0..100 {
+            store.get_or_create(&sid(&format!("s{i:03}")));
+        }
+        store.get_or_create(&sid("newest"));
+        assert_eq!(store.len(), 91, "down to 90, plus the new one");
+        assert!(store.get(&sid("s000")).is_none() && store.get(&sid("s009")).is_none());
+        assert!(store.get(&sid("s010")).is_some() && store.get(&sid("newest")).is_some());
     }
 }

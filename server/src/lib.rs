@@ -7,6 +7,7 @@ pub mod body;
 pub mod config;
 pub mod error;
 pub mod security;
+pub mod serve;
 pub mod session_cookie;
 pub mod startup;
 pub mod state;

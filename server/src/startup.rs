@@ -221,30 +221,15 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let harness = self.harness.clone();
-        let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-        let signal = async move {
+        let stop = async move {
             shutdown.await;
             tracing::info!("shutting down");
-            let _ = stopping_tx.send(());
             if !harness.shutdown(SHUTDOWN_GRACE).await {
                 tracing::warn!("some runs did not end within the grace period");
             }
         };
-        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
-        let deadline = async move {
-            if stopping_rx.await.is_ok() {
-                tokio::time::sleep(SHUTDOWN_GRACE * 2).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::select! {
-            result = server.into_future() => result,
-            () = deadline => {
-                tracing::warn!("connections still open after the grace period; exiting anyway");
-                Ok(())
-            }
-        }
+        crate::serve::serve(self.listener, self.router, stop, SHUTDOWN_GRACE).await;
+        Ok(())
     }
 }
 

@@ -54,13 +54,8 @@ impl Model for ScriptedModel {
         let delay = self.delta_delay;
         futures::stream::iter(chunks)
             .then(move |chunk| async move {
-                if matches!(chunk, ModelChunk::Text(_)) {
-                    if delay.is_zero() {
-                        // Let the deltas go out as separate events even without a delay.
-                        tokio::task::yield_now().await;
-                    } else {
-                        tokio::time::sleep(delay).await;
-                    }
+                if matches!(chunk, ModelChunk::Text(_)) && !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
                 }
                 Ok(chunk)
             })

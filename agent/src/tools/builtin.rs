@@ -5,6 +5,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use std::io::Read;
+
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::{Tool, ToolContext, ToolError, ToolFuture, Toolbox, Workspace};
@@ -49,6 +51,18 @@ fn io_error(action: &str, path: &str, error: std::io::Error) -> ToolError {
     }
 }
 
+/// Runs a file tool's whole body on the blocking pool: one hand-off per call, instead of one per file system call
+/// (and the workspace's path checks, which touch the file system too, stay off the async threads).
+fn blocking(
+    work: impl FnOnce() -> Result<Value, ToolError> + Send + 'static,
+) -> ToolFuture<'static> {
+    Box::pin(async move {
+        tokio::task::spawn_blocking(work).await.map_err(|error| {
+            ToolError::failed(format!("The tool stopped unexpectedly: {error}."))
+        })?
+    })
+}
+
 /// The five built-in tools over one workspace.
 pub fn workspace_tools(workspace: &Workspace, limits: CommandLimits) -> Toolbox {
     Toolbox::new()
@@ -90,26 +104,21 @@ impl Tool for ListFiles {
     }
 
     fn execute<'a>(&'a self, input: Value, _: &'a ToolContext) -> ToolFuture<'a> {
-        Box::pin(async move {
+        let workspace = self.workspace.clone();
+        blocking(move || {
             let relative = str_field(&input, "path");
-            let dir = self.workspace.resolve(relative)?;
-            let shown = self.workspace.display(&dir);
-            let mut reader = tokio::fs::read_dir(&dir)
-                .await
-                .map_err(|e| io_error("list", &shown, e))?;
+            let dir = workspace.resolve(relative)?;
+            let shown = workspace.display(&dir);
+            let reader = std::fs::read_dir(&dir).map_err(|e| io_error("list", &shown, e))?;
             let mut entries = Vec::new();
             let mut truncated = false;
-            while let Some(entry) = reader
-                .next_entry()
-                .await
-                .map_err(|e| io_error("list", &shown, e))?
-            {
+            for entry in reader {
+                let entry = entry.map_err(|e| io_error("list", &shown, e))?;
                 if entries.len() == MAX_LIST_ENTRIES {
                     truncated = true;
                     break;
                 }
-                let meta = entry.metadata().await.ok();
-                let kind = match entry.file_type().await {
+                let kind = match entry.file_type() {
                     Ok(t) if t.is_symlink() => "symlink",
                     Ok(t) if t.is_dir() => "dir",
                     _ => "file",
@@ -117,7 +126,7 @@ impl Tool for ListFiles {
                 entries.push(json!({
                     "name": entry.file_name().to_string_lossy(),
                     "kind": kind,
-                    "size": meta.map_or(0, |m| m.len()),
+                    "size": entry.metadata().map_or(0, |m| m.len()),
                 }));
             }
             entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
@@ -156,20 +165,18 @@ impl Tool for ReadFile {
     }
 
     fn execute<'a>(&'a self, input: Value, _: &'a ToolContext) -> ToolFuture<'a> {
-        Box::pin(async move {
+        let workspace = self.workspace.clone();
+        blocking(move || {
             let relative = str_field(&input, "path");
-            let path = self.workspace.resolve(relative)?;
-            let file = tokio::fs::File::open(&path)
-                .await
-                .map_err(|e| io_error("read", relative, e))?;
-            let size = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+            let path = workspace.resolve(relative)?;
+            let file = std::fs::File::open(&path).map_err(|e| io_error("read", relative, e))?;
+            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
             let mut bytes = Vec::new();
             file.take(MAX_READ_BYTES as u64)
                 .read_to_end(&mut bytes)
-                .await
                 .map_err(|e| io_error("read", relative, e))?;
             Ok(json!({
-                "path": self.workspace.display(&path),
+                "path": workspace.display(&path),
                 "content": String::from_utf8_lossy(&bytes),
                 "bytes": size,
                 "truncated": size > bytes.len() as u64,
@@ -213,22 +220,20 @@ impl Tool for WriteFile {
     }
 
     fn execute<'a>(&'a self, input: Value, _: &'a ToolContext) -> ToolFuture<'a> {
-        Box::pin(async move {
+        let workspace = self.workspace.clone();
+        blocking(move || {
             let relative = str_field(&input, "path");
             let content = str_field(&input, "content");
-            let path = self.workspace.resolve(relative)?;
-            if path == self.workspace.root() {
+            let path = workspace.resolve(relative)?;
+            if path == workspace.root() {
                 return Err(ToolError::failed("The workspace itself is not a file."));
             }
             if let Some(parent) = path.parent() {
-                tokio::fs::create_dir_all(parent)
-                    .await
+                std::fs::create_dir_all(parent)
                     .map_err(|e| io_error("create the directory for", relative, e))?;
             }
-            tokio::fs::write(&path, content)
-                .await
-                .map_err(|e| io_error("write", relative, e))?;
-            Ok(json!({"path": self.workspace.display(&path), "bytes": content.len()}))
+            std::fs::write(&path, content).map_err(|e| io_error("write", relative, e))?;
+            Ok(json!({"path": workspace.display(&path), "bytes": content.len()}))
         })
     }
 }
@@ -263,21 +268,19 @@ impl Tool for DeleteFile {
     }
 
     fn execute<'a>(&'a self, input: Value, _: &'a ToolContext) -> ToolFuture<'a> {
-        Box::pin(async move {
+        let workspace = self.workspace.clone();
+        blocking(move || {
             let relative = str_field(&input, "path");
-            let path = self.workspace.resolve(relative)?;
-            let meta = tokio::fs::symlink_metadata(&path)
-                .await
-                .map_err(|e| io_error("delete", relative, e))?;
+            let path = workspace.resolve(relative)?;
+            let meta =
+                std::fs::symlink_metadata(&path).map_err(|e| io_error("delete", relative, e))?;
             if meta.is_dir() {
                 return Err(ToolError::failed(format!(
                     "{relative:?} is a directory; delete_file deletes files only."
                 )));
             }
-            tokio::fs::remove_file(&path)
-                .await
-                .map_err(|e| io_error("delete", relative, e))?;
-            Ok(json!({"path": self.workspace.display(&path), "deleted": true}))
+            std::fs::remove_file(&path).map_err(|e| io_error("delete", relative, e))?;
+            Ok(json!({"path": workspace.display(&path), "deleted": true}))
         })
     }
 }

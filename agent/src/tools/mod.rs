@@ -87,6 +87,8 @@ struct RegisteredTool {
 #[derive(Default)]
 pub struct Toolbox {
     tools: BTreeMap<String, RegisteredTool>,
+    /// Every tool's spec, built once: each model step sends them, and a waiting run holds them.
+    specs: Arc<[ToolSpec]>,
 }
 
 impl std::fmt::Debug for Toolbox {
@@ -118,6 +120,7 @@ impl Toolbox {
                 validator,
             },
         );
+        self.specs = self.tools.values().map(|r| r.tool.spec().clone()).collect();
         Ok(())
     }
 
@@ -134,8 +137,9 @@ impl Toolbox {
         self.get(name).map(|tool| tool.spec())
     }
 
-    pub fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.values().map(|r| r.tool.spec().clone()).collect()
+    /// Every tool's spec, in name order; shared, not copied.
+    pub fn specs(&self) -> Arc<[ToolSpec]> {
+        Arc::clone(&self.specs)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
