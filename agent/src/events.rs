@@ -92,7 +92,7 @@ fn ms(duration: Duration) -> u64 {
 
 impl AgentEvent {
     /// The stream events this event becomes, in order. `at` is the time in milliseconds since the Unix epoch.
-    pub fn project(&self, run_id: &RunId, at: u64) -> Vec<StreamEvent> {
+    pub fn project(self, run_id: &RunId, at: u64) -> Vec<StreamEvent> {
         let run_id = run_id.clone();
         let debug = |run_id: RunId, message: String, data: Option<Value>| StreamEvent::Debug {
             run_id,
@@ -100,7 +100,7 @@ impl AgentEvent {
             message,
             data,
         };
-        match self.clone() {
+        match self {
             AgentEvent::RunStarted {
                 session_id,
                 message,

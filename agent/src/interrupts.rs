@@ -84,6 +84,18 @@ struct Slots {
 }
 
 impl Slots {
+    /// Keeps a suspension open, as its session's newest.
+    fn open(&mut self, suspension: Suspension) {
+        let run_id = suspension.run_id.clone();
+        // An id with a slot (a tombstone, when a taken suspension comes back) already has its place in the order.
+        if !self.by_run.contains_key(&run_id) {
+            self.order.push_back(run_id.clone());
+        }
+        self.open_by_session
+            .insert(suspension.session_id.clone(), run_id.clone());
+        self.by_run.insert(run_id, Slot::Open(Box::new(suspension)));
+    }
+
     /// Forgets used and expired suspensions, oldest first, until at most `keep` remain. An open suspension that
     /// has not expired is never dropped: a person may still answer it.
     fn evict(&mut self, keep: usize, now_ms: u64) {
@@ -146,14 +158,7 @@ impl InterruptStore {
             let keep = self.capacity - (self.capacity / 10).max(1);
             slots.evict(keep, now_ms);
         }
-        let run_id = suspension.run_id.clone();
-        slots.order.push_back(run_id.clone());
-        slots
-            .open_by_session
-            .insert(suspension.session_id.clone(), run_id.clone());
-        slots
-            .by_run
-            .insert(run_id, Slot::Open(Box::new(suspension)));
+        slots.open(suspension);
     }
 
     /// Whether a run id was ever issued interrupts (open or used): such an id cannot be reused for a new run.
@@ -183,17 +188,7 @@ impl InterruptStore {
 
     /// Puts a taken suspension back, open, when the run that took it could not start after all.
     pub fn restore(&self, suspension: Suspension) {
-        let mut slots = self.lock();
-        let run_id = suspension.run_id.clone();
-        if !slots.order.contains(&run_id) {
-            slots.order.push_back(run_id.clone());
-        }
-        slots
-            .open_by_session
-            .insert(suspension.session_id.clone(), run_id.clone());
-        slots
-            .by_run
-            .insert(run_id, Slot::Open(Box::new(suspension)));
+        self.lock().open(suspension);
     }
 
     /// Checks a resume of `parent` by run `by` against the suspension, and takes the suspension only if `check`

@@ -957,7 +957,7 @@ fn wire_text(events: &[AgentEvent]) -> String {
     let run_id = run_id();
     events
         .iter()
-        .flat_map(|event| event.project(&run_id, 0))
+        .flat_map(|event| event.clone().project(&run_id, 0))
         .map(|event| serde_json::to_string(&event).unwrap())
         .collect::<Vec<_>>()
         .join("\n")

@@ -83,8 +83,14 @@ fn parse_call_id(raw: &str) -> Result<ToolCallId, ApiError> {
     ToolCallId::parse(raw).map_err(|e| ApiError::bad_id("toolCallId", e))
 }
 
-fn start_input(body: &serde_json::Value) -> Result<StartRunInput, ApiError> {
-    StartRunInput::from_json(body).map_err(ApiError::Invalid)
+/// Starts a run from a `{"message", "sessionId"?, "policy"?}` body.
+fn start_run(
+    state: &AppState,
+    body: &serde_json::Value,
+    mode: ApprovalMode,
+) -> Result<Arc<RunRecord>, ApiError> {
+    let input = StartRunInput::from_json(body).map_err(ApiError::Invalid)?;
+    Ok(state.harness.start(StartRun::new(input, mode))?)
 }
 
 pub async fn healthz() -> &'static str {
@@ -132,10 +138,7 @@ pub async fn run_to_end(
     State(state): State<AppState>,
     JsonValue(body): JsonValue,
 ) -> Result<Response, ApiError> {
-    let input = start_input(&body)?;
-    let record = state
-        .harness
-        .start(StartRun::new(input, ApprovalMode::FailClosed))?;
+    let record = start_run(&state, &body, ApprovalMode::FailClosed)?;
     // A client that gives up waiting aborts the run.
     let guard = AbortOnDrop(Some(Arc::clone(&record)));
     record.finished().await;
@@ -151,10 +154,7 @@ pub async fn run_streamed(
     State(state): State<AppState>,
     JsonValue(body): JsonValue,
 ) -> Result<Response, ApiError> {
-    let input = start_input(&body)?;
-    let record = state
-        .harness
-        .start(StartRun::new(input, ApprovalMode::Interactive))?;
+    let record = start_run(&state, &body, ApprovalMode::Interactive)?;
     let events = record.subscribe(0);
     Ok(sse_response(events, Some(record), state.keep_alive))
 }
@@ -164,10 +164,7 @@ pub async fn create_run(
     State(state): State<AppState>,
     JsonValue(body): JsonValue,
 ) -> Result<Response, ApiError> {
-    let input = start_input(&body)?;
-    let record = state
-        .harness
-        .start(StartRun::new(input, ApprovalMode::Interactive))?;
+    let record = start_run(&state, &body, ApprovalMode::Interactive)?;
     let run_id = record.run_id();
     Ok((
         StatusCode::CREATED,

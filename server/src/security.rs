@@ -186,7 +186,7 @@ fn bearer(value: &HeaderValue) -> Option<&[u8]> {
 }
 
 /// Every value of the cookie `name` in the request.
-fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+pub fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
     headers
         .get_all(header::COOKIE)
         .iter()

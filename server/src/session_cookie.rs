@@ -13,14 +13,7 @@ const MAX_AGE_SECS: u64 = 30 * 24 * 60 * 60;
 
 /// The session id in the request's cookies, when there is a valid one.
 pub fn session_from_cookies(headers: &HeaderMap) -> Option<SessionId> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == SESSION_COOKIE)
-        .and_then(|(_, value)| SessionId::parse(value).ok())
+    crate::security::cookies(headers, SESSION_COOKIE).find_map(|value| SessionId::parse(value).ok())
 }
 
 pub async fn ensure_session(mut request: Request, next: Next) -> Response {

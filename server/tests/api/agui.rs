@@ -551,3 +551,51 @@ async fn malformed_input_is_400() {
     let no_user = agui(&app, json!({"threadId": "t", "runId": "r", "messages": []})).await;
     no_user.refused(422, "NO_USER_MESSAGE");
 }
+
+#[tokio::test]
+async fn a_resume_that_cannot_start_uses_nothing_and_can_be_sent_again() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("a.txt"), "a").unwrap();
+    let first = agui(&app, start("thread-11", "run-1", "delete a.txt")).await;
+    let interrupt = first.interrupts()[0].clone();
+    // Another client keeps the thread busy through the REST API (the thread is the session).
+    let busy = app
+        .create_run(json!({"message": "delete b.txt", "sessionId": "thread-11"}))
+        .await;
+    let mut events = app.events(&busy, None).await;
+    events.until("approvalRequired").await;
+
+    let refused = agui(
+        &app,
+        resume(
+            "thread-11",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupt)]),
+        ),
+    )
+    .await;
+    refused.refused(409, "THREAD_BUSY");
+    assert!(app.file("a.txt").exists());
+
+    // Once the thread is free, the same interrupt is still open and the resume goes through.
+    let cancelled = app
+        .post_json(&format!("/api/agent/runs/{busy}/cancel"), &json!({}))
+        .await;
+    assert_eq!(cancelled.status(), 200);
+    events.until("error").await;
+    let resumed = agui(
+        &app,
+        resume(
+            "thread-11",
+            "run-3",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupt)]),
+        ),
+    )
+    .await;
+    assert_eq!(resumed.status, 200, "{}", resumed.body);
+    assert!(!app.file("a.txt").exists());
+}
