@@ -156,6 +156,8 @@ fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
     let reason_id = format!("{dom_id}-reason");
     let reason_for = reason_id.clone();
     let expires_at = request.expires_at;
+    // The page's clock ticks once a second: never show more time than the approval was given.
+    let requested_at = request.requested_at;
 
     // A new card takes the focus (the card, not a button: a stray Enter must not approve anything).
     Effect::new(move |_| {
@@ -211,7 +213,7 @@ fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
         >
             <header>
                 <h3 id=title_id>"Run " <code>{request.tool_name.clone()}</code> "?"</h3>
-                <span class="countdown">{move || countdown(expires_at, ui.now_ms.get())}</span>
+                <span class="countdown">{move || countdown(expires_at, ui.now_ms.get().max(requested_at))}</span>
             </header>
             <p class="reason">{request.reason.clone()}</p>
             <pre class="arguments" aria-label="Arguments">{pretty_json(&request.arguments)}</pre>
