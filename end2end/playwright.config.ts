@@ -1,4 +1,5 @@
 import { defineConfig } from "@playwright/test";
+import { CHROMIUM, CHROMIUM_ARGS } from "./chromium.mjs";
 
 // The binary under test: the release build by default, the one `make test` builds.
 const binary = process.env.TOOLGATE_BIN ?? "../target/release/toolgate";
@@ -29,18 +30,7 @@ export default defineConfig({
       name: "chromium",
       use: {
         browserName: "chromium",
-        launchOptions: {
-          executablePath: "/usr/bin/chromium",
-          args: [
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-          ],
-        },
+        launchOptions: { executablePath: CHROMIUM, args: CHROMIUM_ARGS },
       },
     },
   ],

@@ -14,6 +14,7 @@
 // Prints one JSON object on stdout; exits 1 if any repetition failed. Never downloads a browser.
 
 import { chromium } from "@playwright/test";
+import { CHROMIUM_ARGS } from "../chromium.mjs";
 
 function options(argv) {
   const values = {
@@ -146,15 +147,7 @@ async function main() {
   const opts = options(process.argv.slice(2));
   const browser = await chromium.launch({
     executablePath: opts.chromium,
-    args: [
-      "--no-sandbox",
-      "--disable-gpu",
-      "--disable-quic",
-      "--no-first-run",
-      "--disable-background-networking",
-      "--disable-component-update",
-      "--disable-sync",
-    ],
+    args: CHROMIUM_ARGS,
   });
   const result = { chromium: browser.version(), runs: [], errors: [] };
   try {
