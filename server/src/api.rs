@@ -24,9 +24,13 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 /// Aborts a run when dropped before the run finished: the client of a streamed run went away.
-struct AbortOnDrop(Option<Arc<RunRecord>>);
+pub(crate) struct AbortOnDrop(Option<Arc<RunRecord>>);
 
 impl AbortOnDrop {
+    pub(crate) fn new(record: Arc<RunRecord>) -> Self {
+        Self(Some(record))
+    }
+
     fn disarm(mut self) {
         self.0 = None;
     }
@@ -52,7 +56,7 @@ fn sse_event(event: &EncodedEvent) -> Event {
 /// An event stream as a response that no cache stores. With `no-cache` alone (axum's default for SSE) Chrome
 /// writes the stream into its HTTP cache and makes a second tab's request for the same URL wait on that cache
 /// entry until the first stream ends, which for a live stream is never.
-fn event_stream(
+pub(crate) fn event_stream(
     events: impl Stream<Item = Event> + Send + 'static,
     keep_alive: Duration,
 ) -> Response {
@@ -140,7 +144,7 @@ pub async fn run_to_end(
 ) -> Result<Response, ApiError> {
     let record = start_run(&state, &body, ApprovalMode::FailClosed)?;
     // A client that gives up waiting aborts the run.
-    let guard = AbortOnDrop(Some(Arc::clone(&record)));
+    let guard = AbortOnDrop::new(Arc::clone(&record));
     record.finished().await;
     guard.disarm();
     let view = record.view().ok_or_else(|| {

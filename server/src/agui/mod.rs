@@ -10,22 +10,21 @@ pub mod input;
 pub mod resume;
 
 use std::collections::HashSet;
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use agent::approvals::now_ms;
-use agent::hub::{RunRecord, RunSource, StartError, StartRun};
+use agent::hub::{RunSource, StartError, StartRun};
 use agent::interrupts::TakeError;
-use agent::runtime::AbortReason;
 use agent::wire::{ApprovalMode, Message, StreamEvent, ValidationErrors};
 use axum::Json;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::http::StatusCode;
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde_json::json;
 
+use crate::api::{AbortOnDrop, event_stream};
 use crate::body::JsonValue;
 use crate::state::AppState;
 use events::Translator;
@@ -181,17 +180,6 @@ fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
     })
 }
 
-/// Aborts the run when the client's stream goes away before the run ended.
-struct AbortOnDrop(Arc<RunRecord>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        if !self.0.is_finished() {
-            self.0.abort(AbortReason::Disconnected);
-        }
-    }
-}
-
 pub async fn run(
     State(state): State<AppState>,
     JsonValue(body): JsonValue,
@@ -231,13 +219,13 @@ pub async fn run(
         plan.known,
         plan.resumed,
     );
-    let guard = AbortOnDrop(Arc::clone(&record));
+    // Closing the stream aborts the run, as on the interactive streaming route.
+    let guard = AbortOnDrop::new(Arc::clone(&record));
     let events = record.subscribe(0).flat_map(move |encoded| {
         let _guard = &guard;
         let translated = match serde_json::from_str::<StreamEvent>(&encoded.json) {
             Ok(event) => translator.translate(&event, || {
-                guard
-                    .0
+                record
                     .conversation()
                     .map(|conversation| conversation.as_ref().clone())
             }),
@@ -249,9 +237,8 @@ pub async fn run(
         futures::stream::iter(
             translated
                 .into_iter()
-                .map(|event| Ok::<_, Infallible>(Event::default().data(event.to_string()))),
+                .map(|event| Event::default().data(event.to_string())),
         )
     });
-    let sse = Sse::new(events).keep_alive(KeepAlive::new().interval(state.keep_alive));
-    Ok(([(header::CACHE_CONTROL, "no-store")], sse).into_response())
+    Ok(event_stream(events, state.keep_alive))
 }
