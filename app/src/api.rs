@@ -1,9 +1,8 @@
-//! Server functions for the browser: load the page, start a run, decide an approval, list pending approvals, cancel
-//! a run. They reach the same harness as the REST routes, through context the server provides.
+//! Server functions for the browser: load the page, start a run, decide an approval, cancel a run. They reach the same harness as the REST routes, through context the server provides.
 
 use agent::ids::RunId;
 use agent::view::SessionView;
-use agent::wire::{ApprovalPolicy, ApprovalRequest};
+use agent::wire::ApprovalPolicy;
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -30,7 +29,7 @@ pub enum Choice {
 pub mod ssr {
     //! What server functions need from the server: the harness and the browser's session.
 
-    use agent::hub::Harness;
+    use agent::harness::Harness;
     use agent::ids::SessionId;
     use leptos::prelude::*;
 
@@ -51,6 +50,13 @@ pub mod ssr {
             .map(|cookie| cookie.0)
             .ok_or_else(|| ServerFnError::new("this request carries no session"))
     }
+
+    /// Who is acting, as the server's authentication layer said.
+    pub fn actor() -> Result<agent::harness::Actor, ServerFnError> {
+        use_context::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<agent::harness::Actor>().cloned())
+            .ok_or_else(|| ServerFnError::new("this request was not authenticated"))
+    }
 }
 
 #[server(prefix = "/api/fn", endpoint = "page")]
@@ -58,18 +64,21 @@ pub async fn load_page() -> Result<PageState, ServerFnError> {
     let harness = ssr::harness()?;
     let session = ssr::session()?;
     Ok(PageState {
-        session: harness.session_view(&session),
+        session: harness
+            .session_view(&session)
+            .await
+            .map_err(|error| ServerFnError::new(error.to_string()))?,
         policy: harness.config().permissions.policy,
         model: harness.model_name().to_owned(),
         approval_timeout_secs: harness.config().approval_timeout.as_secs(),
-        now_ms: agent::approvals::now_ms(),
+        now_ms: agent::clock::now_ms(),
     })
 }
 
 #[server(prefix = "/api/fn", endpoint = "start_run")]
 pub async fn start_run(message: String) -> Result<RunId, ServerFnError> {
-    use agent::hub::StartRun;
-    use agent::input::StartRunInput;
+    use agent::harness::StartRun;
+    use agent::request_body::StartRunInput;
     use agent::wire::ApprovalMode;
 
     let harness = ssr::harness()?;
@@ -79,10 +88,11 @@ pub async fn start_run(message: String) -> Result<RunId, ServerFnError> {
         "sessionId": session.as_str(),
     }))
     .map_err(|errors| ServerFnError::new(errors.to_string()))?;
-    let record = harness
+    let run = harness
         .start(StartRun::new(input, ApprovalMode::Interactive))
+        .await
         .map_err(|error| ServerFnError::new(error.to_string()))?;
-    Ok(record.run_id().clone())
+    Ok(run.run_id().clone())
 }
 
 #[server(prefix = "/api/fn", endpoint = "decide")]
@@ -103,20 +113,17 @@ pub async fn decide_approval(
     let decision =
         Decision::from_json(&body).map_err(|errors| ServerFnError::new(errors.to_string()))?;
     harness
-        .decide(&run_id, &tool_call_id, decision)
+        .decide(&run_id, &tool_call_id, decision, &ssr::actor()?)
+        .await
         .map(|_| ())
         .map_err(|error| ServerFnError::new(error.to_string()))
-}
-
-#[server(prefix = "/api/fn", endpoint = "pending")]
-pub async fn list_pending(run_id: Option<RunId>) -> Result<Vec<ApprovalRequest>, ServerFnError> {
-    Ok(ssr::harness()?.pending(run_id.as_ref()))
 }
 
 #[server(prefix = "/api/fn", endpoint = "cancel")]
 pub async fn cancel_run(run_id: RunId) -> Result<(), ServerFnError> {
     ssr::harness()?
         .cancel(&run_id)
+        .await
         .map(|_| ())
         .map_err(|error| ServerFnError::new(error.to_string()))
 }

@@ -1,7 +1,7 @@
 //! toolgate's page: rendered on the server, hydrated in the browser.
 //!
 //! The server renders the session as it stands (the transcript, every pending approval); the browser hydrates it
-//! and follows the active run's events from the last one the page shows.
+//! and follows the session's events, run after run, from the last one the page shows.
 
 pub mod api;
 pub mod components;

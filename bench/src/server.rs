@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::procfs::{self, CpuTime, Memory};
+use crate::system::{self, CpuTime, Memory};
 
 /// How long the server may take to answer `/healthz` after it starts.
 const START_PATIENCE: Duration = Duration::from_secs(30);
@@ -199,11 +199,11 @@ impl Server {
     }
 
     pub fn cpu_time(&self) -> Result<CpuTime> {
-        procfs::cpu_time(self.pid)
+        system::cpu_time(self.pid)
     }
 
     pub fn memory(&self) -> Result<Memory> {
-        procfs::memory(self.pid)
+        system::memory(self.pid)
     }
 
     /// Fails when the server is no longer running.

@@ -2,7 +2,7 @@
 //! errors are logged and never shown to the client.
 
 use agent::approvals::ApprovalNotFound;
-use agent::hub::{DecideError, RunNotFound, StartError};
+use agent::harness::{CancelError, DecideError, RunNotFound, StartError, Unavailable};
 use agent::ids::IdError;
 use agent::wire::ValidationErrors;
 use axum::Json;
@@ -31,6 +31,11 @@ pub enum ApiError {
     Forbidden(String),
     #[error("{0}")]
     Unauthorized(String),
+    /// The store could not be read or written; nothing was half-written.
+    #[error(
+        "The server cannot reach its database right now; nothing was changed. Try again shortly."
+    )]
+    Unavailable(String),
     /// A failure inside the server. The detail goes to the log, not to the client.
     #[error("internal error: {0}")]
     Internal(String),
@@ -45,13 +50,14 @@ impl ApiError {
             Self::ApprovalNotFound(_) | Self::RunNotFound(_) | Self::NoRoute => {
                 StatusCode::NOT_FOUND
             }
-            Self::Start(StartError::SessionBusy(_) | StartError::RunIdTaken(_)) => {
+            Self::Start(StartError::SessionBusy { .. } | StartError::RunIdTaken(_)) => {
                 StatusCode::CONFLICT
             }
             Self::Start(StartError::PolicyTooLoose { .. }) | Self::Forbidden(_) => {
                 StatusCode::FORBIDDEN
             }
-            Self::Start(StartError::ShuttingDown) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Start(StartError::ShuttingDown | StartError::Unavailable(_))
+            | Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -75,6 +81,22 @@ impl From<DecideError> for ApiError {
         match error {
             DecideError::NotFound(not_found) => Self::ApprovalNotFound(not_found),
             DecideError::InvalidArguments(message) => Self::field("arguments", message),
+            DecideError::Unavailable(unavailable) => unavailable.into(),
+        }
+    }
+}
+
+impl From<Unavailable> for ApiError {
+    fn from(error: Unavailable) -> Self {
+        Self::Unavailable(error.to_string())
+    }
+}
+
+impl From<CancelError> for ApiError {
+    fn from(error: CancelError) -> Self {
+        match error {
+            CancelError::NotFound(not_found) => Self::RunNotFound(not_found),
+            CancelError::Unavailable(unavailable) => unavailable.into(),
         }
     }
 }
@@ -92,6 +114,10 @@ impl IntoResponse for ApiError {
             Self::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
                 json!({"ok": false, "error": "Internal server error."})
+            }
+            Self::Unavailable(detail) => {
+                tracing::error!(%detail, "the store is unavailable");
+                json!({"ok": false, "code": "STORE_UNAVAILABLE", "error": self.to_string()})
             }
             other => json!({"ok": false, "error": other.to_string()}),
         };

@@ -33,6 +33,8 @@ use axum::response::{IntoResponse, Response};
 pub use origin::PublicOrigin;
 pub use token::AccessToken;
 
+use agent::harness::Actor;
+
 use crate::config::Config;
 use crate::error::ApiError;
 use origin::{Authority, FetchSite};
@@ -274,7 +276,8 @@ impl Security {
         router.layer(axum::middleware::from_fn_with_state(self.clone(), guard))
     }
 
-    fn admit(&self, method: &Method, path: &str, headers: &HeaderMap) -> Result<(), Refusal> {
+    /// Admits a request or says why not; an admitted request is told who it comes from, for the audit log.
+    fn admit(&self, method: &Method, path: &str, headers: &HeaderMap) -> Result<Actor, Refusal> {
         let host = match single(headers, &header::HOST, "Host")? {
             Some(value) => Some(
                 value
@@ -297,7 +300,8 @@ impl Security {
             Some(credentials) if !is_open(method, path) => {
                 self.check_credentials(credentials, method, path, headers, provenance)
             }
-            _ => Ok(()),
+            Some(_) => Ok(Actor::new("anonymous")),
+            None => Ok(Actor::local()),
         }
     }
 
@@ -367,11 +371,11 @@ impl Security {
         path: &str,
         headers: &HeaderMap,
         provenance: Provenance,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Actor, Refusal> {
         if let Some(value) = single(headers, &header::AUTHORIZATION, "Authorization")? {
             // A wrong token is wrong even with a good cookie: a script should learn its token is stale.
             return match bearer(value) {
-                Some(token) if credentials.is_token(token) => Ok(()),
+                Some(token) if credentials.is_token(token) => Ok(Actor::new("token")),
                 _ => Err(Refusal::WrongToken),
             };
         }
@@ -379,7 +383,7 @@ impl Security {
             if changes_state(method) && provenance == Provenance::Unmarked {
                 return Err(Refusal::CookieWithoutOrigin);
             }
-            return Ok(());
+            return Ok(Actor::new("login"));
         }
         Err(Refusal::NoCredentials {
             page: matches!(*method, Method::GET | Method::HEAD) && !is_api(path),
@@ -408,10 +412,14 @@ fn harden(headers: &mut HeaderMap) {
     }
 }
 
-async fn guard(State(security): State<Security>, request: Request, next: Next) -> Response {
+async fn guard(State(security): State<Security>, mut request: Request, next: Next) -> Response {
     let verdict = security.admit(request.method(), request.uri().path(), request.headers());
     let mut response = match verdict {
-        Ok(()) => next.run(request).await,
+        Ok(actor) => {
+            // Who is acting comes from here, never from a request body.
+            request.extensions_mut().insert(actor);
+            next.run(request).await
+        }
         Err(refusal) => {
             if !matches!(refusal, Refusal::NoCredentials { page: true }) {
                 tracing::warn!(
@@ -521,7 +529,7 @@ mod tests {
         ]);
         assert_eq!(
             open.admit(&Method::GET, "/api/agent/approvals", &evil),
-            Ok(())
+            Ok(Actor::local())
         );
         assert!(matches!(
             open.admit(&Method::POST, "/api/anything-added-later", &evil),

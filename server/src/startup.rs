@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::hub::{Harness, HarnessConfig};
+use agent::harness::{Harness, HarnessConfig};
 use agent::model::{ApiKey, Model, OpenAiConfig, OpenAiModel, ScriptedModel};
 use agent::policy::PermissionPolicy;
 use agent::tools::{CommandLimits, Workspace, workspace_tools};

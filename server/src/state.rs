@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use agent::hub::Harness;
+use agent::harness::Harness;
 use axum::extract::FromRef;
 use leptos::config::LeptosOptions;
 
