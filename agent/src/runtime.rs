@@ -297,7 +297,8 @@ pub fn grant_for_session(context: &RunContext, tool_name: &str) {
 }
 
 /// Runs an allowed (or approved) call and emits its result. Arguments a person edited replace `input`; they are
-/// checked against the tool's schema again, because nothing runs unchecked. Nothing runs once the run is aborted.
+/// checked against the tool's schema again, because nothing runs unchecked. Nothing runs once the run is aborted;
+/// a call already running when it aborts reports what it did, and then the run ends as aborted.
 pub async fn run_tool(
     context: &RunContext,
     call: &ToolCall,
@@ -339,14 +340,26 @@ pub async fn run_tool(
         run_id: context.run_id.clone(),
         cancel: context.abort.token().clone(),
     };
+    // A tool honours the run's abort itself (`ToolContext::cancel`): what it returns is what really happened, the
+    // work it finished or the point where it stopped, and that is the result reported. Only a tool that does not
+    // end within a grace period after the abort is left behind, and then the result says so.
+    let execution = tool.execute(input, &tool_context);
+    tokio::pin!(execution);
     let result = tokio::select! {
-        result = tool.execute(input, &tool_context) => result,
+        result = &mut execution => result,
         () = context.abort.aborted() => {
-            let output = ToolOutput::from(ToolError::failed(format!(
-                "The run was aborted while {} was running.", call.name
-            )));
-            finish(context, call, edited_arguments, output, started.elapsed());
-            return Err(RunError::Aborted { reason: context.abort.reason() });
+            match tokio::time::timeout(TOOL_ABORT_GRACE, &mut execution).await {
+                Ok(result) => result,
+                Err(_) => {
+                    let output = ToolOutput::from(ToolError::failed(format!(
+                        "The run was aborted while {} was running, and it did not stop within {} s; what it did is unknown.",
+                        call.name,
+                        TOOL_ABORT_GRACE.as_secs()
+                    )));
+                    finish(context, call, edited_arguments, output, started.elapsed());
+                    return Err(RunError::Aborted { reason: context.abort.reason() });
+                }
+            }
         }
     };
     let output = match (result, &edited_arguments) {
@@ -368,8 +381,16 @@ pub async fn run_tool(
         output.clone(),
         started.elapsed(),
     );
+    if context.abort.is_aborted() {
+        return Err(RunError::Aborted {
+            reason: context.abort.reason(),
+        });
+    }
     Ok(output)
 }
+
+/// How long a tool may take to end after its run is aborted before the run stops waiting for it.
+pub const TOOL_ABORT_GRACE: Duration = Duration::from_secs(2);
 
 /// What the model reads when a person edited its call's arguments before approving it.
 pub const EDITED_NOTE: &str = "A person edited the arguments of this call before approving it; it ran with editedArguments, not with yours.";

@@ -5,12 +5,16 @@ mod support;
 
 use agent::events::AgentEvent;
 use agent::runtime::{AbortReason, RunError, execute_tool_call};
+use agent::tools::{Tool, ToolContext, ToolFuture, Toolbox};
+use agent::wire::ToolAnnotations;
 use agent::wire::{
     ApprovalMode, ApprovalPolicy, Decision, DecisionScope, DenialSource, PermissionDecision,
     Resolution, ToolErrorCode, ToolOutput,
 };
 use serde_json::json;
+use std::sync::Arc;
 use support::*;
+use tokio::sync::Notify;
 
 const DENIAL_TAIL: &str = "The action was not performed. Do not retry the same call; take a different approach or explain what you need in the final answer.";
 
@@ -287,4 +291,112 @@ async fn approved_edited_arguments_are_what_runs() {
         _ => None,
     });
     assert_eq!(executed, Some(json!({"path": "scratch.txt"})));
+}
+
+/// A read-only tool that starts, then waits to be let go before it finishes its work, whatever the run does.
+struct FinishesWhenLetGo {
+    spec: agent::wire::ToolSpec,
+    started: Arc<Notify>,
+    let_go: Arc<Notify>,
+}
+
+impl FinishesWhenLetGo {
+    fn new() -> Self {
+        Self {
+            spec: agent::wire::ToolSpec {
+                name: "slow_read".into(),
+                description: "A read that takes a while".into(),
+                input_schema: json!({"type": "object"}),
+                annotations: ToolAnnotations {
+                    read_only: Some(true),
+                    destructive: Some(false),
+                    idempotent: Some(true),
+                    open_world: Some(false),
+                },
+            },
+            started: Arc::new(Notify::new()),
+            let_go: Arc::new(Notify::new()),
+        }
+    }
+}
+
+impl Tool for FinishesWhenLetGo {
+    fn spec(&self) -> &agent::wire::ToolSpec {
+        &self.spec
+    }
+
+    fn execute<'a>(&'a self, _: serde_json::Value, _: &'a ToolContext) -> ToolFuture<'a> {
+        Box::pin(async move {
+            self.started.notify_one();
+            self.let_go.notified().await;
+            Ok(json!({"read": "all of it"}))
+        })
+    }
+}
+
+fn the_tool_result(events: Vec<AgentEvent>) -> ToolOutput {
+    events
+        .into_iter()
+        .find_map(|e| match e {
+            AgentEvent::ToolFinished { output, .. } => Some(output),
+            _ => None,
+        })
+        .expect("a toolResult")
+}
+
+#[tokio::test]
+async fn a_tool_that_finishes_after_the_abort_reports_its_real_result_then_the_run_ends() {
+    let mut fx = interactive();
+    let tool = FinishesWhenLetGo::new();
+    let (started, let_go) = (Arc::clone(&tool.started), Arc::clone(&tool.let_go));
+    fx.context.toolbox = Arc::new(Toolbox::new().with(tool).unwrap());
+    let call = call("call-1", "slow_read", json!({}));
+
+    let execution = execute_tool_call(&call, 1, &fx.context);
+    let abort_while_it_runs = async {
+        started.notified().await;
+        fx.context.abort.abort(AbortReason::Cancelled);
+        // The runtime sees the abort before the tool is let go.
+        tokio::task::yield_now().await;
+        let_go.notify_one();
+    };
+    let (result, ()) = tokio::join!(execution, abort_while_it_runs);
+
+    assert_eq!(
+        result.unwrap_err(),
+        RunError::Aborted {
+            reason: AbortReason::Cancelled
+        }
+    );
+    assert_eq!(
+        the_tool_result(drain(&mut fx.events)),
+        ToolOutput::Ok {
+            content: json!({"read": "all of it"})
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tool_that_does_not_stop_after_the_abort_is_reported_as_left_behind() {
+    let mut fx = interactive();
+    let tool = FinishesWhenLetGo::new();
+    let started = Arc::clone(&tool.started);
+    fx.context.toolbox = Arc::new(Toolbox::new().with(tool).unwrap());
+    let call = call("call-1", "slow_read", json!({}));
+
+    let execution = execute_tool_call(&call, 1, &fx.context);
+    let abort_once_started = async {
+        started.notified().await;
+        fx.context.abort.abort(AbortReason::Cancelled);
+    };
+    let (result, ()) = tokio::join!(execution, abort_once_started);
+
+    assert!(matches!(result, Err(RunError::Aborted { .. })));
+    assert_eq!(
+        the_tool_result(drain(&mut fx.events)),
+        ToolOutput::Error {
+            code: ToolErrorCode::ToolFailed,
+            message: "The run was aborted while slow_read was running, and it did not stop within 2 s; what it did is unknown.".into(),
+        }
+    );
 }

@@ -55,7 +55,9 @@ impl From<ToolError> for ToolOutput {
 #[derive(Clone, Debug)]
 pub struct ToolContext {
     pub run_id: RunId,
-    /// Cancelled when the run aborts; long tools should stop early.
+    /// Cancelled when the run aborts. A tool honours it itself: the runtime reports what the tool returns, even
+    /// after an abort, and waits only a short grace period (`runtime::TOOL_ABORT_GRACE`) for it. So a tool that can
+    /// take long stops early and says that it stopped; a short, bounded one may simply finish.
     pub cancel: CancellationToken,
 }
 
