@@ -4,6 +4,7 @@
 //! before anything runs; invalid input is a recoverable output for the model, never a crash.
 
 mod builtin;
+mod process_tree;
 mod workspace;
 
 use std::collections::BTreeMap;
@@ -19,7 +20,7 @@ use crate::wire::{ToolErrorCode, ToolOutput, ToolSpec};
 pub use builtin::{
     CommandLimits, DeleteFile, ListFiles, ReadFile, RunCommand, WriteFile, workspace_tools,
 };
-pub use workspace::Workspace;
+pub use workspace::{Workspace, WorkspacePath};
 
 /// A failure the model can read and recover from.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
