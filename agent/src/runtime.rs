@@ -308,6 +308,9 @@ pub fn tool_result(
     )
 }
 
+/// How long a tool may take to end after its run is aborted before the run stops waiting for it.
+pub const TOOL_ABORT_GRACE: Duration = Duration::from_secs(2);
+
 /// What the model reads when a person edited its call's arguments before approving it.
 pub const EDITED_NOTE: &str = "A person edited the arguments of this call before approving it; it ran with editedArguments, not with yours.";
 
@@ -383,7 +386,29 @@ async fn run_tool(context: &RunContext, call: &ToolCall, input: Value, edited: b
         cancel: context.abort.token().clone(),
     };
     let edited_input = edited.then(|| input.clone());
-    let result = tool.execute(input, &tool_context).await;
+    // A tool honours the run's abort itself (`ToolContext::cancel`): what it returns is what really happened, the
+    // work it finished or the point where it stopped, and that is the result reported. Only a tool that does not
+    // end within a grace period after the abort is left behind (dropped), and then the result says so.
+    let execution = tool.execute(input, &tool_context);
+    tokio::pin!(execution);
+    let result = tokio::select! {
+        result = &mut execution => result,
+        () = context.abort.aborted() => {
+            match tokio::time::timeout(TOOL_ABORT_GRACE, &mut execution).await {
+                Ok(result) => result,
+                Err(_) => {
+                    return ToolOutput::error(
+                        ToolErrorCode::ToolFailed,
+                        format!(
+                            "The run was aborted while {} was running, and it did not stop within {} s; what it did is unknown.",
+                            call.name,
+                            TOOL_ABORT_GRACE.as_secs()
+                        ),
+                    );
+                }
+            }
+        }
+    };
     match (result, edited_input) {
         // The model must know its call did not run as it asked.
         (Ok(content), Some(edited)) => ToolOutput::Ok {

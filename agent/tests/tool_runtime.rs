@@ -3,13 +3,17 @@
 
 mod support;
 
+use std::sync::Arc;
+
 use agent::runtime::AbortReason;
+use agent::tools::{Tool, ToolContext, ToolFuture, Toolbox};
 use agent::wire::{
     ApprovalMode, ApprovalPolicy, Decision, DecisionScope, DenialSource, PermissionDecision,
-    Resolution, RunErrorCode, StreamEvent, ToolCall, ToolErrorCode, ToolOutput,
+    Resolution, RunErrorCode, StreamEvent, ToolAnnotations, ToolCall, ToolErrorCode, ToolOutput,
 };
 use serde_json::json;
 use support::*;
+use tokio::sync::Notify;
 
 const DENIAL_TAIL: &str = "The action was not performed. Do not retry the same call; take a different approach or explain what you need in the final answer.";
 
@@ -318,4 +322,96 @@ async fn an_abort_reason_is_what_the_run_ends_with() {
             "The client disconnected, so the run was aborted."
         ))
     );
+}
+
+/// A read-only tool that starts, then waits to be let go before it finishes its work, whatever the run does.
+struct FinishesWhenLetGo {
+    spec: agent::wire::ToolSpec,
+    started: Arc<Notify>,
+    let_go: Arc<Notify>,
+}
+
+impl FinishesWhenLetGo {
+    fn new() -> Self {
+        Self {
+            spec: agent::wire::ToolSpec {
+                name: "slow_read".into(),
+                description: "A read that takes a while".into(),
+                input_schema: json!({"type": "object"}),
+                annotations: ToolAnnotations {
+                    read_only: Some(true),
+                    destructive: Some(false),
+                    idempotent: Some(true),
+                    open_world: Some(false),
+                },
+            },
+            started: Arc::new(Notify::new()),
+            let_go: Arc::new(Notify::new()),
+        }
+    }
+}
+
+impl Tool for FinishesWhenLetGo {
+    fn spec(&self) -> &agent::wire::ToolSpec {
+        &self.spec
+    }
+
+    fn execute<'a>(&'a self, _: serde_json::Value, _: &'a ToolContext) -> ToolFuture<'a> {
+        Box::pin(async move {
+            self.started.notify_one();
+            self.let_go.notified().await;
+            Ok(json!({"read": "all of it"}))
+        })
+    }
+}
+
+fn slow_read_harness(tool: FinishesWhenLetGo) -> agent::harness::Harness {
+    harness_over(
+        Arc::new(ReplayModel::new(vec![
+            tool_step(&[call("call-1", "slow_read", json!({}))]),
+            text_step("never reached"),
+        ])),
+        Toolbox::new().with(tool).unwrap(),
+        ApprovalPolicy::OnRequest,
+    )
+}
+
+#[tokio::test]
+async fn a_tool_that_finishes_after_the_abort_reports_its_real_result_then_the_run_ends() {
+    let tool = FinishesWhenLetGo::new();
+    let (started, let_go) = (Arc::clone(&tool.started), Arc::clone(&tool.let_go));
+    let harness = slow_read_harness(tool);
+    let run = start_interactive(&harness, "read slowly").await;
+    started.notified().await;
+    harness.cancel(run.run_id()).await.unwrap();
+    let_go.notify_one();
+
+    let events = all_events(&run).await;
+    assert_eq!(
+        output_of(&events, "call-1"),
+        ToolOutput::Ok {
+            content: json!({"read": "all of it"})
+        }
+    );
+    assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tool_that_does_not_stop_after_the_abort_is_reported_as_left_behind() {
+    let tool = FinishesWhenLetGo::new();
+    let started = Arc::clone(&tool.started);
+    let harness = slow_read_harness(tool);
+    let run = start_interactive(&harness, "read slowly").await;
+    started.notified().await;
+    harness.cancel(run.run_id()).await.unwrap();
+
+    let events = all_events(&run).await;
+    assert_eq!(
+        output_of(&events, "call-1"),
+        ToolOutput::Error {
+            code: ToolErrorCode::ToolFailed,
+            message: "The run was aborted while slow_read was running, and it did not stop within 2 s; what it did is unknown.".into(),
+        }
+    );
+    assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
 }

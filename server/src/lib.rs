@@ -6,6 +6,7 @@ pub mod assets;
 pub mod body;
 pub mod config;
 pub mod error;
+pub mod runtime;
 pub mod security;
 pub mod serve;
 pub mod session_cookie;

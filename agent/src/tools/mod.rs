@@ -4,6 +4,7 @@
 //! before anything runs; invalid input is a recoverable output for the model, never a crash.
 
 mod builtin;
+mod process_tree;
 mod workspace;
 
 use std::collections::BTreeMap;
@@ -19,7 +20,7 @@ use crate::wire::{ToolErrorCode, ToolOutput, ToolSpec};
 pub use builtin::{
     CommandLimits, DeleteFile, ListFiles, ReadFile, RunCommand, WriteFile, workspace_tools,
 };
-pub use workspace::Workspace;
+pub use workspace::{Workspace, WorkspacePath};
 
 /// A failure the model can read and recover from.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -55,7 +56,9 @@ impl From<ToolError> for ToolOutput {
 #[derive(Clone, Debug)]
 pub struct ToolContext {
     pub run_id: RunId,
-    /// Cancelled when the run aborts; long tools should stop early.
+    /// Cancelled when the run aborts. A tool honours it itself: the runtime reports what the tool returns, even
+    /// after an abort, and waits only a short grace period (`runtime::TOOL_ABORT_GRACE`) for it. So a tool that can
+    /// take long stops early and says that it stopped; a short, bounded one may simply finish.
     pub cancel: CancellationToken,
 }
 
