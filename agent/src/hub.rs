@@ -363,6 +363,8 @@ struct Inner {
     interrupts: InterruptStore,
     closing: CancellationToken,
     tasks: TaskTracker,
+    /// Bumped whenever a run begins in any session, for viewers of a session that does not exist yet.
+    runs_begun: watch::Sender<u64>,
 }
 
 impl Inner {
@@ -580,6 +582,7 @@ impl Harness {
                 }),
                 closing: CancellationToken::new(),
                 tasks: TaskTracker::new(),
+                runs_begun: watch::channel(0).0,
             }),
         }
     }
@@ -644,6 +647,9 @@ impl Harness {
             inner.runs().runs.remove(&run_id);
             return Err(busy.into());
         }
+        inner
+            .runs_begun
+            .send_modify(|count| *count = count.wrapping_add(1));
 
         let context = RunContext {
             run_id,
@@ -773,27 +779,53 @@ impl Harness {
     /// A session's events, run after run, as long as the harness runs: the run `resume` names from after its
     /// sequence number, then every later run of the session from its start, including runs not started yet. Each
     /// event comes with the run it belongs to. Without `resume`, every remembered run of the session is replayed.
+    /// Following a session that does not exist yet does not create it (a viewer makes the harness hold nothing):
+    /// the stream waits for the session's first run.
     pub fn session_events(
         &self,
         session_id: &SessionId,
         resume: Option<(RunId, u64)>,
     ) -> BoxStream<'static, (RunId, Arc<EncodedEvent>)> {
-        let session = self.inner.sessions.get_or_create(session_id);
-        let follow = SessionFollow {
-            harness: self.clone(),
-            runs_changed: session.watch_runs(),
-            session,
-            position: match resume {
-                Some((run_id, after)) => Position::Resume(run_id, after),
-                None => Position::Start,
-            },
-            current: None,
+        let harness = self.clone();
+        let session_id = session_id.clone();
+        let session = async move {
+            // Watching before looking: a run that begins in between is either found or announced.
+            let mut runs_begun = harness.inner.runs_begun.subscribe();
+            let closing = harness.inner.closing.clone();
+            loop {
+                if let Some(session) = harness.inner.sessions.get(&session_id) {
+                    return Some((harness, session));
+                }
+                tokio::select! {
+                    changed = runs_begun.changed() => changed.ok()?,
+                    () = closing.cancelled() => return None,
+                }
+            }
         };
-        futures::stream::unfold(follow, |mut follow| async move {
-            let item = follow.next().await?;
-            Some((item, follow))
-        })
-        .boxed()
+        futures::stream::once(session)
+            .filter_map(futures::future::ready)
+            .flat_map(move |(harness, session)| {
+                let follow = SessionFollow {
+                    harness,
+                    runs_changed: session.watch_runs(),
+                    session,
+                    position: match resume.clone() {
+                        Some((run_id, after)) => Position::Resume(run_id, after),
+                        None => Position::Start,
+                    },
+                    current: None,
+                };
+                futures::stream::unfold(follow, |mut follow| async move {
+                    let item = follow.next().await?;
+                    Some((item, follow))
+                })
+            })
+            .boxed()
+    }
+
+    /// How many sessions the harness holds.
+    pub fn session_count(&self) -> usize {
+        self.inner.sessions.len()
     }
 
     /// Runs still going.

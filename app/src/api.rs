@@ -1,5 +1,6 @@
 //! Server functions for the browser: load the page, start a run, decide an approval, list pending approvals, cancel
-//! a run. They reach the same harness as the REST routes, through context the server provides.
+//! a run. They reach the same harness as the REST routes, through context the server provides, and act only on the
+//! caller's own session (the one its cookie names): another session's runs and approvals are as good as unknown.
 
 use agent::ids::RunId;
 use agent::view::SessionView;
@@ -16,6 +17,8 @@ pub struct PageState {
     pub approval_timeout_secs: u64,
     /// The server's clock when the page was rendered, in milliseconds since the Unix epoch.
     pub now_ms: u64,
+    /// Whether the person logged in (the server has an access token), so the page offers to log out.
+    pub logged_in: bool,
 }
 
 /// What the person decided on a card.
@@ -30,9 +33,13 @@ pub enum Choice {
 pub mod ssr {
     //! What server functions need from the server: the harness and the browser's session.
 
-    use agent::hub::Harness;
-    use agent::ids::SessionId;
+    use std::sync::Arc;
+
+    use agent::hub::{Harness, RunRecord};
+    use agent::ids::{RunId, SessionId};
+    use axum::http::StatusCode;
     use leptos::prelude::*;
+    use leptos_axum::ResponseOptions;
 
     /// The browser's session, from its cookie; the server puts it in each request's extensions.
     #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +47,10 @@ pub mod ssr {
 
     /// The name of the cookie that holds the session id.
     pub const SESSION_COOKIE: &str = "toolgate_session";
+
+    /// Whether people log in to this server (it was started with an access token); the server provides it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct LoginRequired(pub bool);
 
     pub fn harness() -> Result<Harness, ServerFnError> {
         use_context::<Harness>().ok_or_else(|| ServerFnError::new("the server provides no harness"))
@@ -50,6 +61,30 @@ pub mod ssr {
             .and_then(|parts| parts.extensions.get::<SessionCookie>().cloned())
             .map(|cookie| cookie.0)
             .ok_or_else(|| ServerFnError::new("this request carries no session"))
+    }
+
+    pub fn login_required() -> bool {
+        use_context::<LoginRequired>().is_some_and(|required| required.0)
+    }
+
+    /// The run, when it is one of `session`'s.
+    pub fn own_run(
+        harness: &Harness,
+        session: &SessionId,
+        run_id: &RunId,
+    ) -> Option<Arc<RunRecord>> {
+        harness
+            .run(run_id)
+            .filter(|record| record.session_id() == session)
+    }
+
+    /// A 404 with `message`: what the caller learns about something that is not its own, the same as about
+    /// something that does not exist.
+    pub fn not_found(message: String) -> ServerFnError {
+        if let Some(response) = use_context::<ResponseOptions>() {
+            response.set_status(StatusCode::NOT_FOUND);
+        }
+        ServerFnError::new(message)
     }
 }
 
@@ -63,6 +98,7 @@ pub async fn load_page() -> Result<PageState, ServerFnError> {
         model: harness.model_name().to_owned(),
         approval_timeout_secs: harness.config().approval_timeout.as_secs(),
         now_ms: agent::approvals::now_ms(),
+        logged_in: ssr::login_required(),
     })
 }
 
@@ -92,9 +128,20 @@ pub async fn decide_approval(
     choice: Choice,
     reason: Option<String>,
 ) -> Result<(), ServerFnError> {
+    use agent::approvals::ApprovalNotFound;
     use agent::wire::Decision;
 
     let harness = ssr::harness()?;
+    let session = ssr::session()?;
+    if ssr::own_run(&harness, &session, &run_id).is_none() {
+        return Err(ssr::not_found(
+            ApprovalNotFound {
+                run_id,
+                tool_call_id,
+            }
+            .to_string(),
+        ));
+    }
     let body = match choice {
         Choice::Approve => serde_json::json!({"decision": "approve"}),
         Choice::ApproveForSession => serde_json::json!({"decision": "approve", "scope": "session"}),
@@ -108,15 +155,27 @@ pub async fn decide_approval(
         .map_err(|error| ServerFnError::new(error.to_string()))
 }
 
+/// The caller's session's pending approvals, of one of its runs or of all.
 #[server(prefix = "/api/fn", endpoint = "pending")]
 pub async fn list_pending(run_id: Option<RunId>) -> Result<Vec<ApprovalRequest>, ServerFnError> {
-    Ok(ssr::harness()?.pending(run_id.as_ref()))
+    let harness = ssr::harness()?;
+    let session = ssr::session()?;
+    let mut pending = harness.pending(run_id.as_ref());
+    pending.retain(|request| ssr::own_run(&harness, &session, &request.run_id).is_some());
+    Ok(pending)
 }
 
 #[server(prefix = "/api/fn", endpoint = "cancel")]
 pub async fn cancel_run(run_id: RunId) -> Result<(), ServerFnError> {
-    ssr::harness()?
+    use agent::hub::RunNotFound;
+
+    let harness = ssr::harness()?;
+    let session = ssr::session()?;
+    if ssr::own_run(&harness, &session, &run_id).is_none() {
+        return Err(ssr::not_found(RunNotFound(run_id).to_string()));
+    }
+    harness
         .cancel(&run_id)
         .map(|_| ())
-        .map_err(|error| ServerFnError::new(error.to_string()))
+        .map_err(|error| ssr::not_found(error.to_string()))
 }

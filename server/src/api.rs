@@ -1,4 +1,5 @@
-//! The HTTP API: the seed's routes, streamed runs, runs as resources, and approvals.
+//! The HTTP API: runs (whole, streamed, or as resources with their own event streams), sessions' event streams,
+//! and approvals.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -22,6 +23,7 @@ use serde_json::json;
 use crate::body::JsonValue;
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::streams::{ClientAddr, StreamPermit, holding};
 
 /// Aborts a run when dropped before the run finished: the client of a streamed run went away.
 pub(crate) struct AbortOnDrop(Option<Arc<RunRecord>>);
@@ -53,13 +55,16 @@ fn sse_event(event: &EncodedEvent) -> Event {
         .data(&*event.json)
 }
 
-/// An event stream as a response that no cache stores. With `no-cache` alone (axum's default for SSE) Chrome
-/// writes the stream into its HTTP cache and makes a second tab's request for the same URL wait on that cache
-/// entry until the first stream ends, which for a live stream is never.
+/// An event stream as a response that no cache stores, holding its client's place among its open streams until
+/// it ends. With `no-cache` alone (axum's default for SSE) Chrome writes the stream into its HTTP cache and makes a
+/// second tab's request for the same URL wait on that cache entry until the first stream ends, which for a live
+/// stream is never.
 pub(crate) fn event_stream(
     events: impl Stream<Item = Event> + Send + 'static,
+    permit: StreamPermit,
     keep_alive: Duration,
 ) -> Response {
+    let events = holding(events, permit);
     let sse =
         Sse::new(events.map(Ok::<_, Infallible>)).keep_alive(KeepAlive::new().interval(keep_alive));
     ([(header::CACHE_CONTROL, "no-store")], sse).into_response()
@@ -69,6 +74,7 @@ pub(crate) fn event_stream(
 fn sse_response(
     events: impl Stream<Item = Arc<EncodedEvent>> + Send + 'static,
     abort_on_close: Option<Arc<RunRecord>>,
+    permit: StreamPermit,
     keep_alive: Duration,
 ) -> Response {
     let guard = AbortOnDrop(abort_on_close);
@@ -76,7 +82,7 @@ fn sse_response(
         let _guard = &guard;
         sse_event(&event)
     });
-    event_stream(events, keep_alive)
+    event_stream(events, permit, keep_alive)
 }
 
 fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
@@ -156,11 +162,14 @@ pub async fn run_to_end(
 /// `POST /api/agent/stream`: a run streamed as SSE, interactive. Closing the connection aborts it.
 pub async fn run_streamed(
     State(state): State<AppState>,
+    client: ClientAddr,
     JsonValue(body): JsonValue,
 ) -> Result<Response, ApiError> {
+    // First: a client with too many streams open starts nothing.
+    let permit = state.streams.acquire(client)?;
     let record = start_run(&state, &body, ApprovalMode::Interactive)?;
     let events = record.subscribe(0);
-    Ok(sse_response(events, Some(record), state.keep_alive))
+    Ok(sse_response(events, Some(record), permit, state.keep_alive))
 }
 
 /// `POST /api/agent/runs`: starts an interactive run and returns its id; its events are a separate resource.
@@ -221,15 +230,18 @@ pub fn parse_session_event_id(raw: &[u8]) -> Option<(RunId, u64)> {
 /// `GET /api/agent/runs/{runId}/events`: the run's events from the start or after `Last-Event-ID`, then live.
 pub async fn run_events(
     State(state): State<AppState>,
+    client: ClientAddr,
     Path(run_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let record = find_run(&state.harness, &run_id)?;
     let after = resume_point(&headers, &query)?;
+    let permit = state.streams.acquire(client)?;
     Ok(sse_response(
         record.subscribe(after),
         None,
+        permit,
         state.keep_alive,
     ))
 }
@@ -263,12 +275,14 @@ fn session_resume_point(
 /// later. Ids are `runId:seq`. The browser follows its session with this, so every tab sees every run.
 pub async fn session_events(
     State(state): State<AppState>,
+    client: ClientAddr,
     Path(session_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let session_id = SessionId::parse(session_id).map_err(|e| ApiError::bad_id("sessionId", e))?;
     let resume = session_resume_point(&headers, &query)?;
+    let permit = state.streams.acquire(client)?;
     let events = state
         .harness
         .session_events(&session_id, resume)
@@ -278,7 +292,7 @@ pub async fn session_events(
                 .id(format!("{run_id}:{}", event.seq))
                 .data(&*event.json)
         });
-    Ok(event_stream(events, state.keep_alive))
+    Ok(event_stream(events, permit, state.keep_alive))
 }
 
 /// `GET /api/agent/runs/{runId}`: the run as a viewer sees it now.

@@ -3,11 +3,11 @@
 //! A run that meets a call needing a person ends with `RUN_FINISHED` whose outcome is `interrupt`; the client
 //! answers in a new run with a `resume` batch (and, when it says so, the interrupted run as `parentRunId`). The
 //! server keeps what it issued and checks the whole batch before anything executes (see [`resume`]); a refused
-//! resume is an HTTP 4xx with a machine-readable `code`, and executes nothing.
+//! resume is an HTTP 4xx with a machine-readable `code` (the API's one error shape), and executes nothing.
 
 pub mod events;
-pub mod input;
 pub mod resume;
+pub mod run_input;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -15,69 +15,20 @@ use std::sync::Arc;
 use agent::approvals::now_ms;
 use agent::hub::{RunSource, StartError, StartRun};
 use agent::interrupts::TakeError;
-use agent::wire::{ApprovalMode, Message, StreamEvent, ValidationErrors};
-use axum::Json;
+use agent::wire::{ApprovalMode, Message, StreamEvent};
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::Response;
 use axum::response::sse::Event;
-use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use serde_json::json;
 
 use crate::api::{AbortOnDrop, event_stream};
 use crate::body::JsonValue;
+use crate::error::{ApiError, Refusal};
 use crate::state::AppState;
+use crate::streams::ClientAddr;
 use events::Translator;
-use input::RunInput;
-use resume::Refusal;
-
-/// Why an AG-UI request was refused before its run started.
-#[derive(Debug)]
-pub enum AguiError {
-    Invalid(ValidationErrors),
-    Refused(Refusal),
-}
-
-impl From<Refusal> for AguiError {
-    fn from(refusal: Refusal) -> Self {
-        Self::Refused(refusal)
-    }
-}
-
-impl From<StartError> for AguiError {
-    fn from(error: StartError) -> Self {
-        let (status, code) = match &error {
-            StartError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "SHUTTING_DOWN"),
-            StartError::SessionBusy(_) => (StatusCode::CONFLICT, "THREAD_BUSY"),
-            StartError::PolicyTooLoose { .. } => (StatusCode::FORBIDDEN, "POLICY_TOO_LOOSE"),
-            StartError::RunIdTaken(_) => (StatusCode::CONFLICT, "RUN_ID_TAKEN"),
-        };
-        Self::Refused(Refusal::new(status, code, error.to_string()))
-    }
-}
-
-impl IntoResponse for AguiError {
-    fn into_response(self) -> Response {
-        match self {
-            Self::Invalid(errors) => (
-                StatusCode::BAD_REQUEST,
-                Json(json!({
-                    "ok": false,
-                    "code": "INVALID_INPUT",
-                    "error": format!("Invalid RunAgentInput: {errors}"),
-                    "formErrors": errors.form_errors,
-                    "fieldErrors": errors.field_errors,
-                })),
-            )
-                .into_response(),
-            Self::Refused(refusal) => (
-                refusal.status,
-                Json(json!({"ok": false, "code": refusal.code, "error": refusal.message})),
-            )
-                .into_response(),
-        }
-    }
-}
+use run_input::RunInput;
 
 /// What a request starts: the run's source and message, and how many of the conversation's first messages the
 /// client already has (for the closing snapshot).
@@ -88,7 +39,7 @@ struct Plan {
     resumed: HashSet<agent::ids::ToolCallId>,
 }
 
-fn plan_new_run(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
+fn plan_new_run(state: &AppState, input: &RunInput) -> Result<Plan, ApiError> {
     if let Some(waiting) = state
         .harness
         .interrupts()
@@ -123,7 +74,7 @@ fn plan_new_run(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
     })
 }
 
-fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
+fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiError> {
     let interrupts = state.harness.interrupts();
     let parent = match &input.parent_run_id {
         Some(parent) => parent.clone(),
@@ -142,9 +93,7 @@ fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
     };
     // A run id already in use would make the start fail after the suspension was taken; refuse it first.
     if state.harness.run(&input.run_id).is_some() || interrupts.knows(&input.run_id) {
-        return Err(AguiError::from(StartError::RunIdTaken(
-            input.run_id.clone(),
-        )));
+        return Err(ApiError::from(StartError::RunIdTaken(input.run_id.clone())));
     }
     let now = now_ms();
     let (suspension, resolutions) = interrupts
@@ -182,9 +131,12 @@ fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
 
 pub async fn run(
     State(state): State<AppState>,
+    client: ClientAddr,
     JsonValue(body): JsonValue,
-) -> Result<Response, AguiError> {
-    let input = RunInput::from_json(body).map_err(AguiError::Invalid)?;
+) -> Result<Response, ApiError> {
+    let input = RunInput::from_json(body).map_err(ApiError::Invalid)?;
+    // Before the plan: a client with too many streams open uses no interrupt and starts nothing.
+    let permit = state.streams.acquire(client)?;
     let plan = match input.resume {
         Some(_) => plan_resume(&state, &input)?,
         None => plan_new_run(&state, &input)?,
@@ -240,5 +192,5 @@ pub async fn run(
                 .map(|event| Event::default().data(event.to_string())),
         )
     });
-    Ok(event_stream(events, state.keep_alive))
+    Ok(event_stream(events, permit, state.keep_alive))
 }
