@@ -1,8 +1,10 @@
-//! Server functions for the browser: load the page, start a run, decide an approval, cancel a run. They reach the same harness as the REST routes, through context the server provides.
+//! Server functions for the browser: load the page, start a run, decide an approval, list pending approvals, cancel
+//! a run. They reach the same harness as the REST routes, through context the server provides, and act only on the
+//! caller's own session (the one its cookie names): another session's runs and approvals are as good as unknown.
 
 use agent::ids::RunId;
 use agent::view::SessionView;
-use agent::wire::ApprovalPolicy;
+use agent::wire::{ApprovalPolicy, ApprovalRequest};
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +17,8 @@ pub struct PageState {
     pub approval_timeout_secs: u64,
     /// The server's clock when the page was rendered, in milliseconds since the Unix epoch.
     pub now_ms: u64,
+    /// Whether the person logged in (the server has an access token), so the page offers to log out.
+    pub logged_in: bool,
 }
 
 /// What the person decided on a card.
@@ -29,9 +33,11 @@ pub enum Choice {
 pub mod ssr {
     //! What server functions need from the server: the harness and the browser's session.
 
-    use agent::harness::Harness;
-    use agent::ids::SessionId;
+    use agent::harness::{Harness, RunHandle};
+    use agent::ids::{RunId, SessionId};
+    use axum::http::StatusCode;
     use leptos::prelude::*;
+    use leptos_axum::ResponseOptions;
 
     /// The browser's session, from its cookie; the server puts it in each request's extensions.
     #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +45,10 @@ pub mod ssr {
 
     /// The name of the cookie that holds the session id.
     pub const SESSION_COOKIE: &str = "toolgate_session";
+
+    /// Whether people log in to this server (it was started with an access token); the server provides it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct LoginRequired(pub bool);
 
     pub fn harness() -> Result<Harness, ServerFnError> {
         use_context::<Harness>().ok_or_else(|| ServerFnError::new("the server provides no harness"))
@@ -51,11 +61,37 @@ pub mod ssr {
             .ok_or_else(|| ServerFnError::new("this request carries no session"))
     }
 
+    pub fn login_required() -> bool {
+        use_context::<LoginRequired>().is_some_and(|required| required.0)
+    }
+
+    /// The run, when it is one of `session`'s.
+    pub async fn own_run(
+        harness: &Harness,
+        session: &SessionId,
+        run_id: &RunId,
+    ) -> Result<Option<RunHandle>, ServerFnError> {
+        Ok(harness
+            .run(run_id)
+            .await
+            .map_err(|error| ServerFnError::new(error.to_string()))?
+            .filter(|run| run.session_id() == session))
+    }
+
     /// Who is acting, as the server's authentication layer said.
     pub fn actor() -> Result<agent::harness::Actor, ServerFnError> {
         use_context::<axum::http::request::Parts>()
             .and_then(|parts| parts.extensions.get::<agent::harness::Actor>().cloned())
             .ok_or_else(|| ServerFnError::new("this request was not authenticated"))
+    }
+
+    /// A 404 with `message`: what the caller learns about something that is not its own, the same as about
+    /// something that does not exist.
+    pub fn not_found(message: String) -> ServerFnError {
+        if let Some(response) = use_context::<ResponseOptions>() {
+            response.set_status(StatusCode::NOT_FOUND);
+        }
+        ServerFnError::new(message)
     }
 }
 
@@ -72,6 +108,7 @@ pub async fn load_page() -> Result<PageState, ServerFnError> {
         model: harness.model_name().to_owned(),
         approval_timeout_secs: harness.config().approval_timeout.as_secs(),
         now_ms: agent::clock::now_ms(),
+        logged_in: ssr::login_required(),
     })
 }
 
@@ -102,9 +139,20 @@ pub async fn decide_approval(
     choice: Choice,
     reason: Option<String>,
 ) -> Result<(), ServerFnError> {
+    use agent::approvals::ApprovalNotFound;
     use agent::wire::Decision;
 
     let harness = ssr::harness()?;
+    let session = ssr::session()?;
+    if ssr::own_run(&harness, &session, &run_id).await?.is_none() {
+        return Err(ssr::not_found(
+            ApprovalNotFound {
+                run_id,
+                tool_call_id,
+            }
+            .to_string(),
+        ));
+    }
     let body = match choice {
         Choice::Approve => serde_json::json!({"decision": "approve"}),
         Choice::ApproveForSession => serde_json::json!({"decision": "approve", "scope": "session"}),
@@ -119,11 +167,39 @@ pub async fn decide_approval(
         .map_err(|error| ServerFnError::new(error.to_string()))
 }
 
+/// The caller's session's pending approvals, of one of its runs or of all.
+#[server(prefix = "/api/fn", endpoint = "pending")]
+pub async fn list_pending(run_id: Option<RunId>) -> Result<Vec<ApprovalRequest>, ServerFnError> {
+    let harness = ssr::harness()?;
+    let session = ssr::session()?;
+    let pending = harness
+        .pending(run_id.as_ref())
+        .await
+        .map_err(|error| ServerFnError::new(error.to_string()))?;
+    let mut own = Vec::with_capacity(pending.len());
+    for request in pending {
+        if ssr::own_run(&harness, &session, &request.run_id)
+            .await?
+            .is_some()
+        {
+            own.push(request);
+        }
+    }
+    Ok(own)
+}
+
 #[server(prefix = "/api/fn", endpoint = "cancel")]
 pub async fn cancel_run(run_id: RunId) -> Result<(), ServerFnError> {
-    ssr::harness()?
+    use agent::harness::RunNotFound;
+
+    let harness = ssr::harness()?;
+    let session = ssr::session()?;
+    if ssr::own_run(&harness, &session, &run_id).await?.is_none() {
+        return Err(ssr::not_found(RunNotFound(run_id).to_string()));
+    }
+    harness
         .cancel(&run_id)
         .await
         .map(|_| ())
-        .map_err(|error| ServerFnError::new(error.to_string()))
+        .map_err(|error| ssr::not_found(error.to_string()))
 }

@@ -107,6 +107,8 @@ impl Server {
             .args(["--log", "warn"])
             // Every approval stays pending until the bench decides, even at scale on a slow machine.
             .args(["--approval-timeout-secs", "900"])
+            // The scale scenario opens every stream from this one client address.
+            .args(["--max-streams-per-client", "1000000"])
             .args(&options.extra_args)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

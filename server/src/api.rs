@@ -1,4 +1,5 @@
-//! The HTTP API: the approval API's routes, streamed runs, runs as resources, approvals and the audit log.
+//! The HTTP API: runs (whole, streamed, or as resources with their own event streams), sessions' event streams,
+//! approvals and the audit log.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -24,6 +25,7 @@ use serde_json::json;
 use crate::body::JsonValue;
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::streams::{ClientAddr, StreamPermit, holding};
 
 /// Aborts a run when dropped before the run finished: the client of a streamed run went away.
 pub(crate) struct AbortOnDrop {
@@ -72,13 +74,16 @@ fn sse_event(event: &EncodedEvent) -> Event {
         .data(&*event.json)
 }
 
-/// An event stream as a response that no cache stores. With `no-cache` alone (axum's default for SSE) Chrome
-/// writes the stream into its HTTP cache and makes a second tab's request for the same URL wait on that cache
-/// entry until the first stream ends, which for a live stream is never.
+/// An event stream as a response that no cache stores, holding its client's place among its open streams until
+/// it ends. With `no-cache` alone (axum's default for SSE) Chrome writes the stream into its HTTP cache and makes a
+/// second tab's request for the same URL wait on that cache entry until the first stream ends, which for a live
+/// stream is never.
 pub(crate) fn event_stream(
     events: impl Stream<Item = Event> + Send + 'static,
+    permit: StreamPermit,
     keep_alive: Duration,
 ) -> Response {
+    let events = holding(events, permit);
     let sse =
         Sse::new(events.map(Ok::<_, Infallible>)).keep_alive(KeepAlive::new().interval(keep_alive));
     ([(header::CACHE_CONTROL, "no-store")], sse).into_response()
@@ -89,6 +94,7 @@ pub(crate) fn event_stream(
 fn sse_response(
     events: impl Stream<Item = Arc<EncodedEvent>> + Send + 'static,
     abort_on_close: Option<RunHandle>,
+    permit: StreamPermit,
     keep_alive: Duration,
 ) -> Response {
     let guard = abort_on_close.map(AbortOnDrop::new);
@@ -102,7 +108,7 @@ fn sse_response(
         }
         sse_event(&event)
     });
-    event_stream(events, keep_alive)
+    event_stream(events, permit, keep_alive)
 }
 
 fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
@@ -185,11 +191,14 @@ pub async fn run_to_end(
 /// `POST /api/agent/stream`: a run streamed as SSE, interactive. Closing the connection aborts it.
 pub async fn run_streamed(
     State(state): State<AppState>,
+    client: ClientAddr,
     JsonValue(body): JsonValue,
 ) -> Result<Response, ApiError> {
+    // First: a client with too many streams open starts nothing.
+    let permit = state.streams.acquire(client)?;
     let run = start_run(&state, &body, ApprovalMode::Interactive).await?;
     let events = run.subscribe(0);
-    Ok(sse_response(events, Some(run), state.keep_alive))
+    Ok(sse_response(events, Some(run), permit, state.keep_alive))
 }
 
 /// `POST /api/agent/runs`: starts an interactive run and returns its id; its events are a separate resource.
@@ -251,13 +260,20 @@ pub fn parse_session_event_id(raw: &[u8]) -> Option<(RunId, u64)> {
 /// `GET /api/agent/runs/{runId}/events`: the run's events from the start or after `Last-Event-ID`, then live.
 pub async fn run_events(
     State(state): State<AppState>,
+    client: ClientAddr,
     Path(run_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let run = find_run(&state.harness, &run_id).await?;
     let after = resume_point(&headers, &query)?;
-    Ok(sse_response(run.subscribe(after), None, state.keep_alive))
+    let permit = state.streams.acquire(client)?;
+    Ok(sse_response(
+        run.subscribe(after),
+        None,
+        permit,
+        state.keep_alive,
+    ))
 }
 
 /// Where a session follower resumes: after the `runId:seq` of `Last-Event-ID`, else after the `run` and `after`
@@ -289,12 +305,14 @@ fn session_resume_point(
 /// later. Ids are `runId:seq`. The browser follows its session with this, so every tab sees every run.
 pub async fn session_events(
     State(state): State<AppState>,
+    client: ClientAddr,
     Path(session_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let session_id = SessionId::parse(session_id).map_err(|e| ApiError::bad_id("sessionId", e))?;
     let resume = session_resume_point(&headers, &query)?;
+    let permit = state.streams.acquire(client)?;
     let events = state
         .harness
         .session_events(&session_id, resume)
@@ -304,7 +322,7 @@ pub async fn session_events(
                 .id(format!("{run_id}:{}", event.seq))
                 .data(&*event.json)
         });
-    Ok(event_stream(events, state.keep_alive))
+    Ok(event_stream(events, permit, state.keep_alive))
 }
 
 /// `GET /api/agent/runs/{runId}`: the run as a viewer sees it now.

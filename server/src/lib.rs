@@ -12,3 +12,4 @@ pub mod serve;
 pub mod session_cookie;
 pub mod startup;
 pub mod state;
+pub mod streams;

@@ -3,84 +3,34 @@
 //! A run that meets a call needing a person ends with `RUN_FINISHED` whose outcome is `interrupt`; the client
 //! answers in a new run with a `resume` batch (and, when it says so, the interrupted run as `parentRunId`). The
 //! server keeps what it issued and checks the whole batch before anything executes (see [`resume`]); a refused
-//! resume is an HTTP 4xx with a machine-readable `code`, and executes nothing.
+//! resume is an HTTP 4xx with a machine-readable `code` (the API's one error shape), and executes nothing.
 
 pub mod events;
-pub mod input;
 pub mod resume;
+pub mod run_input;
 
 use std::collections::HashSet;
 
 use agent::clock::now_ms;
 use agent::harness::{RunSource, StartError, StartRun};
 use agent::store::{AuditEntry, AuditKind, TakeError};
-use agent::wire::{ApprovalMode, Message, StreamEvent, ValidationErrors};
-use axum::Json;
+use agent::wire::{ApprovalMode, Message, StreamEvent};
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::Response;
 use axum::response::sse::Event;
-use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use serde_json::json;
 
 use agent::harness::Actor;
 use axum::extract::Extension;
 
 use crate::api::{AbortOnDrop, event_stream, is_terminal};
 use crate::body::JsonValue;
+use crate::error::{ApiError, Refusal};
 use crate::state::AppState;
+use crate::streams::ClientAddr;
 use events::Translator;
-use input::RunInput;
-use resume::Refusal;
-
-/// Why an AG-UI request was refused before its run started.
-#[derive(Debug)]
-pub enum AguiError {
-    Invalid(ValidationErrors),
-    Refused(Refusal),
-}
-
-impl From<Refusal> for AguiError {
-    fn from(refusal: Refusal) -> Self {
-        Self::Refused(refusal)
-    }
-}
-
-impl From<StartError> for AguiError {
-    fn from(error: StartError) -> Self {
-        let (status, code) = match &error {
-            StartError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "SHUTTING_DOWN"),
-            StartError::SessionBusy { .. } => (StatusCode::CONFLICT, "THREAD_BUSY"),
-            StartError::PolicyTooLoose { .. } => (StatusCode::FORBIDDEN, "POLICY_TOO_LOOSE"),
-            StartError::RunIdTaken(_) => (StatusCode::CONFLICT, "RUN_ID_TAKEN"),
-            StartError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "STORE_UNAVAILABLE"),
-        };
-        Self::Refused(Refusal::new(status, code, error.to_string()))
-    }
-}
-
-impl IntoResponse for AguiError {
-    fn into_response(self) -> Response {
-        match self {
-            Self::Invalid(errors) => (
-                StatusCode::BAD_REQUEST,
-                Json(json!({
-                    "ok": false,
-                    "code": "INVALID_INPUT",
-                    "error": format!("Invalid RunAgentInput: {errors}"),
-                    "formErrors": errors.form_errors,
-                    "fieldErrors": errors.field_errors,
-                })),
-            )
-                .into_response(),
-            Self::Refused(refusal) => (
-                refusal.status,
-                Json(json!({"ok": false, "code": refusal.code, "error": refusal.message})),
-            )
-                .into_response(),
-        }
-    }
-}
+use run_input::RunInput;
 
 /// What a request starts: the run's source and message, and how many of the conversation's first messages the
 /// client already has (for the closing snapshot).
@@ -92,7 +42,7 @@ struct Plan {
 }
 
 /// A store that cannot be read refuses the request; nothing started.
-fn unavailable(error: impl std::fmt::Display) -> AguiError {
+fn unavailable(error: impl std::fmt::Display) -> ApiError {
     Refusal::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "STORE_UNAVAILABLE",
@@ -101,7 +51,7 @@ fn unavailable(error: impl std::fmt::Display) -> AguiError {
     .into()
 }
 
-async fn plan_new_run(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
+async fn plan_new_run(state: &AppState, input: &RunInput) -> Result<Plan, ApiError> {
     let open = state
         .harness
         .store()
@@ -141,7 +91,7 @@ async fn plan_new_run(state: &AppState, input: &RunInput) -> Result<Plan, AguiEr
 }
 
 /// Checks a resume against what its parent run issued and takes the parent's suspension, once.
-async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
+async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiError> {
     let store = state.harness.store();
     let parent = match &input.parent_run_id {
         Some(parent) => parent.clone(),
@@ -168,9 +118,7 @@ async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, AguiErr
         .map_err(unavailable)?
         .is_some()
     {
-        return Err(AguiError::from(StartError::RunIdTaken(
-            input.run_id.clone(),
-        )));
+        return Err(ApiError::from(StartError::RunIdTaken(input.run_id.clone())));
     }
     let (suspension, used_by) = store
         .interrupt(&parent)
@@ -230,7 +178,7 @@ async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, AguiErr
 }
 
 /// Records a refused resume in the audit log: who tried what, and why it was refused.
-async fn audit_refusal(state: &AppState, input: &RunInput, refusal: &Refusal, actor: &Actor) {
+async fn audit_refusal(state: &AppState, input: &RunInput, refused: &ApiError, actor: &Actor) {
     let entry = AuditEntry {
         id: 0,
         at: now_ms(),
@@ -241,10 +189,10 @@ async fn audit_refusal(state: &AppState, input: &RunInput, refusal: &Refusal, ac
         tool: None,
         arguments_digest: None,
         edited_digest: None,
-        outcome: refusal.code.to_ascii_lowercase(),
+        outcome: refused.code().to_ascii_lowercase(),
         source: Some("agui".to_owned()),
         scope: None,
-        reason: Some(refusal.message.clone()),
+        reason: Some(refused.to_string()),
         actor: Some(actor.as_str().to_owned()),
     };
     if let Err(error) = state.harness.audit(entry).await {
@@ -255,17 +203,19 @@ async fn audit_refusal(state: &AppState, input: &RunInput, refusal: &Refusal, ac
 pub async fn run(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
+    client: ClientAddr,
     JsonValue(body): JsonValue,
-) -> Result<Response, AguiError> {
-    let input = RunInput::from_json(body).map_err(AguiError::Invalid)?;
+) -> Result<Response, ApiError> {
+    let input = RunInput::from_json(body).map_err(ApiError::Invalid)?;
+    // Before the plan: a client with too many streams open uses no interrupt and starts nothing.
+    let permit = state.streams.acquire(client)?;
     let plan = match input.resume {
         Some(_) => match plan_resume(&state, &input).await {
             Ok(plan) => plan,
-            Err(AguiError::Refused(refusal)) => {
-                audit_refusal(&state, &input, &refusal, &actor).await;
-                return Err(AguiError::Refused(refusal));
+            Err(refused) => {
+                audit_refusal(&state, &input, &refused, &actor).await;
+                return Err(refused);
             }
-            Err(error) => return Err(error),
         },
         None => plan_new_run(&state, &input).await?,
     };
@@ -340,5 +290,5 @@ pub async fn run(
                     .map(|event| Event::default().data(event.to_string())),
             )
         });
-    Ok(event_stream(events, state.keep_alive))
+    Ok(event_stream(events, permit, state.keep_alive))
 }

@@ -3,8 +3,8 @@
 mod helpers;
 
 mod agui;
+mod approval_api;
 mod bodies;
 mod runs;
 mod security;
-mod seed;
 mod streaming;

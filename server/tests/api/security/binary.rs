@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::helpers::{PATIENCE, SseStream};
 
-/// How long a signalled server may take to exit: the "within a few seconds".
+/// How long a signalled server may take to exit: "within a few seconds", as the README promises.
 const EXIT_WITHIN: Duration = Duration::from_secs(5);
 
 /// The binary with a clean environment of its own: no `TOOLGATE_*` of whoever runs the tests.
@@ -234,6 +234,49 @@ async fn the_binary_refuses_to_listen_beyond_loopback_without_a_token() {
         "{stderr}"
     );
     assert!(!path.exists(), "it refused before creating anything");
+}
+
+#[tokio::test]
+async fn the_binary_refuses_a_public_origin_beyond_loopback_without_a_token() {
+    let workspace = tempfile::tempdir().unwrap();
+    let path = workspace.path().join("ws");
+    // Behind a reverse proxy the server itself listens on loopback; the public origin says who reaches it.
+    let output = toolgate(
+        &[
+            "--addr",
+            "127.0.0.1:0",
+            "--public-origin",
+            "http://localhost:3000,https://toolgate.example.com",
+            "--workspace",
+            path.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .output();
+    let output = tokio::time::timeout(PATIENCE, output)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with(
+            "toolgate: refusing to serve https://toolgate.example.com without an access token: a public origin that is not a loopback address means people reach toolgate through a proxy or from other machines"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--token") && stderr.contains("TOOLGATE_TOKEN"),
+        "{stderr}"
+    );
+    assert!(!path.exists(), "it refused before creating anything");
+
+    // A loopback public origin (an SSH tunnel, a proxy on the same machine for local use) needs no token.
+    let server = Server::start(&["--public-origin", "http://localhost:8080"], &[]).await;
+    let health = reqwest::get(server.url("/healthz")).await.unwrap();
+    assert_eq!(health.text().await.unwrap(), "ok");
+    server.signal(libc::SIGTERM);
+    assert!(server.exit(EXIT_WITHIN).await.0.success());
 }
 
 #[tokio::test]
