@@ -857,13 +857,3 @@ impl Store for MemoryStore {
         Self::ready(pruned)
     }
 }
-
-/// A session's title: its first message, on one line, shortened.
-pub fn title_of(message: &str) -> String {
-    let line = message.lines().next().unwrap_or_default().trim();
-    let mut title: String = line.chars().take(80).collect();
-    if line.chars().count() > 80 {
-        title.push('…');
-    }
-    title
-}

@@ -22,6 +22,8 @@
 //! - `done` and `failed`: ended, with a terminal event as the last of the log.
 
 pub mod memory;
+#[cfg(feature = "sql")]
+pub mod sql;
 mod watches;
 
 use std::fmt;
@@ -304,7 +306,8 @@ impl CallStatus {
 }
 
 /// One tool call of a batch, as stored.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct CallRecord {
     pub run_id: RunId,
     pub call: ToolCall,
@@ -475,10 +478,13 @@ pub struct Recovered {
     pub interrupted_calls: Vec<(RunId, ToolCallId)>,
 }
 
+/// Makes the terminal events of a run that was sampling when its process died.
+pub type RunFailedEvents = Box<dyn Fn(&RunInfo) -> Vec<NewEvent> + Send + Sync>;
+
 /// How recovery words what it records.
 pub struct RecoveryEvents {
     /// The terminal event of a run that was sampling.
-    pub run_failed: Box<dyn Fn(&RunInfo) -> Vec<NewEvent> + Send + Sync>,
+    pub run_failed: RunFailedEvents,
     /// The output, events and audit of a call that was running.
     pub call_interrupted: Box<dyn Fn(&CallRecord) -> Settlement + Send + Sync>,
 }
@@ -601,6 +607,16 @@ impl AuditQuery {
             && self.until.is_none_or(|until| entry.at < until)
             && self.after_id.is_none_or(|after| entry.id > after)
     }
+}
+
+/// A session's title: its first message, on one line, shortened.
+pub fn title_of(message: &str) -> String {
+    let line = message.lines().next().unwrap_or_default().trim();
+    let mut title: String = line.chars().take(80).collect();
+    if line.chars().count() > 80 {
+        title.push('…');
+    }
+    title
 }
 
 /// A session, as listed.
