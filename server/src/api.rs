@@ -10,7 +10,6 @@ use std::time::Duration;
 use agent::harness::{Actor, Harness, RunHandle, StartRun};
 use agent::ids::{RunId, SessionId, ToolCallId};
 use agent::request_body::StartRunInput;
-use agent::runtime::AbortReason;
 use agent::store::EncodedEvent;
 use agent::view::RunView;
 use agent::wire::{ApprovalMode, Decision, RunErrorCode};
@@ -57,7 +56,7 @@ impl Drop for AbortOnDrop {
         if let Some(run) = self.run.take()
             && !self.ended.load(Ordering::Acquire)
         {
-            run.abort(AbortReason::Disconnected);
+            run.client_gone();
         }
     }
 }

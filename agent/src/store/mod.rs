@@ -536,8 +536,6 @@ pub enum AuditKind {
     ApprovalResolved,
     /// A call that was running when its process died: its effect is unknown.
     CallInterrupted,
-    /// A pending approval of a run that a restart ended.
-    ApprovalLost,
     /// An AG-UI resume was refused.
     ResumeRefused,
     /// A session grant was revoked.
@@ -552,7 +550,6 @@ impl AuditKind {
             Self::ApprovalRequested => "approval_requested",
             Self::ApprovalResolved => "approval_resolved",
             Self::CallInterrupted => "call_interrupted",
-            Self::ApprovalLost => "approval_lost",
             Self::ResumeRefused => "resume_refused",
             Self::GrantRevoked => "grant_revoked",
             Self::RuleChanged => "rule_changed",
@@ -564,7 +561,6 @@ impl AuditKind {
             "approval_requested" => Self::ApprovalRequested,
             "approval_resolved" => Self::ApprovalResolved,
             "call_interrupted" => Self::CallInterrupted,
-            "approval_lost" => Self::ApprovalLost,
             "resume_refused" => Self::ResumeRefused,
             "grant_revoked" => Self::GrantRevoked,
             "rule_changed" => Self::RuleChanged,
