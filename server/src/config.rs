@@ -107,6 +107,11 @@ pub struct Config {
     #[arg(long, env = "TOOLGATE_DATABASE_URL", default_value = "sqlite://toolgate.db", value_parser = Database::parse, hide_env_values = true)]
     pub database_url: Database,
 
+    /// With PostgreSQL: seconds an instance may go without a heartbeat (sent every fifth of it) before the others
+    /// take its work over. Measured on the database's clock.
+    #[arg(long, env = "TOOLGATE_LEASE_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub lease_secs: u64,
+
     /// Days a finished run (its events and transcript) is kept.
     #[arg(long, env = "TOOLGATE_RETENTION_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=36_500))]
     pub retention_days: u64,

@@ -146,7 +146,8 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         event_log_bytes: config.event_log_mib * 1024 * 1024,
         ..Retention::default()
     };
-    let store = open_store(&config.database_url).await?;
+    harness_config.takeover_every = Duration::from_secs(config.lease_secs).div_f64(2.0);
+    let store = open_store(&config.database_url, Duration::from_secs(config.lease_secs)).await?;
     let harness = Harness::open(harness_config, model(&config)?, toolbox, store)
         .await
         .map_err(|error| StartupError::Recover(error.to_string()))?;
@@ -190,10 +191,13 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
 }
 
 /// Opens the store the configuration names.
-pub async fn open_store(database: &Database) -> Result<Arc<dyn Store>, StartupError> {
+pub async fn open_store(
+    database: &Database,
+    lease: Duration,
+) -> Result<Arc<dyn Store>, StartupError> {
     Ok(match database {
         Database::Memory => Arc::new(MemoryStore::new()),
-        Database::Sql(url) => SqlStore::open(url).await?,
+        Database::Sql(url) => SqlStore::open_with_lease(url, lease).await?,
     })
 }
 

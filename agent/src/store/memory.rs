@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use super::watches::Watches;
 use super::*;
 use crate::clock::now_ms;
+use crate::runtime::AbortReason;
 
 struct SessionRow {
     title: String,
@@ -110,6 +111,8 @@ impl Tables {
 /// The store of a single process's memory.
 pub struct MemoryStore {
     instance: InstanceId,
+    /// Never sent to: there is no other instance.
+    aborts: tokio::sync::broadcast::Sender<(RunId, AbortReason)>,
     tables: Mutex<Tables>,
     runs: Watches<RunId>,
     sessions: Watches<SessionId>,
@@ -125,6 +128,7 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self {
             instance: InstanceId::generate(),
+            aborts: tokio::sync::broadcast::channel(1).0,
             tables: Mutex::new(Tables::default()),
             runs: Watches::default(),
             sessions: Watches::default(),
@@ -231,6 +235,15 @@ impl Store for MemoryStore {
 
     fn flush(&self) -> StoreFuture<'_, ()> {
         Self::ready(())
+    }
+
+    fn close(&self) -> StoreFuture<'_, ()> {
+        Self::ready(())
+    }
+
+    fn remote_aborts(&self) -> tokio::sync::broadcast::Receiver<(RunId, AbortReason)> {
+        // One process: every abort is local.
+        self.aborts.subscribe()
     }
 
     fn open_batch(&self, batch: OpenBatch) -> StoreFuture<'_, Result<(), Fenced>> {
@@ -342,11 +355,12 @@ impl Store for MemoryStore {
         &self,
         run_id: &RunId,
         call_id: &ToolCallId,
-        inline: Option<CallRecord>,
+        inline: Option<(CallRecord, Epoch)>,
     ) -> StoreFuture<'_, Option<CallRecord>> {
         let mut tables = self.tables.lock();
         let begun = tables.runs.get_mut(run_id).and_then(|row| {
-            if let Some(mut record) = inline {
+            if let Some((mut record, epoch)) = inline {
+                row.owned_by(&self.instance, epoch).ok()?;
                 // A call of an earlier batch may have had the same id (the id is the model's); one of this
                 // batch may not.
                 if row

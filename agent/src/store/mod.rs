@@ -688,6 +688,12 @@ pub trait Store: Send + Sync + 'static {
     /// Waits until everything appended so far is durable (or dropped as fenced).
     fn flush(&self) -> StoreFuture<'_, ()>;
 
+    /// Flushes, and tells other instances this one is gone (so that they take its work over at once).
+    fn close(&self) -> StoreFuture<'_, ()>;
+
+    /// Runs other instances aborted that this one may be working on (its tasks and tools stop).
+    fn remote_aborts(&self) -> tokio::sync::broadcast::Receiver<(RunId, AbortReason)>;
+
     /// Opens a batch: the run becomes `waiting`, its calls and their approvals are stored with their events.
     fn open_batch(&self, batch: OpenBatch) -> StoreFuture<'_, Result<(), Fenced>>;
 
@@ -705,15 +711,17 @@ pub trait Store: Send + Sync + 'static {
     /// The earliest expiry among pending approvals, to know when to look again.
     fn next_expiry(&self) -> StoreFuture<'_, Option<u64>>;
 
-    /// Takes a call to run on this instance: allowed or approved, not started. `None` when someone else took it
-    /// or it is no longer to run. A call of a running run's own batch (`inline`) is inserted as it begins; it
+    /// Takes a call to run on this instance: allowed or approved, not started. `None` when someone else took it,
+    /// it is no longer to run, or this instance's lease ran out (another may have taken its work over). A call of a
+    /// running run's own batch (`inline`) is inserted as it begins, only while this instance holds the run at that
+    /// epoch (checked in the same transaction: a partitioned old owner never runs a call of a run taken over); it
     /// replaces a finished call of an earlier batch with the same id (ids are the model's), never one of its own
     /// batch.
     fn begin_call(
         &self,
         run_id: &RunId,
         call_id: &ToolCallId,
-        inline: Option<CallRecord>,
+        inline: Option<(CallRecord, Epoch)>,
     ) -> StoreFuture<'_, Option<CallRecord>>;
 
     /// Records a call's output, if this instance still runs it (recovery may have declared it interrupted).
@@ -735,7 +743,8 @@ pub trait Store: Send + Sync + 'static {
         settle: SettleExpired,
     ) -> StoreFuture<'_, Option<Aborted>>;
 
-    /// Fails the runs and interrupts the calls of dead instances (for SQLite at start: every other instance).
+    /// Fails the runs and interrupts the calls of dead instances: for SQLite, whoever held the file before this
+    /// process; for PostgreSQL, instances whose heartbeat stopped (on the database's clock).
     fn recover(&self, events: RecoveryEvents) -> StoreFuture<'_, Recovered>;
 
     // ---- AG-UI suspensions

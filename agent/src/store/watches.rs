@@ -50,6 +50,16 @@ impl<K: Eq + Hash + Clone> Watches<K> {
         }
     }
 
+    /// Wakes every watcher (they re-read, and find what changed): after a notification from another instance may
+    /// have been lost.
+    #[cfg_attr(not(feature = "sql"), allow(dead_code))]
+    pub fn notify_all(&self) {
+        let channels = self.channels.lock();
+        for sender in channels.values() {
+            sender.send_modify(|value| *value = value.wrapping_add(1));
+        }
+    }
+
     /// How many keys are watched.
     #[cfg(test)]
     pub fn len(&self) -> usize {

@@ -115,7 +115,10 @@ impl Server {
     /// Starts the binary in `home` (again, after an earlier server there stopped or died).
     pub async fn start_in(home: &Home, args: &[&str], envs: &[(&str, &str)]) -> Self {
         agent::model::install_crypto_provider();
-        let mut all_args = vec!["--workspace", "workspace"];
+        let mut all_args = Vec::new();
+        if !args.contains(&"--workspace") {
+            all_args.extend(["--workspace", "workspace"]);
+        }
         if !args.contains(&"--addr") {
             all_args.extend(["--addr", "127.0.0.1:0"]);
         }

@@ -18,12 +18,19 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::{AnyPool, Executor};
-use tokio::sync::{Notify, watch};
+use sqlx::{AnyConnection, AnyPool, Executor, Row};
+use tokio::sync::{Notify, broadcast, watch};
 
 use super::watches::Watches;
 use super::{InstanceId, NewEvent, StoreError, StoreKind};
 use crate::ids::{RunId, SessionId};
+use crate::runtime::AbortReason;
+
+/// The channel instances ring each other on (PostgreSQL `LISTEN/NOTIFY`): a doorbell only; readers re-read rows.
+const CHANNEL: &str = "toolgate";
+
+/// How long an instance may go without a heartbeat before the others take its work over, by default.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
 /// Where the two databases differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,6 +210,10 @@ pub struct SqlStore {
     written: watch::Sender<u64>,
     runs: Watches<RunId>,
     sessions: Watches<SessionId>,
+    /// Runs another instance aborted (its doorbell), for this one's tasks and tools.
+    aborts: broadcast::Sender<(RunId, AbortReason)>,
+    /// How long this instance's heartbeat holds its work (PostgreSQL).
+    lease: Duration,
     _lock: Option<FileLock>,
 }
 
@@ -216,9 +227,18 @@ impl std::fmt::Debug for SqlStore {
 }
 
 impl SqlStore {
-    /// Opens (and creates, and migrates) the database the URL names. A SQLite file is locked against a second
-    /// toolgate process; WAL lets readers go on beside the one writer.
+    /// Opens (and creates, and migrates) the database the URL names, with the default lease. A SQLite file is
+    /// locked against a second toolgate process; WAL lets readers go on beside the one writer.
     pub async fn open(url: &DatabaseUrl) -> Result<Arc<Self>, OpenError> {
+        Self::open_with_lease(url, DEFAULT_LEASE).await
+    }
+
+    /// Opens the database; with PostgreSQL, this instance's work is held by a heartbeat every fifth of `lease`, and
+    /// taken over by the others once the heartbeat is `lease` old on the database's clock.
+    pub async fn open_with_lease(
+        url: &DatabaseUrl,
+        lease: Duration,
+    ) -> Result<Arc<Self>, OpenError> {
         install_default_drivers();
         let (dialect, lock, connect, what) = match url {
             DatabaseUrl::Sqlite(path) => {
@@ -271,6 +291,8 @@ impl SqlStore {
             written: watch::channel(0).0,
             runs: Watches::default(),
             sessions: Watches::default(),
+            aborts: broadcast::channel(256).0,
+            lease,
             _lock: lock,
         });
         store
@@ -283,6 +305,16 @@ impl SqlStore {
         let appender = Arc::downgrade(&store);
         let wake = Arc::clone(&store.appended);
         tokio::spawn(async move { append_forever(appender, wake).await });
+        if dialect == Dialect::Postgres {
+            let mut listener = sqlx::postgres::PgListener::connect(&connect)
+                .await
+                .map_err(connect_error)?;
+            listener.listen(CHANNEL).await.map_err(connect_error)?;
+            let weak = Arc::downgrade(&store);
+            tokio::spawn(async move { listen_forever(listener, weak).await });
+            let weak = Arc::downgrade(&store);
+            tokio::spawn(async move { heartbeat_forever(weak, lease).await });
+        }
         Ok(store)
     }
 
@@ -322,6 +354,8 @@ impl SqlStore {
             written: watch::channel(0).0,
             runs: Watches::default(),
             sessions: Watches::default(),
+            aborts: broadcast::channel(1).0,
+            lease: DEFAULT_LEASE,
             _lock: None,
         }))
     }
@@ -337,15 +371,155 @@ impl SqlStore {
         }
     }
 
+    /// The database's clock, in milliseconds since the Unix epoch, as SQL that takes this process's clock as `$2`:
+    /// leases are measured on the database's clock, so that instances whose clocks disagree still agree on who is
+    /// alive. (SQLite has one process: its clock is the one.)
+    fn now_sql(&self) -> &'static str {
+        match self.dialect {
+            Dialect::Sqlite => "CAST($2 AS BIGINT)",
+            Dialect::Postgres => {
+                "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + 0 * CAST($2 AS BIGINT)"
+            }
+        }
+    }
+
     async fn register_instance(&self) -> Result<(), StoreError> {
-        let now = crate::clock::now_ms() as i64;
-        sqlx::query("INSERT INTO instances (id, started_at, heartbeat_at) VALUES ($1, $2, $2)")
-            .bind(self.instance.as_str())
-            .bind(now)
-            .execute(&self.writer)
+        let now = self.now_sql();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO instances (id, started_at, heartbeat_at) VALUES ($1, {now}, {now})"
+        )))
+        .bind(self.instance.as_str())
+        .bind(crate::clock::now_ms() as i64)
+        .execute(&self.writer)
+        .await
+        .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Says this instance is alive; puts its row back if others had declared it dead (its old work is theirs now,
+    /// and fenced against it).
+    async fn heartbeat(&self) -> Result<(), StoreError> {
+        let now = self.now_sql();
+        let changed = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE instances SET heartbeat_at = {now} WHERE id = $1"
+        )))
+        .bind(self.instance.as_str())
+        .bind(crate::clock::now_ms() as i64)
+        .execute(&self.writer)
+        .await
+        .map_err(unavailable)?;
+        if changed.rows_affected() == 0 {
+            tracing::warn!(instance = %self.instance, "this instance was taken for dead; it serves on");
+            self.register_instance().await?;
+        }
+        Ok(())
+    }
+
+    /// The instances whose heartbeat is fresh (this one always).
+    pub(super) async fn live_instances(&self) -> Result<Vec<String>, StoreError> {
+        let mut live = vec![self.instance.as_str().to_owned()];
+        if self.dialect == Dialect::Postgres {
+            let rows = sqlx::query(
+                "SELECT id FROM instances WHERE heartbeat_at >= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - $1",
+            )
+            .bind(self.lease.as_millis() as i64)
+            .fetch_all(&self.writer)
             .await
             .map_err(unavailable)?;
+            for row in rows {
+                live.push(row.try_get(0).map_err(unavailable)?);
+            }
+        }
+        Ok(live)
+    }
+
+    /// Forgets instances that are not live, once their work is taken over.
+    pub(super) async fn forget_dead_instances(&self, live: &[String]) -> Result<(), StoreError> {
+        let rows = sqlx::query("SELECT id FROM instances")
+            .fetch_all(&self.writer)
+            .await
+            .map_err(unavailable)?;
+        for row in rows {
+            let id: String = row.try_get(0).map_err(unavailable)?;
+            if !live.contains(&id) {
+                sqlx::query("DELETE FROM instances WHERE id = $1")
+                    .bind(id)
+                    .execute(&self.writer)
+                    .await
+                    .map_err(unavailable)?;
+            }
+        }
         Ok(())
+    }
+
+    /// Whether this instance's lease still holds, inside a transaction (PostgreSQL; SQLite has one process).
+    pub(super) async fn alive_in(
+        &self,
+        connection: &mut AnyConnection,
+    ) -> Result<bool, StoreError> {
+        if self.dialect == Dialect::Sqlite {
+            return Ok(true);
+        }
+        let row = sqlx::query(
+            "SELECT 1 FROM instances WHERE id = $1 AND heartbeat_at >= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - $2",
+        )
+        .bind(self.instance.as_str())
+        .bind(self.lease.as_millis() as i64)
+        .fetch_optional(&mut *connection)
+        .await
+        .map_err(unavailable)?;
+        Ok(row.is_some())
+    }
+
+    /// Tells the other instances this one is gone, so that they take its work over at once.
+    pub(super) async fn retire(&self) -> Result<(), StoreError> {
+        if self.dialect == Dialect::Postgres {
+            sqlx::query("DELETE FROM instances WHERE id = $1")
+                .bind(self.instance.as_str())
+                .execute(&self.writer)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    /// Rings the other instances' doorbell in `connection`'s transaction: they hear it once it commits.
+    pub(super) async fn doorbell(
+        &self,
+        connection: &mut AnyConnection,
+        message: &str,
+    ) -> Result<(), sqlx::Error> {
+        if self.dialect == Dialect::Postgres {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(CHANNEL)
+                .bind(message)
+                .execute(&mut *connection)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// What another instance's doorbell says: wake this process's readers, or stop what it runs of a run.
+    fn heard(&self, message: &str) {
+        let mut parts = message.split(' ');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("run"), Some(run), Some(seq)) => {
+                if let (Ok(run), Ok(seq)) = (RunId::parse(run), seq.parse()) {
+                    self.runs.notify(&run, seq);
+                }
+            }
+            (Some("session"), Some(session), Some(count)) => {
+                if let (Ok(session), Ok(count)) = (SessionId::parse(session), count.parse()) {
+                    self.sessions.notify(&session, count);
+                }
+            }
+            (Some("abort"), Some(run), Some(reason)) => {
+                if let (Ok(run), Some(reason)) = (RunId::parse(run), AbortReason::parse(reason)) {
+                    let _ = self.aborts.send((run, reason));
+                }
+            }
+            _ => tracing::debug!(message, "an unknown doorbell"),
+        }
     }
 
     /// Wakes this process's readers of a run and a session.
@@ -394,6 +568,56 @@ fn pool(dialect: Dialect, connections: u32) -> AnyPoolOptions {
             })
         }),
         Dialect::Postgres => options,
+    }
+}
+
+/// How often readers re-read what they follow even without a doorbell: notifications can be lost (a listener's
+/// reconnect), rows cannot.
+const REREAD_EVERY: Duration = Duration::from_secs(10);
+
+/// Hears the other instances' doorbells, as long as the store lives.
+async fn listen_forever(
+    mut listener: sqlx::postgres::PgListener,
+    store: std::sync::Weak<SqlStore>,
+) {
+    loop {
+        let heard = tokio::time::timeout(REREAD_EVERY, listener.try_recv()).await;
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        match heard {
+            Ok(Ok(Some(notification))) => store.heard(notification.payload()),
+            // The connection was lost (and is back): what rang meanwhile is lost, so every reader re-reads.
+            Ok(Ok(None)) => {
+                tracing::warn!("the database connection for notifications was lost; reading again");
+                store.runs.notify_all();
+                store.sessions.notify_all();
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "cannot hear other instances; trying again");
+                drop(store);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            // Quiet for a while: re-read anyway.
+            Err(_) => {
+                store.runs.notify_all();
+                store.sessions.notify_all();
+            }
+        }
+    }
+}
+
+/// Keeps this instance's lease, as long as the store lives.
+async fn heartbeat_forever(store: std::sync::Weak<SqlStore>, lease: Duration) {
+    let every = lease / 5;
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        if let Err(error) = store.heartbeat().await {
+            tracing::warn!(%error, "cannot renew this instance's lease");
+        }
     }
 }
 

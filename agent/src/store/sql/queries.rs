@@ -96,17 +96,19 @@ fn call_record(row: &AnyRow) -> StoreResult<CallRecord> {
     Ok(record)
 }
 
-/// Appends events to a run's log and returns its newest sequence number, or `None` when the run is not there or
-/// (with `fence`) not this writer's any more.
-async fn append_in(
-    connection: &mut AnyConnection,
-    run_id: &RunId,
-    events: &[NewEvent],
-    fence: Option<(&InstanceId, Epoch)>,
-) -> Db<Option<u64>> {
-    let count = events.len() as i64;
-    let bytes: i64 = events.iter().map(|event| event.json.len() as i64).sum();
-    let row = match fence {
+impl SqlStore {
+    /// Appends events to a run's log and returns its newest sequence number, or `None` when the run is not there or
+    /// (with `fence`) not this writer's any more. Rings the other instances' doorbell for the run.
+    async fn append_in(
+        &self,
+        connection: &mut AnyConnection,
+        run_id: &RunId,
+        events: &[NewEvent],
+        fence: Option<(&InstanceId, Epoch)>,
+    ) -> Db<Option<u64>> {
+        let count = events.len() as i64;
+        let bytes: i64 = events.iter().map(|event| event.json.len() as i64).sum();
+        let row = match fence {
         Some((owner, epoch)) => {
             sqlx::query(
                 "UPDATE runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
@@ -132,33 +134,36 @@ async fn append_in(
             .await?
         }
     };
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let last: i64 = row.try_get(0)?;
-    let first = last - count + 1;
-    // Several rows per statement, within both databases' limits on parameters.
-    for (chunk_index, chunk) in events.chunks(256).enumerate() {
-        let mut sql = String::from("INSERT INTO events (run_id, seq, kind, json) VALUES ");
-        for i in 0..chunk.len() {
-            let p = i * 4;
-            if i > 0 {
-                sql.push(',');
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let last: i64 = row.try_get(0)?;
+        let first = last - count + 1;
+        // Several rows per statement, within both databases' limits on parameters.
+        for (chunk_index, chunk) in events.chunks(256).enumerate() {
+            let mut sql = String::from("INSERT INTO events (run_id, seq, kind, json) VALUES ");
+            for i in 0..chunk.len() {
+                let p = i * 4;
+                if i > 0 {
+                    sql.push(',');
+                }
+                sql.push_str(&format!("(${}, ${}, ${}, ${})", p + 1, p + 2, p + 3, p + 4));
             }
-            sql.push_str(&format!("(${}, ${}, ${}, ${})", p + 1, p + 2, p + 3, p + 4));
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (i, event) in chunk.iter().enumerate() {
+                let seq = first + (chunk_index * 256 + i) as i64;
+                query = query
+                    .bind(run_id.as_str())
+                    .bind(seq)
+                    .bind(event.kind)
+                    .bind(&*event.json);
+            }
+            query.execute(&mut *connection).await?;
         }
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (i, event) in chunk.iter().enumerate() {
-            let seq = first + (chunk_index * 256 + i) as i64;
-            query = query
-                .bind(run_id.as_str())
-                .bind(seq)
-                .bind(event.kind)
-                .bind(&*event.json);
-        }
-        query.execute(&mut *connection).await?;
+        self.doorbell(&mut *connection, &format!("run {run_id} {last}"))
+            .await?;
+        Ok(Some(last as u64))
     }
-    Ok(Some(last as u64))
 }
 
 /// The newest sequence number of a run, for notifications after a change that appended nothing.
@@ -247,7 +252,8 @@ pub(super) async fn write_appends(
             continue;
         }
         // A writer that lost the run appends nothing: its events are dropped here, not written late.
-        if let Some(seq) = append_in(&mut tx, run_id, events, Some((&store.instance, *epoch)))
+        if let Some(seq) = store
+            .append_in(&mut tx, run_id, events, Some((&store.instance, *epoch)))
             .await
             .map_err(unavailable)?
         {
@@ -338,11 +344,14 @@ impl SqlStore {
         let seq = if run.events.is_empty() {
             0
         } else {
-            append_in(&mut tx, &run.run_id, &run.events, None)
+            self.append_in(&mut tx, &run.run_id, &run.events, None)
                 .await
                 .map_err(unavailable)?
                 .unwrap_or(0)
         };
+        self.doorbell(&mut tx, &format!("session {} {ordinal}", run.session_id))
+            .await
+            .map_err(unavailable)?;
         tx.commit().await.map_err(unavailable)?;
         self.touched(&run.run_id, seq);
         self.sessions.notify(&run.session_id, ordinal as u64);
@@ -403,7 +412,8 @@ impl SqlStore {
             .await
             .map_err(unavailable)?;
         }
-        let seq = match append_in(&mut tx, &batch.run_id, &batch.events, None)
+        let seq = match self
+            .append_in(&mut tx, &batch.run_id, &batch.events, None)
             .await
             .map_err(unavailable)?
         {
@@ -454,7 +464,7 @@ impl SqlStore {
         let seq = if events.is_empty() {
             None
         } else {
-            append_in(&mut *connection, run_id, &events, None)
+            self.append_in(&mut *connection, run_id, &events, None)
                 .await
                 .map_err(unavailable)?
         };
@@ -493,6 +503,18 @@ impl Store for SqlStore {
             Ok(())
         }
         .boxed()
+    }
+
+    fn close(&self) -> StoreFuture<'_, ()> {
+        async move {
+            self.flush_appends().await;
+            self.retire().await
+        }
+        .boxed()
+    }
+
+    fn remote_aborts(&self) -> tokio::sync::broadcast::Receiver<(RunId, AbortReason)> {
+        self.aborts.subscribe()
     }
 
     fn open_batch(&self, batch: OpenBatch) -> StoreFuture<'_, Result<(), Fenced>> {
@@ -541,7 +563,7 @@ impl Store for SqlStore {
             if changed.rows_affected() != 1 {
                 return Ok(Err(DecideFailure::NotPending));
             }
-            let seq = append_in(&mut tx, &run_id, &events, None)
+            let seq = self.append_in(&mut tx, &run_id, &events, None)
                 .await
                 .map_err(unavailable)?;
             audit_in(&mut tx, &audit).await.map_err(unavailable)?;
@@ -599,7 +621,7 @@ impl Store for SqlStore {
                         expired.push(record);
                     }
                 }
-                let seq = append_in(&mut tx, &run_id, &events, None)
+                let seq = self.append_in(&mut tx, &run_id, &events, None)
                     .await
                     .map_err(unavailable)?;
                 audit_in(&mut tx, &audit).await.map_err(unavailable)?;
@@ -631,38 +653,47 @@ impl Store for SqlStore {
         &self,
         run_id: &RunId,
         call_id: &ToolCallId,
-        inline: Option<CallRecord>,
+        inline: Option<(CallRecord, Epoch)>,
     ) -> StoreFuture<'_, Option<CallRecord>> {
         let run_id = run_id.clone();
         let call_id = call_id.clone();
         async move {
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            if !self.alive_in(&mut tx).await? {
+                // This instance's lease ran out: another may be taking its work over. It starts nothing.
+                return Ok(None);
+            }
             let begun = match inline {
-                Some(mut record) => {
-                    record.status = CallStatus::Executing;
-                    record.executing_on = Some(self.instance.clone());
-                    let existing = sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "SELECT status FROM calls WHERE run_id = $1 AND call_id = $2{}",
+                Some((mut record, epoch)) => {
+                    // The run must still be this instance's, at this epoch, in this very transaction.
+                    let held = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "SELECT 1 FROM runs WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3{}",
                         self.dialect.for_update()
                     )))
                     .bind(run_id.as_str())
-                    .bind(call_id.as_str())
+                    .bind(self.instance.as_str())
+                    .bind(epoch as i64)
                     .fetch_optional(&mut *tx)
                     .await
                     .map_err(unavailable)?;
-                    let replace = match existing {
-                        None => false,
-                        Some(row) => {
-                            let status: String = row.try_get(0).map_err(unavailable)?;
-                            // A call of an earlier batch with the same id (ids are the model's) gives way; one
-                            // of this batch does not.
-                            if !CallStatus::parse(&status).is_some_and(CallStatus::is_final) {
-                                return Ok(None);
-                            }
-                            true
+                    if held.is_none() {
+                        return Ok(None);
+                    }
+                    record.status = CallStatus::Executing;
+                    record.executing_on = Some(self.instance.clone());
+                    let existing = sqlx::query("SELECT status FROM calls WHERE run_id = $1 AND call_id = $2")
+                        .bind(run_id.as_str())
+                        .bind(call_id.as_str())
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(unavailable)?;
+                    if let Some(row) = existing {
+                        let status: String = row.try_get(0).map_err(unavailable)?;
+                        // A call of an earlier batch with the same id (ids are the model's) gives way; one of
+                        // this batch does not.
+                        if !CallStatus::parse(&status).is_some_and(CallStatus::is_final) {
+                            return Ok(None);
                         }
-                    };
-                    if replace {
                         sqlx::query("DELETE FROM calls WHERE run_id = $1 AND call_id = $2")
                             .bind(run_id.as_str())
                             .bind(call_id.as_str())
@@ -760,7 +791,8 @@ impl Store for SqlStore {
             if changed.rows_affected() != 1 {
                 return Ok(false);
             }
-            let seq = append_in(&mut tx, &result.run_id, &result.events, None)
+            let seq = self
+                .append_in(&mut tx, &result.run_id, &result.events, None)
                 .await
                 .map_err(unavailable)?;
             audit_in(&mut tx, &result.audit)
@@ -902,7 +934,7 @@ impl Store for SqlStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(unavailable)?;
-            let seq = append_in(&mut tx, &finish.run_id, &finish.events, None)
+            let seq = self.append_in(&mut tx, &finish.run_id, &finish.events, None)
                 .await
                 .map_err(unavailable)?
                 .unwrap_or(0);
@@ -999,6 +1031,10 @@ impl Store for SqlStore {
             })
             .collect();
             audit_in(&mut tx, &audit).await.map_err(unavailable)?;
+            // Other instances stop what they run of it.
+            self.doorbell(&mut tx, &format!("abort {run_id} {}", reason.as_str()))
+                .await
+                .map_err(unavailable)?;
             tx.commit().await.map_err(unavailable)?;
             if let Some(seq) = seq {
                 info.last_seq = seq;
@@ -1019,26 +1055,36 @@ impl Store for SqlStore {
         async move {
             let mut recovered = Recovered::default();
             // With SQLite, the file lock makes this process the only one: whatever another instance left
-            // running is a dead process's. (PostgreSQL asks whose heartbeat stopped.)
-            let dead_runs = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE state = 'running' AND (owner IS NULL OR owner <> $1)"
+            // running is a dead process's. With PostgreSQL, the dead are those whose heartbeat stopped.
+            let live = self.live_instances().await?;
+            let is_dead = |owner: &Option<String>| owner.as_ref().is_none_or(|owner| !live.contains(owner));
+            let running = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT {RUN_COLUMNS}, owner FROM runs WHERE state = 'running'"
             )))
-            .bind(self.instance.as_str())
             .fetch_all(&self.reader)
             .await
             .map_err(unavailable)?;
-            let dead_calls = sqlx::query(
-                "SELECT record, status, executing_on FROM calls WHERE status = 'executing' AND executing_on <> $1",
+            let mut dead_runs = Vec::new();
+            for row in &running {
+                let owner: Option<String> = row.try_get("owner").map_err(unavailable)?;
+                if is_dead(&owner) {
+                    dead_runs.push(run_info(row)?);
+                }
+            }
+            let executing = sqlx::query(
+                "SELECT record, status, executing_on FROM calls WHERE status = 'executing'",
             )
-            .bind(self.instance.as_str())
             .fetch_all(&self.reader)
             .await
             .map_err(unavailable)?;
-            for row in &dead_calls {
+            for row in &executing {
                 let mut record = call_record(row)?;
                 let Some(dead) = record.executing_on.clone() else {
                     continue;
                 };
+                if !is_dead(&Some(dead.as_str().to_owned())) {
+                    continue;
+                }
                 let mut tx = self.writer.begin().await.map_err(unavailable)?;
                 let settlement = (events.call_interrupted)(&record);
                 let (call_events, audit) = apply(&mut record, settlement);
@@ -1056,7 +1102,7 @@ impl Store for SqlStore {
                 .await
                 .map_err(unavailable)?;
                 if changed.rows_affected() == 1 {
-                    let seq = append_in(&mut tx, &record.run_id, &call_events, None)
+                    let seq = self.append_in(&mut tx, &record.run_id, &call_events, None)
                         .await
                         .map_err(unavailable)?;
                     audit_in(&mut tx, &audit).await.map_err(unavailable)?;
@@ -1069,8 +1115,7 @@ impl Store for SqlStore {
                         .push((record.run_id.clone(), record.call.id.clone()));
                 }
             }
-            for row in &dead_runs {
-                let info = run_info(row)?;
+            for info in dead_runs {
                 let finish = FinishRun {
                     run_id: info.run_id.clone(),
                     epoch: None,
@@ -1086,6 +1131,7 @@ impl Store for SqlStore {
                     recovered.failed_runs.push(info.run_id);
                 }
             }
+            self.forget_dead_instances(&live).await?;
             Ok(recovered)
         }
         .boxed()
