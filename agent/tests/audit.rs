@@ -113,7 +113,13 @@ async fn every_way_an_approval_ends_is_in_the_audit_log_with_who_and_what() {
 
     let entries = log(&harness).await;
     /// What an entry says: its kind, outcome, source, scope and actor.
-    type Said<'a> = (AuditKind, &'a str, Option<&'a str>, Option<&'a str>, Option<&'a str>);
+    type Said<'a> = (
+        AuditKind,
+        &'a str,
+        Option<&'a str>,
+        Option<&'a str>,
+        Option<&'a str>,
+    );
     let summary: Vec<Said> = entries
         .iter()
         .map(|e| {

@@ -112,6 +112,15 @@ pub struct Config {
     #[arg(long, env = "TOOLGATE_LEASE_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3_600))]
     pub lease_secs: u64,
 
+    /// Runs not ended (sampling, or waiting for people) the server may hold; past it a new run gets 503
+    /// `SERVER_FULL` and the runs it holds go on.
+    #[arg(long, env = "TOOLGATE_MAX_ACTIVE_RUNS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_active_runs: u64,
+
+    /// Sessions the server may hold; past it a run in a new session gets 503 `SERVER_FULL`.
+    #[arg(long, env = "TOOLGATE_MAX_SESSIONS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_sessions: u64,
+
     /// Days a finished run (its events and transcript) is kept.
     #[arg(long, env = "TOOLGATE_RETENTION_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=36_500))]
     pub retention_days: u64,

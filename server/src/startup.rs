@@ -144,6 +144,8 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
     harness_config.retention = Retention {
         finished_ttl: Duration::from_secs(config.retention_days * 24 * 60 * 60),
         event_log_bytes: config.event_log_mib * 1024 * 1024,
+        max_unfinished_runs: config.max_active_runs,
+        max_sessions: config.max_sessions,
         ..Retention::default()
     };
     harness_config.takeover_every = Duration::from_secs(config.lease_secs).div_f64(2.0);

@@ -89,6 +89,8 @@ struct Tables {
     runs: HashMap<RunId, RunRow>,
     /// Finished runs, oldest first, for retention.
     finished: VecDeque<RunId>,
+    /// How many runs have not ended.
+    unfinished: u64,
     audit: Vec<AuditEntry>,
     rules: Vec<StoredRule>,
 }
@@ -205,6 +207,7 @@ impl Store for MemoryStore {
                         row.append(run.events);
                         let seq = row.info.last_seq;
                         tables.runs.insert(run.run_id.clone(), row);
+                        tables.unfinished += 1;
                         Ok((seq, runs_in_session))
                     }
                 }
@@ -493,6 +496,7 @@ impl Store for MemoryStore {
                 }
             };
             outcome.map(|(seq, entries)| {
+                tables.unfinished = tables.unfinished.saturating_sub(1);
                 tables.audit(entries);
                 seq
             })
@@ -739,6 +743,15 @@ impl Store for MemoryStore {
             .map(|row| row.info.run_id.clone())
             .collect();
         Self::ready(runs)
+    }
+
+    fn counts(&self) -> StoreFuture<'_, Counts> {
+        let tables = self.tables.lock();
+        let counts = Counts {
+            unfinished_runs: tables.unfinished,
+            sessions: tables.sessions.len() as u64,
+        };
+        Self::ready(counts)
     }
 
     fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>> {

@@ -615,6 +615,13 @@ pub fn title_of(message: &str) -> String {
     title
 }
 
+/// How much a store holds, for the bounds on what clients can make it hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub unfinished_runs: u64,
+    pub sessions: u64,
+}
+
 /// A session, as listed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -800,6 +807,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Runs that have not ended.
     fn unfinished_runs(&self) -> StoreFuture<'_, Vec<RunId>>;
+
+    /// How much the store holds: runs not ended, and sessions.
+    fn counts(&self) -> StoreFuture<'_, Counts>;
 
     /// Waiting runs that have work no instance is doing: calls to run, or a settled batch to claim.
     fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>>;

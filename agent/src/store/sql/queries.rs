@@ -1432,6 +1432,23 @@ impl Store for SqlStore {
         .boxed()
     }
 
+    fn counts(&self) -> StoreFuture<'_, Counts> {
+        async move {
+            let row = sqlx::query(
+                "SELECT (SELECT COUNT(*) FROM runs WHERE state IN ('running', 'waiting')), \
+                 (SELECT COUNT(*) FROM sessions)",
+            )
+            .fetch_one(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            Ok(Counts {
+                unfinished_runs: row.try_get::<i64, _>(0).map_err(unavailable)? as u64,
+                sessions: row.try_get::<i64, _>(1).map_err(unavailable)? as u64,
+            })
+        }
+        .boxed()
+    }
+
     fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>> {
         async move {
             let rows = sqlx::query(
