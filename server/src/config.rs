@@ -195,6 +195,11 @@ pub struct Config {
     #[arg(long, env = "TOOLGATE_COMMAND_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3_600))]
     pub command_timeout_secs: u64,
 
+    /// KiB of the earlier conversation a model step may be sent (the messages' JSON); past it the oldest turns are
+    /// left out, and the transcript says so. A run's own messages are always sent.
+    #[arg(long, env = "TOOLGATE_CONTEXT_KIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub context_kib: u64,
+
     /// Model steps a run may take before it stops without an answer.
     #[arg(long, env = "TOOLGATE_MAX_STEPS", default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=1_000))]
     pub max_steps: u32,

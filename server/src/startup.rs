@@ -141,6 +141,8 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         config.approval_timeout(),
     );
     harness_config.limits.max_steps = config.max_steps;
+    harness_config.limits.context_bytes =
+        usize::try_from(config.context_kib * 1024).unwrap_or(usize::MAX);
     harness_config.retention = Retention {
         finished_ttl: Duration::from_secs(config.retention_days * 24 * 60 * 60),
         event_log_bytes: config.event_log_mib * 1024 * 1024,
