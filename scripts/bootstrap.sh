@@ -67,4 +67,10 @@ if [ ! -d end2end/node_modules/@playwright/test ] || [ end2end/package-lock.json
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix end2end --no-audit --no-fund
 fi
 
+# 8. The peer `make bench` measures toolgate against (TanStack AI on Node), exactly as locked.
+if [ ! -d bench/peers/tanstack/node_modules/@tanstack/ai ] || [ bench/peers/tanstack/package-lock.json -nt bench/peers/tanstack/node_modules/.package-lock.json ]; then
+  say "installing the benchmark's peer (TanStack AI)"
+  npm ci --prefix bench/peers/tanstack --no-audit --no-fund
+fi
+
 say "ready ($ROOT)"
