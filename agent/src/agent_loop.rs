@@ -324,7 +324,6 @@ async fn sample(
     messages: &mut Vec<Message>,
     first_step: u32,
 ) -> (RunEnd, u32) {
-    let tools = context.toolbox.specs();
     let mut guard = RepeatGuard::new(limits);
     let aborted = || {
         RunEnd::Failed(RunError::Aborted {
@@ -337,6 +336,8 @@ async fn sample(
             return (aborted(), step - 1);
         }
         context.emit(AgentEvent::StepStarted { step });
+        // Read at every step: MCP servers may add, change or remove tools while a run goes on.
+        let tools = context.toolbox.specs();
         context.emit(AgentEvent::ModelRequested {
             step,
             model: model.name().to_owned(),

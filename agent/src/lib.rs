@@ -11,6 +11,7 @@
 //! - [`approvals`]: the registry of pending approvals;
 //! - [`interrupts`]: what interrupt-mode (AG-UI) runs issued, until a resume uses it once;
 //! - [`tools`]: tools, their schemas and the built-in workspace tools;
+//! - `mcp` (feature `mcp`): tools from MCP servers;
 //! - [`events`]: the internal events and their projection to the wire.
 
 pub mod ids;
@@ -28,6 +29,8 @@ pub mod events;
 pub mod hub;
 #[cfg(feature = "runtime")]
 pub mod interrupts;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 #[cfg(feature = "runtime")]
 pub mod model;
 #[cfg(feature = "runtime")]

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::approvals::{ApprovalRegistry, NewApproval};
 use crate::events::{AgentEvent, EventSink};
 use crate::ids::{RunId, SessionId};
-use crate::policy::{PermissionPolicy, SessionGrants};
+use crate::policy::{PermissionPolicy, SessionGrants, grant_key};
 use crate::tools::{ToolContext, ToolError, Toolbox, unknown_tool_message};
 use crate::wire::{
     ApprovalMode, DecisionScope, PermissionDecision, Resolution, RunErrorCode, ToolCall,
@@ -198,7 +198,7 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
         output,
     };
 
-    let Some(tool) = context.toolbox.get(&call.name) else {
+    let Some(tool) = context.toolbox.lookup(&call.name) else {
         let message = unknown_tool_message(&call.name, &context.toolbox);
         decided(
             PermissionDecision::Deny {
@@ -229,7 +229,7 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
         }
     };
     decided(permission.clone(), input.clone());
-    if let Err(error) = context.toolbox.validate(&call.name, &input) {
+    if let Err(error) = tool.validate(&input) {
         return refused(error.into());
     }
     if let PermissionDecision::Deny { reason } = &permission {
@@ -288,9 +288,11 @@ pub async fn settle_call(
     run_tool(context, &call, input, executed_arguments).await
 }
 
-/// Remembers that a person approved `tool_name` for the rest of the session.
+/// Remembers that a person approved `tool_name`, as it is defined now, for the rest of the session.
 pub fn grant_for_session(context: &RunContext, tool_name: &str) {
-    context.grants().insert(tool_name.to_owned());
+    if let Some(spec) = context.toolbox.spec(tool_name) {
+        context.grants().insert(grant_key(&spec));
+    }
     context.emit(AgentEvent::SessionGrantAdded {
         tool_name: tool_name.to_owned(),
     });
@@ -315,7 +317,7 @@ pub async fn run_tool(
         }
         None => input,
     };
-    let Some(tool) = context.toolbox.get(&call.name).cloned() else {
+    let Some(tool) = context.toolbox.get(&call.name) else {
         let output = ToolOutput::error(
             ToolErrorCode::UnknownTool,
             unknown_tool_message(&call.name, &context.toolbox),
@@ -361,14 +363,13 @@ pub async fn run_tool(
         (Ok(content), None) => ToolOutput::Ok { content },
         (Err(error), _) => error.into(),
     };
-    finish(
-        context,
-        call,
-        edited_arguments,
-        output.clone(),
-        started.elapsed(),
-    );
-    Ok(output)
+    // The run's log keeps the whole output; the model may get less of it.
+    let for_model = match tool.model_output_limit() {
+        Some(limit) => output.clone().bounded_for_model(limit),
+        None => output.clone(),
+    };
+    finish(context, call, edited_arguments, output, started.elapsed());
+    Ok(for_model)
 }
 
 /// What the model reads when a person edited its call's arguments before approving it.

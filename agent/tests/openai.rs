@@ -342,6 +342,7 @@ fn read_file_tool() -> ToolSpec {
             "required": ["path"]
         }),
         annotations: ToolAnnotations::default(),
+        mcp: None,
     }
 }
 

@@ -249,7 +249,7 @@ async fn approving_for_the_session_lets_later_calls_of_that_tool_run_without_ask
     assert!(output.is_ok(), "ran without a decision: {output:?}");
     assert_eq!(fx.deletes.count(), 2);
     let decision = fx.context.permissions.decide(
-        fx.context.toolbox.spec("delete_file").unwrap(),
+        &fx.context.toolbox.spec("delete_file").unwrap(),
         &fx.context.grants.lock().unwrap(),
     );
     assert_eq!(

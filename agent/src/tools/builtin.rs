@@ -92,6 +92,7 @@ impl ListFiles {
                     "additionalProperties": false
                 }),
                 annotations: READ_ONLY,
+                mcp: None,
             },
             workspace,
         }
@@ -153,6 +154,7 @@ impl ReadFile {
                     "additionalProperties": false
                 }),
                 annotations: READ_ONLY,
+                mcp: None,
             },
             workspace,
         }
@@ -208,6 +210,7 @@ impl WriteFile {
                     "additionalProperties": false
                 }),
                 annotations: DESTRUCTIVE,
+                mcp: None,
             },
             workspace,
         }
@@ -256,6 +259,7 @@ impl DeleteFile {
                     "additionalProperties": false
                 }),
                 annotations: DESTRUCTIVE,
+                mcp: None,
             },
             workspace,
         }
@@ -330,6 +334,7 @@ impl RunCommand {
                     idempotent: Some(false),
                     open_world: Some(true),
                 },
+                mcp: None,
             },
             workspace,
             limits,

@@ -2,6 +2,11 @@
 //!
 //! The [`Toolbox`] holds the tools of a harness with their compiled schemas. Input is validated against the schema
 //! before anything runs; invalid input is a recoverable output for the model, never a crash.
+//!
+//! The set of tools can change while toolgate runs: an MCP server's tools come and go with the server, and the
+//! server may change them (`notifications/tools/list_changed`). So the toolbox is a shared handle to an immutable
+//! snapshot that a change replaces whole ([`Toolbox::replace_source`]); a lookup reads the current snapshot without
+//! a lock, and a call that started keeps the tool it found.
 
 mod builtin;
 mod workspace;
@@ -9,12 +14,13 @@ mod workspace;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::ids::RunId;
-use crate::wire::{ToolErrorCode, ToolOutput, ToolSpec};
+use crate::wire::{McpServerStatus, ToolErrorCode, ToolOutput, ToolSpec};
 
 pub use builtin::{
     CommandLimits, DeleteFile, ListFiles, ReadFile, RunCommand, WriteFile, workspace_tools,
@@ -67,6 +73,12 @@ pub trait Tool: Send + Sync {
 
     /// Runs the tool with input that already satisfies its schema.
     fn execute<'a>(&'a self, input: Value, context: &'a ToolContext) -> ToolFuture<'a>;
+
+    /// The most of one output the model reads, in bytes of text: a longer output reaches the model as its head and
+    /// tail with a note, while the run's log keeps all of it. `None` for tools that bound their own output.
+    fn model_output_limit(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Why a tool cannot join a toolbox.
@@ -78,80 +90,41 @@ pub enum ToolboxError {
     InvalidSchema { tool: String, message: String },
 }
 
-struct RegisteredTool {
+/// A tool with its compiled input schema.
+pub struct RegisteredTool {
     tool: Arc<dyn Tool>,
     validator: jsonschema::Validator,
+    /// The MCP server it came from; `None` for toolgate's own tools.
+    source: Option<String>,
 }
 
-/// The tools of a harness, by name, with their compiled input schemas.
-#[derive(Default)]
-pub struct Toolbox {
-    tools: BTreeMap<String, RegisteredTool>,
-    /// Every tool's spec, built once: each model step sends them, and a waiting run holds them.
-    specs: Arc<[ToolSpec]>,
-}
-
-impl std::fmt::Debug for Toolbox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.tools.keys()).finish()
-    }
-}
-
-impl Toolbox {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn register(&mut self, tool: impl Tool + 'static) -> Result<(), ToolboxError> {
+impl RegisteredTool {
+    fn new(tool: Arc<dyn Tool>, source: Option<String>) -> Result<Self, ToolboxError> {
         let spec = tool.spec();
-        if self.tools.contains_key(&spec.name) {
-            return Err(ToolboxError::Duplicate(spec.name.clone()));
-        }
         let validator = jsonschema::validator_for(&spec.input_schema).map_err(|error| {
             ToolboxError::InvalidSchema {
                 tool: spec.name.clone(),
                 message: error.to_string(),
             }
         })?;
-        self.tools.insert(
-            spec.name.clone(),
-            RegisteredTool {
-                tool: Arc::new(tool),
-                validator,
-            },
-        );
-        self.specs = self.tools.values().map(|r| r.tool.spec().clone()).collect();
-        Ok(())
+        Ok(Self {
+            tool,
+            validator,
+            source,
+        })
     }
 
-    pub fn with(mut self, tool: impl Tool + 'static) -> Result<Self, ToolboxError> {
-        self.register(tool)?;
-        Ok(self)
+    pub fn tool(&self) -> &Arc<dyn Tool> {
+        &self.tool
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.tools.get(name).map(|registered| &registered.tool)
+    pub fn spec(&self) -> &ToolSpec {
+        self.tool.spec()
     }
 
-    pub fn spec(&self, name: &str) -> Option<&ToolSpec> {
-        self.get(name).map(|tool| tool.spec())
-    }
-
-    /// Every tool's spec, in name order; shared, not copied.
-    pub fn specs(&self) -> Arc<[ToolSpec]> {
-        Arc::clone(&self.specs)
-    }
-
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.tools.keys().map(String::as_str)
-    }
-
-    /// Checks input against a tool's schema. The error lists every violation with where it is.
-    pub fn validate(&self, name: &str, input: &Value) -> Result<(), ToolError> {
-        let registered = self.tools.get(name).ok_or_else(|| {
-            ToolError::new(ToolErrorCode::UnknownTool, unknown_tool_message(name, self))
-        })?;
-        let problems: Vec<String> = registered
+    /// Checks input against the tool's schema. The error lists every violation with where it is.
+    pub fn validate(&self, input: &Value) -> Result<(), ToolError> {
+        let problems: Vec<String> = self
             .validator
             .iter_errors(input)
             .map(|error| {
@@ -169,7 +142,8 @@ impl Toolbox {
             Err(ToolError::new(
                 ToolErrorCode::InvalidInput,
                 format!(
-                    "The input for {name} does not match its schema: {}",
+                    "The input for {} does not match its schema: {}",
+                    self.spec().name,
                     problems.join("; ")
                 ),
             ))
@@ -177,11 +151,185 @@ impl Toolbox {
     }
 }
 
+/// One state of the toolbox: every tool by name, their specs in name order, and the MCP servers.
+#[derive(Default)]
+struct ToolSet {
+    tools: BTreeMap<String, Arc<RegisteredTool>>,
+    /// Every tool's spec, built once per change: each model step sends them, and a waiting run holds them.
+    specs: Arc<[ToolSpec]>,
+    sources: BTreeMap<String, McpServerStatus>,
+}
+
+impl ToolSet {
+    fn with_tools(
+        tools: BTreeMap<String, Arc<RegisteredTool>>,
+        sources: BTreeMap<String, McpServerStatus>,
+    ) -> Self {
+        let specs = tools.values().map(|r| r.spec().clone()).collect();
+        Self {
+            tools,
+            specs,
+            sources,
+        }
+    }
+}
+
+/// The tools of a harness, by name, with their compiled input schemas. Cloning gives another handle to the same
+/// toolbox: what one clone changes, every clone sees.
+#[derive(Clone, Default)]
+pub struct Toolbox {
+    current: Arc<ArcSwap<ToolSet>>,
+}
+
+impl std::fmt::Debug for Toolbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.current.load().tools.keys())
+            .finish()
+    }
+}
+
+impl Toolbox {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn register(&mut self, tool: impl Tool + 'static) -> Result<(), ToolboxError> {
+        let registered = RegisteredTool::new(Arc::new(tool), None)?;
+        let current = self.current.load();
+        let name = registered.spec().name.clone();
+        if current.tools.contains_key(&name) {
+            return Err(ToolboxError::Duplicate(name));
+        }
+        let mut tools = current.tools.clone();
+        tools.insert(name, Arc::new(registered));
+        let sources = current.sources.clone();
+        self.current
+            .store(Arc::new(ToolSet::with_tools(tools, sources)));
+        Ok(())
+    }
+
+    pub fn with(mut self, tool: impl Tool + 'static) -> Result<Self, ToolboxError> {
+        self.register(tool)?;
+        Ok(self)
+    }
+
+    /// Replaces every tool of the MCP server `status.name` with `tools`, and its status, in one step: a lookup sees
+    /// the old set or the new one, never a mix. A tool whose schema does not compile, or whose name another source
+    /// holds, is left out; the errors say which.
+    pub fn replace_source(
+        &self,
+        mut status: McpServerStatus,
+        tools: Vec<Arc<dyn Tool>>,
+    ) -> Vec<ToolboxError> {
+        let mut joining = Vec::with_capacity(tools.len());
+        let mut errors = Vec::new();
+        for tool in tools {
+            match RegisteredTool::new(tool, Some(status.name.clone())) {
+                Ok(registered) => joining.push(Arc::new(registered)),
+                Err(error) => errors.push(error),
+            }
+        }
+        // Only this server writes its own source; the compare-and-swap loop keeps other sources' changes.
+        self.current.rcu(|current| {
+            let mut tools: BTreeMap<String, Arc<RegisteredTool>> = current
+                .tools
+                .iter()
+                .filter(|(_, registered)| registered.source.as_deref() != Some(&status.name))
+                .map(|(name, registered)| (name.clone(), Arc::clone(registered)))
+                .collect();
+            let mut names = Vec::with_capacity(joining.len());
+            for registered in &joining {
+                let name = &registered.spec().name;
+                if !tools.contains_key(name) {
+                    tools.insert(name.clone(), Arc::clone(registered));
+                    names.push(name.clone());
+                }
+            }
+            status.tools = names;
+            let mut sources = current.sources.clone();
+            sources.insert(status.name.clone(), status.clone());
+            ToolSet::with_tools(tools, sources)
+        });
+        let kept = &status.tools;
+        errors.extend(
+            joining
+                .iter()
+                .map(|registered| registered.spec().name.clone())
+                .filter(|name| !kept.contains(name))
+                .map(ToolboxError::Duplicate),
+        );
+        errors
+    }
+
+    /// Updates an MCP server's status (its state, what went wrong) and keeps its tools.
+    pub fn update_source_status(&self, status: McpServerStatus) {
+        self.current.rcu(|current| {
+            let mut status = status.clone();
+            if let Some(old) = current.sources.get(&status.name) {
+                status.tools = old.tools.clone();
+            }
+            let mut sources = current.sources.clone();
+            sources.insert(status.name.clone(), status);
+            ToolSet {
+                tools: current.tools.clone(),
+                specs: Arc::clone(&current.specs),
+                sources,
+            }
+        });
+    }
+
+    /// The MCP servers, by name.
+    pub fn sources(&self) -> Vec<McpServerStatus> {
+        self.current.load().sources.values().cloned().collect()
+    }
+
+    /// The tool named `name` as it is now, with its schema.
+    pub fn lookup(&self, name: &str) -> Option<Arc<RegisteredTool>> {
+        self.current.load().tools.get(name).cloned()
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.current
+            .load()
+            .tools
+            .get(name)
+            .map(|registered| Arc::clone(&registered.tool))
+    }
+
+    pub fn spec(&self, name: &str) -> Option<ToolSpec> {
+        self.current
+            .load()
+            .tools
+            .get(name)
+            .map(|registered| registered.spec().clone())
+    }
+
+    /// Every tool's spec, in name order; shared, not copied.
+    pub fn specs(&self) -> Arc<[ToolSpec]> {
+        Arc::clone(&self.current.load().specs)
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.current.load().tools.keys().cloned().collect()
+    }
+
+    /// Checks input against a tool's schema. The error lists every violation with where it is.
+    pub fn validate(&self, name: &str, input: &Value) -> Result<(), ToolError> {
+        match self.lookup(name) {
+            Some(registered) => registered.validate(input),
+            None => Err(ToolError::new(
+                ToolErrorCode::UnknownTool,
+                unknown_tool_message(name, self),
+            )),
+        }
+    }
+}
+
 pub(crate) fn unknown_tool_message(name: &str, toolbox: &Toolbox) -> String {
-    let known: Vec<&str> = toolbox.names().collect();
     format!(
         "There is no tool named {name:?}. The tools are: {}.",
-        known.join(", ")
+        toolbox.names().join(", ")
     )
 }
 
@@ -208,6 +356,7 @@ mod tests {
             description: "Echoes its input".into(),
             input_schema: schema,
             annotations: ToolAnnotations::default(),
+            mcp: None,
         })
     }
 

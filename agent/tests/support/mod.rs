@@ -94,6 +94,7 @@ impl CountingTool {
                     "additionalProperties": false
                 }),
                 annotations,
+                mcp: None,
             },
             runs: Arc::new(Mutex::new(Vec::new())),
         }
