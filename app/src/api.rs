@@ -3,7 +3,7 @@
 
 use agent::ids::RunId;
 use agent::view::SessionView;
-use agent::wire::{ApprovalPolicy, ApprovalRequest};
+use agent::wire::{ApprovalPolicy, ApprovalRequest, McpServerStatus};
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +16,9 @@ pub struct PageState {
     pub approval_timeout_secs: u64,
     /// The server's clock when the page was rendered, in milliseconds since the Unix epoch.
     pub now_ms: u64,
+    /// The MCP servers and their state when the page was rendered.
+    #[serde(default)]
+    pub mcp_servers: Vec<McpServerStatus>,
 }
 
 /// What the person decided on a card.
@@ -63,6 +66,7 @@ pub async fn load_page() -> Result<PageState, ServerFnError> {
         model: harness.model_name().to_owned(),
         approval_timeout_secs: harness.config().approval_timeout.as_secs(),
         now_ms: agent::approvals::now_ms(),
+        mcp_servers: harness.toolbox().sources(),
     })
 }
 

@@ -11,3 +11,4 @@ pub mod serve;
 pub mod session_cookie;
 pub mod startup;
 pub mod state;
+pub mod tools;

@@ -4,6 +4,7 @@ mod helpers;
 
 mod agui;
 mod bodies;
+mod mcp;
 mod runs;
 mod security;
 mod seed;
