@@ -513,6 +513,33 @@ async fn a_crash_mid_call_leaves_the_effect_unknown_and_the_next_call_restarts_t
 }
 
 #[tokio::test]
+async fn a_server_that_cannot_start_again_waits_out_its_backoff_before_the_next_attempt() {
+    let started = start(json!({"crashy": fixture(json!({}))})).await.unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    run.call("mcp__crashy__exit_mid_call", json!({})).await;
+    std::fs::write(started.file("fixture-refuse-start"), "").unwrap();
+    let (_, message) = error(&run.call("mcp__crashy__echo", json!({"text": "a"})).await);
+    assert!(message.contains("could not start again"), "{message}");
+    let status = started.status("crashy");
+    assert_eq!(status.state, McpServerState::Crashed);
+    assert!(
+        status
+            .stderr_tail
+            .unwrap()
+            .contains("refusing to start again on purpose"),
+        "the failed restart's stderr"
+    );
+    // Within its backoff no new process is started: the call is refused at once.
+    let (_, message) = error(&run.call("mcp__crashy__echo", json!({"text": "b"})).await);
+    assert!(
+        message.contains("toolgate starts it again in 1 s. The call was not made."),
+        "{message}"
+    );
+    assert_eq!(started.fixture_calls(), ["exit_mid_call"]);
+    started.shut_down().await;
+}
+
+#[tokio::test]
 async fn a_call_past_its_timeout_is_cancelled_on_the_server() {
     let started = start(json!({"slow": fixture(json!({"tool_timeout_secs": 0.5}))}))
         .await

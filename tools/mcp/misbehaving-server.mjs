@@ -3,10 +3,11 @@
 // annotations, a crash in the middle of a call, a call that outlives its timeout, an isError result, a huge result,
 // junk on stdout, a tool list that changes, a child process of its own. Written with the official SDK, speaking on
 // stdio. It writes what it was asked to do to `fixture-calls.log` in its working directory, so that a test can count
-// calls. With FIXTURE_FAIL_START set it refuses to start, after writing why to stderr.
+// calls. With FIXTURE_FAIL_START set, or a file fixture-refuse-start in its working directory, it refuses to start,
+// after writing why to stderr.
 
 import { spawn } from "node:child_process";
-import { appendFileSync, unlinkSync } from "node:fs";
+import { appendFileSync, existsSync, unlinkSync } from "node:fs";
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
@@ -14,6 +15,11 @@ import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprot
 if (process.env.FIXTURE_FAIL_START) {
   process.stderr.write("fixture: loading the configuration\n");
   process.stderr.write(`fixture: refusing to start on purpose (${process.env.FIXTURE_FAIL_START})\n`);
+  process.exit(2);
+}
+// A test that wants a restart to fail creates this file in the server's working directory.
+if (existsSync("fixture-refuse-start")) {
+  process.stderr.write("fixture: refusing to start again on purpose\n");
   process.exit(2);
 }
 

@@ -611,3 +611,16 @@ async fn follow_tool_list(
         applied.send_replace(target);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_back_off_from_none_to_a_minute() {
+        let waits: Vec<u64> = (0..10)
+            .map(|failures| backoff(failures).as_secs())
+            .collect();
+        assert_eq!(waits, [0, 1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+}

@@ -386,6 +386,66 @@ mod tests {
         assert!(error.message.contains("The tools are: echo."));
     }
 
+    fn named(name: &str, schema: Value) -> Arc<dyn Tool> {
+        let mut tool = echo(schema);
+        tool.0.name = name.into();
+        Arc::new(tool)
+    }
+
+    fn status(name: &str) -> McpServerStatus {
+        McpServerStatus {
+            name: name.into(),
+            transport: crate::wire::McpTransportKind::Stdio,
+            trust: crate::wire::McpTrust::Untrusted,
+            required: false,
+            state: crate::wire::McpServerState::Ready,
+            message: None,
+            stderr_tail: None,
+            tools: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_source_replaces_its_own_tools_and_every_handle_sees_the_change() {
+        let toolbox = Toolbox::new().with(echo(json!({}))).unwrap();
+        let handle = toolbox.clone();
+        let left_out = toolbox.replace_source(
+            status("fs"),
+            vec![
+                named("mcp__fs__a", json!({})),
+                named("mcp__fs__b", json!({"type": "no-such-type"})),
+                named("echo", json!({})),
+            ],
+        );
+        assert_eq!(left_out.len(), 2, "a broken schema and a taken name");
+        assert_eq!(handle.names(), ["echo", "mcp__fs__a"]);
+        assert_eq!(handle.sources()[0].tools, ["mcp__fs__a"]);
+        let old = handle.get("mcp__fs__a").unwrap();
+
+        toolbox.replace_source(status("other"), vec![named("mcp__other__x", json!({}))]);
+        toolbox.replace_source(
+            status("fs"),
+            vec![named("mcp__fs__c", json!({"type": "object"}))],
+        );
+        assert_eq!(handle.names(), ["echo", "mcp__fs__c", "mcp__other__x"]);
+        assert_eq!(handle.specs().len(), 3);
+        assert!(handle.get("mcp__fs__a").is_none());
+        // A call that found the old tool keeps it.
+        assert_eq!(old.spec().name, "mcp__fs__a");
+
+        let mut crashed = status("fs");
+        crashed.state = crate::wire::McpServerState::Crashed;
+        toolbox.update_source_status(crashed);
+        let fs = handle
+            .sources()
+            .into_iter()
+            .find(|s| s.name == "fs")
+            .unwrap();
+        assert_eq!(fs.state, crate::wire::McpServerState::Crashed);
+        assert_eq!(fs.tools, ["mcp__fs__c"], "a status change keeps the tools");
+        assert!(handle.validate("mcp__fs__c", &json!(1)).is_err());
+    }
+
     #[test]
     fn a_tool_with_a_broken_schema_or_a_taken_name_is_refused() {
         let error = Toolbox::new()
