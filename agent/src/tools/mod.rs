@@ -4,9 +4,9 @@
 //! before anything runs; invalid input is a recoverable output for the model, never a crash.
 //!
 //! The set of tools can change while toolgate runs: an MCP server's tools come and go with the server, and the
-//! server may change them (`notifications/tools/list_changed`). So the toolbox is a shared handle to an immutable
-//! snapshot that a change replaces whole ([`Toolbox::replace_source`]); a lookup reads the current snapshot without
-//! a lock, and a call that started keeps the tool it found.
+//! server may change them (`notifications/tools/list_changed`). Those live in an immutable snapshot that a change
+//! replaces whole ([`Toolbox::replace_source`]) and that a lookup reads without a lock; a call that started keeps
+//! the tool it found. toolgate's own tools sit beside it, fixed, found without touching anything shared.
 
 mod builtin;
 mod workspace;
@@ -151,41 +151,37 @@ impl RegisteredTool {
     }
 }
 
-/// One state of the toolbox: every tool by name, their specs in name order, and the MCP servers.
-#[derive(Default)]
-struct ToolSet {
+/// toolgate's own tools, fixed once the toolbox is built.
+#[derive(Clone, Default)]
+struct BuiltinTools {
     tools: BTreeMap<String, Arc<RegisteredTool>>,
-    /// Every tool's spec, built once per change: each model step sends them, and a waiting run holds them.
+    /// Their specs in name order, built once: each model step sends them, and a waiting run holds them.
     specs: Arc<[ToolSpec]>,
-    sources: BTreeMap<String, McpServerStatus>,
 }
 
-impl ToolSet {
-    fn with_tools(
-        tools: BTreeMap<String, Arc<RegisteredTool>>,
-        sources: BTreeMap<String, McpServerStatus>,
-    ) -> Self {
-        let specs = tools.values().map(|r| r.spec().clone()).collect();
-        Self {
-            tools,
-            specs,
-            sources,
-        }
-    }
+/// One state of the MCP servers' side of the toolbox, replaced whole on every change.
+#[derive(Default)]
+struct SourceTools {
+    tools: BTreeMap<String, Arc<RegisteredTool>>,
+    /// Every tool's spec, the built-in ones included, in name order; empty while no source has tools.
+    specs: Arc<[ToolSpec]>,
+    statuses: BTreeMap<String, McpServerStatus>,
 }
 
-/// The tools of a harness, by name, with their compiled input schemas. Cloning gives another handle to the same
-/// toolbox: what one clone changes, every clone sees.
+/// The tools of a harness, by name, with their compiled input schemas.
+///
+/// Two parts: toolgate's own tools, registered while the toolbox is built and looked up without touching anything
+/// shared (the built-ins' path is as fast as a plain map), and the MCP servers' tools, which change while toolgate
+/// runs and live in a snapshot that every clone of the toolbox shares and each change replaces whole.
 #[derive(Clone, Default)]
 pub struct Toolbox {
-    current: Arc<ArcSwap<ToolSet>>,
+    builtin: Arc<BuiltinTools>,
+    sources: Arc<ArcSwap<SourceTools>>,
 }
 
 impl std::fmt::Debug for Toolbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list()
-            .entries(self.current.load().tools.keys())
-            .finish()
+        f.debug_list().entries(self.names()).finish()
     }
 }
 
@@ -194,18 +190,16 @@ impl Toolbox {
         Self::default()
     }
 
+    /// Adds one of toolgate's own tools. Meant for building the toolbox: clones made before see no change.
     pub fn register(&mut self, tool: impl Tool + 'static) -> Result<(), ToolboxError> {
         let registered = RegisteredTool::new(Arc::new(tool), None)?;
-        let current = self.current.load();
         let name = registered.spec().name.clone();
-        if current.tools.contains_key(&name) {
+        if self.lookup(&name).is_some() {
             return Err(ToolboxError::Duplicate(name));
         }
-        let mut tools = current.tools.clone();
-        tools.insert(name, Arc::new(registered));
-        let sources = current.sources.clone();
-        self.current
-            .store(Arc::new(ToolSet::with_tools(tools, sources)));
+        let builtin = Arc::make_mut(&mut self.builtin);
+        builtin.tools.insert(name, Arc::new(registered));
+        builtin.specs = builtin.tools.values().map(|r| r.spec().clone()).collect();
         Ok(())
     }
 
@@ -215,8 +209,8 @@ impl Toolbox {
     }
 
     /// Replaces every tool of the MCP server `status.name` with `tools`, and its status, in one step: a lookup sees
-    /// the old set or the new one, never a mix. A tool whose schema does not compile, or whose name another source
-    /// holds, is left out; the errors say which.
+    /// the old set or the new one, never a mix. A tool whose schema does not compile, or whose name is taken
+    /// already, is left out; the errors say which.
     pub fn replace_source(
         &self,
         mut status: McpServerStatus,
@@ -230,8 +224,8 @@ impl Toolbox {
                 Err(error) => errors.push(error),
             }
         }
-        // Only this server writes its own source; the compare-and-swap loop keeps other sources' changes.
-        self.current.rcu(|current| {
+        // Each server writes only its own part; the compare-and-swap loop keeps the other servers' changes.
+        self.sources.rcu(|current| {
             let mut tools: BTreeMap<String, Arc<RegisteredTool>> = current
                 .tools
                 .iter()
@@ -241,15 +235,32 @@ impl Toolbox {
             let mut names = Vec::with_capacity(joining.len());
             for registered in &joining {
                 let name = &registered.spec().name;
-                if !tools.contains_key(name) {
+                if !tools.contains_key(name) && !self.builtin.tools.contains_key(name) {
                     tools.insert(name.clone(), Arc::clone(registered));
                     names.push(name.clone());
                 }
             }
             status.tools = names;
-            let mut sources = current.sources.clone();
-            sources.insert(status.name.clone(), status.clone());
-            ToolSet::with_tools(tools, sources)
+            let mut statuses = current.statuses.clone();
+            statuses.insert(status.name.clone(), status.clone());
+            let specs = if tools.is_empty() {
+                Arc::from([])
+            } else {
+                let mut specs: Vec<ToolSpec> = self
+                    .builtin
+                    .specs
+                    .iter()
+                    .cloned()
+                    .chain(tools.values().map(|r| r.spec().clone()))
+                    .collect();
+                specs.sort_by(|a, b| a.name.cmp(&b.name));
+                specs.into()
+            };
+            SourceTools {
+                tools,
+                specs,
+                statuses,
+            }
         });
         let kept = &status.tools;
         errors.extend(
@@ -264,64 +275,80 @@ impl Toolbox {
 
     /// Updates an MCP server's status (its state, what went wrong) and keeps its tools.
     pub fn update_source_status(&self, status: McpServerStatus) {
-        self.current.rcu(|current| {
+        self.sources.rcu(|current| {
             let mut status = status.clone();
-            if let Some(old) = current.sources.get(&status.name) {
+            if let Some(old) = current.statuses.get(&status.name) {
                 status.tools = old.tools.clone();
             }
-            let mut sources = current.sources.clone();
-            sources.insert(status.name.clone(), status);
-            ToolSet {
+            let mut statuses = current.statuses.clone();
+            statuses.insert(status.name.clone(), status);
+            SourceTools {
                 tools: current.tools.clone(),
                 specs: Arc::clone(&current.specs),
-                sources,
+                statuses,
             }
         });
     }
 
     /// The MCP servers, by name.
     pub fn sources(&self) -> Vec<McpServerStatus> {
-        self.current.load().sources.values().cloned().collect()
+        self.sources.load().statuses.values().cloned().collect()
     }
 
     /// The tool named `name` as it is now, with its schema.
     pub fn lookup(&self, name: &str) -> Option<Arc<RegisteredTool>> {
-        self.current.load().tools.get(name).cloned()
+        match self.builtin.tools.get(name) {
+            Some(registered) => Some(Arc::clone(registered)),
+            None => self.sources.load().tools.get(name).cloned(),
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
-        self.current
-            .load()
-            .tools
-            .get(name)
-            .map(|registered| Arc::clone(&registered.tool))
+        match self.builtin.tools.get(name) {
+            Some(registered) => Some(Arc::clone(&registered.tool)),
+            None => self
+                .sources
+                .load()
+                .tools
+                .get(name)
+                .map(|registered| Arc::clone(&registered.tool)),
+        }
     }
 
     pub fn spec(&self, name: &str) -> Option<ToolSpec> {
-        self.current
-            .load()
-            .tools
-            .get(name)
+        self.lookup(name)
             .map(|registered| registered.spec().clone())
     }
 
     /// Every tool's spec, in name order; shared, not copied.
     pub fn specs(&self) -> Arc<[ToolSpec]> {
-        Arc::clone(&self.current.load().specs)
+        let sources = self.sources.load();
+        if sources.tools.is_empty() {
+            Arc::clone(&self.builtin.specs)
+        } else {
+            Arc::clone(&sources.specs)
+        }
     }
 
+    /// Every tool's name, in order.
     pub fn names(&self) -> Vec<String> {
-        self.current.load().tools.keys().cloned().collect()
+        let mut names: Vec<String> = self.builtin.tools.keys().cloned().collect();
+        names.extend(self.sources.load().tools.keys().cloned());
+        names.sort_unstable();
+        names
     }
 
     /// Checks input against a tool's schema. The error lists every violation with where it is.
     pub fn validate(&self, name: &str, input: &Value) -> Result<(), ToolError> {
-        match self.lookup(name) {
+        match self.builtin.tools.get(name) {
             Some(registered) => registered.validate(input),
-            None => Err(ToolError::new(
-                ToolErrorCode::UnknownTool,
-                unknown_tool_message(name, self),
-            )),
+            None => match self.sources.load().tools.get(name) {
+                Some(registered) => registered.validate(input),
+                None => Err(ToolError::new(
+                    ToolErrorCode::UnknownTool,
+                    unknown_tool_message(name, self),
+                )),
+            },
         }
     }
 }
