@@ -45,7 +45,7 @@ e2e:
 # Options for the load generator, for example: make bench BENCH_ARGS="--concurrency 1,8,32 --scale 2000"
 BENCH_ARGS ?= --json target/bench.json
 
-## The benchmarks of issue 9 on the release binary: approval round trips, memory with 10,000 pending, browser bytes and hydration
+## The benchmarks on the release binary: approval round trips, memory with 10,000 pending, browser bytes and hydration
 bench:
 	scripts/bootstrap.sh
 	cargo leptos build --release --precompress

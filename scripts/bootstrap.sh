@@ -32,7 +32,7 @@ if ! cargo leptos --version 2>/dev/null | grep -q "$CARGO_LEPTOS_VERSION"; then
   cargo install cargo-leptos --version "$CARGO_LEPTOS_VERSION" --locked
 fi
 
-# 3. wasm-bindgen-cli at exactly the version the lock file pins (--locked fails for this crate; see TOOLCHAIN).
+# 3. wasm-bindgen-cli at exactly the version the lock file pins (--locked fails for this crate: a locked dependency of it is missing from the registry).
 if ! wasm-bindgen --version 2>/dev/null | grep -q "$WASM_BINDGEN_VERSION"; then
   say "installing wasm-bindgen-cli $WASM_BINDGEN_VERSION"
   cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" --force

@@ -27,6 +27,9 @@ lint() {
   cargo clippy -p agent -p app -p server -p bench --all-targets --features agent/runtime,app/ssr -- -D warnings
   # The browser side: the wire types without tokio and the app with hydrate, for wasm32.
   cargo clippy -p agent -p frontend --target wasm32-unknown-unknown -- -D warnings
+  # The fuzz targets are their own workspace (running them needs nightly flags, see scripts/fuzz.sh); type-check
+  # them here so that they cannot rot unnoticed. Same target directory: they share the server's dependencies.
+  cargo check --manifest-path fuzz/Cargo.toml --target-dir target --bins
 }
 
 unit() {
@@ -41,7 +44,7 @@ e2e() {
   (cd end2end && npx playwright test)
 }
 
-# The load generator's smoke run: a few hundred verified round trips (seed routes and AG-UI) and 200 pending runs,
+# The load generator's smoke run: a few hundred verified round trips (the approval API and AG-UI) and 200 pending runs,
 # so the benchmark tool cannot rot. `make bench` is the full measurement.
 bench() {
   cargo build --release -p bench

@@ -1,6 +1,10 @@
-//! The sampling loop: ask the model for a step, stream its text, run its tool calls as a batch, feed the results
-//! back, until a final answer, the step limit, an abort, an error, or (in `interrupt` mode) a batch that needs a
-//! person, which ends the run with an [`Interruption`] that a later run resumes.
+//! The sampling loop: ask the model for a step, stream its text, prepare its tool calls as a batch, run what may
+//! run, feed the results back, until a final answer, the step limit, an abort or an error.
+//!
+//! A batch that needs a person ends this part of the run, in a way that depends on the approval mode:
+//! `fail_closed` fails the run; `interactive` returns the batch to be opened in the store ([`RunEnd::Suspended`]),
+//! where decisions settle it and whoever settles it last samples on from its saved state; `interrupt` (AG-UI) runs
+//! what needs nobody and ends the run with the rest set aside ([`RunEnd::Interrupted`]) for a later run to resume.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -11,12 +15,11 @@ use serde_json::Value;
 use crate::events::AgentEvent;
 use crate::ids::{RunId, ToolCallId};
 use crate::model::{Model, ModelChunk, ModelRequest};
-use crate::runtime::{
-    PreparedCall, RunContext, RunError, grant_for_session, prepare_call, run_tool, settle_call,
-};
+use crate::runtime::{PreparedCall, RunContext, RunError, execute, prepare_call};
+use crate::store::{CallRecord, CallStatus, RepeatCounts};
 use crate::wire::{
-    ApprovalMode, DecisionScope, Message, PermissionDecision, Resolution, ToolCall, ToolErrorCode,
-    ToolOutput, approval_denied_message,
+    ApprovalMode, Message, PermissionDecision, Resolution, ToolCall, ToolErrorCode, ToolOutput,
+    approval_denied_message,
 };
 
 /// Bounds on one run.
@@ -41,7 +44,7 @@ impl Default for LoopLimits {
 }
 
 /// A call of an interrupted batch that waits for a person.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PendingCall {
     pub call: ToolCall,
     /// The parsed arguments, already valid against the tool's schema.
@@ -52,7 +55,7 @@ pub struct PendingCall {
 
 /// Where an `interrupt`-mode run stopped: a batch in which some calls need a person. The calls that did not need
 /// one have run already; their outputs wait here until the batch is resumed.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Interruption {
     /// The step whose batch was interrupted.
     pub step: u32,
@@ -64,61 +67,29 @@ pub struct Interruption {
     pub pending: Vec<PendingCall>,
 }
 
-/// How a run ended.
-#[derive(Clone, Debug, PartialEq)]
+/// A batch that waits for people, to be opened in the store.
+pub struct SuspendedBatch {
+    pub step: u32,
+    pub calls: Vec<ToolCall>,
+    pub prepared: Vec<PreparedCall>,
+}
+
+/// How a part of a run ended.
 pub enum RunEnd {
     /// The model gave a final answer.
     Answer(String),
+    /// An interactive batch waits for people.
+    Suspended(SuspendedBatch),
     /// A batch needs a person; a later run resumes it.
     Interrupted(Interruption),
     Failed(RunError),
 }
 
-/// How a run ended, and the messages it added to the conversation (for a new run, the user's message first).
-#[derive(Debug)]
-pub struct LoopOutcome {
-    pub messages: Vec<Message>,
-    pub end: RunEnd,
-    pub steps: u32,
-}
-
-impl LoopOutcome {
-    pub fn answer(&self) -> Option<&str> {
-        match &self.end {
-            RunEnd::Answer(answer) => Some(answer),
-            _ => None,
-        }
-    }
-
-    pub fn error(&self) -> Option<&RunError> {
-        match &self.end {
-            RunEnd::Failed(error) => Some(error),
-            _ => None,
-        }
-    }
-
-    pub fn interruption(&self) -> Option<&Interruption> {
-        match &self.end {
-            RunEnd::Interrupted(interruption) => Some(interruption),
-            _ => None,
-        }
-    }
-
-    /// The event that ends an answered or failed run. An interrupted run's terminal event names the interrupts
-    /// its caller issues, so the caller makes it.
-    pub fn terminal_event(&self) -> Option<AgentEvent> {
-        match &self.end {
-            RunEnd::Answer(answer) => Some(AgentEvent::RunFinished {
-                answer: answer.clone(),
-                steps: self.steps,
-            }),
-            RunEnd::Failed(error) => Some(AgentEvent::RunFailed {
-                code: error.code(),
-                message: error.to_string(),
-            }),
-            RunEnd::Interrupted(_) => None,
-        }
-    }
+/// The repeated-call guard's state, carried from batch to batch.
+pub struct RepeatGuard {
+    limits: LoopLimits,
+    seen: HashMap<(String, String), usize>,
+    strikes: usize,
 }
 
 enum Repeat {
@@ -127,19 +98,31 @@ enum Repeat {
     Stop,
 }
 
-/// The repeated-call guard: the same tool with the same arguments again and again.
-struct RepeatGuard {
-    limits: LoopLimits,
-    seen: HashMap<(String, String), usize>,
-    strikes: usize,
-}
-
 impl RepeatGuard {
-    fn new(limits: LoopLimits) -> Self {
+    pub fn new(limits: LoopLimits) -> Self {
+        Self::restore(limits, RepeatCounts::default())
+    }
+
+    /// The guard as a batch saved it.
+    pub fn restore(limits: LoopLimits, counts: RepeatCounts) -> Self {
         Self {
             limits,
-            seen: HashMap::new(),
-            strikes: 0,
+            seen: counts.seen.into_iter().collect(),
+            strikes: counts.strikes,
+        }
+    }
+
+    /// What to save with a batch.
+    pub fn counts(&self) -> RepeatCounts {
+        let mut seen: Vec<_> = self
+            .seen
+            .iter()
+            .map(|(key, times)| (key.clone(), *times))
+            .collect();
+        seen.sort();
+        RepeatCounts {
+            seen,
+            strikes: self.strikes,
         }
     }
 
@@ -162,59 +145,95 @@ impl RepeatGuard {
     }
 }
 
-/// Runs one user message to the end. Emits every event, including the terminal `done` or `error` (an interrupted
-/// run's terminal event is the caller's: see [`LoopOutcome::terminal_event`]).
-pub async fn run_loop(
-    model: &dyn Model,
-    context: &RunContext,
-    limits: LoopLimits,
-    history: &[Message],
-    user_message: &str,
-) -> LoopOutcome {
-    let outcome = run_until_end(model, context, limits, history, user_message).await;
-    if let Some(terminal) = outcome.terminal_event() {
-        context.emit(terminal);
-    }
-    outcome
+/// A run's conversation as the loop carries it.
+pub struct Conversation {
+    /// Everything the model sees: the earlier conversation, then this run's messages.
+    pub messages: Vec<Message>,
+    /// How many of `messages` came before this run.
+    pub prior: usize,
 }
 
-/// Runs one user message to the end and emits every event but the terminal one, which the caller emits once it
-/// has recorded the outcome (so that whoever sees `done` can start the session's next run at once).
+impl Conversation {
+    /// This run's own messages.
+    pub fn own(&self) -> &[Message] {
+        &self.messages[self.prior.min(self.messages.len())..]
+    }
+}
+
+/// How a part of a run ended, and the conversation as it stands.
+pub struct LoopOutcome {
+    pub conversation: Conversation,
+    pub end: RunEnd,
+    /// The last step taken.
+    pub steps: u32,
+    pub repeat: RepeatGuard,
+}
+
+/// Starts a run: the user's message joins the conversation and the loop samples from step 1.
 pub async fn run_until_end(
     model: &dyn Model,
     context: &RunContext,
     limits: LoopLimits,
-    history: &[Message],
+    history: Vec<Message>,
     user_message: &str,
 ) -> LoopOutcome {
     emit_started(context, user_message, None);
-    let mut messages = history.to_vec();
-    messages.push(Message::User {
+    let prior = history.len();
+    let mut conversation = Conversation {
+        messages: history,
+        prior,
+    };
+    conversation.messages.push(Message::User {
         content: user_message.to_owned(),
     });
-    let (end, steps) = sample(model, context, limits, &mut messages, 1).await;
+    let mut repeat = RepeatGuard::new(limits);
+    let (end, steps) = sample(model, context, limits, &mut conversation, &mut repeat, 1).await;
     LoopOutcome {
-        messages: messages.split_off(history.len()),
+        conversation,
         end,
         steps,
+        repeat,
+    }
+}
+
+/// Samples on from `step` once a batch is settled: its outputs join the conversation in the model's order.
+pub async fn continue_after_batch(
+    model: &dyn Model,
+    context: &RunContext,
+    limits: LoopLimits,
+    mut conversation: Conversation,
+    mut repeat: RepeatGuard,
+    step: u32,
+) -> LoopOutcome {
+    let (end, steps) = sample(model, context, limits, &mut conversation, &mut repeat, step).await;
+    LoopOutcome {
+        conversation,
+        end,
+        steps,
+        repeat,
     }
 }
 
 /// Continues an interrupted batch with a person's resolution for each pending call, then samples on. `history`
 /// is the conversation up to and including the assistant message that made the batch. Resolutions must answer
 /// every pending call; edited arguments must already be checked against the tool's schema (they are checked
-/// again before anything runs). Emits every event but the terminal one, like [`run_until_end`].
+/// again before anything runs).
 pub async fn resume_until_end(
     model: &dyn Model,
     context: &RunContext,
     limits: LoopLimits,
     parent_run_id: &RunId,
-    history: &[Message],
+    history: Vec<Message>,
     interruption: Interruption,
     resolutions: &HashMap<ToolCallId, Resolution>,
 ) -> LoopOutcome {
     emit_started(context, "", Some(parent_run_id));
-    let mut messages = history.to_vec();
+    let prior = history.len();
+    let mut conversation = Conversation {
+        messages: history,
+        prior,
+    };
+    let mut repeat = RepeatGuard::new(limits);
     let mut outputs: HashMap<ToolCallId, ToolOutput> = interruption.settled.into_iter().collect();
 
     let decided = interruption.pending.iter().map(|pending| async {
@@ -254,20 +273,17 @@ pub async fn resume_until_end(
                 Ok(output)
             }
             Resolution::Approved {
-                scope,
-                edited_arguments,
-                ..
+                edited_arguments, ..
             } => {
-                if *scope == DecisionScope::Session {
-                    grant_for_session(context, &pending.call.name);
-                }
-                run_tool(
-                    context,
-                    &pending.call,
+                let mut record = CallRecord::new(
+                    context.run_id.clone(),
+                    pending.call.clone(),
                     pending.input.clone(),
-                    edited_arguments.clone(),
-                )
-                .await
+                    CallStatus::Approved,
+                );
+                record.resolution = Some(resolution.clone());
+                record.edited_arguments = edited_arguments.clone();
+                run_inline(context, record).await
             }
         };
         (id, output)
@@ -285,7 +301,7 @@ pub async fn resume_until_end(
     }
     for call in &interruption.calls {
         if let Some(output) = outputs.remove(&call.id) {
-            messages.push(Message::Tool {
+            conversation.messages.push(Message::Tool {
                 tool_call_id: call.id.clone(),
                 tool_name: call.name.clone(),
                 output,
@@ -294,15 +310,26 @@ pub async fn resume_until_end(
     }
     let (end, steps) = match failure {
         Some(error) => {
-            answer_unfinished(&mut messages, &interruption.calls, &error);
+            answer_unfinished(&mut conversation.messages, &interruption.calls, &error);
             (RunEnd::Failed(error), interruption.step)
         }
-        None => sample(model, context, limits, &mut messages, interruption.step + 1).await,
+        None => {
+            sample(
+                model,
+                context,
+                limits,
+                &mut conversation,
+                &mut repeat,
+                interruption.step + 1,
+            )
+            .await
+        }
     };
     LoopOutcome {
-        messages: messages.split_off(history.len()),
+        conversation,
         end,
         steps,
+        repeat,
     }
 }
 
@@ -316,15 +343,50 @@ fn emit_started(context: &RunContext, user_message: &str, parent_run_id: Option<
     });
 }
 
-/// Samples from `first_step` until the run ends. Returns how it ended and the last step taken.
+/// Runs a call of a batch this run holds, recorded as it begins; the model's call id must be new in the run.
+async fn run_inline(context: &RunContext, record: CallRecord) -> Result<ToolOutput, RunError> {
+    let call_id = record.call.id.clone();
+    match execute(context, &call_id, Some(record)).await? {
+        Some(output) => Ok(output),
+        None => Err(RunError::Model(format!(
+            "the model reused the tool call id {call_id} within one run"
+        ))),
+    }
+}
+
+/// Runs a prepared call that needs nobody: a refusal answers at once, an allowed call runs.
+async fn settle_inline(
+    context: &RunContext,
+    prepared: PreparedCall,
+) -> Result<ToolOutput, RunError> {
+    match prepared {
+        PreparedCall::Refused { call, output } => {
+            context.emit(AgentEvent::ToolFinished {
+                tool_call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+                executed_arguments: None,
+                output: output.clone(),
+                elapsed: std::time::Duration::ZERO,
+            });
+            Ok(output)
+        }
+        PreparedCall::Decided { call, input, .. } => {
+            let record = CallRecord::new(context.run_id.clone(), call, input, CallStatus::Allowed);
+            run_inline(context, record).await
+        }
+    }
+}
+
+/// Samples from `first_step` until this part of the run ends. Returns how it ended and the last step taken.
 async fn sample(
     model: &dyn Model,
     context: &RunContext,
     limits: LoopLimits,
-    messages: &mut Vec<Message>,
+    conversation: &mut Conversation,
+    guard: &mut RepeatGuard,
     first_step: u32,
 ) -> (RunEnd, u32) {
-    let mut guard = RepeatGuard::new(limits);
+    let messages = &mut conversation.messages;
     let aborted = || {
         RunEnd::Failed(RunError::Aborted {
             reason: context.abort.reason(),
@@ -444,13 +506,23 @@ async fn sample(
                     }
                 };
             }
-            _ => {}
+            (ApprovalMode::Interactive, Some(_)) => {
+                return (
+                    RunEnd::Suspended(SuspendedBatch {
+                        step,
+                        calls,
+                        prepared: batch,
+                    }),
+                    step,
+                );
+            }
+            (_, None) => {}
         }
 
-        // Settle the batch concurrently: parallel approvals are independent.
+        // Nothing asks: run the batch now, concurrently.
         let settled = futures::future::join_all(batch.into_iter().map(|prepared| async move {
             let call = prepared.call().clone();
-            (call, settle_call(prepared, context).await)
+            (call, settle_inline(context, prepared).await)
         }))
         .await;
         let mut failure = None;
@@ -505,7 +577,7 @@ async fn interrupt(
     }
     let settled = futures::future::join_all(now.into_iter().map(|prepared| async move {
         let id = prepared.call().id.clone();
-        (id, settle_call(prepared, context).await)
+        (id, settle_inline(context, prepared).await)
     }))
     .await;
     let mut outputs = Vec::with_capacity(settled.len());
@@ -525,7 +597,7 @@ async fn interrupt(
 
 /// Gives every call of the last batch that has no result one that says the run ended, so the history stays a
 /// valid conversation (every tool call answered) for the session's next run.
-fn answer_unfinished(messages: &mut Vec<Message>, calls: &[ToolCall], error: &RunError) {
+pub fn answer_unfinished(messages: &mut Vec<Message>, calls: &[ToolCall], error: &RunError) {
     let batch_start = messages
         .iter()
         .rposition(|message| matches!(message, Message::Assistant { .. }))

@@ -3,9 +3,9 @@
 //! Internal events say more than the wire needs (durations, usage, grants); [`AgentEvent::project`] turns each into
 //! the stream events clients see. Approval events are first-class on the wire, never wrapped in `debug`.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::ids::{RunId, SessionId, ToolCallId};
@@ -273,13 +273,13 @@ impl EventLog {
     }
 
     pub fn events(&self) -> Vec<AgentEvent> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.lock().clone()
     }
 }
 
 impl EventSink for EventLog {
     fn emit(&self, event: AgentEvent) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+        self.0.lock().push(event);
     }
 }
 

@@ -3,19 +3,21 @@
 //! Without features this crate is only the wire types and the transcript reducer, which compile to wasm32 for the
 //! browser. The `runtime` feature adds everything that needs tokio, in the order a run flows through it:
 //!
-//! - [`hub`]: the [`Harness`](hub::Harness): sessions, runs as resources with replayable event logs;
+//! - [`harness`]: the [`Harness`](harness::Harness): sessions, runs as resources with replayable event logs;
 //! - [`agent_loop`]: the sampling loop;
 //! - [`model`]: the model trait, the scripted model and (feature `openai`) the OpenAI-compatible client;
 //! - [`runtime`]: one tool call: prepare, decide, ask, execute;
 //! - [`policy`]: permission decisions;
-//! - [`approvals`]: the registry of pending approvals;
+//! - [`approvals`]: how a pending approval ends, in words the model, the page and the audit log share;
+//! - [`store`]: sessions, runs, their logs, calls and approvals, suspensions, grants, rules and the audit log, in
+//!   memory, SQLite or PostgreSQL;
 //! - [`interrupts`]: what interrupt-mode (AG-UI) runs issued, until a resume uses it once;
 //! - [`tools`]: tools, their schemas and the built-in workspace tools;
 //! - `mcp` (feature `mcp`): tools from MCP servers;
 //! - [`events`]: the internal events and their projection to the wire.
 
 pub mod ids;
-pub mod input;
+pub mod request_body;
 pub mod view;
 pub mod wire;
 
@@ -24,9 +26,11 @@ pub mod agent_loop;
 #[cfg(feature = "runtime")]
 pub mod approvals;
 #[cfg(feature = "runtime")]
+pub mod clock;
+#[cfg(feature = "runtime")]
 pub mod events;
 #[cfg(feature = "runtime")]
-pub mod hub;
+pub mod harness;
 #[cfg(feature = "runtime")]
 pub mod interrupts;
 #[cfg(feature = "mcp")]
@@ -38,6 +42,6 @@ pub mod policy;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 #[cfg(feature = "runtime")]
-pub mod session;
+pub mod store;
 #[cfg(feature = "runtime")]
 pub mod tools;

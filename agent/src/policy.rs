@@ -96,6 +96,18 @@ pub fn grant_key(tool: &ToolSpec) -> String {
     format!("{}#{hex}", tool.name)
 }
 
+/// A session grant as the store keeps it: the tool's name, for people, and its [`grant_key`] as the toolbox defines
+/// the tool now.
+pub fn stored_grant(tool_name: &str, toolbox: &crate::tools::Toolbox) -> serde_json::Value {
+    let key = toolbox.spec(tool_name).map(|spec| grant_key(&spec));
+    serde_json::json!({"tool": tool_name, "key": key})
+}
+
+/// The [`grant_key`] a stored grant holds. A grant without one (older, or for a tool that was gone) covers nothing.
+pub fn grant_of(stored: &serde_json::Value) -> Option<String> {
+    stored.get("key")?.as_str().map(str::to_owned)
+}
+
 /// The policy and the rules a run is checked against.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PermissionPolicy {

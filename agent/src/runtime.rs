@@ -1,31 +1,34 @@
 //! The tool runtime: one tool call from the model's request to the output the model reads back.
 //!
 //! A call is first *prepared* (tool found, arguments parsed and checked against the schema, permission decided),
-//! with no side effect but events; then *settled* (asked for, when the decision is `ask`, and executed when
-//! allowed). The loop prepares a whole batch before it settles any of it, so fail-closed mode refuses a batch
-//! before anything in it runs.
+//! with no side effect but events; then, when it may run, *executed*. The loop prepares a whole batch before any of
+//! it runs, so fail-closed mode refuses a batch before anything in it runs.
 //!
 //! | approval mode | decision | result |
 //! | --- | --- | --- |
 //! | `fail_closed` | ask | the run fails with an approval-required error |
-//! | `interactive` | ask | waits for approve / deny / timeout / abort |
+//! | `interactive` | ask | the batch opens in the store; a decision, the timeout or an abort settles the call |
+//! | `interrupt` | ask | the run ends with the call set aside for a later resume |
 //! | any | deny | a recoverable `PERMISSION_DENIED` output; no approval is asked |
 //! | any | allow | executes |
+//!
+//! Every execution is recorded in the store as it begins and as it ends ([`execute`]): a call runs at most once,
+//! and a call whose process died while it ran is known as interrupted, never run again.
 
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::approvals::{ApprovalRegistry, NewApproval};
+use crate::clock::now_ms;
 use crate::events::{AgentEvent, EventSink};
 use crate::ids::{RunId, SessionId};
-use crate::policy::{PermissionPolicy, SessionGrants, grant_key};
-use crate::tools::{ToolContext, ToolError, Toolbox, unknown_tool_message};
+use crate::policy::{PermissionPolicy, SessionGrants};
+use crate::store::{CallRecord, CallResult, CallStatus, Epoch, NewEvent, Store};
+use crate::tools::{ToolContext, Toolbox, unknown_tool_message};
 use crate::wire::{
-    ApprovalMode, DecisionScope, PermissionDecision, Resolution, RunErrorCode, ToolCall,
-    ToolErrorCode, ToolOutput, approval_denied_message,
+    ApprovalMode, PermissionDecision, RunErrorCode, ToolCall, ToolErrorCode, ToolOutput,
 };
 
 /// Why a run was aborted.
@@ -42,6 +45,25 @@ pub enum AbortReason {
 }
 
 impl AbortReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cancelled => "cancelled",
+            Self::Disconnected => "disconnected",
+            Self::Shutdown => "shutdown",
+            Self::EventLimit => "event_limit",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "cancelled" => Self::Cancelled,
+            "disconnected" => Self::Disconnected,
+            "shutdown" => Self::Shutdown,
+            "event_limit" => Self::EventLimit,
+            _ => return None,
+        })
+    }
+
     pub fn message(self) -> &'static str {
         match self {
             Self::Cancelled => "The run was cancelled.",
@@ -112,6 +134,12 @@ pub enum RunError {
     Aborted { reason: AbortReason },
     #[error("{0}")]
     Model(String),
+    /// The store could not record the run's progress.
+    #[error("{0}")]
+    Store(String),
+    /// Another instance took the run over (this one was presumed dead): this one must stop writing.
+    #[error("the run was taken over by another instance")]
+    Lost,
 }
 
 impl RunError {
@@ -122,6 +150,8 @@ impl RunError {
             Self::RepeatedCall { .. } => RunErrorCode::RepeatedCall,
             Self::Aborted { reason } => reason.code(),
             Self::Model(_) => RunErrorCode::Model,
+            Self::Store(_) => RunErrorCode::Store,
+            Self::Lost => RunErrorCode::Restarted,
         }
     }
 }
@@ -133,21 +163,19 @@ pub struct RunContext {
     pub session_id: SessionId,
     pub approval_mode: ApprovalMode,
     pub permissions: PermissionPolicy,
-    pub grants: Arc<Mutex<SessionGrants>>,
-    pub approvals: ApprovalRegistry,
+    /// What people approved for the session, as it stood when this part of the run began.
+    pub grants: SessionGrants,
     pub approval_timeout: Duration,
     pub toolbox: Arc<Toolbox>,
     pub abort: RunAbort,
+    /// Where the run's streaming events go (the store's log of the run, through its owner's epoch).
     pub events: Arc<dyn EventSink>,
+    pub store: Arc<dyn Store>,
 }
 
 impl RunContext {
     pub fn emit(&self, event: AgentEvent) {
         self.events.emit(event);
-    }
-
-    fn grants(&self) -> std::sync::MutexGuard<'_, SessionGrants> {
-        self.grants.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -198,7 +226,7 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
         output,
     };
 
-    let Some(tool) = context.toolbox.lookup(&call.name) else {
+    let Some(tool) = context.toolbox.get(&call.name) else {
         let message = unknown_tool_message(&call.name, &context.toolbox);
         decided(
             PermissionDecision::Deny {
@@ -208,7 +236,7 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
         );
         return refused(ToolOutput::error(ToolErrorCode::UnknownTool, message));
     };
-    let permission = context.permissions.decide(tool.spec(), &context.grants());
+    let permission = context.permissions.decide(tool.spec(), &context.grants);
     let arguments = if call.arguments.trim().is_empty() {
         // Models send an empty string for a call without arguments.
         Ok(Value::Object(Default::default()))
@@ -229,7 +257,7 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
         }
     };
     decided(permission.clone(), input.clone());
-    if let Err(error) = tool.validate(&input) {
+    if let Err(error) = context.toolbox.validate(&call.name, &input) {
         return refused(error.into());
     }
     if let PermissionDecision::Deny { reason } = &permission {
@@ -245,113 +273,146 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
     }
 }
 
-/// Asks for a decided call when it must, runs it when allowed, and emits its result. An `Err` ends the run.
-pub async fn settle_call(
-    prepared: PreparedCall,
-    context: &RunContext,
-) -> Result<ToolOutput, RunError> {
-    let (call, input, permission) = match prepared {
-        PreparedCall::Refused { call, output } => {
-            finish(context, &call, None, output.clone(), Duration::ZERO);
-            return Ok(output);
-        }
-        PreparedCall::Decided {
-            call,
-            input,
-            permission,
-        } => (call, input, permission),
-    };
-
-    let mut executed_arguments = None;
-    if let PermissionDecision::Ask { reason } = permission {
-        match request_approval(&call, &input, reason, context).await? {
-            Resolution::Denied { reason, .. } => {
-                let output = ToolOutput::error(
-                    ToolErrorCode::ApprovalDenied,
-                    approval_denied_message(&reason),
-                );
-                finish(context, &call, None, output.clone(), Duration::ZERO);
-                return Ok(output);
+/// Encodes an event of a run for the store, once.
+pub fn encode(run_id: &RunId, event: AgentEvent) -> Vec<NewEvent> {
+    event
+        .project(run_id, now_ms())
+        .iter()
+        .filter_map(|event| match NewEvent::encode(event) {
+            Ok(encoded) => Some(encoded),
+            Err(error) => {
+                tracing::error!(%run_id, %error, "an event could not be encoded");
+                None
             }
-            Resolution::Approved {
-                scope,
-                edited_arguments,
-                ..
-            } => {
-                if scope == DecisionScope::Session {
-                    grant_for_session(context, &call.name);
-                }
-                executed_arguments = edited_arguments;
-            }
-        }
-    }
-    run_tool(context, &call, input, executed_arguments).await
+        })
+        .collect()
 }
 
-/// Remembers that a person approved `tool_name`, as it is defined now, for the rest of the session.
-pub fn grant_for_session(context: &RunContext, tool_name: &str) {
-    if let Some(spec) = context.toolbox.spec(tool_name) {
-        context.grants().insert(grant_key(&spec));
-    }
-    context.emit(AgentEvent::SessionGrantAdded {
-        tool_name: tool_name.to_owned(),
-    });
-}
-
-/// Runs an allowed (or approved) call and emits its result. Arguments a person edited replace `input`; they are
-/// checked against the tool's schema again, because nothing runs unchecked. Nothing runs once the run is aborted.
-pub async fn run_tool(
-    context: &RunContext,
+/// The `toolResult` of a call, encoded.
+pub fn tool_result(
+    run_id: &RunId,
     call: &ToolCall,
-    input: Value,
-    edited_arguments: Option<Value>,
-) -> Result<ToolOutput, RunError> {
-    let input = match edited_arguments.clone() {
-        Some(edited) => {
-            if let Err(error) = context.toolbox.validate(&call.name, &edited) {
-                let output = ToolOutput::from(error);
-                finish(context, call, Some(edited), output.clone(), Duration::ZERO);
-                return Ok(output);
-            }
-            edited
-        }
-        None => input,
+    executed_arguments: Option<Value>,
+    output: ToolOutput,
+    elapsed: Duration,
+) -> Vec<NewEvent> {
+    encode(
+        run_id,
+        AgentEvent::ToolFinished {
+            tool_call_id: call.id.clone(),
+            tool_name: call.name.clone(),
+            executed_arguments,
+            output,
+            elapsed,
+        },
+    )
+}
+
+/// How long a tool may take to end after its run is aborted before the run stops waiting for it.
+pub const TOOL_ABORT_GRACE: Duration = Duration::from_secs(2);
+
+/// What the model reads when a person edited its call's arguments before approving it.
+pub const EDITED_NOTE: &str = "A person edited the arguments of this call before approving it; it ran with editedArguments, not with yours.";
+
+/// Runs a call that may run and records it in the store: taken (`begin_call`) before it starts, settled with its
+/// `toolResult` when it ends. `inline` is the record of a call of a running run's own batch (inserted as it
+/// begins); without it, the call is one of a waiting run's batch, allowed or approved already.
+///
+/// Returns `None` when the call is not this caller's to run: somebody else took it, or it is no longer to run.
+/// Arguments a person edited replace the model's; they are checked against the tool's schema again, because
+/// nothing runs unchecked. A tool that is running when the run aborts is asked to stop (its cancellation token)
+/// and reports what really happened.
+pub async fn execute(
+    context: &RunContext,
+    call_id: &crate::ids::ToolCallId,
+    inline: Option<CallRecord>,
+) -> Result<Option<ToolOutput>, RunError> {
+    let begun = context
+        .store
+        .begin_call(&context.run_id, call_id, inline)
+        .await
+        .map_err(|error| RunError::Store(error.to_string()))?;
+    let Some(record) = begun else {
+        return Ok(None);
     };
+    let call = &record.call;
+    let edited = record.edited_arguments.clone();
+    let started = Instant::now();
+    let output = match &edited {
+        Some(edited) => match context.toolbox.validate(&call.name, edited) {
+            Err(error) => Err(ToolOutput::from(error)),
+            Ok(()) => Ok(edited.clone()),
+        },
+        None => Ok(record.input.clone()),
+    };
+    let output = match output {
+        Err(refused) => refused,
+        Ok(input) => run_tool(context, call, input, edited.is_some()).await,
+    };
+    // The run's log (its `toolResult` event) keeps the whole output; the model may read less of it.
+    let for_model = match context
+        .toolbox
+        .get(&call.name)
+        .and_then(|tool| tool.model_output_limit())
+    {
+        Some(limit) => output.clone().bounded_for_model(limit),
+        None => output.clone(),
+    };
+    let events = tool_result(&context.run_id, call, edited, output, started.elapsed());
+    let recorded = context
+        .store
+        .settle_call(CallResult {
+            run_id: context.run_id.clone(),
+            call_id: call.id.clone(),
+            output: for_model.clone(),
+            events,
+            audit: Vec::new(),
+        })
+        .await
+        .map_err(|error| RunError::Store(error.to_string()))?;
+    if !recorded {
+        return Err(RunError::Lost);
+    }
+    Ok(Some(for_model))
+}
+
+/// Runs the tool itself with checked input.
+async fn run_tool(context: &RunContext, call: &ToolCall, input: Value, edited: bool) -> ToolOutput {
     let Some(tool) = context.toolbox.get(&call.name) else {
-        let output = ToolOutput::error(
+        return ToolOutput::error(
             ToolErrorCode::UnknownTool,
             unknown_tool_message(&call.name, &context.toolbox),
         );
-        finish(
-            context,
-            call,
-            edited_arguments,
-            output.clone(),
-            Duration::ZERO,
-        );
-        return Ok(output);
     };
-    if context.abort.is_aborted() {
-        return Err(RunError::Aborted {
-            reason: context.abort.reason(),
-        });
-    }
-    let started = Instant::now();
     let tool_context = ToolContext {
         run_id: context.run_id.clone(),
         cancel: context.abort.token().clone(),
     };
+    let edited_input = edited.then(|| input.clone());
+    // A tool honours the run's abort itself (`ToolContext::cancel`): what it returns is what really happened, the
+    // work it finished or the point where it stopped, and that is the result reported. Only a tool that does not
+    // end within a grace period after the abort is left behind (dropped), and then the result says so.
+    let execution = tool.execute(input, &tool_context);
+    tokio::pin!(execution);
     let result = tokio::select! {
-        result = tool.execute(input, &tool_context) => result,
+        result = &mut execution => result,
         () = context.abort.aborted() => {
-            let output = ToolOutput::from(ToolError::failed(format!(
-                "The run was aborted while {} was running.", call.name
-            )));
-            finish(context, call, edited_arguments, output, started.elapsed());
-            return Err(RunError::Aborted { reason: context.abort.reason() });
+            match tokio::time::timeout(TOOL_ABORT_GRACE, &mut execution).await {
+                Ok(result) => result,
+                Err(_) => {
+                    return ToolOutput::error(
+                        ToolErrorCode::ToolFailed,
+                        format!(
+                            "The run was aborted while {} was running, and it did not stop within {} s; what it did is unknown.",
+                            call.name,
+                            TOOL_ABORT_GRACE.as_secs()
+                        ),
+                    );
+                }
+            }
         }
     };
-    let output = match (result, &edited_arguments) {
+    match (result, edited_input) {
         // The model must know its call did not run as it asked.
         (Ok(content), Some(edited)) => ToolOutput::Ok {
             content: serde_json::json!({
@@ -362,84 +423,93 @@ pub async fn run_tool(
         },
         (Ok(content), None) => ToolOutput::Ok { content },
         (Err(error), _) => error.into(),
-    };
-    // The run's log keeps the whole output; the model may get less of it.
-    let for_model = match tool.model_output_limit() {
-        Some(limit) => output.clone().bounded_for_model(limit),
-        None => output.clone(),
-    };
-    finish(context, call, edited_arguments, output, started.elapsed());
-    Ok(for_model)
-}
-
-/// What the model reads when a person edited its call's arguments before approving it.
-pub const EDITED_NOTE: &str = "A person edited the arguments of this call before approving it; it ran with editedArguments, not with yours.";
-
-/// Registers the approval, announces it, and waits. In fail-closed mode it refuses instead.
-async fn request_approval(
-    call: &ToolCall,
-    input: &Value,
-    reason: String,
-    context: &RunContext,
-) -> Result<Resolution, RunError> {
-    // Only interactive mode waits here; an interrupt-mode loop sets asking calls aside before they get here.
-    if context.approval_mode != ApprovalMode::Interactive {
-        return Err(RunError::ApprovalRequired {
-            tool_name: call.name.clone(),
-            reason,
-        });
     }
-    let pending = context
-        .approvals
-        .register_with_timeout(
-            NewApproval {
-                run_id: context.run_id.clone(),
-                tool_call_id: call.id.clone(),
-                tool_name: call.name.clone(),
-                arguments: input.clone(),
-                reason,
-            },
-            context.abort.token().clone(),
-            context.approval_timeout,
-        )
-        .map_err(|error| RunError::Model(format!("the model reused a tool call id: {error}")))?;
-    // Registered before it is announced: whoever sees `approvalRequired` can decide at once. (Someone may have
-    // decided already, between the two; then the decision is in the channel and the announcement is skipped.)
-    if let Some(request) = pending.request() {
-        context.emit(AgentEvent::ApprovalRequested { request });
+}
+
+/// The record of a prepared call as a batch stores it.
+pub fn call_record(context: &RunContext, prepared: &PreparedCall, requested_at: u64) -> CallRecord {
+    match prepared {
+        PreparedCall::Refused { call, output } => {
+            let mut record = CallRecord::new(
+                context.run_id.clone(),
+                call.clone(),
+                call.arguments_value(),
+                CallStatus::Refused,
+            );
+            record.output = Some(output.clone());
+            record
+        }
+        PreparedCall::Decided {
+            call,
+            input,
+            permission,
+        } => {
+            let status = match permission {
+                PermissionDecision::Ask { .. } => CallStatus::Pending,
+                _ => CallStatus::Allowed,
+            };
+            let mut record =
+                CallRecord::new(context.run_id.clone(), call.clone(), input.clone(), status);
+            if let PermissionDecision::Ask { reason } = permission {
+                record.approval = Some(crate::wire::ApprovalRequest {
+                    run_id: context.run_id.clone(),
+                    tool_call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    arguments: input.clone(),
+                    reason: reason.clone(),
+                    requested_at,
+                    expires_at: requested_at
+                        .saturating_add(context.approval_timeout.as_millis() as u64),
+                });
+            }
+            record
+        }
     }
-    let asked = Instant::now();
-    let resolution = pending.wait().await;
-    context.emit(AgentEvent::ApprovalResolved {
-        tool_call_id: call.id.clone(),
-        tool_name: call.name.clone(),
-        resolution: resolution.clone(),
-        waited: asked.elapsed(),
-    });
-    Ok(resolution)
 }
 
-fn finish(
-    context: &RunContext,
-    call: &ToolCall,
-    executed_arguments: Option<Value>,
-    output: ToolOutput,
-    elapsed: Duration,
-) {
-    context.emit(AgentEvent::ToolFinished {
-        tool_call_id: call.id.clone(),
-        tool_name: call.name.clone(),
-        executed_arguments,
-        output,
-        elapsed,
-    });
+/// Where a run's streaming events go: appended to its log in the store, as its owner at `epoch`.
+pub struct StoreEvents {
+    pub store: Arc<dyn Store>,
+    pub run_id: RunId,
+    pub epoch: Epoch,
+    /// What the run may still append, in events and bytes; past either the run is aborted.
+    budget: parking_lot::Mutex<(usize, usize)>,
+    abort: RunAbort,
 }
 
-/// One call, start to end: prepare, then settle. The seed's `executeAgentToolCall`.
-pub async fn execute_tool_call(
-    call: &ToolCall,
-    step: u32,
-    context: &RunContext,
-) -> Result<ToolOutput, RunError> {
-    settle_call(prepare_call(call, step, context), context).await
+impl StoreEvents {
+    pub fn new(
+        store: Arc<dyn Store>,
+        run_id: RunId,
+        epoch: Epoch,
+        max_events: usize,
+        max_bytes: usize,
+        abort: RunAbort,
+    ) -> Self {
+        Self {
+            store,
+            run_id,
+            epoch,
+            budget: parking_lot::Mutex::new((max_events, max_bytes)),
+            abort,
+        }
+    }
+}
+
+impl EventSink for StoreEvents {
+    fn emit(&self, event: AgentEvent) {
+        let events = encode(&self.run_id, event);
+        let bytes: usize = events.iter().map(NewEvent::bytes).sum();
+        {
+            let mut budget = self.budget.lock();
+            if budget.0 < events.len() || budget.1 < bytes {
+                drop(budget);
+                self.abort.abort(AbortReason::EventLimit);
+                return;
+            }
+            budget.0 -= events.len();
+            budget.1 -= bytes;
+        }
+        self.store.append(&self.run_id, self.epoch, events);
+    }
 }

@@ -545,6 +545,10 @@ pub enum RunErrorCode {
     Shutdown,
     Model,
     EventLimit,
+    /// The server restarted (or the instance running it died) while the run was sampling the model.
+    Restarted,
+    /// The store could not record the run's progress.
+    Store,
     Internal,
 }
 
@@ -733,7 +737,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn resolutions_have_the_seed_shape() {
+    fn resolutions_have_the_approval_api_shape() {
         let approved = Resolution::Approved {
             source: ApprovalSource::User,
             scope: DecisionScope::Once,
@@ -755,7 +759,7 @@ mod tests {
     }
 
     #[test]
-    fn the_denial_wording_is_the_seeds() {
+    fn the_denial_wording_is_the_approval_apis() {
         assert_eq!(
             approval_denied_message("The user denied this tool call."),
             "The user denied this tool call. The action was not performed. Do not retry the same call; take a different approach or explain what you need in the final answer."

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::hub::{DecideError, Harness, HarnessConfig, Retention, RunSource, StartError, StartRun};
+use agent::harness::{
+    Actor, DecideError, Harness, HarnessConfig, Retention, RunSource, StartError, StartRun,
+};
 use agent::model::ScriptedModel;
 use agent::policy::PermissionPolicy;
 use agent::tools::{Workspace, workspace_tools};
@@ -57,7 +59,7 @@ fn decode(json: &str) -> StreamEvent {
 
 /// Reads a run's events until one matches.
 async fn until(
-    stream: &mut futures::stream::BoxStream<'static, Arc<agent::hub::EncodedEvent>>,
+    stream: &mut futures::stream::BoxStream<'static, Arc<agent::store::EncodedEvent>>,
     matches: impl Fn(&StreamEvent) -> bool,
 ) -> (u64, StreamEvent) {
     while let Some(encoded) = stream.next().await {
@@ -74,7 +76,7 @@ async fn until(
 async fn a_run_streams_its_events_in_order_with_increasing_ids() {
     let Setup { harness, dir } = setup();
     std::fs::write(dir.path().join("a.txt"), "hi").unwrap();
-    let record = harness.start(start("read a.txt")).unwrap();
+    let record = harness.start(start("read a.txt")).await.unwrap();
     let events: Vec<_> = record.subscribe(0).collect().await;
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>());
@@ -86,7 +88,7 @@ async fn a_run_streams_its_events_in_order_with_increasing_ids() {
     assert_eq!(kinds.first(), Some(&"runStarted"));
     assert_eq!(kinds.last(), Some(&"done"));
     assert!(kinds.contains(&"toolCall") && kinds.contains(&"toolResult"));
-    let view = record.view().unwrap();
+    let view = record.view().await.unwrap().unwrap();
     assert_eq!(view.status, RunStatus::Done);
     assert!(
         view.answer
@@ -98,7 +100,7 @@ async fn a_run_streams_its_events_in_order_with_increasing_ids() {
 #[tokio::test]
 async fn a_late_subscriber_and_a_reconnect_miss_nothing_and_repeat_nothing() {
     let Setup { harness, .. } = setup();
-    let record = harness.start(start("delete a.txt")).unwrap();
+    let record = harness.start(start("delete a.txt")).await.unwrap();
     let mut first = record.subscribe(0);
     let (seen_up_to, event) = until(&mut first, |e| {
         matches!(e, StreamEvent::ApprovalRequired { .. })
@@ -110,7 +112,13 @@ async fn a_late_subscriber_and_a_reconnect_miss_nothing_and_repeat_nothing() {
     drop(first);
 
     harness
-        .decide(&request.run_id, &request.tool_call_id, Decision::deny())
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::deny(),
+            &Actor::local(),
+        )
+        .await
         .unwrap();
     record.finished().await;
 
@@ -127,7 +135,7 @@ async fn a_late_subscriber_and_a_reconnect_miss_nothing_and_repeat_nothing() {
 #[tokio::test]
 async fn two_subscribers_see_the_same_events() {
     let Setup { harness, .. } = setup();
-    let record = harness.start(start("delete a.txt")).unwrap();
+    let record = harness.start(start("delete a.txt")).await.unwrap();
     let one = record.subscribe(0);
     let mut two = record.subscribe(0);
     let (_, event) = until(&mut two, |e| {
@@ -138,7 +146,13 @@ async fn two_subscribers_see_the_same_events() {
         unreachable!()
     };
     harness
-        .decide(&request.run_id, &request.tool_call_id, Decision::approve())
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::approve(),
+            &Actor::local(),
+        )
+        .await
         .unwrap();
     let one: Vec<String> = one.map(|e| e.json.to_string()).collect().await;
     let all_two: Vec<String> = record
@@ -161,6 +175,7 @@ async fn a_session_remembers_earlier_turns_and_its_grants() {
             session_id: Some(session),
             ..start("delete a.txt")
         })
+        .await
         .unwrap();
     let mut events = first.subscribe(0);
     let (_, event) = until(&mut events, |e| {
@@ -179,7 +194,9 @@ async fn a_session_remembers_earlier_turns_and_its_grants() {
                 reason: None,
                 arguments: None,
             },
+            &Actor::local(),
         )
+        .await
         .unwrap();
     first.finished().await;
 
@@ -188,9 +205,10 @@ async fn a_session_remembers_earlier_turns_and_its_grants() {
             session_id: Some(first.session_id().clone()),
             ..start("delete b.txt")
         })
+        .await
         .unwrap();
     second.finished().await;
-    let view = second.view().unwrap();
+    let view = second.view().await.unwrap().unwrap();
     assert_eq!(view.status, RunStatus::Done);
     let call = view.tool_calls().next().unwrap();
     assert!(call.approval.is_none(), "no approval was asked");
@@ -199,7 +217,7 @@ async fn a_session_remembers_earlier_turns_and_its_grants() {
     // The scripted model numbers calls by the conversation so far: it saw the first turn.
     assert_eq!(call.id.as_str(), "call_2");
 
-    let session_view = harness.session_view(first.session_id());
+    let session_view = harness.session_view(first.session_id()).await.unwrap();
     assert_eq!(session_view.runs.len(), 2);
 }
 
@@ -211,14 +229,16 @@ async fn a_session_runs_one_run_at_a_time() {
             session_id: Some("s".parse().unwrap()),
             ..start("delete a.txt")
         })
+        .await
         .unwrap();
     let busy = harness
         .start(StartRun {
             session_id: Some("s".parse().unwrap()),
             ..start("list files")
         })
+        .await
         .unwrap_err();
-    assert!(matches!(busy, StartError::SessionBusy(_)));
+    assert!(matches!(busy, StartError::SessionBusy { .. }));
     assert!(busy.to_string().contains(first.run_id().as_str()));
 }
 
@@ -232,6 +252,7 @@ async fn whoever_sees_done_can_start_the_sessions_next_run_at_once() {
                 session_id: session.clone(),
                 ..start("hello")
             })
+            .await
             .unwrap();
         record.finished().await;
     }
@@ -245,6 +266,7 @@ async fn a_run_may_ask_for_a_stricter_policy_but_never_a_looser_one() {
             policy: Some(ApprovalPolicy::Trusted),
             ..start("delete a.txt")
         })
+        .await
         .unwrap_err();
     assert_eq!(
         error.to_string(),
@@ -255,6 +277,7 @@ async fn a_run_may_ask_for_a_stricter_policy_but_never_a_looser_one() {
             policy: Some(ApprovalPolicy::Strict),
             ..start("list files")
         })
+        .await
         .unwrap();
     let mut events = strict.subscribe(0);
     let (_, event) = until(&mut events, |e| {
@@ -273,7 +296,7 @@ async fn a_run_may_ask_for_a_stricter_policy_but_never_a_looser_one() {
 #[tokio::test]
 async fn edited_arguments_that_break_the_schema_are_refused_and_the_approval_stays() {
     let Setup { harness, .. } = setup();
-    let record = harness.start(start("delete a.txt")).unwrap();
+    let record = harness.start(start("delete a.txt")).await.unwrap();
     let mut events = record.subscribe(0);
     let (_, event) = until(&mut events, |e| {
         matches!(e, StreamEvent::ApprovalRequired { .. })
@@ -291,25 +314,30 @@ async fn edited_arguments_that_break_the_schema_are_refused_and_the_approval_sta
                 reason: None,
                 arguments: Some(json!({"path": 7})),
             },
+            &Actor::local(),
         )
+        .await
         .unwrap_err();
     assert!(
         matches!(error, DecideError::InvalidArguments(ref m) if m.contains("/path")),
         "{error:?}"
     );
-    assert_eq!(harness.pending(Some(&request.run_id)).len(), 1);
+    assert_eq!(
+        harness.pending(Some(&request.run_id)).await.unwrap().len(),
+        1
+    );
 }
 
 #[tokio::test]
 async fn cancelling_a_run_denies_its_pending_approvals_as_aborted() {
     let Setup { harness, .. } = setup();
-    let record = harness.start(start("delete a.txt")).unwrap();
+    let record = harness.start(start("delete a.txt")).await.unwrap();
     let mut events = record.subscribe(0);
     until(&mut events, |e| {
         matches!(e, StreamEvent::ApprovalRequired { .. })
     })
     .await;
-    harness.cancel(record.run_id()).unwrap();
+    harness.cancel(record.run_id()).await.unwrap();
     let (_, resolved) = until(&mut events, |e| {
         matches!(e, StreamEvent::ApprovalResolved { .. })
     })
@@ -327,34 +355,74 @@ async fn cancelling_a_run_denies_its_pending_approvals_as_aborted() {
             ..
         }
     ));
-    assert!(harness.pending(None).is_empty());
-    assert!(harness.cancel(&"nope".parse().unwrap()).is_err());
+    assert!(harness.pending(None).await.unwrap().is_empty());
+    assert!(harness.cancel(&"nope".parse().unwrap()).await.is_err());
+}
+
+/// The bytes of a run's events in the log.
+async fn log_bytes(record: &agent::harness::RunHandle) -> u64 {
+    record
+        .subscribe(0)
+        .map(|event| event.json.len() as u64)
+        .fold(0, |total, bytes| async move { total + bytes })
+        .await
 }
 
 #[tokio::test]
-async fn finished_runs_are_forgotten_beyond_the_retention_count() {
+async fn finished_runs_are_forgotten_oldest_first_past_the_size_of_the_event_log() {
+    let Setup { harness: probe, .. } = setup();
+    let one = probe.start(start("hello")).await.unwrap();
+    one.finished().await;
+    let run_bytes = log_bytes(&one).await;
+
     let Setup { harness, .. } = setup_with(
         ApprovalPolicy::OnRequest,
         Retention {
-            finished_runs: 2,
+            // Room for two runs and a half.
+            event_log_bytes: run_bytes * 5 / 2,
             ..Retention::default()
         },
     );
     let mut ids = Vec::new();
     for _ in 0..4 {
-        let record = harness.start(start("hello")).unwrap();
+        let record = harness.start(start("hello")).await.unwrap();
         record.finished().await;
         ids.push(record.run_id().clone());
     }
-    assert!(harness.run(&ids[0]).is_none());
-    assert!(harness.run(&ids[1]).is_none());
-    assert!(harness.run(&ids[3]).is_some());
+    assert_eq!(harness.prune().await.unwrap(), 2);
+    assert!(harness.run(&ids[0]).await.unwrap().is_none());
+    assert!(harness.run(&ids[1]).await.unwrap().is_none());
+    assert!(harness.run(&ids[2]).await.unwrap().is_some());
+    assert!(harness.run(&ids[3]).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn finished_runs_are_forgotten_past_their_age_and_a_running_one_never() {
+    let Setup { harness, .. } = setup_with(
+        ApprovalPolicy::OnRequest,
+        Retention {
+            finished_ttl: Duration::ZERO,
+            ..Retention::default()
+        },
+    );
+    let old = harness.start(start("hello")).await.unwrap();
+    old.finished().await;
+    let waiting = harness.start(start("delete a.txt")).await.unwrap();
+    let mut events = waiting.subscribe(0);
+    until(&mut events, |e| {
+        matches!(e, StreamEvent::ApprovalRequired { .. })
+    })
+    .await;
+    assert_eq!(harness.prune().await.unwrap(), 1);
+    assert!(harness.run(old.run_id()).await.unwrap().is_none());
+    assert!(harness.run(waiting.run_id()).await.unwrap().is_some());
+    assert_eq!(harness.pending(None).await.unwrap().len(), 1);
 }
 
 #[tokio::test]
 async fn shutdown_aborts_pending_runs_and_refuses_new_ones() {
     let Setup { harness, .. } = setup();
-    let record = harness.start(start("delete a.txt")).unwrap();
+    let record = harness.start(start("delete a.txt")).await.unwrap();
     let mut events = record.subscribe(0);
     until(&mut events, |e| {
         matches!(e, StreamEvent::ApprovalRequired { .. })
@@ -376,7 +444,7 @@ async fn shutdown_aborts_pending_runs_and_refuses_new_ones() {
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        harness.start(start("list files")).unwrap_err(),
+        harness.start(start("list files")).await.unwrap_err(),
         StartError::ShuttingDown
     );
 }
@@ -390,9 +458,10 @@ async fn fail_closed_runs_end_with_an_approval_required_error() {
             mode: ApprovalMode::FailClosed,
             ..start("delete a.txt")
         })
+        .await
         .unwrap();
     record.finished().await;
-    let view = record.view().unwrap();
+    let view = record.view().await.unwrap().unwrap();
     let error = view.error.unwrap();
     assert_eq!(error.code, RunErrorCode::ApprovalRequired);
     assert!(error.message.contains("delete_file needs approval"));
@@ -410,6 +479,7 @@ async fn a_session_follower_sees_each_run_in_turn_including_runs_started_later()
             session_id: Some(session.clone()),
             ..start("list files")
         })
+        .await
         .unwrap();
     let mut seen = Vec::new();
     while let Some((run_id, event)) = follower.next().await {
@@ -426,6 +496,7 @@ async fn a_session_follower_sees_each_run_in_turn_including_runs_started_later()
             session_id: Some(session.clone()),
             ..start("list files")
         })
+        .await
         .unwrap();
     let (run_id, event) = follower.next().await.unwrap();
     assert_eq!(&run_id, second.run_id());
@@ -441,7 +512,14 @@ async fn a_session_follower_sees_each_run_in_turn_including_runs_started_later()
         let (run_id, event) = resumed.next().await.unwrap();
         if &run_id == second.run_id() {
             assert_eq!(event.seq, 1, "the next run from its start");
-            assert_eq!(last.1, first.last_seq(), "the first run to its end");
+            let first_last = first
+                .subscribe(0)
+                .collect::<Vec<_>>()
+                .await
+                .last()
+                .unwrap()
+                .seq;
+            assert_eq!(last.1, first_last, "the first run to its end");
             break;
         }
         last = (run_id, event.seq);

@@ -3,25 +3,25 @@
 //! `scripts/bootstrap.sh`), and toolgate's own misbehaving server (`tools/mcp/misbehaving-server.mjs`) for what can
 //! go wrong. Every call goes through the real runtime: schema check, policy, execution, events.
 
+mod support;
+
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use agent::approvals::ApprovalRegistry;
-use agent::events::{AgentEvent, EventSink};
-use agent::ids::{RunId, SessionId, ToolCallId};
+use agent::harness::{RunSource, StartRun};
 use agent::mcp::{McpConfig, McpServers, RequiredServerFailed};
 use agent::policy::{PermissionPolicy, SessionGrants, ToolRules, grant_key};
-use agent::runtime::{AbortReason, RunAbort, RunContext, execute_tool_call};
 use agent::tools::Toolbox;
 use agent::wire::{
     ApprovalMode, ApprovalPolicy, McpServerState, McpServerStatus, McpTrust, PermissionDecision,
-    ToolAnnotations, ToolCall, ToolErrorCode, ToolOutput,
+    RunErrorCode, StreamEvent, ToolAnnotations, ToolErrorCode, ToolOutput,
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::mpsc;
+
+use support::{ReplayModel, all_events, failure, harness_over, text_step, tool_results, tool_step};
 
 /// Any single wait in a test; a test that would hang fails instead.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -99,10 +99,23 @@ impl Started {
     }
 
     fn context(&self, policy: ApprovalPolicy) -> Run {
-        Run::new(
-            &self.toolbox,
-            PermissionPolicy::new(policy, ToolRules::new()),
-        )
+        Run {
+            toolbox: self.toolbox.clone(),
+            policy,
+            logged: None,
+        }
+    }
+
+    /// Waits until the fixture has been asked for `tool`. Only the server's process knows when a request reached it,
+    /// so this reads its record of calls until the call shows.
+    async fn until_fixture_called(&self, tool: &str) {
+        tokio::time::timeout(PATIENCE, async {
+            while !self.fixture_calls().iter().any(|call| call == tool) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the fixture was never asked for {tool}"));
     }
 
     fn file(&self, name: &str) -> PathBuf {
@@ -125,69 +138,66 @@ impl Started {
     }
 }
 
-/// A run's context over a toolbox, and the events it emits.
+/// Calls through a harness over the servers' toolbox, each as the one call of a run, as the model would make it.
 struct Run {
-    context: RunContext,
-    events: mpsc::UnboundedReceiver<AgentEvent>,
-    calls: usize,
+    toolbox: Toolbox,
+    policy: ApprovalPolicy,
+    /// The output the run's log kept for the last call.
+    logged: Option<ToolOutput>,
 }
 
 impl Run {
-    fn new(toolbox: &Toolbox, permissions: PermissionPolicy) -> Self {
-        let registry = ApprovalRegistry::new(Duration::from_secs(120));
-        let (sender, events) = mpsc::unbounded_channel();
-        Self {
-            context: RunContext {
-                run_id: RunId::parse("run-1").unwrap(),
-                session_id: SessionId::parse("session-1").unwrap(),
-                approval_mode: ApprovalMode::Interactive,
-                permissions,
-                grants: Arc::new(Mutex::new(SessionGrants::new())),
-                approvals: registry.clone(),
-                approval_timeout: registry.default_timeout(),
-                toolbox: Arc::new(toolbox.clone()),
-                abort: RunAbort::new(),
-                events: Arc::new(sender) as Arc<dyn EventSink>,
-            },
-            events,
-            calls: 0,
-        }
-    }
-
-    fn tool_call(&mut self, name: &str, arguments: Value) -> ToolCall {
-        self.calls += 1;
-        ToolCall {
-            id: ToolCallId::parse(format!("call_{}", self.calls)).unwrap(),
-            name: name.into(),
-            arguments: arguments.to_string(),
-        }
-    }
-
-    /// Runs one call the policy allows, as the loop would, and returns what the model reads.
+    /// Runs one call (fail-closed: a call that would ask ends the run) and returns what the model read of it.
     async fn call(&mut self, name: &str, arguments: Value) -> ToolOutput {
-        let call = self.tool_call(name, arguments);
-        tokio::time::timeout(PATIENCE, execute_tool_call(&call, 1, &self.context))
+        let model = Arc::new(ReplayModel::new(vec![
+            tool_step(&[support::call("call_1", name, arguments)]),
+            text_step("done"),
+        ]));
+        let harness = harness_over(
+            Arc::clone(&model) as Arc<dyn agent::model::Model>,
+            self.toolbox.clone(),
+            self.policy,
+        );
+        let run = harness
+            .start(start_run(ApprovalMode::FailClosed))
             .await
-            .expect("the call ends in time")
-            .expect("the run goes on")
+            .unwrap();
+        let events = tokio::time::timeout(PATIENCE, all_events(&run))
+            .await
+            .expect("the run ends in time");
+        self.logged = events.iter().find_map(|event| match event {
+            StreamEvent::ToolResult { output, .. } => Some(output.clone()),
+            _ => None,
+        });
+        let requests = model.requests();
+        match requests
+            .get(1)
+            .and_then(|messages| tool_results(messages).pop())
+        {
+            Some((_, output)) => output,
+            None => panic!("the model never read a result: {events:?}"),
+        }
     }
 
     fn decision(&self, name: &str) -> PermissionDecision {
-        let spec = self.context.toolbox.spec(name).expect("the tool exists");
-        self.context
-            .permissions
-            .decide(&spec, &self.context.grants.lock().unwrap())
+        let spec = self.toolbox.spec(name).expect("the tool exists");
+        PermissionPolicy::new(self.policy, ToolRules::new()).decide(&spec, &SessionGrants::new())
     }
 
-    /// The output the run's log keeps for the last finished call.
+    /// The output the run's log kept for the last call.
     fn logged_output(&mut self) -> ToolOutput {
-        let mut last = None;
-        while let Ok(event) = self.events.try_recv() {
-            if let AgentEvent::ToolFinished { output, .. } = event {
-                last = Some(output);
-            }
-        }
-        last.expect("a call finished")
+        self.logged.take().expect("a call finished")
+    }
+}
+
+fn start_run(mode: ApprovalMode) -> StartRun {
+    StartRun {
+        message: "go".into(),
+        session_id: None,
+        policy: None,
+        mode,
+        run_id: None,
+        source: RunSource::Session,
     }
 }
 
@@ -560,17 +570,41 @@ async fn a_call_past_its_timeout_is_cancelled_on_the_server() {
 #[tokio::test]
 async fn a_run_aborted_mid_call_cancels_the_call_on_the_server() {
     let started = start(json!({"slow": fixture(json!({}))})).await.unwrap();
-    let mut run = started.context(ApprovalPolicy::Trusted);
-    let call = run.tool_call("mcp__slow__sleep", json!({"ms": 60_000}));
-    let going = execute_tool_call(&call, 1, &run.context);
-    tokio::pin!(going);
-    // The first poll sends the request and waits for the answer.
-    assert!(futures::poll!(&mut going).is_pending());
-    run.context.abort.abort(AbortReason::Cancelled);
-    let ended = tokio::time::timeout(PATIENCE, going).await.unwrap();
+    let model = Arc::new(ReplayModel::new(vec![
+        tool_step(&[support::call(
+            "call_1",
+            "mcp__slow__sleep",
+            json!({"ms": 60_000}),
+        )]),
+        text_step("never"),
+    ]));
+    let harness = harness_over(model, started.toolbox.clone(), ApprovalPolicy::Trusted);
+    let run = harness
+        .start(start_run(ApprovalMode::Interactive))
+        .await
+        .unwrap();
+    started.until_fixture_called("sleep").await;
+    harness.cancel(run.run_id()).await.unwrap();
+    let events = tokio::time::timeout(PATIENCE, all_events(&run))
+        .await
+        .expect("the run ends in time");
+    assert_eq!(
+        failure(&events).map(|(code, _)| code),
+        Some(RunErrorCode::Aborted)
+    );
+    let message = events
+        .iter()
+        .find_map(|event| match event {
+            StreamEvent::ToolResult {
+                output: ToolOutput::Error { message, .. },
+                ..
+            } => Some(message.clone()),
+            _ => None,
+        })
+        .expect("the call's result says what happened");
     assert!(
-        matches!(ended, Err(agent::runtime::RunError::Aborted { .. })),
-        "{ended:?}"
+        message.contains("was cancelled because its run was aborted"),
+        "{message}"
     );
     let mut after = started.context(ApprovalPolicy::Trusted);
     let cancelled: Value = serde_json::from_str(&text(

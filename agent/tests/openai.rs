@@ -10,15 +10,14 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent::agent_loop::{LoopLimits, run_loop};
-use agent::events::AgentEvent;
+use agent::agent_loop::LoopLimits;
+use agent::harness::Actor;
 use agent::ids::RunId;
 use agent::model::{
     ApiKey, Model, ModelChunk, ModelError, ModelRequest, OpenAiConfig, OpenAiModel, RetryPolicy,
     Usage,
 };
-use agent::runtime::RunError;
-use agent::wire::{Decision, Message, RunErrorCode, ToolAnnotations, ToolSpec};
+use agent::wire::{Decision, Message, RunErrorCode, StreamEvent, ToolAnnotations, ToolSpec};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -938,28 +937,20 @@ async fn an_unreachable_server_is_a_connection_error() {
 // Whole runs
 // ---------------------------------------------------------------------------------------------------------------
 
-/// Every event up to and including the first approval request.
-async fn until_approval(
-    events: &mut tokio::sync::mpsc::UnboundedReceiver<AgentEvent>,
-) -> Vec<AgentEvent> {
-    let mut seen = Vec::new();
-    while let Some(event) = events.recv().await {
-        let asked = matches!(event, AgentEvent::ApprovalRequested { .. });
-        seen.push(event);
-        if asked {
-            break;
-        }
-    }
-    seen
+fn tools_over(model: OpenAiModel) -> support::CountingTools {
+    support::counting_tools(
+        Arc::new(model),
+        agent::wire::ApprovalPolicy::OnRequest,
+        agent::policy::ToolRules::new(),
+        LoopLimits::default(),
+    )
 }
 
-/// The run's events as clients would see them, serialized.
-fn wire_text(events: &[AgentEvent]) -> String {
-    let run_id = run_id();
+/// The run's events as clients see them, serialized.
+fn wire_text(events: &[StreamEvent]) -> String {
     events
         .iter()
-        .flat_map(|event| event.clone().project(&run_id, 0))
-        .map(|event| serde_json::to_string(&event).unwrap())
+        .map(|event| serde_json::to_string(event).unwrap())
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -986,40 +977,37 @@ async fn a_multi_step_run_pauses_for_approval_and_sends_the_call_and_its_result_
         ]),
     ])
     .await;
-    let model = Arc::new(model(config(&server)));
-    let mut fx = support::interactive();
-    let context = fx.context.clone();
-    let loop_model = Arc::clone(&model);
-    let run = tokio::spawn(async move {
-        run_loop(
-            &*loop_model,
-            &context,
-            LoopLimits::default(),
-            &[],
-            "delete old.txt",
-        )
-        .await
-    });
+    let fx = tools_over(model(config(&server)));
+    let run = support::start_interactive(&fx.harness, "delete old.txt").await;
 
-    let mut events = within("the approval request", until_approval(&mut fx.events)).await;
-    let Some(AgentEvent::ApprovalRequested { request }) = events.last() else {
-        panic!("the run ended without asking for approval: {events:?}");
-    };
-    let call_id = request.tool_call_id.clone();
-    assert_eq!(call_id.as_str(), "call_del");
+    let request = within(
+        "the approval request",
+        support::Events::of(&run).next_approval(),
+    )
+    .await;
+    assert_eq!(request.tool_call_id.as_str(), "call_del");
     assert_eq!(
         server.received().len(),
         1,
         "the run waits for the person before asking the model again"
     );
     assert_eq!(fx.deletes.count(), 0, "nothing ran before the approval");
-    fx.registry
-        .resolve(&fx.context.run_id, &call_id, Decision::approve())
+    fx.harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::approve(),
+            &Actor::local(),
+        )
+        .await
         .unwrap();
-    let outcome = within("the end of the run", run).await.unwrap();
+    let events = within("the end of the run", support::all_events(&run)).await;
 
-    assert_eq!(outcome.answer(), Some("Deleted old.txt."));
-    assert_eq!(outcome.steps, 2);
+    assert_eq!(support::answer(&events), Some("Deleted old.txt."));
+    assert!(matches!(
+        events.last(),
+        Some(StreamEvent::Done { steps: 2, .. })
+    ));
     assert_eq!(fx.deletes.inputs(), vec![json!({"path": "old.txt"})]);
 
     let received = server.received();
@@ -1049,46 +1037,39 @@ async fn a_multi_step_run_pauses_for_approval_and_sends_the_call_and_its_result_
         ])
     );
 
-    events.extend(support::drain(&mut fx.events));
-    let finished: Vec<(u32, Option<String>, Option<Usage>)> = events
+    // Each step's end, with why the model stopped and what it used, as the debug console shows it.
+    let finished: Vec<(String, Option<Value>)> = events
         .iter()
         .filter_map(|event| match event {
-            AgentEvent::ModelFinished {
-                step,
-                finish_reason,
-                usage,
-                ..
-            } => Some((*step, finish_reason.clone(), *usage)),
+            StreamEvent::Debug { message, data, .. } if message.contains("the model finished") => {
+                Some((message.clone(), data.clone()))
+            }
             _ => None,
         })
         .collect();
+    assert_eq!(finished.len(), 2);
+    assert!(
+        finished[0]
+            .0
+            .starts_with("step 1: the model finished (tool_calls)")
+    );
     assert_eq!(
-        finished,
-        vec![
-            (
-                1,
-                Some("tool_calls".into()),
-                Some(Usage {
-                    prompt_tokens: 80,
-                    completion_tokens: 15,
-                    total_tokens: 95
-                })
-            ),
-            (
-                2,
-                Some("stop".into()),
-                Some(Usage {
-                    prompt_tokens: 120,
-                    completion_tokens: 4,
-                    total_tokens: 124
-                })
-            )
-        ]
+        finished[0].1,
+        Some(json!({"usage": {"promptTokens": 80, "completionTokens": 15, "totalTokens": 95}}))
+    );
+    assert!(
+        finished[1]
+            .0
+            .starts_with("step 2: the model finished (stop)")
+    );
+    assert_eq!(
+        finished[1].1,
+        Some(json!({"usage": {"promptTokens": 120, "completionTokens": 4, "totalTokens": 124}}))
     );
     let deltas: Vec<(u32, &str)> = events
         .iter()
         .filter_map(|event| match event {
-            AgentEvent::TextDelta { step, delta } => Some((*step, delta.as_str())),
+            StreamEvent::AssistantDelta { step, delta, .. } => Some((*step, delta.as_str())),
             _ => None,
         })
         .collect();
@@ -1096,10 +1077,6 @@ async fn a_multi_step_run_pauses_for_approval_and_sends_the_call_and_its_result_
         deltas,
         vec![(1, "I'll delete it."), (2, "Deleted "), (2, "old.txt.")]
     );
-    assert!(matches!(
-        events.last(),
-        Some(AgentEvent::RunFinished { steps: 2, .. })
-    ));
     assert!(!wire_text(&events).contains(KEY));
 }
 
@@ -1115,38 +1092,27 @@ async fn a_denied_call_goes_back_to_the_model_as_a_denial_output() {
         stream(&[text("I left old.txt alone."), finish("stop"), DONE.into()]),
     ])
     .await;
-    let model = Arc::new(model(config(&server)));
-    let mut fx = support::interactive();
-    let context = fx.context.clone();
-    let loop_model = Arc::clone(&model);
-    let run = tokio::spawn(async move {
-        run_loop(
-            &*loop_model,
-            &context,
-            LoopLimits::default(),
-            &[],
-            "delete old.txt",
-        )
-        .await
-    });
-
-    let call_id = within(
+    let fx = tools_over(model(config(&server)));
+    let run = support::start_interactive(&fx.harness, "delete old.txt").await;
+    let request = within(
         "the approval request",
-        support::next_approval(&mut fx.events),
+        support::Events::of(&run).next_approval(),
     )
     .await;
-    fx.registry
-        .resolve(
-            &fx.context.run_id,
-            &call_id,
+    fx.harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
             Decision::Deny {
                 reason: Some("Keep it.".into()),
             },
+            &Actor::local(),
         )
+        .await
         .unwrap();
-    let outcome = within("the end of the run", run).await.unwrap();
+    let events = within("the end of the run", support::all_events(&run)).await;
 
-    assert_eq!(outcome.answer(), Some("I left old.txt alone."));
+    assert_eq!(support::answer(&events), Some("I left old.txt alone."));
     assert_eq!(fx.deletes.count(), 0);
     let received = server.received();
     assert_eq!(received.len(), 2);
@@ -1175,25 +1141,16 @@ async fn a_provider_failure_ends_the_run_with_a_model_error_that_hides_the_key()
         json!({"error": {"message": format!("Incorrect API key provided: {KEY}."), "code": "invalid_api_key"}}),
     )])
     .await;
-    let model = model(config(&server));
-    let mut fx = support::interactive();
+    let fx = tools_over(model(config(&server)));
+    let run = support::start_interactive(&fx.harness, "hi").await;
+    let events = within("the end of the run", support::all_events(&run)).await;
 
-    let outcome = within(
-        "the end of the run",
-        run_loop(&model, &fx.context, LoopLimits::default(), &[], "hi"),
-    )
-    .await;
-
-    let Some(RunError::Model(message)) = outcome.error() else {
-        panic!("expected a model error, got {:?}", outcome.end);
+    let Some((code, message)) = support::failure(&events) else {
+        panic!("expected a model error, got {events:?}");
     };
+    assert_eq!(code, RunErrorCode::Model);
     assert!(message.contains("HTTP 401"), "{message}");
     assert!(!message.contains(KEY), "{message}");
-    let events = support::drain(&mut fx.events);
-    assert!(matches!(
-        events.last(),
-        Some(AgentEvent::RunFailed { code: RunErrorCode::Model, message: failed }) if failed == message
-    ));
     let wire = wire_text(&events);
     assert!(wire.contains("\"type\":\"error\""), "{wire}");
     assert!(!wire.contains(KEY), "{wire}");

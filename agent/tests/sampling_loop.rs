@@ -1,84 +1,63 @@
-//! The seed's sampling-loop tests, and the loop's own guarantees: batches, parallel approvals, the repeated-call
-//! guard, the step limit and aborts.
+//! The sampling loop's approval tests (resume after approval, recover after denial), and the loop's own
+//! guarantees: batches, parallel approvals, the repeated-call guard, the step limit and aborts.
 
 mod support;
 
 use std::sync::Arc;
 
-use agent::agent_loop::{LoopLimits, run_loop};
-use agent::events::AgentEvent;
+use agent::agent_loop::LoopLimits;
 use agent::model::{ModelChunk, ScriptedModel};
 use agent::runtime::AbortReason;
 use agent::wire::{
-    ApprovalMode, ApprovalPolicy, Decision, Message, RunErrorCode, ToolErrorCode, ToolOutput,
+    ApprovalMode, ApprovalPolicy, Decision, Message, RunErrorCode, StreamEvent, ToolErrorCode,
+    ToolOutput,
 };
 use serde_json::json;
 use support::*;
 
-fn limits() -> LoopLimits {
-    LoopLimits::default()
-}
-
 #[tokio::test]
 async fn resumes_the_loop_after_an_interactive_approval_is_granted() {
-    let mut fx = interactive();
-    let model = Arc::new(ReplayModel::new(vec![
+    let fx = on_request(vec![
         tool_step(&[call("call-1", "delete_file", json!({"path": "a.txt"}))]),
         text_step("Deleted a.txt."),
-    ]));
-    let context = fx.context.clone();
-    let loop_model = Arc::clone(&model);
-    let run = tokio::spawn(async move {
-        run_loop(&*loop_model, &context, limits(), &[], "delete a.txt").await
-    });
+    ]);
+    let run = fx.start(ApprovalMode::Interactive, "delete a.txt").await;
+    let request = Events::of(&run).next_approval().await;
+    fx.decide(&request, Decision::approve()).await;
 
-    let call_id = next_approval(&mut fx.events).await;
-    fx.registry
-        .resolve(&fx.context.run_id, &call_id, Decision::approve())
-        .unwrap();
-    let outcome = run.await.unwrap();
-
-    assert_eq!(outcome.answer(), Some("Deleted a.txt."));
-    assert_eq!(outcome.steps, 2);
+    let events = all_events(&run).await;
+    assert_eq!(answer(&events), Some("Deleted a.txt."));
+    assert!(matches!(
+        events.last(),
+        Some(StreamEvent::Done { steps: 2, .. })
+    ));
     assert_eq!(fx.deletes.count(), 1);
-    let second_request = &model.requests()[1];
+    let second_request = &fx.model.requests()[1];
     let results = tool_results(second_request);
     assert_eq!(results.len(), 1);
     assert!(results[0].1.is_ok(), "the model saw the tool's output");
-    assert!(matches!(
-        drain(&mut fx.events).last(),
-        Some(AgentEvent::RunFinished { steps: 2, .. })
-    ));
 }
 
 #[tokio::test]
 async fn resumes_the_loop_with_a_recoverable_error_after_an_interactive_denial() {
-    let mut fx = interactive();
-    let model = Arc::new(ReplayModel::new(vec![
+    let fx = on_request(vec![
         tool_step(&[call("call-1", "delete_file", json!({"path": "a.txt"}))]),
         text_step("I left a.txt alone."),
-    ]));
-    let context = fx.context.clone();
-    let loop_model = Arc::clone(&model);
-    let run = tokio::spawn(async move {
-        run_loop(&*loop_model, &context, limits(), &[], "delete a.txt").await
-    });
+    ]);
+    let run = fx.start(ApprovalMode::Interactive, "delete a.txt").await;
+    let request = Events::of(&run).next_approval().await;
+    fx.decide(
+        &request,
+        Decision::Deny {
+            reason: Some("not today".into()),
+        },
+    )
+    .await;
 
-    let call_id = next_approval(&mut fx.events).await;
-    fx.registry
-        .resolve(
-            &fx.context.run_id,
-            &call_id,
-            Decision::Deny {
-                reason: Some("not today".into()),
-            },
-        )
-        .unwrap();
-    let outcome = run.await.unwrap();
-
-    assert_eq!(outcome.answer(), Some("I left a.txt alone."));
+    let events = all_events(&run).await;
+    assert_eq!(answer(&events), Some("I left a.txt alone."));
     assert_eq!(fx.deletes.count(), 0);
-    let results = tool_results(&model.requests()[1]);
+    let results = tool_results(&fx.model.requests()[1]);
     match &results[0].1 {
         ToolOutput::Error { code, message } => {
             assert_eq!(*code, ToolErrorCode::ApprovalDenied);
@@ -92,47 +71,32 @@ async fn resumes_the_loop_with_a_recoverable_error_after_an_interactive_denial()
 
 #[tokio::test]
 async fn risky_tools_request_approval_and_fail_closed_by_default() {
-    let mut fx = fixture(
-        ApprovalMode::default(),
-        ApprovalPolicy::default(),
-        rules(""),
-    );
     assert_eq!(
-        fx.context.approval_mode,
+        ApprovalMode::default(),
         ApprovalMode::FailClosed,
         "fail-closed is the default"
     );
     // A batch with a safe call and a risky one: nothing in it runs.
-    let model = ReplayModel::new(vec![tool_step(&[
+    let fx = on_request(vec![tool_step(&[
         call("call-1", "read_file", json!({"path": "a.txt"})),
         call("call-2", "delete_file", json!({"path": "a.txt"})),
     ])]);
-    let outcome = run_loop(&model, &fx.context, limits(), &[], "read then delete").await;
+    let run = fx.start(ApprovalMode::default(), "read then delete").await;
+    let events = all_events(&run).await;
 
-    let error = outcome.error().cloned().unwrap();
-    assert_eq!(error.code(), RunErrorCode::ApprovalRequired);
-    assert!(
-        error
-            .to_string()
-            .contains("delete_file needs approval (delete_file is destructive.)")
-    );
+    let (code, message) = failure(&events).unwrap();
+    assert_eq!(code, RunErrorCode::ApprovalRequired);
+    assert!(message.contains("delete_file needs approval (delete_file is destructive.)"));
     assert_eq!(
         fx.reads.count(),
         0,
         "the batch is refused before any of it runs"
     );
     assert_eq!(fx.deletes.count(), 0);
-    assert!(fx.registry.is_empty());
-    assert!(matches!(
-        drain(&mut fx.events).last(),
-        Some(AgentEvent::RunFailed {
-            code: RunErrorCode::ApprovalRequired,
-            ..
-        })
-    ));
+    assert!(fx.pending().await.is_empty());
     // The conversation stays valid for the next run: every call is answered.
-    let answered = outcome
-        .messages
+    let history = fx.harness.store().history(run.session_id()).await.unwrap();
+    let answered = history
         .iter()
         .filter(|m| matches!(m, Message::Tool { .. }))
         .count();
@@ -141,38 +105,33 @@ async fn risky_tools_request_approval_and_fail_closed_by_default() {
 
 #[tokio::test]
 async fn parallel_approvals_resolve_independently() {
-    let mut fx = interactive();
-    let model = Arc::new(ReplayModel::new(vec![
+    let fx = on_request(vec![
         tool_step(&[
             call("call-a", "delete_file", json!({"path": "a.txt"})),
             call("call-b", "delete_file", json!({"path": "b.txt"})),
             call("call-c", "read_file", json!({"path": "c.txt"})),
         ]),
         text_step("done"),
-    ]));
-    let context = fx.context.clone();
-    let loop_model = Arc::clone(&model);
-    let run =
-        tokio::spawn(async move { run_loop(&*loop_model, &context, limits(), &[], "x").await });
-
-    let first = next_approval(&mut fx.events).await;
-    let second = next_approval(&mut fx.events).await;
-    assert_eq!(fx.registry.pending(None).len(), 2, "both wait at once");
-    // The read-only call did not wait for either of them.
+    ]);
+    let run = fx.start(ApprovalMode::Interactive, "x").await;
+    let mut events = Events::of(&run);
+    let first = events.next_approval().await;
+    let second = events.next_approval().await;
+    assert_eq!(fx.pending().await.len(), 2, "both wait at once");
+    // The read-only call does not wait for either of them.
+    events
+        .until(|e| matches!(e, StreamEvent::ToolResult { tool_call_id, .. } if tool_call_id.as_str() == "call-c"))
+        .await;
     assert_eq!(fx.reads.count(), 1);
     // Decide the second first, then the first: each resolves on its own.
-    fx.registry
-        .resolve(&fx.context.run_id, &second, Decision::deny())
-        .unwrap();
-    assert_eq!(fx.registry.pending(None).len(), 1);
-    fx.registry
-        .resolve(&fx.context.run_id, &first, Decision::approve())
-        .unwrap();
-    let outcome = run.await.unwrap();
+    fx.decide(&second, Decision::deny()).await;
+    assert_eq!(fx.pending().await.len(), 1);
+    fx.decide(&first, Decision::approve()).await;
 
-    assert_eq!(outcome.answer(), Some("done"));
+    let events = all_events(&run).await;
+    assert_eq!(answer(&events), Some("done"));
     assert_eq!(fx.deletes.inputs(), vec![json!({"path": "a.txt"})]);
-    let results = tool_results(&model.requests()[1]);
+    let results = tool_results(&fx.model.requests()[1]);
     let codes: Vec<Option<ToolErrorCode>> = results
         .iter()
         .map(|(_, output)| match output {
@@ -189,21 +148,18 @@ async fn parallel_approvals_resolve_independently() {
 
 #[tokio::test]
 async fn the_repeated_call_guard_warns_the_model_then_ends_the_run() {
+    let same = || tool_step(&[call("c", "read_file", json!({"path": "a.txt"}))]);
     let fx = fixture(
-        ApprovalMode::Interactive,
         ApprovalPolicy::Trusted,
         rules(""),
+        vec![same(), same(), same(), same(), same(), same()],
     );
-    let same = || tool_step(&[call("c", "read_file", json!({"path": "a.txt"}))]);
-    let model = ReplayModel::new(vec![same(), same(), same(), same(), same(), same()]);
-    let outcome = run_loop(&model, &fx.context, limits(), &[], "loop").await;
+    let run = fx.start(ApprovalMode::Interactive, "loop").await;
+    let events = all_events(&run).await;
 
-    assert_eq!(
-        outcome.error().cloned().unwrap().code(),
-        RunErrorCode::RepeatedCall
-    );
+    assert_eq!(failure(&events).unwrap().0, RunErrorCode::RepeatedCall);
     assert_eq!(fx.reads.count(), 2, "the same call runs at most twice");
-    let requests = model.requests();
+    let requests = fx.model.requests();
     let last_results = tool_results(requests.last().unwrap());
     match &last_results.last().unwrap().1 {
         ToolOutput::Error { code, message } => {
@@ -215,12 +171,30 @@ async fn the_repeated_call_guard_warns_the_model_then_ends_the_run() {
 }
 
 #[tokio::test]
+async fn the_repeated_call_guard_counts_across_a_batch_that_waited_for_a_person() {
+    let same = || tool_step(&[call("c", "delete_file", json!({"path": "a.txt"}))]);
+    let fx = on_request(vec![same(), same(), same(), text_step("gave up")]);
+    let run = fx.start(ApprovalMode::Interactive, "loop").await;
+    let mut events = Events::of(&run);
+    for _ in 0..2 {
+        let request = events.next_approval().await;
+        fx.decide(&request, Decision::approve()).await;
+    }
+    let events = all_events(&run).await;
+    assert_eq!(fx.deletes.count(), 2, "the third identical call is refused");
+    let refused = tool_results(fx.model.requests().last().unwrap());
+    assert!(matches!(
+        refused.last().unwrap().1,
+        ToolOutput::Error {
+            code: ToolErrorCode::RepeatedCall,
+            ..
+        }
+    ));
+    assert_eq!(answer(&events), Some("gave up"));
+}
+
+#[tokio::test]
 async fn the_loop_stops_at_the_step_limit() {
-    let fx = fixture(
-        ApprovalMode::Interactive,
-        ApprovalPolicy::Trusted,
-        rules(""),
-    );
     let steps = (0..5)
         .map(|i| {
             tool_step(&[call(
@@ -230,73 +204,67 @@ async fn the_loop_stops_at_the_step_limit() {
             )])
         })
         .collect();
-    let model = ReplayModel::new(steps);
-    let limits = LoopLimits {
-        max_steps: 3,
-        ..LoopLimits::default()
-    };
-    let outcome = run_loop(&model, &fx.context, limits, &[], "go").await;
-    assert_eq!(
-        outcome.error().cloned().unwrap().code(),
-        RunErrorCode::StepLimit
+    let fx = fixture_with(
+        ApprovalPolicy::Trusted,
+        rules(""),
+        LoopLimits {
+            max_steps: 3,
+            ..LoopLimits::default()
+        },
+        steps,
     );
-    assert_eq!(outcome.steps, 3);
+    let run = fx.start(ApprovalMode::Interactive, "go").await;
+    let events = all_events(&run).await;
+    assert_eq!(failure(&events).unwrap().0, RunErrorCode::StepLimit);
+    let steps = events
+        .iter()
+        .filter(|e| matches!(e, StreamEvent::Step { .. }))
+        .count();
+    assert_eq!(steps, 3);
     assert_eq!(fx.reads.count(), 3);
 }
 
 #[tokio::test]
 async fn aborting_while_waiting_ends_the_run_and_nothing_runs_after() {
-    let mut fx = interactive();
-    let model = Arc::new(ReplayModel::new(vec![
+    let fx = on_request(vec![
         tool_step(&[call("call-1", "delete_file", json!({"path": "a.txt"}))]),
         text_step("should not be reached"),
-    ]));
-    let context = fx.context.clone();
-    let loop_model = Arc::clone(&model);
-    let run =
-        tokio::spawn(async move { run_loop(&*loop_model, &context, limits(), &[], "x").await });
-    next_approval(&mut fx.events).await;
-    fx.context.abort.abort(AbortReason::Disconnected);
-    let outcome = run.await.unwrap();
+    ]);
+    let run = fx.start(ApprovalMode::Interactive, "x").await;
+    Events::of(&run).next_approval().await;
+    run.abort(AbortReason::Disconnected);
+    let events = all_events(&run).await;
 
-    let error = outcome.error().cloned().unwrap();
-    assert_eq!(error.code(), RunErrorCode::Aborted);
-    assert_eq!(
-        error.to_string(),
-        "The client disconnected, so the run was aborted."
-    );
+    let (code, message) = failure(&events).unwrap();
+    assert_eq!(code, RunErrorCode::Aborted);
+    assert_eq!(message, "The client disconnected, so the run was aborted.");
     assert_eq!(fx.deletes.count(), 0);
-    assert_eq!(model.requests().len(), 1, "the model is not asked again");
-    assert!(fx.registry.is_empty());
+    assert_eq!(fx.model.requests().len(), 1, "the model is not asked again");
+    assert!(fx.pending().await.is_empty());
 }
 
 #[tokio::test]
 async fn the_scripted_model_runs_a_whole_conversation_offline() {
     let dir = tempfile::tempdir().unwrap();
     let workspace = agent::tools::Workspace::open(dir.path()).unwrap();
-    let mut fx = interactive();
-    fx.context.toolbox = Arc::new(agent::tools::workspace_tools(
-        &workspace,
-        Default::default(),
-    ));
-    let model = ScriptedModel::new();
-    let context = fx.context.clone();
-    let run = tokio::spawn(async move {
-        run_loop(
-            &model,
-            &context,
-            limits(),
-            &[],
-            "write notes.txt: hello and list files",
+    let harness = harness_over(
+        Arc::new(ScriptedModel::new()),
+        agent::tools::workspace_tools(&workspace, Default::default()),
+        ApprovalPolicy::OnRequest,
+    );
+    let run = start_interactive(&harness, "write notes.txt: hello and list files").await;
+    let request = Events::of(&run).next_approval().await;
+    harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::approve(),
+            &agent::harness::Actor::local(),
         )
         .await
-    });
-    let call_id = next_approval(&mut fx.events).await;
-    fx.registry
-        .resolve(&fx.context.run_id, &call_id, Decision::approve())
         .unwrap();
-    let outcome = run.await.unwrap();
-    let answer = outcome.answer().unwrap().to_owned();
+    let events = all_events(&run).await;
+    let answer = answer(&events).unwrap().to_owned();
     assert!(
         answer.contains("write_file wrote 5 bytes to notes.txt."),
         "{answer}"
@@ -306,9 +274,9 @@ async fn the_scripted_model_runs_a_whole_conversation_offline() {
         std::fs::read_to_string(dir.path().join("notes.txt")).unwrap(),
         "hello"
     );
-    let deltas = drain(&mut fx.events)
-        .into_iter()
-        .filter(|e| matches!(e, AgentEvent::TextDelta { .. }))
+    let deltas = events
+        .iter()
+        .filter(|e| matches!(e, StreamEvent::AssistantDelta { .. }))
         .count();
     assert!(deltas > 1, "the answer streams in several deltas");
 }
@@ -332,9 +300,14 @@ async fn a_model_error_ends_the_run_with_its_message() {
             .boxed()
         }
     }
-    let fx = interactive();
-    let outcome = run_loop(&Broken, &fx.context, limits(), &[], "x").await;
-    let error = outcome.error().cloned().unwrap();
-    assert_eq!(error.code(), RunErrorCode::Model);
-    assert!(error.to_string().contains("reset by peer"));
+    let harness = harness_over(
+        Arc::new(Broken),
+        agent::tools::Toolbox::new(),
+        ApprovalPolicy::OnRequest,
+    );
+    let run = start_interactive(&harness, "x").await;
+    let events = all_events(&run).await;
+    let (code, message) = failure(&events).unwrap();
+    assert_eq!(code, RunErrorCode::Model);
+    assert!(message.contains("reset by peer"));
 }

@@ -1,101 +1,117 @@
-//! The seed's `agent-approvals` tests for the tool runtime in interactive mode, and the permission paths that never
-//! reach a person.
+//! The approval contract's tests for one tool call in interactive mode, and the permission paths that never reach
+//! a person. Each drives a real harness (memory store) and reads the run's own event stream.
 
 mod support;
 
-use agent::events::AgentEvent;
-use agent::runtime::{AbortReason, RunError, execute_tool_call};
+use std::sync::Arc;
+
+use agent::runtime::AbortReason;
+use agent::tools::{Tool, ToolContext, ToolFuture, Toolbox};
 use agent::wire::{
     ApprovalMode, ApprovalPolicy, Decision, DecisionScope, DenialSource, PermissionDecision,
-    Resolution, ToolErrorCode, ToolOutput,
+    Resolution, RunErrorCode, StreamEvent, ToolAnnotations, ToolCall, ToolErrorCode, ToolOutput,
 };
 use serde_json::json;
 use support::*;
+use tokio::sync::Notify;
 
 const DENIAL_TAIL: &str = "The action was not performed. Do not retry the same call; take a different approach or explain what you need in the final answer.";
 
+fn delete_a() -> Vec<Vec<agent::model::ModelChunk>> {
+    vec![
+        tool_step(&[call("call-1", "delete_file", json!({"path": "a.txt"}))]),
+        text_step("Finished."),
+    ]
+}
+
+/// The output the model got for a call.
+fn output_of(events: &[StreamEvent], call_id: &str) -> ToolOutput {
+    events
+        .iter()
+        .find_map(|event| match event {
+            StreamEvent::ToolResult {
+                tool_call_id,
+                output,
+                ..
+            } if tool_call_id.as_str() == call_id => Some(output.clone()),
+            _ => None,
+        })
+        .expect("the call has a result")
+}
+
 #[tokio::test]
 async fn interactive_tool_runtime_executes_the_tool_after_approval() {
-    let mut fx = interactive();
-    let call = call("call-1", "delete_file", json!({"path": "a.txt"}));
-    let execution = execute_tool_call(&call, 1, &fx.context);
-    tokio::pin!(execution);
-    // One poll runs the call up to its wait: the approval is registered by then, with no sleep.
-    assert!(futures::poll!(&mut execution).is_pending());
-    let resolved = fx
-        .registry
-        .resolve(&fx.context.run_id, &call.id, Decision::approve())
-        .expect("the approval is pending");
-    assert_eq!(resolved.pending.tool_name, "delete_file");
-    assert_eq!(resolved.pending.reason, "delete_file is destructive.");
+    let fx = on_request(delete_a());
+    let run = fx.start(ApprovalMode::Interactive, "delete a.txt").await;
+    let mut events = Events::of(&run);
+    let request = events.next_approval().await;
+    assert_eq!(request.tool_name, "delete_file");
+    assert_eq!(request.reason, "delete_file is destructive.");
+    // Whoever sees the event can decide at once: the approval was pending before the event could be read.
+    fx.decide(&request, Decision::approve()).await;
 
-    let output = execution.await.unwrap();
-    assert!(output.is_ok(), "{output:?}");
+    let events = all_events(&run).await;
+    assert!(output_of(&events, "call-1").is_ok());
     assert_eq!(fx.deletes.inputs(), vec![json!({"path": "a.txt"})]);
-
-    let events = drain(&mut fx.events);
-    let kinds: Vec<&str> = events
-        .iter()
-        .map(|e| match e {
-            AgentEvent::ToolCallDecided { .. } => "decided",
-            AgentEvent::ApprovalRequested { .. } => "requested",
-            AgentEvent::ApprovalResolved { .. } => "resolved",
-            AgentEvent::ToolFinished { .. } => "finished",
-            _ => "other",
-        })
-        .collect();
-    assert_eq!(kinds, ["decided", "requested", "resolved", "finished"]);
+    assert_eq!(
+        call_kinds(&events, "call-1"),
+        [
+            "toolCall",
+            "approvalRequired",
+            "approvalResolved",
+            "toolResult"
+        ]
+    );
 }
 
 #[tokio::test]
 async fn interactive_tool_runtime_returns_a_recoverable_error_after_denial() {
-    let fx = interactive();
-    let call = call("call-1", "delete_file", json!({"path": "a.txt"}));
-    let execution = execute_tool_call(&call, 1, &fx.context);
-    tokio::pin!(execution);
-    assert!(futures::poll!(&mut execution).is_pending());
-    fx.registry
-        .resolve(
-            &fx.context.run_id,
-            &call.id,
-            Decision::Deny {
-                reason: Some("keep that file".into()),
-            },
-        )
-        .unwrap();
+    let fx = on_request(delete_a());
+    let run = fx.start(ApprovalMode::Interactive, "delete a.txt").await;
+    let request = Events::of(&run).next_approval().await;
+    fx.decide(
+        &request,
+        Decision::Deny {
+            reason: Some("keep that file".into()),
+        },
+    )
+    .await;
 
-    let output = execution.await.expect("a denial does not end the run");
+    let events = all_events(&run).await;
     assert_eq!(
-        output,
+        output_of(&events, "call-1"),
         ToolOutput::Error {
             code: ToolErrorCode::ApprovalDenied,
             message: format!("The user denied this tool call: keep that file. {DENIAL_TAIL}"),
         }
+    );
+    assert_eq!(
+        answer(&events),
+        Some("Finished."),
+        "a denial does not end the run"
     );
     assert_eq!(fx.deletes.count(), 0, "nothing ran");
 }
 
 #[tokio::test]
 async fn interactive_tool_runtime_denies_when_the_run_aborts_while_waiting_for_approval() {
-    let mut fx = interactive();
-    let call = call("call-1", "delete_file", json!({"path": "a.txt"}));
-    let execution = execute_tool_call(&call, 1, &fx.context);
-    tokio::pin!(execution);
-    assert!(futures::poll!(&mut execution).is_pending());
-    fx.context.abort.abort(AbortReason::Cancelled);
+    let fx = on_request(delete_a());
+    let run = fx.start(ApprovalMode::Interactive, "delete a.txt").await;
+    Events::of(&run).next_approval().await;
+    fx.harness.cancel(run.run_id()).await.unwrap();
+    assert!(fx.pending().await.is_empty(), "nothing is left pending");
 
-    let output = execution.await.unwrap();
+    let events = all_events(&run).await;
     assert_eq!(
-        output,
+        output_of(&events, "call-1"),
         ToolOutput::Error {
             code: ToolErrorCode::ApprovalDenied,
             message: format!("The run was aborted before a decision arrived. {DENIAL_TAIL}"),
         }
     );
     assert_eq!(fx.deletes.count(), 0);
-    assert!(fx.registry.is_empty(), "nothing is left pending");
-    let resolved = drain(&mut fx.events).into_iter().find_map(|e| match e {
-        AgentEvent::ApprovalResolved { resolution, .. } => Some(resolution),
+    let resolved = events.iter().find_map(|e| match e {
+        StreamEvent::ApprovalResolved { resolution, .. } => Some(resolution.clone()),
         _ => None,
     });
     assert!(matches!(
@@ -105,15 +121,16 @@ async fn interactive_tool_runtime_denies_when_the_run_aborts_while_waiting_for_a
             ..
         })
     ));
+    assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
 }
 
 #[tokio::test(start_paused = true)]
 async fn interactive_tool_runtime_denies_when_nobody_decides_in_time() {
-    let fx = interactive();
-    let call = call("call-1", "delete_file", json!({"path": "a.txt"}));
-    let output = execute_tool_call(&call, 1, &fx.context).await.unwrap();
+    let fx = on_request(delete_a());
+    let run = fx.start(ApprovalMode::Interactive, "delete a.txt").await;
+    let events = all_events(&run).await;
     assert_eq!(
-        output,
+        output_of(&events, "call-1"),
         ToolOutput::Error {
             code: ToolErrorCode::ApprovalDenied,
             message: format!(
@@ -126,132 +143,131 @@ async fn interactive_tool_runtime_denies_when_nobody_decides_in_time() {
 
 #[tokio::test]
 async fn fail_closed_refuses_a_call_that_asks_and_runs_nothing() {
-    let fx = fixture(
-        ApprovalMode::FailClosed,
-        ApprovalPolicy::OnRequest,
-        rules(""),
-    );
-    let call = call("call-1", "delete_file", json!({"path": "a.txt"}));
-    let error = execute_tool_call(&call, 1, &fx.context).await.unwrap_err();
-    assert_eq!(
-        error,
-        RunError::ApprovalRequired {
-            tool_name: "delete_file".into(),
-            reason: "delete_file is destructive.".into()
-        }
-    );
+    let fx = on_request(delete_a());
+    let run = fx.start(ApprovalMode::FailClosed, "delete a.txt").await;
+    let events = all_events(&run).await;
+    let (code, message) = failure(&events).unwrap();
+    assert_eq!(code, RunErrorCode::ApprovalRequired);
     assert!(
-        error
-            .to_string()
-            .starts_with("delete_file needs approval (delete_file is destructive.)")
+        message.starts_with("delete_file needs approval (delete_file is destructive.)"),
+        "{message}"
     );
     assert_eq!(fx.deletes.count(), 0);
     assert!(
-        fx.registry.is_empty(),
-        "fail-closed never registers an approval"
+        !events
+            .iter()
+            .any(|e| matches!(e, StreamEvent::ApprovalRequired { .. })),
+        "fail-closed never asks"
     );
 }
 
 #[tokio::test]
 async fn allowed_calls_run_without_touching_the_approval_system() {
     for mode in [ApprovalMode::FailClosed, ApprovalMode::Interactive] {
-        let fx = fixture(mode, ApprovalPolicy::OnRequest, rules(""));
-        let output = execute_tool_call(
-            &call("c", "read_file", json!({"path": "a"})),
-            1,
-            &fx.context,
-        )
-        .await
-        .unwrap();
-        assert!(output.is_ok());
+        let fx = on_request(vec![
+            tool_step(&[call("c", "read_file", json!({"path": "a"}))]),
+            text_step("read"),
+        ]);
+        let run = fx.start(mode, "read a").await;
+        let events = all_events(&run).await;
+        assert!(output_of(&events, "c").is_ok());
         assert_eq!(fx.reads.count(), 1);
-        assert!(fx.registry.is_empty());
+        assert_eq!(call_kinds(&events, "c"), ["toolCall", "toolResult"]);
     }
 }
 
 #[tokio::test]
 async fn a_denying_rule_returns_permission_denied_and_never_asks() {
     for mode in [ApprovalMode::FailClosed, ApprovalMode::Interactive] {
-        let fx = fixture(mode, ApprovalPolicy::Strict, rules("delete_file=deny"));
-        let output = execute_tool_call(
-            &call("c", "delete_file", json!({"path": "a"})),
-            1,
-            &fx.context,
-        )
-        .await
-        .unwrap();
+        let fx = fixture(
+            ApprovalPolicy::Strict,
+            rules("delete_file=deny"),
+            vec![
+                tool_step(&[call("c", "delete_file", json!({"path": "a"}))]),
+                text_step("denied"),
+            ],
+        );
+        let run = fx.start(mode, "delete a").await;
+        let events = all_events(&run).await;
         assert_eq!(
-            output,
+            output_of(&events, "c"),
             ToolOutput::Error {
                 code: ToolErrorCode::PermissionDenied,
                 message: "A rule denies delete_file.".into()
             }
         );
         assert_eq!(fx.deletes.count(), 0);
-        assert!(fx.registry.is_empty());
+        assert_eq!(call_kinds(&events, "c"), ["toolCall", "toolResult"]);
     }
 }
 
 #[tokio::test]
 async fn invalid_input_is_a_recoverable_output_and_is_never_put_to_a_person() {
-    let fx = interactive();
-    let cases = [
-        (
+    let fx = on_request(vec![
+        tool_step(&[
             call("c1", "delete_file", json!({"nope": 1})),
-            ToolErrorCode::InvalidInput,
-        ),
-        (
-            agent::wire::ToolCall {
+            ToolCall {
                 id: "c2".parse().unwrap(),
                 name: "delete_file".into(),
                 arguments: "{\"path\": ".into(),
             },
-            ToolErrorCode::InvalidArguments,
-        ),
-        (
             call("c3", "format_disk", json!({})),
-            ToolErrorCode::UnknownTool,
-        ),
-    ];
-    for (call, code) in cases {
-        let output = execute_tool_call(&call, 1, &fx.context).await.unwrap();
+        ]),
+        text_step("none of that worked"),
+    ]);
+    let run = fx.start(ApprovalMode::Interactive, "do things").await;
+    let events = all_events(&run).await;
+    for (call, code) in [
+        ("c1", ToolErrorCode::InvalidInput),
+        ("c2", ToolErrorCode::InvalidArguments),
+        ("c3", ToolErrorCode::UnknownTool),
+    ] {
+        let output = output_of(&events, call);
         assert!(
             matches!(&output, ToolOutput::Error { code: got, .. } if *got == code),
-            "{output:?}"
+            "{call}: {output:?}"
         );
     }
     assert_eq!(fx.deletes.count(), 0);
-    assert!(fx.registry.is_empty());
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, StreamEvent::ApprovalRequired { .. }))
+    );
 }
 
 #[tokio::test]
 async fn approving_for_the_session_lets_later_calls_of_that_tool_run_without_asking() {
-    let fx = interactive();
-    let first = call("call-1", "delete_file", json!({"path": "a.txt"}));
-    let execution = execute_tool_call(&first, 1, &fx.context);
-    tokio::pin!(execution);
-    assert!(futures::poll!(&mut execution).is_pending());
-    fx.registry
-        .resolve(
-            &fx.context.run_id,
-            &first.id,
-            Decision::Approve {
-                scope: DecisionScope::Session,
-                reason: None,
-                arguments: None,
-            },
-        )
-        .unwrap();
-    assert!(execution.await.unwrap().is_ok());
+    let fx = on_request(vec![
+        tool_step(&[call("call-1", "delete_file", json!({"path": "a.txt"}))]),
+        tool_step(&[call("call-2", "delete_file", json!({"path": "b.txt"}))]),
+        text_step("both gone"),
+    ]);
+    let run = fx.start(ApprovalMode::Interactive, "delete a and b").await;
+    let request = Events::of(&run).next_approval().await;
+    fx.decide(
+        &request,
+        Decision::Approve {
+            scope: DecisionScope::Session,
+            reason: None,
+            arguments: None,
+        },
+    )
+    .await;
 
-    let second = call("call-2", "delete_file", json!({"path": "b.txt"}));
-    let output = execute_tool_call(&second, 2, &fx.context).await.unwrap();
-    assert!(output.is_ok(), "ran without a decision: {output:?}");
-    assert_eq!(fx.deletes.count(), 2);
-    let decision = fx.context.permissions.decide(
-        &fx.context.toolbox.spec("delete_file").unwrap(),
-        &fx.context.grants.lock().unwrap(),
+    let events = all_events(&run).await;
+    assert!(
+        output_of(&events, "call-2").is_ok(),
+        "ran without a decision"
     );
+    assert_eq!(call_kinds(&events, "call-2"), ["toolCall", "toolResult"]);
+    assert_eq!(fx.deletes.count(), 2);
+    let grants = fx.harness.grants(run.session_id()).await.unwrap();
+    let decision = fx
+        .harness
+        .config()
+        .permissions
+        .decide(&fx.harness.toolbox().spec("delete_file").unwrap(), &grants);
     assert_eq!(
         decision,
         PermissionDecision::Allow {
@@ -262,29 +278,141 @@ async fn approving_for_the_session_lets_later_calls_of_that_tool_run_without_ask
 
 #[tokio::test]
 async fn approved_edited_arguments_are_what_runs() {
-    let mut fx = interactive();
-    let call = call("call-1", "delete_file", json!({"path": "important.txt"}));
-    let execution = execute_tool_call(&call, 1, &fx.context);
-    tokio::pin!(execution);
-    assert!(futures::poll!(&mut execution).is_pending());
-    fx.registry
-        .resolve(
-            &fx.context.run_id,
-            &call.id,
-            Decision::Approve {
-                scope: DecisionScope::Once,
-                reason: None,
-                arguments: Some(json!({"path": "scratch.txt"})),
-            },
-        )
-        .unwrap();
-    assert!(execution.await.unwrap().is_ok());
+    let fx = on_request(vec![
+        tool_step(&[call(
+            "call-1",
+            "delete_file",
+            json!({"path": "important.txt"}),
+        )]),
+        text_step("done"),
+    ]);
+    let run = fx.start(ApprovalMode::Interactive, "delete").await;
+    let request = Events::of(&run).next_approval().await;
+    fx.decide(
+        &request,
+        Decision::Approve {
+            scope: DecisionScope::Once,
+            reason: None,
+            arguments: Some(json!({"path": "scratch.txt"})),
+        },
+    )
+    .await;
+    let events = all_events(&run).await;
     assert_eq!(fx.deletes.inputs(), vec![json!({"path": "scratch.txt"})]);
-    let executed = drain(&mut fx.events).into_iter().find_map(|e| match e {
-        AgentEvent::ToolFinished {
+    let executed = events.iter().find_map(|e| match e {
+        StreamEvent::ToolResult {
             executed_arguments, ..
-        } => executed_arguments,
+        } => executed_arguments.clone(),
         _ => None,
     });
     assert_eq!(executed, Some(json!({"path": "scratch.txt"})));
+}
+
+#[tokio::test]
+async fn an_abort_reason_is_what_the_run_ends_with() {
+    let fx = on_request(delete_a());
+    let run = fx.start(ApprovalMode::Interactive, "delete a.txt").await;
+    Events::of(&run).next_approval().await;
+    run.abort(AbortReason::Disconnected);
+    let events = all_events(&run).await;
+    assert_eq!(
+        failure(&events),
+        Some((
+            RunErrorCode::Aborted,
+            "The client disconnected, so the run was aborted."
+        ))
+    );
+}
+
+/// A read-only tool that starts, then waits to be let go before it finishes its work, whatever the run does.
+struct FinishesWhenLetGo {
+    spec: agent::wire::ToolSpec,
+    started: Arc<Notify>,
+    let_go: Arc<Notify>,
+}
+
+impl FinishesWhenLetGo {
+    fn new() -> Self {
+        Self {
+            spec: agent::wire::ToolSpec {
+                name: "slow_read".into(),
+                description: "A read that takes a while".into(),
+                input_schema: json!({"type": "object"}),
+                annotations: ToolAnnotations {
+                    read_only: Some(true),
+                    destructive: Some(false),
+                    idempotent: Some(true),
+                    open_world: Some(false),
+                },
+                mcp: None,
+            },
+            started: Arc::new(Notify::new()),
+            let_go: Arc::new(Notify::new()),
+        }
+    }
+}
+
+impl Tool for FinishesWhenLetGo {
+    fn spec(&self) -> &agent::wire::ToolSpec {
+        &self.spec
+    }
+
+    fn execute<'a>(&'a self, _: serde_json::Value, _: &'a ToolContext) -> ToolFuture<'a> {
+        Box::pin(async move {
+            self.started.notify_one();
+            self.let_go.notified().await;
+            Ok(json!({"read": "all of it"}))
+        })
+    }
+}
+
+fn slow_read_harness(tool: FinishesWhenLetGo) -> agent::harness::Harness {
+    harness_over(
+        Arc::new(ReplayModel::new(vec![
+            tool_step(&[call("call-1", "slow_read", json!({}))]),
+            text_step("never reached"),
+        ])),
+        Toolbox::new().with(tool).unwrap(),
+        ApprovalPolicy::OnRequest,
+    )
+}
+
+#[tokio::test]
+async fn a_tool_that_finishes_after_the_abort_reports_its_real_result_then_the_run_ends() {
+    let tool = FinishesWhenLetGo::new();
+    let (started, let_go) = (Arc::clone(&tool.started), Arc::clone(&tool.let_go));
+    let harness = slow_read_harness(tool);
+    let run = start_interactive(&harness, "read slowly").await;
+    started.notified().await;
+    harness.cancel(run.run_id()).await.unwrap();
+    let_go.notify_one();
+
+    let events = all_events(&run).await;
+    assert_eq!(
+        output_of(&events, "call-1"),
+        ToolOutput::Ok {
+            content: json!({"read": "all of it"})
+        }
+    );
+    assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tool_that_does_not_stop_after_the_abort_is_reported_as_left_behind() {
+    let tool = FinishesWhenLetGo::new();
+    let started = Arc::clone(&tool.started);
+    let harness = slow_read_harness(tool);
+    let run = start_interactive(&harness, "read slowly").await;
+    started.notified().await;
+    harness.cancel(run.run_id()).await.unwrap();
+
+    let events = all_events(&run).await;
+    assert_eq!(
+        output_of(&events, "call-1"),
+        ToolOutput::Error {
+            code: ToolErrorCode::ToolFailed,
+            message: "The run was aborted while slow_read was running, and it did not stop within 2 s; what it did is unknown.".into(),
+        }
+    );
+    assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
 }

@@ -1,5 +1,6 @@
 //! Server functions for the browser: load the page, start a run, decide an approval, list pending approvals, cancel
-//! a run. They reach the same harness as the REST routes, through context the server provides.
+//! a run. They reach the same harness as the REST routes, through context the server provides, and act only on the
+//! caller's own session (the one its cookie names): another session's runs and approvals are as good as unknown.
 
 use agent::ids::RunId;
 use agent::view::SessionView;
@@ -16,6 +17,8 @@ pub struct PageState {
     pub approval_timeout_secs: u64,
     /// The server's clock when the page was rendered, in milliseconds since the Unix epoch.
     pub now_ms: u64,
+    /// Whether the person logged in (the server has an access token), so the page offers to log out.
+    pub logged_in: bool,
     /// The MCP servers and their state when the page was rendered.
     #[serde(default)]
     pub mcp_servers: Vec<McpServerStatus>,
@@ -33,9 +36,11 @@ pub enum Choice {
 pub mod ssr {
     //! What server functions need from the server: the harness and the browser's session.
 
-    use agent::hub::Harness;
-    use agent::ids::SessionId;
+    use agent::harness::{Harness, RunHandle};
+    use agent::ids::{RunId, SessionId};
+    use axum::http::StatusCode;
     use leptos::prelude::*;
+    use leptos_axum::ResponseOptions;
 
     /// The browser's session, from its cookie; the server puts it in each request's extensions.
     #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +48,10 @@ pub mod ssr {
 
     /// The name of the cookie that holds the session id.
     pub const SESSION_COOKIE: &str = "toolgate_session";
+
+    /// Whether people log in to this server (it was started with an access token); the server provides it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct LoginRequired(pub bool);
 
     pub fn harness() -> Result<Harness, ServerFnError> {
         use_context::<Harness>().ok_or_else(|| ServerFnError::new("the server provides no harness"))
@@ -54,6 +63,39 @@ pub mod ssr {
             .map(|cookie| cookie.0)
             .ok_or_else(|| ServerFnError::new("this request carries no session"))
     }
+
+    pub fn login_required() -> bool {
+        use_context::<LoginRequired>().is_some_and(|required| required.0)
+    }
+
+    /// The run, when it is one of `session`'s.
+    pub async fn own_run(
+        harness: &Harness,
+        session: &SessionId,
+        run_id: &RunId,
+    ) -> Result<Option<RunHandle>, ServerFnError> {
+        Ok(harness
+            .run(run_id)
+            .await
+            .map_err(|error| ServerFnError::new(error.to_string()))?
+            .filter(|run| run.session_id() == session))
+    }
+
+    /// Who is acting, as the server's authentication layer said.
+    pub fn actor() -> Result<agent::harness::Actor, ServerFnError> {
+        use_context::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<agent::harness::Actor>().cloned())
+            .ok_or_else(|| ServerFnError::new("this request was not authenticated"))
+    }
+
+    /// A 404 with `message`: what the caller learns about something that is not its own, the same as about
+    /// something that does not exist.
+    pub fn not_found(message: String) -> ServerFnError {
+        if let Some(response) = use_context::<ResponseOptions>() {
+            response.set_status(StatusCode::NOT_FOUND);
+        }
+        ServerFnError::new(message)
+    }
 }
 
 #[server(prefix = "/api/fn", endpoint = "page")]
@@ -61,19 +103,23 @@ pub async fn load_page() -> Result<PageState, ServerFnError> {
     let harness = ssr::harness()?;
     let session = ssr::session()?;
     Ok(PageState {
-        session: harness.session_view(&session),
+        session: harness
+            .session_view(&session)
+            .await
+            .map_err(|error| ServerFnError::new(error.to_string()))?,
         policy: harness.config().permissions.policy,
         model: harness.model_name().to_owned(),
         approval_timeout_secs: harness.config().approval_timeout.as_secs(),
-        now_ms: agent::approvals::now_ms(),
+        now_ms: agent::clock::now_ms(),
+        logged_in: ssr::login_required(),
         mcp_servers: harness.toolbox().sources(),
     })
 }
 
 #[server(prefix = "/api/fn", endpoint = "start_run")]
 pub async fn start_run(message: String) -> Result<RunId, ServerFnError> {
-    use agent::hub::StartRun;
-    use agent::input::StartRunInput;
+    use agent::harness::StartRun;
+    use agent::request_body::StartRunInput;
     use agent::wire::ApprovalMode;
 
     let harness = ssr::harness()?;
@@ -83,10 +129,11 @@ pub async fn start_run(message: String) -> Result<RunId, ServerFnError> {
         "sessionId": session.as_str(),
     }))
     .map_err(|errors| ServerFnError::new(errors.to_string()))?;
-    let record = harness
+    let run = harness
         .start(StartRun::new(input, ApprovalMode::Interactive))
+        .await
         .map_err(|error| ServerFnError::new(error.to_string()))?;
-    Ok(record.run_id().clone())
+    Ok(run.run_id().clone())
 }
 
 #[server(prefix = "/api/fn", endpoint = "decide")]
@@ -96,9 +143,20 @@ pub async fn decide_approval(
     choice: Choice,
     reason: Option<String>,
 ) -> Result<(), ServerFnError> {
+    use agent::approvals::ApprovalNotFound;
     use agent::wire::Decision;
 
     let harness = ssr::harness()?;
+    let session = ssr::session()?;
+    if ssr::own_run(&harness, &session, &run_id).await?.is_none() {
+        return Err(ssr::not_found(
+            ApprovalNotFound {
+                run_id,
+                tool_call_id,
+            }
+            .to_string(),
+        ));
+    }
     let body = match choice {
         Choice::Approve => serde_json::json!({"decision": "approve"}),
         Choice::ApproveForSession => serde_json::json!({"decision": "approve", "scope": "session"}),
@@ -107,20 +165,45 @@ pub async fn decide_approval(
     let decision =
         Decision::from_json(&body).map_err(|errors| ServerFnError::new(errors.to_string()))?;
     harness
-        .decide(&run_id, &tool_call_id, decision)
+        .decide(&run_id, &tool_call_id, decision, &ssr::actor()?)
+        .await
         .map(|_| ())
         .map_err(|error| ServerFnError::new(error.to_string()))
 }
 
+/// The caller's session's pending approvals, of one of its runs or of all.
 #[server(prefix = "/api/fn", endpoint = "pending")]
 pub async fn list_pending(run_id: Option<RunId>) -> Result<Vec<ApprovalRequest>, ServerFnError> {
-    Ok(ssr::harness()?.pending(run_id.as_ref()))
+    let harness = ssr::harness()?;
+    let session = ssr::session()?;
+    let pending = harness
+        .pending(run_id.as_ref())
+        .await
+        .map_err(|error| ServerFnError::new(error.to_string()))?;
+    let mut own = Vec::with_capacity(pending.len());
+    for request in pending {
+        if ssr::own_run(&harness, &session, &request.run_id)
+            .await?
+            .is_some()
+        {
+            own.push(request);
+        }
+    }
+    Ok(own)
 }
 
 #[server(prefix = "/api/fn", endpoint = "cancel")]
 pub async fn cancel_run(run_id: RunId) -> Result<(), ServerFnError> {
-    ssr::harness()?
+    use agent::harness::RunNotFound;
+
+    let harness = ssr::harness()?;
+    let session = ssr::session()?;
+    if ssr::own_run(&harness, &session, &run_id).await?.is_none() {
+        return Err(ssr::not_found(RunNotFound(run_id).to_string()));
+    }
+    harness
         .cancel(&run_id)
+        .await
         .map(|_| ())
-        .map_err(|error| ServerFnError::new(error.to_string()))
+        .map_err(|error| ssr::not_found(error.to_string()))
 }

@@ -1,7 +1,7 @@
 //! toolgate's page: rendered on the server, hydrated in the browser.
 //!
 //! The server renders the session as it stands (the transcript, every pending approval); the browser hydrates it
-//! and follows the active run's events from the last one the page shows.
+//! and follows the session's events, run after run, from the last one the page shows.
 
 pub mod api;
 pub mod components;
@@ -89,11 +89,20 @@ fn Chat(state: PageState) -> impl IntoView {
         "policy {} · model {} · approvals time out after {} s",
         state.policy, state.model, state.approval_timeout_secs
     );
+    // A plain form: logging out works before hydration, and the origin check covers it like any POST.
+    let logout = state.logged_in.then(|| {
+        view! {
+            <form class="logout" method="post" action="/logout">
+                <button type="submit" class="link">"Log out"</button>
+            </form>
+        }
+    });
     view! {
         <div class="page" data-hydrated=move || ui.hydrated.get().to_string()>
             <header class="top">
                 <h1>"toolgate"</h1>
                 <p class="summary">{summary}</p>
+                {logout}
                 <McpServers/>
             </header>
             <main>

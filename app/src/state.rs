@@ -9,11 +9,10 @@ use leptos::prelude::*;
 
 use crate::api::PageState;
 
-/// The live connection to the active run's event stream.
+/// The live connection to the session's event stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Connection {
-    /// No run is being followed.
-    Idle,
+    /// The server rendered the page from what it holds; the stream's errors say when that stops being true.
     Live,
     Reconnecting,
     Lost,
@@ -52,7 +51,7 @@ impl Ui {
             session: RwSignal::new(page.session.clone()),
             deciding: RwSignal::new(HashSet::new()),
             error: RwSignal::new(None),
-            connection: RwSignal::new(Connection::Idle),
+            connection: RwSignal::new(Connection::Live),
             now_ms: RwSignal::new(page.now_ms),
             debug_open: RwSignal::new(false),
             sending: RwSignal::new(false),

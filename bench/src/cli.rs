@@ -8,7 +8,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
 /// What can be measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
-    /// Approval round trips over the seed routes, at each --concurrency.
+    /// Approval round trips over the approval API's routes, at each --concurrency.
     Roundtrip,
     /// Approval round trips over the AG-UI interrupt flow (POST /api/agui: run 1 to the interrupt, run 2 with the
     /// resume to the final answer), at each --concurrency, with the same --trips, --rounds and --warmup.
@@ -50,7 +50,7 @@ fn default_script() -> PathBuf {
     repository().join("end2end/bench/hydration.mjs")
 }
 
-/// toolgate-bench: measures toolgate's approval round trips (over the seed routes and over the AG-UI interrupt
+/// toolgate-bench: measures toolgate's approval round trips (over the approval API's routes and over the AG-UI interrupt
 /// flow), its memory with many runs pending, and what the browser downloads. It starts the server itself (from a fresh temporary directory) and reads the server's CPU
 /// time and resident memory from /proc. Exits 1 if any trip failed or could not be verified, 2 on a setup error.
 #[derive(Clone, Debug, Parser)]
@@ -68,7 +68,7 @@ pub struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Scenario::FULL)]
     pub scenarios: Vec<Scenario>,
 
-    /// A smoke run that finishes in seconds: a few hundred verified trips per flow (seed routes and AG-UI) at
+    /// A smoke run that finishes in seconds: a few hundred verified trips per flow (the approval API and AG-UI) at
     /// concurrency 1 and 8, scale 200, no browser. Flags given explicitly still win.
     #[arg(long)]
     pub quick: bool,

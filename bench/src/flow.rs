@@ -1,6 +1,6 @@
 //! One approval round trip, end to end and verified, over a given protocol.
 //!
-//! The round-trip scenarios measure any [`ApprovalFlow`]: [`SeedFlow`] over the seed routes (a streamed run, a
+//! The round-trip scenarios measure any [`ApprovalFlow`]: [`ApprovalApiFlow`] over the approval API's routes (a streamed run, a
 //! decision POST while its stream stays open), and [`AguiFlow`] over the AG-UI interrupt flow (run 1 until its
 //! interrupt, run 2 with the resume until the final answer). Each trip uses its [`TripSpec`]'s session and file;
 //! everything else (workers, rounds, /proc figures, file checks, the report) is shared in [`crate::roundtrip`].
@@ -87,8 +87,8 @@ pub trait ApprovalFlow: Send + Sync + 'static {
     ) -> impl Future<Output = Result<TripTiming, TripError>> + Send;
 }
 
-/// The seed routes: `POST /api/agent/stream`, then `POST /api/agent/approvals/{runId}/{toolCallId}`.
-pub struct SeedFlow;
+/// The approval API's routes: `POST /api/agent/stream`, then `POST /api/agent/approvals/{runId}/{toolCallId}`.
+pub struct ApprovalApiFlow;
 
 fn text<'a>(value: &'a Value, field: &str, event: &str) -> Result<&'a str, TripError> {
     value[field]
@@ -96,9 +96,9 @@ fn text<'a>(value: &'a Value, field: &str, event: &str) -> Result<&'a str, TripE
         .ok_or_else(|| TripError::Unverified(format!("the {event} event has no {field}: {value}")))
 }
 
-impl ApprovalFlow for SeedFlow {
+impl ApprovalFlow for ApprovalApiFlow {
     fn name(&self) -> &'static str {
-        "seed routes"
+        "approval API"
     }
 
     fn legs(&self) -> Legs {

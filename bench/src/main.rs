@@ -1,4 +1,4 @@
-//! toolgate-bench: the load generator behind `make bench` (issue 9).
+//! toolgate-bench: the load generator behind `make bench`.
 //!
 //! It starts the real `toolgate` binary for each scenario, drives it over HTTP/1.1 and SSE like a client would,
 //! verifies every trip, and reads the server's CPU time and memory from /proc. `--quick` is the smoke run the test
@@ -8,12 +8,12 @@ mod api;
 mod browser;
 mod cli;
 mod flow;
-mod procfs;
 mod report;
 mod roundtrip;
 mod scale;
 mod server;
 mod stats;
+mod system;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -103,7 +103,7 @@ async fn run(args: Args) -> Result<bool> {
     if args.concurrency.contains(&0) {
         bail!("--concurrency must be at least 1");
     }
-    let files_limit = procfs::raise_open_files_limit()?;
+    let files_limit = system::raise_open_files_limit()?;
     let server_options = ServerOptions {
         binary: std::path::absolute(&args.server)
             .with_context(|| format!("bad --server path {}", args.server.display()))?,
@@ -117,7 +117,7 @@ async fn run(args: Args) -> Result<bool> {
         server: server_options.binary.display().to_string(),
         workspace_dir: server_options.tmpdir.display().to_string(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
-        machine: procfs::Machine::detect(),
+        machine: system::Machine::detect(),
     };
     println!("{}", report::header(&meta));
     eprintln!("open-files limit of the bench and its servers: {files_limit}");
@@ -135,7 +135,8 @@ async fn run(args: Args) -> Result<bool> {
         patience,
     };
     if args.wants(Scenario::Roundtrip) {
-        report.roundtrip = roundtrips(flow::SeedFlow, &server_options, &roundtrip_settings).await?;
+        report.roundtrip =
+            roundtrips(flow::ApprovalApiFlow, &server_options, &roundtrip_settings).await?;
     }
     if args.wants(Scenario::AguiRoundtrip) {
         report.agui_roundtrip =

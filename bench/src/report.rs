@@ -5,10 +5,10 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::browser::{Asset, ENCODINGS, Hydration};
-use crate::procfs::Machine;
 use crate::roundtrip::Level;
 use crate::scale::Scale;
 use crate::stats::{Spread, Summary};
+use crate::system::Machine;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -26,7 +26,7 @@ pub struct Meta {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {
     pub meta: Option<Meta>,
-    /// Round trips over the seed routes.
+    /// Round trips over the approval API's routes.
     pub roundtrip: Vec<Level>,
     /// Round trips over the AG-UI interrupt flow.
     pub agui_roundtrip: Vec<Level>,
@@ -467,7 +467,7 @@ pub fn targets(report: &Report) -> Vec<Target> {
 }
 
 pub fn targets_table(targets: &[Target]) -> String {
-    let mut out = String::from("== Targets (issue 9)\n\n");
+    let mut out = String::from("== Targets\n\n");
     let rows: Vec<Vec<String>> = targets
         .iter()
         .map(|t| {

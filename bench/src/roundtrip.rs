@@ -1,4 +1,4 @@
-//! Scenario 1: approval round trips over one [`ApprovalFlow`] (the seed routes, or AG-UI), at several concurrency
+//! Scenario 1: approval round trips over one [`ApprovalFlow`] (the approval API's routes, or AG-UI), at several concurrency
 //! levels, each on a fresh server.
 
 use std::collections::BTreeMap;
@@ -12,9 +12,9 @@ use tokio::task::JoinSet;
 
 use crate::api::{Api, TripError};
 use crate::flow::{ApprovalFlow, CONTENT, Legs, TripSpec, TripTiming};
-use crate::procfs;
 use crate::server::{Server, ServerOptions};
 use crate::stats::{Spread, Summary};
+use crate::system;
 
 /// How many trips, how many at once.
 #[derive(Clone, Debug)]
@@ -174,7 +174,7 @@ async fn run_level<F: ApprovalFlow>(
     let mut round_figures = Vec::new();
     for round in 0..rounds {
         let server_before = server.cpu_time()?;
-        let bench_before = procfs::own_cpu_time()?;
+        let bench_before = system::own_cpu_time()?;
         let started = Instant::now();
         let outcomes = batch(
             flow,
@@ -187,7 +187,7 @@ async fn run_level<F: ApprovalFlow>(
         .await?;
         let elapsed = started.elapsed();
         let server_cpu = server.cpu_time()?.since(server_before);
-        let bench_cpu = procfs::own_cpu_time()?.since(bench_before).total();
+        let bench_cpu = system::own_cpu_time()?.since(bench_before).total();
         let trips = outcomes.len();
         for outcome in outcomes {
             match outcome.result {
@@ -232,7 +232,7 @@ async fn run_level<F: ApprovalFlow>(
     }
     server.stop().await?;
 
-    let tick_us = 1e6 / procfs::clock_ticks() as f64;
+    let tick_us = 1e6 / system::clock_ticks() as f64;
     let column =
         |pick: fn(&TripTiming) -> Duration| Summary::of(timings.iter().map(pick).collect());
     let spread =

@@ -14,10 +14,10 @@ use tokio::task::JoinSet;
 
 use crate::api::{Api, TripError};
 use crate::flow::{CONTENT, TripSpec, check_resolved};
-use crate::procfs;
 use crate::roundtrip::Failures;
 use crate::server::{Server, ServerOptions};
 use crate::stats::Summary;
+use crate::system;
 
 /// How long a pending run's stream may wait for its resolution: the time it takes to open all the others.
 const RESOLUTION_PATIENCE: Duration = Duration::from_secs(600);
@@ -168,16 +168,16 @@ async fn stream_task(
 pub async fn run(server_options: &ServerOptions, settings: &Settings) -> Result<Scale> {
     let runs = settings.runs;
     let in_flight = settings.in_flight.max(1);
-    let ports = procfs::ephemeral_ports()?;
+    let ports = system::ephemeral_ports()?;
     if (runs + 2 * in_flight + 100) as u64 > ports {
         bail!(
             "{runs} streams plus {in_flight} decisions in flight need more local ports than the {ports} of \
              net.ipv4.ip_local_port_range; lower --scale or widen the range"
         );
     }
-    let own_limit = procfs::open_files_limit(std::process::id())?;
+    let own_limit = system::open_files_limit(std::process::id())?;
     let mut server = Server::start(server_options).await?;
-    let server_limit = procfs::open_files_limit(server.pid())?;
+    let server_limit = system::open_files_limit(server.pid())?;
     let needed = (runs + 2 * in_flight + 100) as u64;
     if own_limit < needed || server_limit < needed {
         bail!(

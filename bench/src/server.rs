@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::procfs::{self, CpuTime, Memory};
+use crate::system::{self, CpuTime, Memory};
 
 /// How long the server may take to answer `/healthz` after it starts.
 const START_PATIENCE: Duration = Duration::from_secs(30);
@@ -107,6 +107,8 @@ impl Server {
             .args(["--log", "warn"])
             // Every approval stays pending until the bench decides, even at scale on a slow machine.
             .args(["--approval-timeout-secs", "900"])
+            // The scale scenario opens every stream from this one client address.
+            .args(["--max-streams-per-client", "1000000"])
             .args(&options.extra_args)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -199,11 +201,11 @@ impl Server {
     }
 
     pub fn cpu_time(&self) -> Result<CpuTime> {
-        procfs::cpu_time(self.pid)
+        system::cpu_time(self.pid)
     }
 
     pub fn memory(&self) -> Result<Memory> {
-        procfs::memory(self.pid)
+        system::memory(self.pid)
     }
 
     /// Fails when the server is no longer running.

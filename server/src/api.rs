@@ -1,18 +1,21 @@
-//! The HTTP API: the seed's routes, streamed runs, runs as resources, and approvals.
+//! The HTTP API: runs (whole, streamed, or as resources with their own event streams), sessions' event streams,
+//! approvals and the audit log.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use agent::hub::{EncodedEvent, Harness, RunRecord, StartRun};
+use agent::harness::{Actor, Harness, RunHandle, StartRun};
 use agent::ids::{RunId, SessionId, ToolCallId};
-use agent::input::StartRunInput;
+use agent::request_body::StartRunInput;
 use agent::runtime::AbortReason;
+use agent::store::EncodedEvent;
 use agent::view::RunView;
 use agent::wire::{ApprovalMode, Decision, RunErrorCode};
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -22,28 +25,46 @@ use serde_json::json;
 use crate::body::JsonValue;
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::streams::{ClientAddr, StreamPermit, holding};
 
 /// Aborts a run when dropped before the run finished: the client of a streamed run went away.
-pub(crate) struct AbortOnDrop(Option<Arc<RunRecord>>);
+pub(crate) struct AbortOnDrop {
+    run: Option<RunHandle>,
+    /// Set once the run's terminal event went out: nothing is left to abort.
+    ended: Arc<AtomicBool>,
+}
 
 impl AbortOnDrop {
-    pub(crate) fn new(record: Arc<RunRecord>) -> Self {
-        Self(Some(record))
+    pub(crate) fn new(run: RunHandle) -> Self {
+        Self {
+            run: Some(run),
+            ended: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// What a stream sets when the run's terminal event goes out.
+    pub(crate) fn ended(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.ended)
     }
 
     fn disarm(mut self) {
-        self.0 = None;
+        self.run = None;
     }
 }
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        if let Some(record) = self.0.take()
-            && !record.is_finished()
+        if let Some(run) = self.run.take()
+            && !self.ended.load(Ordering::Acquire)
         {
-            record.abort(AbortReason::Disconnected);
+            run.abort(AbortReason::Disconnected);
         }
     }
+}
+
+/// Whether an event of this `type` ends its run.
+pub(crate) fn is_terminal(kind: &str) -> bool {
+    agent::harness::is_terminal(kind)
 }
 
 fn sse_event(event: &EncodedEvent) -> Event {
@@ -53,30 +74,41 @@ fn sse_event(event: &EncodedEvent) -> Event {
         .data(&*event.json)
 }
 
-/// An event stream as a response that no cache stores. With `no-cache` alone (axum's default for SSE) Chrome
-/// writes the stream into its HTTP cache and makes a second tab's request for the same URL wait on that cache
-/// entry until the first stream ends, which for a live stream is never.
+/// An event stream as a response that no cache stores, holding its client's place among its open streams until
+/// it ends. With `no-cache` alone (axum's default for SSE) Chrome writes the stream into its HTTP cache and makes a
+/// second tab's request for the same URL wait on that cache entry until the first stream ends, which for a live
+/// stream is never.
 pub(crate) fn event_stream(
     events: impl Stream<Item = Event> + Send + 'static,
+    permit: StreamPermit,
     keep_alive: Duration,
 ) -> Response {
+    let events = holding(events, permit);
     let sse =
         Sse::new(events.map(Ok::<_, Infallible>)).keep_alive(KeepAlive::new().interval(keep_alive));
     ([(header::CACHE_CONTROL, "no-store")], sse).into_response()
 }
 
-/// A run's events as an SSE response. When `abort_on_close`, closing the connection aborts the run.
+/// A run's events as an SSE response. When `abort_on_close`, closing the connection before the run ended aborts
+/// it.
 fn sse_response(
     events: impl Stream<Item = Arc<EncodedEvent>> + Send + 'static,
-    abort_on_close: Option<Arc<RunRecord>>,
+    abort_on_close: Option<RunHandle>,
+    permit: StreamPermit,
     keep_alive: Duration,
 ) -> Response {
-    let guard = AbortOnDrop(abort_on_close);
+    let guard = abort_on_close.map(AbortOnDrop::new);
+    let ended = guard.as_ref().map(AbortOnDrop::ended);
     let events = events.map(move |event| {
         let _guard = &guard;
+        if let Some(ended) = &ended
+            && is_terminal(event.kind)
+        {
+            ended.store(true, Ordering::Release);
+        }
         sse_event(&event)
     });
-    event_stream(events, keep_alive)
+    event_stream(events, permit, keep_alive)
 }
 
 fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
@@ -88,13 +120,13 @@ fn parse_call_id(raw: &str) -> Result<ToolCallId, ApiError> {
 }
 
 /// Starts a run from a `{"message", "sessionId"?, "policy"?}` body.
-fn start_run(
+async fn start_run(
     state: &AppState,
     body: &serde_json::Value,
     mode: ApprovalMode,
-) -> Result<Arc<RunRecord>, ApiError> {
+) -> Result<RunHandle, ApiError> {
     let input = StartRunInput::from_json(body).map_err(ApiError::Invalid)?;
-    Ok(state.harness.start(StartRun::new(input, mode))?)
+    Ok(state.harness.start(StartRun::new(input, mode)).await?)
 }
 
 pub async fn healthz() -> &'static str {
@@ -107,7 +139,10 @@ fn run_error_status(code: RunErrorCode) -> StatusCode {
         RunErrorCode::ApprovalRequired => StatusCode::FORBIDDEN,
         RunErrorCode::StepLimit | RunErrorCode::RepeatedCall => StatusCode::UNPROCESSABLE_ENTITY,
         RunErrorCode::Model => StatusCode::BAD_GATEWAY,
-        RunErrorCode::Aborted | RunErrorCode::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
+        RunErrorCode::Aborted
+        | RunErrorCode::Shutdown
+        | RunErrorCode::Restarted
+        | RunErrorCode::Store => StatusCode::SERVICE_UNAVAILABLE,
         RunErrorCode::EventLimit | RunErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -142,13 +177,13 @@ pub async fn run_to_end(
     State(state): State<AppState>,
     JsonValue(body): JsonValue,
 ) -> Result<Response, ApiError> {
-    let record = start_run(&state, &body, ApprovalMode::FailClosed)?;
+    let run = start_run(&state, &body, ApprovalMode::FailClosed).await?;
     // A client that gives up waiting aborts the run.
-    let guard = AbortOnDrop::new(Arc::clone(&record));
-    record.finished().await;
+    let guard = AbortOnDrop::new(run.clone());
+    run.finished().await;
     guard.disarm();
-    let view = record.view().ok_or_else(|| {
-        ApiError::Internal(format!("run {} finished without events", record.run_id()))
+    let view = run.view().await?.ok_or_else(|| {
+        ApiError::Internal(format!("run {} finished without events", run.run_id()))
     })?;
     Ok(run_response(view))
 }
@@ -156,11 +191,14 @@ pub async fn run_to_end(
 /// `POST /api/agent/stream`: a run streamed as SSE, interactive. Closing the connection aborts it.
 pub async fn run_streamed(
     State(state): State<AppState>,
+    client: ClientAddr,
     JsonValue(body): JsonValue,
 ) -> Result<Response, ApiError> {
-    let record = start_run(&state, &body, ApprovalMode::Interactive)?;
-    let events = record.subscribe(0);
-    Ok(sse_response(events, Some(record), state.keep_alive))
+    // First: a client with too many streams open starts nothing.
+    let permit = state.streams.acquire(client)?;
+    let run = start_run(&state, &body, ApprovalMode::Interactive).await?;
+    let events = run.subscribe(0);
+    Ok(sse_response(events, Some(run), permit, state.keep_alive))
 }
 
 /// `POST /api/agent/runs`: starts an interactive run and returns its id; its events are a separate resource.
@@ -168,25 +206,26 @@ pub async fn create_run(
     State(state): State<AppState>,
     JsonValue(body): JsonValue,
 ) -> Result<Response, ApiError> {
-    let record = start_run(&state, &body, ApprovalMode::Interactive)?;
-    let run_id = record.run_id();
+    let run = start_run(&state, &body, ApprovalMode::Interactive).await?;
+    let run_id = run.run_id();
     Ok((
         StatusCode::CREATED,
         Json(json!({
             "ok": true,
             "runId": run_id,
-            "sessionId": record.session_id(),
+            "sessionId": run.session_id(),
             "events": format!("/api/agent/runs/{run_id}/events"),
         })),
     )
         .into_response())
 }
 
-fn find_run(harness: &Harness, raw: &str) -> Result<Arc<RunRecord>, ApiError> {
+async fn find_run(harness: &Harness, raw: &str) -> Result<RunHandle, ApiError> {
     let run_id = parse_run_id(raw)?;
     harness
         .run(&run_id)
-        .ok_or(ApiError::RunNotFound(agent::hub::RunNotFound(run_id)))
+        .await?
+        .ok_or(ApiError::RunNotFound(agent::harness::RunNotFound(run_id)))
 }
 
 /// Where a subscriber resumes: after the `Last-Event-ID` header when the client sends one (EventSource does on
@@ -221,15 +260,18 @@ pub fn parse_session_event_id(raw: &[u8]) -> Option<(RunId, u64)> {
 /// `GET /api/agent/runs/{runId}/events`: the run's events from the start or after `Last-Event-ID`, then live.
 pub async fn run_events(
     State(state): State<AppState>,
+    client: ClientAddr,
     Path(run_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let record = find_run(&state.harness, &run_id)?;
+    let run = find_run(&state.harness, &run_id).await?;
     let after = resume_point(&headers, &query)?;
+    let permit = state.streams.acquire(client)?;
     Ok(sse_response(
-        record.subscribe(after),
+        run.subscribe(after),
         None,
+        permit,
         state.keep_alive,
     ))
 }
@@ -263,12 +305,14 @@ fn session_resume_point(
 /// later. Ids are `runId:seq`. The browser follows its session with this, so every tab sees every run.
 pub async fn session_events(
     State(state): State<AppState>,
+    client: ClientAddr,
     Path(session_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let session_id = SessionId::parse(session_id).map_err(|e| ApiError::bad_id("sessionId", e))?;
     let resume = session_resume_point(&headers, &query)?;
+    let permit = state.streams.acquire(client)?;
     let events = state
         .harness
         .session_events(&session_id, resume)
@@ -278,7 +322,7 @@ pub async fn session_events(
                 .id(format!("{run_id}:{}", event.seq))
                 .data(&*event.json)
         });
-    Ok(event_stream(events, state.keep_alive))
+    Ok(event_stream(events, permit, state.keep_alive))
 }
 
 /// `GET /api/agent/runs/{runId}`: the run as a viewer sees it now.
@@ -286,8 +330,8 @@ pub async fn get_run(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let record = find_run(&state.harness, &run_id)?;
-    let view = record.view();
+    let run = find_run(&state.harness, &run_id).await?;
+    let view = run.view().await?;
     Ok(Json(json!({"ok": true, "run": view})).into_response())
 }
 
@@ -297,8 +341,8 @@ pub async fn cancel_run(
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&run_id)?;
-    let record = state.harness.cancel(&run_id)?;
-    let status = if record.is_finished() {
+    let cancelled = state.harness.cancel(&run_id).await?;
+    let status = if cancelled.run.state.is_finished() {
         "finished"
     } else {
         "cancelling"
@@ -315,20 +359,24 @@ pub async fn list_approvals(
         .get("runId")
         .map(|raw| parse_run_id(raw))
         .transpose()?;
-    let pending = state.harness.pending(run_id.as_ref());
+    let pending = state.harness.pending(run_id.as_ref()).await?;
     Ok(Json(json!({"ok": true, "pending": pending})).into_response())
 }
 
 /// `POST /api/agent/approvals/{runId}/{toolCallId}`: a person's decision.
 pub async fn decide(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Path((run_id, tool_call_id)): Path<(String, String)>,
     JsonValue(body): JsonValue,
 ) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&run_id)?;
     let tool_call_id = parse_call_id(&tool_call_id)?;
     let decision = Decision::from_json(&body).map_err(ApiError::Invalid)?;
-    let resolved = state.harness.decide(&run_id, &tool_call_id, decision)?;
+    let resolved = state
+        .harness
+        .decide(&run_id, &tool_call_id, decision, &actor)
+        .await?;
     Ok(Json(json!({
         "ok": true,
         "pending": resolved.pending,

@@ -43,7 +43,7 @@ pub async fn static_file(uri: Uri, headers: HeaderMap) -> Response {
     let mime = mime_guess::from_path(path)
         .first_or_octet_stream()
         .to_string();
-    let hash = hex(&original.metadata.sha256_hash());
+    let hash = hex::encode(original.metadata.sha256_hash());
     let compressed = ENCODINGS.iter().find_map(|&(encoding, suffix)| {
         accepts(&headers, encoding)
             .then(|| Site::get(&format!("{path}{suffix}")))
@@ -90,10 +90,6 @@ pub async fn static_file(uri: Uri, headers: HeaderMap) -> Response {
 
 fn not_found() -> Response {
     (StatusCode::NOT_FOUND, "Not found").into_response()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Every embedded file, for a log line at start-up.

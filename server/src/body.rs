@@ -1,9 +1,16 @@
-//! The JSON body extractor: the content type must be JSON (415), the size is bounded (413), and malformed JSON is a
-//! 400 in the `formErrors` / `fieldErrors` shape. Field validation happens in the handler, against the parsed value.
+//! Request bodies: one size limit for every route, and the JSON body extractor.
+//!
+//! The limit is a layer over the whole router, so that routes whose bodies no toolgate extractor reads (the server
+//! functions, anything added later) refuse an oversized body the same way: 413 in the API's error shape, before
+//! any handler runs. The extractor checks that the content type is JSON (415) and turns malformed JSON into a 400
+//! in the `formErrors` / `fieldErrors` shape. Field validation happens in the handler, against the parsed value.
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Request};
 use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::Value;
 
 use crate::error::ApiError;
@@ -11,6 +18,36 @@ use agent::wire::ValidationErrors;
 
 /// The largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Reads the request's body, up to [`MAX_BODY_BYTES`], before the route sees it: a larger body (announced by
+/// `Content-Length` or found while reading a chunked one) is a 413 and reaches no handler. Every body toolgate
+/// accepts is small JSON or a small form, so holding it whole costs little.
+pub async fn limit_body(request: Request, next: Next) -> Response {
+    let too_large = || ApiError::PayloadTooLarge {
+        limit: MAX_BODY_BYTES,
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+        return too_large().into_response();
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<LengthLimitError>() => return too_large().into_response(),
+        Err(error) => {
+            return ApiError::Invalid(ValidationErrors::form(format!(
+                "The request body could not be read: {error}"
+            )))
+            .into_response();
+        }
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
 
 /// A request body that is a JSON value.
 pub struct JsonValue(pub Value);

@@ -40,7 +40,8 @@ pub struct Config {
 
     /// The origins browsers reach this server at, when that is not `http://` and the address they asked for:
     /// behind a reverse proxy or TLS, for example https://toolgate.example.com. Repeat the flag or separate them
-    /// with commas. Pages of any other origin may not start, decide or cancel anything.
+    /// with commas. Pages of any other origin may not start, decide or cancel anything. Anything but a loopback
+    /// origin needs `--token`; when every origin is https, cookies are Secure.
     #[arg(
         long = "public-origin",
         env = "TOOLGATE_PUBLIC_ORIGIN",
@@ -115,6 +116,11 @@ pub struct Config {
     #[arg(long, env = "TOOLGATE_KEEP_ALIVE_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
     pub keep_alive_secs: u64,
 
+    /// Event streams one client (one address; behind a reverse proxy, the proxy) may hold open at once. Past it a
+    /// new stream is refused with 429 and the open ones go on.
+    #[arg(long, env = "TOOLGATE_MAX_STREAMS_PER_CLIENT", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_streams_per_client: u64,
+
     /// Log filter, in `tracing` directive syntax (for example `info` or `toolgate=debug,tower_http=debug`).
     #[arg(long, env = "TOOLGATE_LOG", default_value = "info")]
     pub log: String,
@@ -157,6 +163,7 @@ mod tests {
         assert_eq!(config.openai_base_url, "https://api.openai.com/v1");
         assert_eq!(config.openai_model, "gpt-4o-mini");
         assert_eq!(config.openai_timeout_secs, 120);
+        assert_eq!(config.max_streams_per_client, 1_000);
         assert!(config.mcp_config.is_empty());
     }
 

@@ -1,14 +1,33 @@
-//! One error type for the HTTP API. Every response is JSON with `"ok": false` and an `error` message; internal
-//! errors are logged and never shown to the client.
+//! One error type for the HTTP API, REST and AG-UI alike. Every refusal is JSON in one shape,
+//! `{"ok": false, "code": "...", "error": "..."}` with the right status (invalid bodies add `formErrors` and
+//! `fieldErrors`); internal errors are logged and never shown to the client.
 
 use agent::approvals::ApprovalNotFound;
-use agent::hub::{DecideError, RunNotFound, StartError};
+use agent::harness::{CancelError, DecideError, RunNotFound, StartError, Unavailable};
 use agent::ids::IdError;
 use agent::wire::ValidationErrors;
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+
+/// A refusal with its own status and code, for checks whose reasons are many (an AG-UI resume).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -23,17 +42,42 @@ pub enum ApiError {
     ApprovalNotFound(#[from] ApprovalNotFound),
     #[error(transparent)]
     RunNotFound(#[from] RunNotFound),
+    /// A run that could not start, on every route that starts runs.
     #[error(transparent)]
     Start(#[from] StartError),
+    #[error("{}", .0.message)]
+    Refused(Refusal),
+    #[error(
+        "This client has {limit} event streams open, the most one client may; close one before opening another."
+    )]
+    TooManyStreams { limit: usize },
     #[error("There is no API route at this path.")]
     NoRoute,
     #[error("{0}")]
     Forbidden(String),
     #[error("{0}")]
     Unauthorized(String),
+    /// The store could not be read or written; nothing was half-written.
+    #[error(
+        "The server cannot reach its database right now; nothing was changed. Try again shortly."
+    )]
+    Unavailable(String),
     /// A failure inside the server. The detail goes to the log, not to the client.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// The status and code of a run that could not start: the one mapping for REST, server functions and AG-UI.
+/// A session busy with another run is `THREAD_BUSY` everywhere: AG-UI, where clients meet it most, calls a
+/// session a thread.
+fn start_refusal(error: &StartError) -> (StatusCode, &'static str) {
+    match error {
+        StartError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "SHUTTING_DOWN"),
+        StartError::SessionBusy { .. } => (StatusCode::CONFLICT, "THREAD_BUSY"),
+        StartError::PolicyTooLoose { .. } => (StatusCode::FORBIDDEN, "POLICY_TOO_LOOSE"),
+        StartError::RunIdTaken(_) => (StatusCode::CONFLICT, "RUN_ID_TAKEN"),
+        StartError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "STORE_UNAVAILABLE"),
+    }
 }
 
 impl ApiError {
@@ -45,15 +89,32 @@ impl ApiError {
             Self::ApprovalNotFound(_) | Self::RunNotFound(_) | Self::NoRoute => {
                 StatusCode::NOT_FOUND
             }
-            Self::Start(StartError::SessionBusy(_) | StartError::RunIdTaken(_)) => {
-                StatusCode::CONFLICT
-            }
-            Self::Start(StartError::PolicyTooLoose { .. }) | Self::Forbidden(_) => {
-                StatusCode::FORBIDDEN
-            }
-            Self::Start(StartError::ShuttingDown) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Start(error) => start_refusal(error).0,
+            Self::Refused(refusal) => refusal.status,
+            Self::TooManyStreams { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// What went wrong, for programs: stable, upper snake case.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Invalid(_) => "INVALID_INPUT",
+            Self::UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
+            Self::PayloadTooLarge { .. } => "PAYLOAD_TOO_LARGE",
+            Self::ApprovalNotFound(_) => "APPROVAL_NOT_FOUND",
+            Self::RunNotFound(_) => "RUN_NOT_FOUND",
+            Self::Start(error) => start_refusal(error).1,
+            Self::Refused(refusal) => refusal.code,
+            Self::TooManyStreams { .. } => "TOO_MANY_STREAMS",
+            Self::NoRoute => "NO_ROUTE",
+            Self::Forbidden(_) => "FORBIDDEN",
+            Self::Unauthorized(_) => "UNAUTHORIZED",
+            Self::Unavailable(_) => "STORE_UNAVAILABLE",
+            Self::Internal(_) => "INTERNAL",
         }
     }
 
@@ -68,6 +129,17 @@ impl ApiError {
     pub fn bad_id(field: &str, error: IdError) -> Self {
         Self::field(field, format!("Invalid id: {error}"))
     }
+
+    /// A refusal with its own status and code.
+    pub fn refused(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self::Refused(Refusal::new(status, code, message))
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        Self::Refused(refusal)
+    }
 }
 
 impl From<DecideError> for ApiError {
@@ -75,6 +147,22 @@ impl From<DecideError> for ApiError {
         match error {
             DecideError::NotFound(not_found) => Self::ApprovalNotFound(not_found),
             DecideError::InvalidArguments(message) => Self::field("arguments", message),
+            DecideError::Unavailable(unavailable) => unavailable.into(),
+        }
+    }
+}
+
+impl From<Unavailable> for ApiError {
+    fn from(error: Unavailable) -> Self {
+        Self::Unavailable(error.to_string())
+    }
+}
+
+impl From<CancelError> for ApiError {
+    fn from(error: CancelError) -> Self {
+        match error {
+            CancelError::NotFound(not_found) => Self::RunNotFound(not_found),
+            CancelError::Unavailable(unavailable) => unavailable.into(),
         }
     }
 }
@@ -82,19 +170,56 @@ impl From<DecideError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
+        let code = self.code();
         let body = match &self {
             Self::Invalid(errors) => json!({
                 "ok": false,
+                "code": code,
                 "error": "Invalid request body.",
                 "formErrors": errors.form_errors,
                 "fieldErrors": errors.field_errors,
             }),
             Self::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
-                json!({"ok": false, "error": "Internal server error."})
+                json!({"ok": false, "code": code, "error": "Internal server error."})
             }
-            other => json!({"ok": false, "error": other.to_string()}),
+            Self::Unavailable(detail) => {
+                tracing::error!(%detail, "the store is unavailable");
+                json!({"ok": false, "code": code, "error": self.to_string()})
+            }
+            other => json!({"ok": false, "code": code, "error": other.to_string()}),
         };
         (status, Json(body)).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent::ids::{RunId, SessionId};
+
+    #[test]
+    fn a_run_that_cannot_start_has_one_status_and_code_per_reason() {
+        let busy = StartError::SessionBusy {
+            session_id: SessionId::parse("s").unwrap(),
+            run_id: RunId::parse("r").unwrap(),
+        };
+        let cases = [
+            (
+                StartError::ShuttingDown,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "SHUTTING_DOWN",
+            ),
+            (busy, StatusCode::CONFLICT, "THREAD_BUSY"),
+            (
+                StartError::RunIdTaken(RunId::parse("r").unwrap()),
+                StatusCode::CONFLICT,
+                "RUN_ID_TAKEN",
+            ),
+        ];
+        for (error, status, code) in cases {
+            let error = ApiError::from(error);
+            assert_eq!((error.status(), error.code()), (status, code));
+        }
     }
 }

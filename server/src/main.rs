@@ -9,11 +9,9 @@ use tracing_subscriber::EnvFilter;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime.block_on(run()),
+    // Whatever a tool is still doing once the server has stopped, the process exits within a bound.
+    match server::runtime::run(run(), server::runtime::BLOCKING_WORK_PATIENCE) {
+        Ok(code) => code,
         Err(error) => {
             eprintln!("toolgate: cannot start the async runtime: {error}");
             std::process::ExitCode::FAILURE

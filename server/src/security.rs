@@ -1,21 +1,23 @@
 //! Who may do what. One layer over the whole router, so a route added later is covered without anyone
 //! remembering to:
 //!
-//! 1. Without a token, the server listens on loopback only (checked at start-up) and answers only requests whose
-//!    `Host` is a loopback name or a `--public-origin` host: a web page cannot reach it by DNS rebinding, which
-//!    would otherwise make the attacker's page "same-origin" with it.
+//! 1. Without a token, the server listens on loopback only and names only loopback public origins (both checked at
+//!    start-up), and answers only requests whose `Host` is a loopback name or a `--public-origin` host: a web page
+//!    cannot reach it by DNS rebinding, which would otherwise make the attacker's page "same-origin" with it.
 //! 2. Every request that is not GET, HEAD or OPTIONS must not come from another origin: `Sec-Fetch-Site`, when
 //!    sent, must be `same-origin` or `none`, and `Origin`, when sent, must be the server's own origin (each of
 //!    `--public-origin`, or `http://{Host}` without it). Refused requests get a 403 and never reach a handler, so
 //!    nothing changes. Requests with neither header (curl, scripts) pass this check; the token decides for them.
-//! 3. With a token, every route except `GET /healthz` and the login page needs `Authorization: Bearer <token>` or
-//!    the login cookie; a state-changing request that authenticates with the cookie must also carry `Origin` or
-//!    `Sec-Fetch-Site` (browsers always do), so the cookie alone, which a browser attaches by itself, never
-//!    suffices. Pages without credentials redirect to `/login`; everything else gets a 401.
+//! 3. With a token, every route except `GET /healthz`, the login page and `POST /logout` needs
+//!    `Authorization: Bearer <token>` or the login cookie; a state-changing request that authenticates with the
+//!    cookie must also carry `Origin` or `Sec-Fetch-Site` (browsers always do), so the cookie alone, which a
+//!    browser attaches by itself, never suffices. Pages without credentials redirect to `/login`; everything else gets a 401. Login cookies carry
+//!    their expiry under their MAC, and are `Secure` when every public origin is https.
 //!
 //! Every response also refuses to be framed by another page, so nobody can trick a person into pressing Approve
 //! through an invisible frame.
 
+pub mod cookies;
 pub mod login;
 pub mod origin;
 pub mod token;
@@ -23,18 +25,21 @@ pub mod token;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum_extra::extract::cookie::CookieJar;
 
+pub use cookies::CookiePolicy;
 pub use origin::PublicOrigin;
 pub use token::AccessToken;
 
-use crate::config::Config;
 use crate::error::ApiError;
+use agent::harness::Actor;
 use origin::{Authority, FetchSite};
 use token::{AUTH_COOKIE, Credentials, RandomUnavailable};
 
@@ -45,6 +50,10 @@ pub enum SecurityError {
         "refusing to listen on {addr} without an access token: anyone who can reach that address could start runs and approve tool calls that write files and run commands. Set a token with --token or the environment variable TOOLGATE_TOKEN (people then log in at /login, scripts send Authorization: Bearer <token>), or listen on a loopback address only, for example --addr 127.0.0.1:3000."
     )]
     ExposedWithoutToken { addr: SocketAddr },
+    #[error(
+        "refusing to serve {origin} without an access token: a public origin that is not a loopback address means people reach toolgate through a proxy or from other machines, and anyone who can reach it could start runs and approve tool calls that write files and run commands. Set a token with --token or the environment variable TOOLGATE_TOKEN (people then log in at /login, scripts send Authorization: Bearer <token>), or name only loopback origins with --public-origin, for example http://127.0.0.1:3000."
+    )]
+    PublicOriginWithoutToken { origin: PublicOrigin },
     #[error("cannot set up the access token: {0}")]
     Random(#[from] RandomUnavailable),
 }
@@ -141,10 +150,23 @@ impl IntoResponse for Refusal {
     }
 }
 
+/// What the security layer needs from the configuration, and nothing more.
+#[derive(Clone, Debug)]
+pub struct SecuritySettings {
+    /// Where the server listens.
+    pub addr: SocketAddr,
+    pub token: Option<AccessToken>,
+    /// The origins browsers use; when empty, the server's origin is `http://{Host}`.
+    pub public_origins: Vec<PublicOrigin>,
+}
+
 struct Policy {
     /// `--public-origin`; when empty, the server's origin is `http://{Host}`.
     origins: Vec<PublicOrigin>,
     credentials: Option<Credentials>,
+    /// Whether cookies are marked `Secure`: when every public origin is https, so that a browser never sends them
+    /// over plain HTTP.
+    secure_cookies: bool,
 }
 
 /// The security policy of one server, built from its configuration.
@@ -185,18 +207,6 @@ fn bearer(value: &HeaderValue) -> Option<&[u8]> {
         .then(|| bytes[7..].trim_ascii())
 }
 
-/// Every value of the cookie `name` in the request.
-pub fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .filter(move |(key, _)| *key == name)
-        .map(|(_, value)| value)
-}
-
 fn changes_state(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
@@ -206,6 +216,8 @@ fn is_open(method: &Method, path: &str) -> bool {
     match path {
         "/healthz" => matches!(*method, Method::GET | Method::HEAD),
         "/login" => matches!(*method, Method::GET | Method::HEAD | Method::POST),
+        // Logging out only removes the browser's cookie; a browser whose login expired may still do it.
+        "/logout" => *method == Method::POST,
         _ => false,
     }
 }
@@ -215,23 +227,53 @@ fn is_api(path: &str) -> bool {
 }
 
 impl Security {
-    /// The policy for `config`; refuses a non-loopback address without a token.
-    pub fn from_config(config: &Config) -> Result<Self, SecurityError> {
-        if config.token.is_none() && !config.addr.ip().to_canonical().is_loopback() {
-            return Err(SecurityError::ExposedWithoutToken { addr: config.addr });
+    /// The policy for `settings`; without a token, refuses an address or a public origin beyond loopback.
+    pub fn new(settings: SecuritySettings) -> Result<Self, SecurityError> {
+        let SecuritySettings {
+            addr,
+            token,
+            public_origins,
+        } = settings;
+        if token.is_none() {
+            if !addr.ip().to_canonical().is_loopback() {
+                return Err(SecurityError::ExposedWithoutToken { addr });
+            }
+            if let Some(origin) = public_origins
+                .iter()
+                .find(|origin| !origin.authority().is_loopback())
+            {
+                return Err(SecurityError::PublicOriginWithoutToken {
+                    origin: origin.clone(),
+                });
+            }
         }
-        let credentials = config.token.as_ref().map(Credentials::new).transpose()?;
-        if config.token.as_ref().is_some_and(AccessToken::is_short) {
+        let credentials = token.as_ref().map(Credentials::new).transpose()?;
+        if token.as_ref().is_some_and(AccessToken::is_short) {
             tracing::warn!(
                 "the access token is shorter than 16 characters; use a long random one (for example `openssl rand -hex 32`)"
             );
         }
+        let secure_cookies =
+            !public_origins.is_empty() && public_origins.iter().all(PublicOrigin::is_https);
         Ok(Self {
             policy: Arc::new(Policy {
-                origins: config.public_origins.clone(),
+                origins: public_origins,
                 credentials,
+                secure_cookies,
             }),
         })
+    }
+
+    /// How the cookies the server sets are marked.
+    pub fn cookie_policy(&self) -> CookiePolicy {
+        CookiePolicy {
+            secure: self.policy.secure_cookies,
+        }
+    }
+
+    /// Whether people log in (a token is set), so the page offers a way out.
+    pub fn has_logins(&self) -> bool {
+        self.policy.credentials.is_some()
     }
 
     /// For the start-up log line: how requests are authenticated, never the token.
@@ -258,23 +300,29 @@ impl Security {
         self.policy.credentials.as_ref()
     }
 
-    /// Whether the request carries a valid login cookie.
+    /// Whether the request carries a login cookie that is valid now.
     fn has_login_cookie(&self, headers: &HeaderMap) -> bool {
         self.credentials().is_some_and(|credentials| {
-            cookies(headers, AUTH_COOKIE).any(|value| credentials.is_cookie(value.as_bytes()))
+            CookieJar::from_headers(headers)
+                .get(AUTH_COOKIE)
+                .is_some_and(|cookie| {
+                    credentials.is_login_cookie(cookie.value(), SystemTime::now())
+                })
         })
     }
 
-    /// Adds the login page (when a token is set) and puts every route, present and fallback, behind the checks.
+    /// The login and logout routes, when a token is set.
+    pub fn routes<S: Clone + Send + Sync + 'static>(&self) -> Option<Router<S>> {
+        self.credentials().map(|_| login::routes(self.clone()))
+    }
+
+    /// Puts every route, present and fallback, behind the checks.
     pub fn protect(&self, router: Router) -> Router {
-        let router = match self.credentials() {
-            Some(_) => router.merge(login::routes(self.clone())),
-            None => router,
-        };
         router.layer(axum::middleware::from_fn_with_state(self.clone(), guard))
     }
 
-    fn admit(&self, method: &Method, path: &str, headers: &HeaderMap) -> Result<(), Refusal> {
+    /// Admits a request or says why not; an admitted request is told who it comes from, for the audit log.
+    fn admit(&self, method: &Method, path: &str, headers: &HeaderMap) -> Result<Actor, Refusal> {
         let host = match single(headers, &header::HOST, "Host")? {
             Some(value) => Some(
                 value
@@ -297,7 +345,8 @@ impl Security {
             Some(credentials) if !is_open(method, path) => {
                 self.check_credentials(credentials, method, path, headers, provenance)
             }
-            _ => Ok(()),
+            Some(_) => Ok(Actor::new("anonymous")),
+            None => Ok(Actor::local()),
         }
     }
 
@@ -367,11 +416,11 @@ impl Security {
         path: &str,
         headers: &HeaderMap,
         provenance: Provenance,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Actor, Refusal> {
         if let Some(value) = single(headers, &header::AUTHORIZATION, "Authorization")? {
             // A wrong token is wrong even with a good cookie: a script should learn its token is stale.
             return match bearer(value) {
-                Some(token) if credentials.is_token(token) => Ok(()),
+                Some(token) if credentials.is_token(token) => Ok(Actor::new("token")),
                 _ => Err(Refusal::WrongToken),
             };
         }
@@ -379,7 +428,7 @@ impl Security {
             if changes_state(method) && provenance == Provenance::Unmarked {
                 return Err(Refusal::CookieWithoutOrigin);
             }
-            return Ok(());
+            return Ok(Actor::new("login"));
         }
         Err(Refusal::NoCredentials {
             page: matches!(*method, Method::GET | Method::HEAD) && !is_api(path),
@@ -408,10 +457,14 @@ fn harden(headers: &mut HeaderMap) {
     }
 }
 
-async fn guard(State(security): State<Security>, request: Request, next: Next) -> Response {
+async fn guard(State(security): State<Security>, mut request: Request, next: Next) -> Response {
     let verdict = security.admit(request.method(), request.uri().path(), request.headers());
     let mut response = match verdict {
-        Ok(()) => next.run(request).await,
+        Ok(actor) => {
+            // Who is acting comes from here, never from a request body.
+            request.extensions_mut().insert(actor);
+            next.run(request).await
+        }
         Err(refusal) => {
             if !matches!(refusal, Refusal::NoCredentials { page: true }) {
                 tracing::warn!(
@@ -431,12 +484,22 @@ async fn guard(State(security): State<Security>, request: Request, next: Next) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
-    fn security(args: &[&str]) -> Security {
-        let mut argv = vec!["toolgate"];
-        argv.extend_from_slice(args);
-        Security::from_config(&Config::parse_from(argv)).unwrap()
+    const TOKEN: &str = "a-long-enough-token";
+
+    fn settings(addr: &str, token: Option<&str>, origins: &[&str]) -> SecuritySettings {
+        SecuritySettings {
+            addr: addr.parse().unwrap(),
+            token: token.map(|token| AccessToken::parse(token).unwrap()),
+            public_origins: origins
+                .iter()
+                .map(|origin| PublicOrigin::parse(origin).unwrap())
+                .collect(),
+        }
+    }
+
+    fn security(token: Option<&str>, origins: &[&str]) -> Security {
+        Security::new(settings("127.0.0.1:3000", token, origins)).unwrap()
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -453,8 +516,9 @@ mod tests {
     #[test]
     fn a_non_loopback_address_without_a_token_refuses_to_start() {
         for addr in ["0.0.0.0:3000", "[::]:3000", "192.168.1.20:3000"] {
-            let config = Config::parse_from(["toolgate", "--addr", addr]);
-            let error = Security::from_config(&config).unwrap_err().to_string();
+            let error = Security::new(settings(addr, None, &[]))
+                .unwrap_err()
+                .to_string();
             assert!(
                 error.starts_with(&format!(
                     "refusing to listen on {addr} without an access token"
@@ -464,38 +528,89 @@ mod tests {
             assert!(error.contains("--token"), "{error}");
         }
         for addr in ["127.0.0.1:3000", "127.0.0.2:3000", "[::1]:3000"] {
+            assert!(Security::new(settings(addr, None, &[])).is_ok());
+        }
+        assert!(Security::new(settings("0.0.0.0:3000", Some(TOKEN), &[])).is_ok());
+    }
+
+    #[test]
+    fn a_public_origin_beyond_loopback_without_a_token_refuses_to_start() {
+        for origin in [
+            "https://toolgate.example.com",
+            "http://192.168.1.20:3000",
+            "http://[::]:3000",
+        ] {
+            let error = Security::new(settings(
+                "127.0.0.1:3000",
+                None,
+                &["http://localhost:3000", origin],
+            ))
+            .unwrap_err()
+            .to_string();
+            let shown = PublicOrigin::parse(origin).unwrap();
             assert!(
-                Security::from_config(&Config::parse_from(["toolgate", "--addr", addr])).is_ok()
+                error.starts_with(&format!(
+                    "refusing to serve {shown} without an access token"
+                )),
+                "{error}"
+            );
+            assert!(error.contains("--token"), "{error}");
+            assert!(
+                Security::new(settings("127.0.0.1:3000", Some(TOKEN), &[origin])).is_ok(),
+                "{origin} with a token"
             );
         }
-        let config = Config::parse_from([
-            "toolgate",
-            "--addr",
-            "0.0.0.0:3000",
-            "--token",
-            "a-long-enough-token",
-        ]);
-        assert!(Security::from_config(&config).is_ok());
+        for loopback in [
+            "http://127.0.0.1:3000",
+            "http://localhost:8080",
+            "https://[::1]",
+        ] {
+            assert!(Security::new(settings("127.0.0.1:3000", None, &[loopback])).is_ok());
+        }
+    }
+
+    #[test]
+    fn cookies_are_secure_when_every_public_origin_is_https() {
+        assert!(!security(None, &[]).cookie_policy().secure);
+        assert!(
+            !security(None, &["http://localhost:3000"])
+                .cookie_policy()
+                .secure
+        );
+        assert!(
+            security(Some(TOKEN), &["https://a.example"])
+                .cookie_policy()
+                .secure
+        );
+        assert!(
+            security(Some(TOKEN), &["https://a.example", "https://b.example"])
+                .cookie_policy()
+                .secure
+        );
+        assert!(
+            !security(
+                Some(TOKEN),
+                &["https://a.example", "http://192.168.1.20:3000"]
+            )
+            .cookie_policy()
+            .secure,
+            "a browser on the plain-http origin could not keep a Secure cookie"
+        );
     }
 
     #[test]
     fn the_description_names_the_mode_and_never_the_token() {
-        let open = security(&[]);
+        let open = security(None, &[]);
         assert_eq!(
             open.describe(),
             "auth: none (loopback only); origins: http://{Host}"
         );
-        let closed = security(&[
-            "--token",
-            "a-long-enough-token",
-            "--public-origin",
-            "https://a.example",
-        ]);
+        let closed = security(Some(TOKEN), &["https://a.example"]);
         assert_eq!(
             closed.describe(),
             "auth: access token (log in at /login); origins: https://a.example"
         );
-        assert!(!format!("{closed:?}").contains("a-long-enough-token"));
+        assert!(!format!("{closed:?}").contains(TOKEN));
     }
 
     #[test]
@@ -514,14 +629,14 @@ mod tests {
 
     #[test]
     fn reads_pass_the_origin_check_and_writes_do_not() {
-        let open = security(&[]);
+        let open = security(None, &[]);
         let evil = headers(&[
             ("host", "127.0.0.1:3000"),
             ("origin", "http://evil.example"),
         ]);
         assert_eq!(
             open.admit(&Method::GET, "/api/agent/approvals", &evil),
-            Ok(())
+            Ok(Actor::local())
         );
         assert!(matches!(
             open.admit(&Method::POST, "/api/anything-added-later", &evil),
@@ -535,7 +650,7 @@ mod tests {
 
     #[test]
     fn repeated_origin_headers_are_refused() {
-        let open = security(&[]);
+        let open = security(None, &[]);
         let twice = headers(&[
             ("host", "127.0.0.1:3000"),
             ("origin", "http://127.0.0.1:3000"),

@@ -4,15 +4,15 @@
 //! small SSE event of a run waits for the client's delayed ACK, about 40 ms), it rebuilds the router for every
 //! connection (about 15 KiB each), and it does not bound hyper's buffers (which grow to 16 KiB a side on an idle
 //! stream). With 10,000 open streams those are hundreds of MiB. This loop serves the one router it was given, sets
-//! `TCP_NODELAY`, keeps hyper's buffers at their minimum, times out clients that never finish their headers, and
-//! shuts down gracefully.
+//! `TCP_NODELAY`, keeps hyper's buffers at their minimum, times out clients that never finish their headers, tells
+//! each request its client's address (as axum's `ConnectInfo`), and shuts down gracefully.
 
 use std::future::Future;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{ConnectInfo, Request};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -41,7 +41,7 @@ pub async fn serve(
     let mut stop = std::pin::pin!(stop);
 
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
@@ -57,9 +57,14 @@ pub async fn serve(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, "cannot set TCP_NODELAY");
         }
+        // Each request knows its client's address: login attempts and open streams are bounded per client.
         let service = router
             .clone()
-            .map_request(|request: Request<Incoming>| request.map(Body::new));
+            .map_request(move |request: Request<Incoming>| {
+                let mut request = request.map(Body::new);
+                request.extensions_mut().insert(ConnectInfo(peer));
+                request
+            });
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
         let connection = graceful.watch(connection);

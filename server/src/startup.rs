@@ -5,11 +5,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::hub::{Harness, HarnessConfig};
+use agent::harness::{Harness, HarnessConfig};
 use agent::mcp::{McpConfig, McpServers, join_rules, policy_rules};
 use agent::model::{ApiKey, Model, OpenAiConfig, OpenAiModel, ScriptedModel};
 use agent::policy::PermissionPolicy;
 use agent::tools::{CommandLimits, Workspace, workspace_tools};
+use app::api::ssr::LoginRequired;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{any, get, post};
@@ -21,12 +22,13 @@ use tokio::net::TcpListener;
 use crate::agui;
 use crate::api;
 use crate::assets;
-use crate::body::MAX_BODY_BYTES;
+use crate::body::{MAX_BODY_BYTES, limit_body};
 use crate::config::{Config, ModelKind};
 use crate::error::ApiError;
-use crate::security::{Security, SecurityError};
+use crate::security::{Security, SecurityError, SecuritySettings};
 use crate::session_cookie::ensure_session;
 use crate::state::AppState;
+use crate::streams::StreamLimit;
 use crate::tools;
 
 /// How long shutdown waits for runs and connections to end before the process exits anyway.
@@ -117,7 +119,11 @@ async fn api_not_found() -> ApiError {
 /// Builds the harness and the router, and binds the listener (port 0 picks a free port).
 pub async fn build(config: Config) -> Result<Application, StartupError> {
     // First: a server that must not start should not create a workspace or bind a port either.
-    let security = Security::from_config(&config)?;
+    let security = Security::new(SecuritySettings {
+        addr: config.addr,
+        token: config.token.clone(),
+        public_origins: config.public_origins.clone(),
+    })?;
     let workspace =
         Workspace::open(&config.workspace).map_err(|source| StartupError::Workspace {
             path: config.workspace.display().to_string(),
@@ -157,6 +163,9 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         harness: harness.clone(),
         leptos_options: leptos_options(addr),
         keep_alive: Duration::from_secs(config.keep_alive_secs),
+        streams: StreamLimit::new(
+            usize::try_from(config.max_streams_per_client).unwrap_or(usize::MAX),
+        ),
     };
     tracing::info!(
         %addr,
@@ -171,13 +180,13 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
     );
     Ok(Application {
         listener,
-        router: security.protect(router(state)),
+        router: security.protect(router(state, &security)),
         harness,
         mcp,
     })
 }
 
-fn router(state: AppState) -> Router {
+fn router(state: AppState, security: &Security) -> Router {
     let api = Router::new()
         .route("/healthz", get(api::healthz))
         .route("/api/agent", post(api::run_to_end))
@@ -200,21 +209,33 @@ fn router(state: AppState) -> Router {
         .route("/api/{*rest}", any(api_not_found));
 
     let harness = state.harness.clone();
+    let login_required = LoginRequired(security.has_logins());
     let pages = Router::new()
         .leptos_routes_with_context(
             &state,
             generate_route_list(app::App),
-            move || provide_context(harness.clone()),
+            move || {
+                provide_context(harness.clone());
+                provide_context(login_required);
+            },
             {
                 let options = state.leptos_options.clone();
                 move || app::shell(options.clone())
             },
         )
-        .layer(axum::middleware::from_fn(ensure_session));
+        .layer(axum::middleware::from_fn_with_state(
+            security.cookie_policy(),
+            ensure_session,
+        ));
+    let routes = match security.routes() {
+        Some(login) => api.merge(pages).merge(login),
+        None => api.merge(pages),
+    };
 
-    api.merge(pages)
+    routes
         .fallback(assets::static_file)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(limit_body))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }

@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
-use agent::hub::Harness;
+use agent::harness::Harness;
 use axum::extract::FromRef;
 use leptos::config::LeptosOptions;
+
+use crate::streams::StreamLimit;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -12,6 +14,8 @@ pub struct AppState {
     pub leptos_options: LeptosOptions,
     /// How often an idle event stream sends a keep-alive comment.
     pub keep_alive: Duration,
+    /// The event streams each client holds open, and how many it may.
+    pub streams: StreamLimit,
 }
 
 impl FromRef<AppState> for LeptosOptions {

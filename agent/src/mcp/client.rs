@@ -21,6 +21,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use serde_json::{Map, Value};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::wire::ToolAnnotations;
 
@@ -201,13 +202,14 @@ impl McpClient {
         )))
     }
 
-    /// Calls a tool. A call that runs past `timeout`, or whose future is dropped (the run was aborted), is
-    /// abandoned, and the server is told with `notifications/cancelled`.
+    /// Calls a tool. A call that runs past `timeout`, is cancelled, or whose future is dropped is abandoned, and
+    /// the server is told with `notifications/cancelled`.
     pub async fn call_tool(
         &self,
         name: &str,
         arguments: Value,
         timeout: Duration,
+        cancel: &CancellationToken,
     ) -> Result<CallResult, CallError> {
         let arguments = match arguments {
             Value::Object(arguments) => arguments,
@@ -219,11 +221,14 @@ impl McpClient {
             }
         };
         let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
-        // Dropping the call makes the SDK send notifications/cancelled.
-        let result = tokio::time::timeout(timeout, self.service.peer().call_tool(params))
-            .await
-            .map_err(|_| CallError::TimedOut(timeout))?
-            .map_err(call_error)?;
+        // Dropping the call makes the SDK send notifications/cancelled. The call is polled first, so that a request
+        // cancelled at once still goes out before its cancellation.
+        let result = tokio::select! {
+            biased;
+            result = self.service.peer().call_tool(params) => result.map_err(call_error)?,
+            () = tokio::time::sleep(timeout) => return Err(CallError::TimedOut(timeout)),
+            () = cancel.cancelled() => return Err(CallError::Cancelled),
+        };
         let result =
             serde_json::to_value(&result).map_err(|e| CallError::Refused(e.to_string()))?;
         Ok(CallResult {
@@ -261,7 +266,10 @@ fn call_error(error: rmcp::ServiceError) -> CallError {
             CallError::Disconnected("the transport closed".to_owned())
         }
         rmcp::ServiceError::TransportSend(error) => CallError::Disconnected(error.to_string()),
-        rmcp::ServiceError::Cancelled { .. } => CallError::Cancelled,
+        // The session itself was closed (toolgate is stopping the server).
+        rmcp::ServiceError::Cancelled { .. } => {
+            CallError::Disconnected("the session was closed".to_owned())
+        }
         rmcp::ServiceError::Timeout { timeout } => CallError::TimedOut(timeout),
         other => CallError::Refused(other.to_string()),
     }

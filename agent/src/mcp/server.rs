@@ -458,11 +458,16 @@ impl McpServer {
         tool: &str,
         qualified: &str,
         input: Value,
+        cancel: &CancellationToken,
     ) -> Result<Value, ToolError> {
         let connection = self.connection().await?;
         let timeout = self.config.tool_timeout;
         let server = &self.config.name;
-        match connection.client.call_tool(tool, input, timeout).await {
+        match connection
+            .client
+            .call_tool(tool, input, timeout, cancel)
+            .await
+        {
             Ok(result) => {
                 // A tool that changed the server's tools answers after announcing it: the next step sees them.
                 connection.tools_settled(timeout).await;
@@ -486,7 +491,7 @@ impl McpServer {
                 ),
             )),
             Err(CallError::Cancelled) => Err(ToolError::failed(format!(
-                "The MCP server {server} cancelled {qualified}; whether it took effect is unknown."
+                "{qualified} was cancelled because its run was aborted (the MCP server {server} was sent notifications/cancelled); whether it took effect is unknown."
             ))),
             Err(CallError::Disconnected(why)) => {
                 // A stdio server whose output closed is of no more use, even if it still runs.

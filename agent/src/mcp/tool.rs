@@ -29,9 +29,9 @@ impl Tool for McpTool {
         &self.spec
     }
 
-    /// Runs until the server answers or the call times out. An aborted run drops this future, which tells the
-    /// server with `notifications/cancelled`.
-    fn execute<'a>(&'a self, input: Value, _: &'a ToolContext) -> ToolFuture<'a> {
+    /// Runs until the server answers, the call times out, or the run aborts (`context.cancel`); the last two tell
+    /// the server with `notifications/cancelled`.
+    fn execute<'a>(&'a self, input: Value, context: &'a ToolContext) -> ToolFuture<'a> {
         Box::pin(async move {
             let (Some(server), Some(origin)) = (self.server.upgrade(), self.spec.mcp.as_ref())
             else {
@@ -40,7 +40,14 @@ impl Tool for McpTool {
                     self.spec.name
                 )));
             };
-            McpServer::call(&server, &origin.tool, &self.spec.name, input).await
+            McpServer::call(
+                &server,
+                &origin.tool,
+                &self.spec.name,
+                input,
+                &context.cancel,
+            )
+            .await
         })
     }
 

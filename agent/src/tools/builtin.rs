@@ -5,11 +5,13 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use std::io::Read;
+use std::io::{Read, Write};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::{Tool, ToolContext, ToolError, ToolFuture, Toolbox, Workspace};
+use super::process_tree::ProcessTree;
+use super::workspace::io_failure;
+use super::{Tool, ToolContext, ToolError, ToolFuture, Toolbox, Workspace, WorkspacePath};
 use crate::wire::{ToolAnnotations, ToolErrorCode, ToolSpec};
 
 /// The most a `read_file` returns, in bytes.
@@ -42,17 +44,9 @@ fn str_field<'a>(input: &'a Value, field: &str) -> &'a str {
     input.get(field).and_then(Value::as_str).unwrap_or_default()
 }
 
-fn io_error(action: &str, path: &str, error: std::io::Error) -> ToolError {
-    match error.kind() {
-        std::io::ErrorKind::NotFound => {
-            ToolError::new(ToolErrorCode::NotFound, format!("{path:?} does not exist."))
-        }
-        _ => ToolError::failed(format!("Could not {action} {path:?}: {error}.")),
-    }
-}
-
-/// Runs a file tool's whole body on the blocking pool: one hand-off per call, instead of one per file system call
-/// (and the workspace's path checks, which touch the file system too, stay off the async threads).
+/// Runs a file tool's whole body on the blocking pool: one hand-off per call, instead of one per file system call.
+/// The body is bounded (nothing it opens can block: see the workspace), so it runs to its end even when the run is
+/// aborted meanwhile, and its result is what happened.
 fn blocking(
     work: impl FnOnce() -> Result<Value, ToolError> + Send + 'static,
 ) -> ToolFuture<'static> {
@@ -107,14 +101,13 @@ impl Tool for ListFiles {
     fn execute<'a>(&'a self, input: Value, _: &'a ToolContext) -> ToolFuture<'a> {
         let workspace = self.workspace.clone();
         blocking(move || {
-            let relative = str_field(&input, "path");
-            let dir = workspace.resolve(relative)?;
-            let shown = workspace.display(&dir);
-            let reader = std::fs::read_dir(&dir).map_err(|e| io_error("list", &shown, e))?;
+            let path = WorkspacePath::parse(str_field(&input, "path"))?;
+            let dir = workspace.open_dir(&path)?;
+            let reader = dir.entries().map_err(|e| io_failure("list", &path, e))?;
             let mut entries = Vec::new();
             let mut truncated = false;
             for entry in reader {
-                let entry = entry.map_err(|e| io_error("list", &shown, e))?;
+                let entry = entry.map_err(|e| io_failure("list", &path, e))?;
                 if entries.len() == MAX_LIST_ENTRIES {
                     truncated = true;
                     break;
@@ -131,7 +124,7 @@ impl Tool for ListFiles {
                 }));
             }
             entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-            Ok(json!({"path": shown, "entries": entries, "truncated": truncated}))
+            Ok(json!({"path": path.to_string(), "entries": entries, "truncated": truncated}))
         })
     }
 }
@@ -169,16 +162,15 @@ impl Tool for ReadFile {
     fn execute<'a>(&'a self, input: Value, _: &'a ToolContext) -> ToolFuture<'a> {
         let workspace = self.workspace.clone();
         blocking(move || {
-            let relative = str_field(&input, "path");
-            let path = workspace.resolve(relative)?;
-            let file = std::fs::File::open(&path).map_err(|e| io_error("read", relative, e))?;
-            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let path = WorkspacePath::parse(str_field(&input, "path"))?;
+            let (file, meta) = workspace.open_file(&path)?;
+            let size = meta.len();
             let mut bytes = Vec::new();
             file.take(MAX_READ_BYTES as u64)
                 .read_to_end(&mut bytes)
-                .map_err(|e| io_error("read", relative, e))?;
+                .map_err(|e| io_failure("read", &path, e))?;
             Ok(json!({
-                "path": workspace.display(&path),
+                "path": path.to_string(),
                 "content": String::from_utf8_lossy(&bytes),
                 "bytes": size,
                 "truncated": size > bytes.len() as u64,
@@ -225,18 +217,12 @@ impl Tool for WriteFile {
     fn execute<'a>(&'a self, input: Value, _: &'a ToolContext) -> ToolFuture<'a> {
         let workspace = self.workspace.clone();
         blocking(move || {
-            let relative = str_field(&input, "path");
+            let path = WorkspacePath::parse(str_field(&input, "path"))?;
             let content = str_field(&input, "content");
-            let path = workspace.resolve(relative)?;
-            if path == workspace.root() {
-                return Err(ToolError::failed("The workspace itself is not a file."));
-            }
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent)
-                    .map_err(|e| io_error("create the directory for", relative, e))?;
-            }
-            std::fs::write(&path, content).map_err(|e| io_error("write", relative, e))?;
-            Ok(json!({"path": workspace.display(&path), "bytes": content.len()}))
+            let mut file = workspace.create_file(&path)?;
+            file.write_all(content.as_bytes())
+                .map_err(|e| io_failure("write", &path, e))?;
+            Ok(json!({"path": path.to_string(), "bytes": content.len()}))
         })
     }
 }
@@ -274,17 +260,9 @@ impl Tool for DeleteFile {
     fn execute<'a>(&'a self, input: Value, _: &'a ToolContext) -> ToolFuture<'a> {
         let workspace = self.workspace.clone();
         blocking(move || {
-            let relative = str_field(&input, "path");
-            let path = workspace.resolve(relative)?;
-            let meta =
-                std::fs::symlink_metadata(&path).map_err(|e| io_error("delete", relative, e))?;
-            if meta.is_dir() {
-                return Err(ToolError::failed(format!(
-                    "{relative:?} is a directory; delete_file deletes files only."
-                )));
-            }
-            std::fs::remove_file(&path).map_err(|e| io_error("delete", relative, e))?;
-            Ok(json!({"path": workspace.display(&path), "deleted": true}))
+            let path = WorkspacePath::parse(str_field(&input, "path"))?;
+            workspace.remove_file(&path)?;
+            Ok(json!({"path": path.to_string(), "deleted": true}))
         })
     }
 }
@@ -318,7 +296,7 @@ impl RunCommand {
         Self {
             spec: ToolSpec {
                 name: "run_command".into(),
-                description: "Run a program in the workspace directory, without a shell, and return its exit code and output. Pass the program name as command and each argument separately in args.".into(),
+                description: "Run a program in the workspace directory, without a shell, and return its exit code and output. Pass the program name as command and each argument separately in args. Anything it leaves running when it exits is stopped.".into(),
                 input_schema: json!({
                     "type": "object",
                     "properties": {
@@ -362,16 +340,6 @@ async fn read_bounded(reader: Option<impl AsyncRead + Unpin>, limit: usize) -> (
     (kept, truncated)
 }
 
-/// Kills the command's whole process group (the command and anything it started).
-fn kill_group(pid: Option<u32>) {
-    if let Some(pid) = pid.and_then(|pid| libc::pid_t::try_from(pid).ok()) {
-        // SAFETY: killpg has no memory-safety preconditions; a stale group id at worst fails with ESRCH.
-        unsafe {
-            libc::killpg(pid, libc::SIGKILL);
-        }
-    }
-}
-
 enum Ending {
     Exited(std::process::ExitStatus),
     TimedOut,
@@ -400,44 +368,46 @@ impl Tool for RunCommand {
                 .map(|args| args.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
 
-            let mut child = tokio::process::Command::new(command)
-                .args(&args)
-                .current_dir(self.workspace.root())
-                .env_clear()
-                .env("PATH", &self.path_env)
-                .env("HOME", self.workspace.root())
-                .env("LANG", "C.UTF-8")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0)
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|error| match error.kind() {
-                    std::io::ErrorKind::NotFound => ToolError::new(
-                        ToolErrorCode::NotFound,
-                        format!("There is no program named {command:?} on the PATH."),
-                    ),
-                    _ => ToolError::failed(format!("Could not start {command:?}: {error}.")),
-                })?;
-            let pid = child.id();
+            let mut tree = ProcessTree::spawn(
+                tokio::process::Command::new(command)
+                    .args(&args)
+                    .current_dir(self.workspace.root())
+                    .env_clear()
+                    .env("PATH", &self.path_env)
+                    .env("HOME", self.workspace.root())
+                    .env("LANG", "C.UTF-8")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped()),
+            )
+            .map_err(|error| match error.kind() {
+                std::io::ErrorKind::NotFound => ToolError::new(
+                    ToolErrorCode::NotFound,
+                    format!("There is no program named {command:?} on the PATH."),
+                ),
+                _ => ToolError::failed(format!("Could not start {command:?}: {error}.")),
+            })?;
             let limit = self.limits.output_bytes;
-            let stdout = tokio::spawn(read_bounded(child.stdout.take(), limit));
-            let stderr = tokio::spawn(read_bounded(child.stderr.take(), limit));
+            let stdout = tokio::spawn(read_bounded(tree.take_stdout(), limit));
+            let stderr = tokio::spawn(read_bounded(tree.take_stderr(), limit));
 
             let ending = tokio::select! {
-                status = child.wait() => match status {
+                status = tree.command_exited() => match status {
                     Ok(status) => Ending::Exited(status),
                     Err(error) => {
-                        kill_group(pid);
+                        tree.end().await;
                         return Err(ToolError::failed(format!("Could not wait for {command:?}: {error}.")));
                     }
                 },
                 () = tokio::time::sleep(self.limits.timeout) => Ending::TimedOut,
                 () = context.cancel.cancelled() => Ending::Aborted,
             };
-            // Whatever the command left running goes with it, so the pipes close and nothing outlives the call.
-            kill_group(pid);
+            // Whatever the command left running goes with it (including what left its session or group), so the
+            // pipes close and nothing outlives the call.
+            let left_behind = tree.end().await;
+            if left_behind > 0 {
+                tracing::debug!(command, left_behind, "stopped what a command left running");
+            }
             let grace = Duration::from_secs(2);
             let (stdout, out_truncated) = tokio::time::timeout(grace, stdout)
                 .await
@@ -478,6 +448,7 @@ impl Tool for RunCommand {
 mod tests {
     use super::*;
     use crate::ids::RunId;
+    use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
 
     fn setup() -> (tempfile::TempDir, Workspace, Toolbox) {
@@ -660,5 +631,310 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(error.code, ToolErrorCode::Timeout);
+    }
+
+    /// Calls a tool on a thread of its own and fails, rather than hangs, when no answer comes within 5 s.
+    fn call_promptly(
+        tools: &Arc<Toolbox>,
+        name: &'static str,
+        input: Value,
+    ) -> Result<Value, ToolError> {
+        let (send, receive) = std::sync::mpsc::channel();
+        let tools = Arc::clone(tools);
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let _ = send.send(runtime.block_on(call(&tools, name, input)));
+        });
+        receive
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("{name} did not answer within 5 s"))
+    }
+
+    fn c_path(path: &std::path::Path) -> std::ffi::CString {
+        std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn files_with_another_hard_link_are_neither_read_written_nor_deleted() {
+        let (dir, ws, tools) = setup();
+        let secret = dir.path().join("secret.txt");
+        std::fs::write(&secret, "outside").unwrap();
+        std::fs::hard_link(&secret, ws.root().join("linked.txt")).unwrap();
+
+        let error = call(&tools, "read_file", json!({"path": "linked.txt"}))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::OutsideWorkspace);
+        assert!(error.message.contains("2 hard links"), "{}", error.message);
+        let error = call(
+            &tools,
+            "write_file",
+            json!({"path": "linked.txt", "content": "overwritten"}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::OutsideWorkspace);
+        let error = call(&tools, "delete_file", json!({"path": "linked.txt"}))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::OutsideWorkspace);
+
+        assert_eq!(
+            std::fs::read_to_string(&secret).unwrap(),
+            "outside",
+            "not truncated"
+        );
+        assert!(ws.root().join("linked.txt").exists());
+    }
+
+    #[test]
+    fn fifos_sockets_and_devices_are_refused_at_once() {
+        let (_dir, ws, tools) = setup();
+        let tools = Arc::new(tools);
+        let fifo = ws.root().join("pipe");
+        // SAFETY: mkfifo reads a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c_path(&fifo).as_ptr(), 0o600) }, 0);
+        let _socket = std::os::unix::net::UnixListener::bind(ws.root().join("socket")).unwrap();
+        let mut special = vec![("pipe", "FIFO"), ("socket", "socket")];
+        let device = ws.root().join("null");
+        // A character device (the null device's numbers) can be made only with CAP_MKNOD, as root.
+        // SAFETY: mknod reads a NUL-terminated path that outlives the call.
+        let made = unsafe {
+            libc::mknod(
+                c_path(&device).as_ptr(),
+                libc::S_IFCHR | 0o666,
+                libc::makedev(1, 3),
+            )
+        };
+        if made == 0 {
+            special.push(("null", "device"));
+        } else {
+            eprintln!("not testing a device node: mknod needs CAP_MKNOD");
+        }
+
+        for (name, what) in &special {
+            for (tool, input) in [
+                ("read_file", json!({"path": name})),
+                ("write_file", json!({"path": name, "content": "x"})),
+                ("delete_file", json!({"path": name})),
+            ] {
+                let error = call_promptly(&tools, tool, input).unwrap_err();
+                assert_eq!(error.code, ToolErrorCode::OutsideWorkspace, "{tool} {name}");
+                assert!(
+                    error.message.contains(what) && error.message.contains("not a regular file"),
+                    "{tool} {name}: {}",
+                    error.message
+                );
+            }
+            assert!(ws.root().join(name).exists(), "{name} is still there");
+        }
+
+        // With a reader waiting on the FIFO, a write would open it; it is still refused and nothing arrives.
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let error = call_promptly(
+            &tools,
+            "write_file",
+            json!({"path": "pipe", "content": "x"}),
+        )
+        .unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::OutsideWorkspace);
+        let mut received = Vec::new();
+        let _ = reader.read_to_end(&mut received);
+        assert!(received.is_empty());
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_symlink_to_outside_never_lets_a_tool_out() {
+        let (dir, ws, tools) = setup();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("secret.txt"), "outside").unwrap();
+        std::fs::create_dir(ws.root().join("d")).unwrap();
+        std::fs::write(ws.root().join("d/secret.txt"), "inside").unwrap();
+        std::os::unix::fs::symlink(&outside, ws.root().join("swap")).unwrap();
+
+        // `d` is the directory or the symlink to outside, swapped atomically, over and over.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let stop = Arc::clone(&stop);
+            let (d, swap) = (
+                c_path(&ws.root().join("d")),
+                c_path(&ws.root().join("swap")),
+            );
+            std::thread::spawn(move || {
+                let mut swaps = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // SAFETY: renameat2 reads two NUL-terminated paths that outlive the call.
+                    let swapped = unsafe {
+                        libc::renameat2(
+                            libc::AT_FDCWD,
+                            d.as_ptr(),
+                            libc::AT_FDCWD,
+                            swap.as_ptr(),
+                            libc::RENAME_EXCHANGE,
+                        )
+                    };
+                    assert_eq!(swapped, 0, "{}", std::io::Error::last_os_error());
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (mut read_inside, mut refused) = (0, 0);
+        for _ in 0..1_000 {
+            runtime.block_on(async {
+                match call(&tools, "read_file", json!({"path": "d/secret.txt"})).await {
+                    Ok(read) => {
+                        assert_eq!(read["content"], "inside", "read through the swapped link");
+                        read_inside += 1;
+                    }
+                    Err(error) => {
+                        assert_eq!(error.code, ToolErrorCode::OutsideWorkspace, "{error}");
+                        refused += 1;
+                    }
+                }
+                let _ = call(
+                    &tools,
+                    "write_file",
+                    json!({"path": "d/secret.txt", "content": "inside"}),
+                )
+                .await;
+                let _ = call(
+                    &tools,
+                    "write_file",
+                    json!({"path": "d/new.txt", "content": "written"}),
+                )
+                .await;
+                let _ = call(&tools, "list_files", json!({"path": "d"})).await;
+            });
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let swaps = swapper.join().unwrap();
+
+        assert_eq!(
+            std::fs::read_to_string(outside.join("secret.txt")).unwrap(),
+            "outside"
+        );
+        assert!(!outside.join("new.txt").exists(), "a write went outside");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1);
+        // The race really happened: both sides of the swap were seen.
+        assert!(
+            read_inside > 0 && refused > 0,
+            "read {read_inside} inside, {refused} refused, over {swaps} swaps"
+        );
+    }
+
+    /// The command lines of the processes whose working directory is `dir`: a test's own workspace, so they are the
+    /// processes its commands started, whatever session or group they moved to.
+    fn processes_in(dir: &std::path::Path) -> Vec<String> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|entry| {
+                entry
+                    .file_name()
+                    .to_str()
+                    .is_some_and(|name| name.parse::<u32>().is_ok())
+                    && std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd == dir)
+            })
+            .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+            .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+            .collect()
+    }
+
+    /// Waits until `count` processes running `sleep 300` have `dir` as their working directory.
+    async fn sleepers_started(dir: &std::path::Path, count: usize) {
+        let started = std::time::Instant::now();
+        loop {
+            let sleepers = processes_in(dir)
+                .iter()
+                .filter(|cmdline| cmdline.starts_with("sleep 300"))
+                .count();
+            if sleepers == count {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "only {sleepers} sleepers: {:?}",
+                processes_in(dir)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A shell that starts two sleepers, one of them in a session of its own, and waits for them.
+    const LEAVES_A_SESSION: &str = "sleep 300 & setsid sleep 300 & wait";
+
+    #[tokio::test]
+    async fn an_aborted_command_leaves_no_process_even_one_in_a_new_session() {
+        let (_dir, ws, tools) = setup();
+        let context = context();
+        let run_command = tools.get("run_command").unwrap();
+        let running = run_command.execute(
+            json!({"command": "sh", "args": ["-c", LEAVES_A_SESSION]}),
+            &context,
+        );
+        let abort_once_started = async {
+            sleepers_started(ws.root(), 2).await;
+            context.cancel.cancel();
+        };
+        let (result, ()) = tokio::join!(running, abort_once_started);
+        let error = result.unwrap_err();
+        assert!(error.message.contains("run was aborted"), "{error}");
+        assert_eq!(processes_in(ws.root()), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn a_command_that_times_out_leaves_no_process() {
+        let (_dir, ws, _tools) = setup();
+        let tool = RunCommand::new(
+            ws.clone(),
+            CommandLimits {
+                timeout: Duration::from_secs(3),
+                output_bytes: 1024,
+            },
+        );
+        let context = context();
+        let running = tool.execute(
+            json!({"command": "sh", "args": ["-c", LEAVES_A_SESSION]}),
+            &context,
+        );
+        let (result, ()) = tokio::join!(running, sleepers_started(ws.root(), 2));
+        assert_eq!(result.unwrap_err().code, ToolErrorCode::Timeout);
+        assert_eq!(processes_in(ws.root()), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn what_a_command_leaves_running_is_stopped_when_it_exits() {
+        let (_dir, ws, tools) = setup();
+        let context = context();
+        // The shell starts two sleepers, one of them in a session of its own, and exits once told to.
+        let script =
+            "sleep 300 & setsid sleep 300 & until [ -e go ]; do sleep 0.01; done; echo done";
+        let run_command = tools.get("run_command").unwrap();
+        let running =
+            run_command.execute(json!({"command": "sh", "args": ["-c", script]}), &context);
+        let exit_once_started = async {
+            sleepers_started(ws.root(), 2).await;
+            std::fs::write(ws.root().join("go"), "").unwrap();
+        };
+        let (result, ()) = tokio::join!(running, exit_once_started);
+        let output = result.unwrap();
+        assert_eq!(output["exitCode"], 0);
+        assert_eq!(output["stdout"], "done\n");
+        assert_eq!(processes_in(ws.root()), Vec::<String>::new());
     }
 }

@@ -9,6 +9,7 @@
 //! the tool it found. toolgate's own tools sit beside it, fixed, found without touching anything shared.
 
 mod builtin;
+mod process_tree;
 mod workspace;
 
 use std::collections::BTreeMap;
@@ -25,7 +26,7 @@ use crate::wire::{McpServerStatus, ToolErrorCode, ToolOutput, ToolSpec};
 pub use builtin::{
     CommandLimits, DeleteFile, ListFiles, ReadFile, RunCommand, WriteFile, workspace_tools,
 };
-pub use workspace::Workspace;
+pub use workspace::{Workspace, WorkspacePath};
 
 /// A failure the model can read and recover from.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -61,7 +62,9 @@ impl From<ToolError> for ToolOutput {
 #[derive(Clone, Debug)]
 pub struct ToolContext {
     pub run_id: RunId,
-    /// Cancelled when the run aborts; long tools should stop early.
+    /// Cancelled when the run aborts. A tool honours it itself: the runtime reports what the tool returns, even
+    /// after an abort, and waits only a short grace period (`runtime::TOOL_ABORT_GRACE`) for it. So a tool that can
+    /// take long stops early and says that it stopped; a short, bounded one may simply finish.
     pub cancel: CancellationToken,
 }
 

@@ -1,48 +1,42 @@
 //! The workspace directory the built-in tools are confined to.
 //!
-//! A path from the model is refused when it is absolute, when its `..` components climb above the workspace, or
-//! when any existing component along it is a symlink that resolves outside the workspace (or nowhere: a dangling
-//! link could be followed by a write). The check walks the path component by component, so a link in the middle
-//! of a path is caught as well as one at its end.
+//! The directory is opened once, as a `cap-std` [`Dir`], and every file operation is made relative to that handle:
+//! the kernel resolves each path beneath it (`openat2` with `RESOLVE_BENEATH`, or, on kernels without it, cap-std's
+//! component-by-component walk with no-follow opens), so no path reaches outside the workspace however the tree
+//! changes between a check and a use. A symlink inside the workspace that points inside still works; one that points
+//! outside, or climbs out with `..`, is refused.
+//!
+//! What an operation opens is checked on the open descriptor, not on the path: the file tools read and write only
+//! regular files with a single link (a second hard link may be a name outside the workspace), never FIFOs, sockets or
+//! devices, and they open with `O_NONBLOCK | O_NOCTTY`, so that opening a FIFO cannot block and a terminal is never
+//! taken. Writes never follow a symlink in the last component of their path.
 
+use std::ffi::OsString;
+use std::fmt;
 use std::io;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt};
+use cap_std::fs::{Dir, File, FileTypeExt, Metadata, MetadataExt, OpenOptions, OpenOptionsExt};
 
 use super::ToolError;
 use crate::wire::ToolErrorCode;
 
-#[derive(Clone, Debug)]
-pub struct Workspace {
-    root: PathBuf,
-}
+/// At most this many symlinks are read while translating a path (as the kernel's own limit for one lookup).
+const MAX_LINKS: usize = 40;
 
 fn outside(message: impl Into<String>) -> ToolError {
     ToolError::new(ToolErrorCode::OutsideWorkspace, message)
 }
 
-impl Workspace {
-    /// Opens (and creates, when missing) the workspace directory.
-    pub fn open(path: impl AsRef<Path>) -> io::Result<Self> {
-        let path = path.as_ref();
-        std::fs::create_dir_all(path)?;
-        let root = path.canonicalize()?;
-        if !root.is_dir() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotADirectory,
-                format!("workspace {} is not a directory", root.display()),
-            ));
-        }
-        Ok(Self { root })
-    }
+/// A path from the model, checked without touching the file system: relative, never climbing above the workspace,
+/// without NUL bytes. `..` is applied to the words of the path; the empty path is the workspace itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkspacePath(PathBuf);
 
-    /// The canonical workspace directory.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
-    /// Resolves a path relative to the workspace, refusing any that leaves it. An empty path or `.` is the
-    /// workspace itself.
-    pub fn resolve(&self, relative: &str) -> Result<PathBuf, ToolError> {
+impl WorkspacePath {
+    pub fn parse(relative: &str) -> Result<Self, ToolError> {
         if relative.contains('\0') {
             return Err(outside("A path may not contain NUL bytes."));
         }
@@ -65,51 +59,321 @@ impl Workspace {
                 Component::Normal(part) => normalized.push(part),
             }
         }
+        Ok(Self(normalized))
+    }
 
-        // Walk the existing prefix; every symlink on it must resolve inside the workspace.
-        let mut current = self.root.clone();
-        for part in normalized.components() {
-            current.push(part);
-            match std::fs::symlink_metadata(&current) {
-                Ok(meta) if meta.file_type().is_symlink() => {
-                    let target = current.canonicalize().map_err(|_| {
-                        outside(format!(
-                            "{relative:?} goes through a symlink that points nowhere; it is refused."
-                        ))
-                    })?;
-                    if !target.starts_with(&self.root) {
-                        return Err(outside(format!(
-                            "{relative:?} goes through a symlink that points outside the workspace."
-                        )));
+    /// True for the workspace itself.
+    pub fn is_workspace(&self) -> bool {
+        self.0.as_os_str().is_empty()
+    }
+
+    /// The path to hand to the workspace's directory handle.
+    fn beneath(&self) -> &Path {
+        if self.is_workspace() {
+            Path::new(".")
+        } else {
+            &self.0
+        }
+    }
+}
+
+/// The path as the model should see it: relative to the workspace, `.` for the workspace itself.
+impl fmt::Display for WorkspacePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_workspace() {
+            f.write_str(".")
+        } else {
+            write!(f, "{}", self.0.display())
+        }
+    }
+}
+
+/// What an I/O error on `path` means for the model.
+pub(crate) fn io_failure(action: &str, path: &WorkspacePath, error: io::Error) -> ToolError {
+    if is_escape(&error) {
+        return outside(format!(
+            "{:?} goes through a symlink that points outside the workspace; it is refused.",
+            path.to_string()
+        ));
+    }
+    match error.kind() {
+        io::ErrorKind::NotFound => ToolError::new(
+            ToolErrorCode::NotFound,
+            format!("{:?} does not exist.", path.to_string()),
+        ),
+        _ => ToolError::failed(format!(
+            "Could not {action} {:?}: {error}.",
+            path.to_string()
+        )),
+    }
+}
+
+/// cap-std's refusal of a path that would leave its directory: `PermissionDenied` with no OS error behind it (a real
+/// `EACCES` carries its errno).
+fn is_escape(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::PermissionDenied && error.raw_os_error().is_none()
+}
+
+/// Refuses what the file tools never touch: anything but a regular file, and a regular file with another name.
+fn regular_with_one_link(meta: &Metadata, path: &WorkspacePath) -> Result<(), ToolError> {
+    let shown = path.to_string();
+    let kind = meta.file_type();
+    let what = if kind.is_file() {
+        let links = meta.nlink();
+        if links > 1 {
+            return Err(outside(format!(
+                "{shown:?} has {links} hard links. Another name of the same file may be outside the workspace, so the file tools refuse files with more than one link."
+            )));
+        }
+        return Ok(());
+    } else if kind.is_dir() {
+        return Err(ToolError::failed(format!(
+            "{shown:?} is a directory; use list_files to see what it holds."
+        )));
+    } else if kind.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    };
+    Err(outside(format!(
+        "{shown:?} is {what}, not a regular file; the file tools only touch regular files and directories."
+    )))
+}
+
+#[derive(Clone, Debug)]
+pub struct Workspace {
+    /// The canonical workspace directory, for what needs a path (a command's working directory, the log).
+    root: PathBuf,
+    /// The workspace, opened once: every file operation is relative to it.
+    dir: Arc<Dir>,
+}
+
+impl Workspace {
+    /// Opens (and creates, when missing) the workspace directory.
+    pub fn open(path: impl AsRef<Path>) -> io::Result<Self> {
+        let path = path.as_ref();
+        std::fs::create_dir_all(path)?;
+        let root = path.canonicalize()?;
+        if !root.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("workspace {} is not a directory", root.display()),
+            ));
+        }
+        // The one use of ambient authority: from here on, nothing is opened by an absolute path.
+        let dir = Dir::open_ambient_dir(&root, cap_std::ambient_authority())?;
+        Ok(Self {
+            root,
+            dir: Arc::new(dir),
+        })
+    }
+
+    /// The canonical workspace directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Opens a directory of the workspace to list it.
+    pub(crate) fn open_dir(&self, path: &WorkspacePath) -> Result<Dir, ToolError> {
+        self.beneath(path, FollowSymlinks::Yes, |p| self.dir.open_dir(p))
+            .map_err(|error| io_failure("list", path, error))
+    }
+
+    /// Opens a file to read it: a regular file with one link, following symlinks only inside the workspace.
+    pub(crate) fn open_file(&self, path: &WorkspacePath) -> Result<(File, Metadata), ToolError> {
+        let mut options = OpenOptions::new();
+        options
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+        let file = self
+            .beneath(path, FollowSymlinks::Yes, |p| {
+                self.dir.open_with(p, &options)
+            })
+            .map_err(|error| self.open_failure("read", path, error))?;
+        let meta = file
+            .metadata()
+            .map_err(|error| io_failure("read", path, error))?;
+        regular_with_one_link(&meta, path)?;
+        Ok((file, meta))
+    }
+
+    /// Opens a file to replace its content, creating it and its parent directories when missing. The last component
+    /// is never followed as a symlink; the file is checked (a regular file with one link) before it is truncated, so
+    /// a refused file keeps its content.
+    pub(crate) fn create_file(&self, path: &WorkspacePath) -> Result<File, ToolError> {
+        if path.is_workspace() {
+            return Err(ToolError::failed("The workspace itself is not a file."));
+        }
+        let mut options = OpenOptions::new();
+        options
+            .write(true)
+            .create(true)
+            .follow(FollowSymlinks::No)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+        let file = self
+            .beneath(path, FollowSymlinks::No, |p| {
+                match self.dir.open_with(p, &options) {
+                    // Parents are created only once the open says they are missing: creating them first would hide
+                    // an escape behind "already exists".
+                    Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                        if let Some(parent) = p.parent() {
+                            self.dir.create_dir_all(parent)?;
+                        }
+                        self.dir.open_with(p, &options)
                     }
+                    opened => opened,
                 }
-                Ok(_) => {}
-                // Nothing exists from here on: the rest is created fresh, inside.
-                Err(error) if error.kind() == io::ErrorKind::NotFound => break,
-                Err(error) => {
-                    return Err(ToolError::failed(format!(
-                        "cannot inspect {relative:?}: {error}"
-                    )));
+            })
+            .map_err(|error| {
+                if error.raw_os_error() == Some(libc::ELOOP) {
+                    outside(format!(
+                        "{:?} is a symbolic link; write_file does not write through links. Write to the path it points to.",
+                        path.to_string()
+                    ))
+                } else {
+                    self.open_failure("write", path, error)
+                }
+            })?;
+        let meta = file
+            .metadata()
+            .map_err(|error| io_failure("write", path, error))?;
+        regular_with_one_link(&meta, path)?;
+        file.set_len(0)
+            .map_err(|error| io_failure("write", path, error))?;
+        Ok(file)
+    }
+
+    /// Deletes a file, or a symlink (never what it points to). A symlink that leads outside the workspace, a
+    /// directory and anything the file tools do not touch are refused.
+    pub(crate) fn remove_file(&self, path: &WorkspacePath) -> Result<(), ToolError> {
+        let meta = self
+            .beneath(path, FollowSymlinks::No, |p| self.dir.symlink_metadata(p))
+            .map_err(|error| io_failure("delete", path, error))?;
+        if meta.is_dir() {
+            return Err(ToolError::failed(format!(
+                "{:?} is a directory; delete_file deletes files only.",
+                path.to_string()
+            )));
+        }
+        if meta.is_symlink() {
+            match self.beneath(path, FollowSymlinks::Yes, |p| self.dir.metadata(p)) {
+                Err(error) if is_escape(&error) => return Err(io_failure("delete", path, error)),
+                // A link to something inside, or to nothing inside: removing the link touches nothing else.
+                _ => {}
+            }
+        } else {
+            regular_with_one_link(&meta, path)?;
+        }
+        // The name could be swapped between the check and the unlink; the unlink is still beneath the workspace and
+        // only ever removes a name, so nothing outside loses content.
+        self.beneath(path, FollowSymlinks::No, |p| self.dir.remove_file(p))
+            .map_err(|error| io_failure("delete", path, error))
+    }
+
+    /// Explains an open that failed: a socket cannot be opened at all (`ENXIO`), and neither can a FIFO for writing
+    /// while nobody reads it; say what the path names rather than quote the errno.
+    fn open_failure(&self, action: &str, path: &WorkspacePath, error: io::Error) -> ToolError {
+        if error.raw_os_error() == Some(libc::ENXIO)
+            && let Ok(meta) = self.beneath(path, FollowSymlinks::Yes, |p| self.dir.metadata(p))
+            && let Err(refused) = regular_with_one_link(&meta, path)
+        {
+            return refused;
+        }
+        io_failure(action, path, error)
+    }
+
+    /// Runs `operation` on `path` beneath the workspace. When cap-std refuses the path as an escape, it may still go
+    /// through an absolute symlink that names a place inside the workspace by its full path (what
+    /// `ln -s "$PWD/docs" link` makes); such links are translated into the relative path they stand for and the
+    /// operation runs once more, as confined as the first time. The translation grants nothing: it only reads links.
+    fn beneath<T>(
+        &self,
+        path: &WorkspacePath,
+        follow_last: FollowSymlinks,
+        operation: impl Fn(&Path) -> io::Result<T>,
+    ) -> io::Result<T> {
+        match operation(path.beneath()) {
+            Err(error) if is_escape(&error) => {
+                match self.translate_absolute_links(path.beneath(), follow_last) {
+                    Some(translated) if translated.as_os_str().is_empty() => {
+                        operation(Path::new("."))
+                    }
+                    Some(translated) => operation(&translated),
+                    None => Err(error),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// `path` with its symlinks resolved by reading them, when at least one is absolute and names the workspace
+    /// itself; `None` when a link leads elsewhere, a `..` climbs out, or no absolute link was involved.
+    fn translate_absolute_links(
+        &self,
+        path: &Path,
+        follow_last: FollowSymlinks,
+    ) -> Option<PathBuf> {
+        fn push_reversed(pending: &mut Vec<OsString>, path: &Path) {
+            for component in path.components().rev() {
+                match component {
+                    Component::Normal(part) => pending.push(part.to_owned()),
+                    Component::ParentDir => pending.push("..".into()),
+                    Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
                 }
             }
         }
-        Ok(self.root.join(normalized))
-    }
 
-    /// The path as the model should see it: relative to the workspace.
-    pub fn display(&self, path: &Path) -> String {
-        let relative = path.strip_prefix(&self.root).unwrap_or(path);
-        if relative.as_os_str().is_empty() {
-            ".".to_owned()
-        } else {
-            relative.display().to_string()
+        let mut pending = Vec::new();
+        push_reversed(&mut pending, path);
+        let mut resolved = PathBuf::new();
+        let mut links = 0;
+        let mut through_absolute = false;
+        while let Some(part) = pending.pop() {
+            if part == ".." {
+                if !resolved.pop() {
+                    return None;
+                }
+                continue;
+            }
+            let candidate = resolved.join(&part);
+            if pending.is_empty() && follow_last == FollowSymlinks::No {
+                resolved = candidate;
+                break;
+            }
+            match self.dir.symlink_metadata(&candidate) {
+                Ok(meta) if meta.is_symlink() => {
+                    links += 1;
+                    if links > MAX_LINKS {
+                        return None;
+                    }
+                    let target = self.dir.read_link_contents(&candidate).ok()?;
+                    if target.has_root() {
+                        let inside = target.strip_prefix(&self.root).ok()?;
+                        through_absolute = true;
+                        resolved = PathBuf::new();
+                        push_reversed(&mut pending, inside);
+                    } else {
+                        // Relative to the link's own directory, which is what `resolved` holds.
+                        push_reversed(&mut pending, &target);
+                    }
+                }
+                _ => resolved = candidate,
+            }
         }
+        through_absolute.then_some(resolved)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
 
     fn workspace() -> (tempfile::TempDir, Workspace) {
         let dir = tempfile::tempdir().unwrap();
@@ -117,27 +381,41 @@ mod tests {
         (dir, workspace)
     }
 
+    fn path(relative: &str) -> WorkspacePath {
+        WorkspacePath::parse(relative).unwrap()
+    }
+
+    fn read(ws: &Workspace, relative: &str) -> Result<String, ToolError> {
+        let (mut file, _) = ws.open_file(&path(relative))?;
+        let mut content = String::new();
+        file.read_to_string(&mut content).unwrap();
+        Ok(content)
+    }
+
+    fn write(ws: &Workspace, relative: &str, content: &str) -> Result<(), ToolError> {
+        let mut file = ws.create_file(&path(relative))?;
+        file.write_all(content.as_bytes()).unwrap();
+        Ok(())
+    }
+
     #[test]
-    fn paths_inside_resolve() {
-        let (_dir, ws) = workspace();
-        assert_eq!(ws.resolve("a.txt").unwrap(), ws.root().join("a.txt"));
-        assert_eq!(
-            ws.resolve("docs/../a.txt").unwrap(),
-            ws.root().join("a.txt")
-        );
-        assert_eq!(ws.resolve("").unwrap(), ws.root());
-        assert_eq!(ws.resolve("./").unwrap(), ws.root());
+    fn paths_are_normalized_and_shown_relative() {
+        assert_eq!(path("a.txt").to_string(), "a.txt");
+        assert_eq!(path("docs/../a.txt").to_string(), "a.txt");
+        assert_eq!(path("./docs//b.txt").to_string(), "docs/b.txt");
+        assert!(path("").is_workspace());
+        assert!(path("./").is_workspace());
+        assert_eq!(path("").to_string(), ".");
     }
 
     #[test]
     fn parent_and_absolute_paths_are_refused() {
-        let (_dir, ws) = workspace();
-        for path in ["..", "../secret", "a/../../b", "/etc/passwd"] {
-            let error = ws.resolve(path).unwrap_err();
-            assert_eq!(error.code, ToolErrorCode::OutsideWorkspace, "{path}");
+        for relative in ["..", "../secret", "a/../../b", "/etc/passwd", "a\0b"] {
+            let error = WorkspacePath::parse(relative).unwrap_err();
+            assert_eq!(error.code, ToolErrorCode::OutsideWorkspace, "{relative:?}");
         }
         assert!(
-            ws.resolve("/etc/passwd")
+            WorkspacePath::parse("/etc/passwd")
                 .unwrap_err()
                 .message
                 .contains("absolute")
@@ -151,14 +429,79 @@ mod tests {
         std::fs::create_dir(&outside_dir).unwrap();
         std::fs::write(outside_dir.join("secret.txt"), "s").unwrap();
         std::os::unix::fs::symlink(&outside_dir, ws.root().join("escape")).unwrap();
+        std::os::unix::fs::symlink("../outside", ws.root().join("climb")).unwrap();
         std::os::unix::fs::symlink(outside_dir.join("gone"), ws.root().join("dangling")).unwrap();
         std::fs::create_dir(ws.root().join("inner")).unwrap();
+        // Absolute (by the workspace's own path) and relative links that stay inside.
         std::os::unix::fs::symlink(ws.root().join("inner"), ws.root().join("alias")).unwrap();
+        std::os::unix::fs::symlink("inner", ws.root().join("relative")).unwrap();
 
-        for path in ["escape", "escape/secret.txt", "escape/new.txt", "dangling"] {
-            let error = ws.resolve(path).unwrap_err();
-            assert_eq!(error.code, ToolErrorCode::OutsideWorkspace, "{path}");
+        for relative in [
+            "escape/secret.txt",
+            "climb/secret.txt",
+            "dangling",
+            "escape/new.txt",
+        ] {
+            let error = read(&ws, relative).unwrap_err();
+            assert_eq!(
+                error.code,
+                ToolErrorCode::OutsideWorkspace,
+                "{relative}: {error}"
+            );
+            let error = write(&ws, relative, "x").unwrap_err();
+            assert_eq!(
+                error.code,
+                ToolErrorCode::OutsideWorkspace,
+                "{relative}: {error}"
+            );
         }
-        assert!(ws.resolve("alias/file.txt").is_ok());
+        for relative in ["escape", "climb", "dangling"] {
+            let error = ws.open_dir(&path(relative)).unwrap_err();
+            assert_eq!(error.code, ToolErrorCode::OutsideWorkspace, "{relative}");
+            let error = ws.remove_file(&path(relative)).unwrap_err();
+            assert_eq!(error.code, ToolErrorCode::OutsideWorkspace, "{relative}");
+        }
+        assert!(!outside_dir.join("new.txt").exists());
+        assert_eq!(
+            std::fs::read_to_string(outside_dir.join("secret.txt")).unwrap(),
+            "s"
+        );
+
+        write(&ws, "alias/file.txt", "through the absolute link").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(ws.root().join("inner/file.txt")).unwrap(),
+            "through the absolute link"
+        );
+        assert_eq!(
+            read(&ws, "relative/file.txt").unwrap(),
+            "through the absolute link"
+        );
+        assert!(ws.open_dir(&path("alias")).is_ok());
+        std::os::unix::fs::symlink(ws.root().join("inner/file.txt"), ws.root().join("last"))
+            .unwrap();
+        assert_eq!(read(&ws, "last").unwrap(), "through the absolute link");
+        ws.remove_file(&path("alias")).unwrap();
+        assert!(
+            ws.root().join("inner/file.txt").exists(),
+            "only the link went"
+        );
+    }
+
+    #[test]
+    fn a_write_does_not_follow_a_symlink_in_its_last_component() {
+        let (_dir, ws) = workspace();
+        std::fs::write(ws.root().join("real.txt"), "kept").unwrap();
+        std::os::unix::fs::symlink("real.txt", ws.root().join("link.txt")).unwrap();
+        std::os::unix::fs::symlink("missing.txt", ws.root().join("dangling.txt")).unwrap();
+        for relative in ["link.txt", "dangling.txt"] {
+            let error = write(&ws, relative, "changed").unwrap_err();
+            assert_eq!(error.code, ToolErrorCode::OutsideWorkspace, "{relative}");
+            assert!(error.message.contains("symbolic link"), "{}", error.message);
+        }
+        assert_eq!(
+            std::fs::read_to_string(ws.root().join("real.txt")).unwrap(),
+            "kept"
+        );
+        assert!(!ws.root().join("missing.txt").exists());
     }
 }

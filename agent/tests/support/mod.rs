@@ -1,22 +1,25 @@
 //! Test doubles that speak the harness's real interfaces: a model that replays scripted steps and records what it
-//! was asked, and a tool that counts its executions.
+//! was asked, and a tool that counts its executions; and a harness over them, read through its event stream.
 
 #![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent::approvals::ApprovalRegistry;
-use agent::events::{AgentEvent, EventSink};
-use agent::ids::{RunId, SessionId, ToolCallId};
+use agent::agent_loop::LoopLimits;
+use agent::harness::{Actor, Harness, HarnessConfig, RunHandle, RunSource, StartRun};
+use agent::ids::ToolCallId;
 use agent::model::{Model, ModelChunk, ModelRequest, ModelStream};
-use agent::policy::{PermissionPolicy, SessionGrants, ToolRules};
-use agent::runtime::{RunAbort, RunContext};
+use agent::policy::{PermissionPolicy, ToolRules};
+use agent::store::EncodedEvent;
 use agent::tools::{Tool, ToolContext, ToolFuture, Toolbox};
-use agent::wire::{ApprovalMode, ApprovalPolicy, Message, ToolAnnotations, ToolCall, ToolSpec};
+use agent::wire::{
+    ApprovalMode, ApprovalPolicy, ApprovalRequest, Decision, Message, RunErrorCode, StreamEvent,
+    ToolAnnotations, ToolCall, ToolSpec,
+};
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 /// A model that plays back one scripted step per request and records every conversation it was sent.
 pub struct ReplayModel {
@@ -151,73 +154,185 @@ impl Runs {
     }
 }
 
-/// A run context over a toolbox of `delete_file` (destructive) and `read_file` (read-only) counting tools.
+/// A harness on a memory store over a toolbox of `delete_file` (destructive) and `read_file` (read-only) counting
+/// tools, driven by a replayed model.
 pub struct Fixture {
-    pub context: RunContext,
-    pub registry: ApprovalRegistry,
-    pub events: mpsc::UnboundedReceiver<AgentEvent>,
+    pub harness: Harness,
+    pub model: Arc<ReplayModel>,
     pub deletes: Runs,
     pub reads: Runs,
 }
 
-pub fn fixture(mode: ApprovalMode, policy: ApprovalPolicy, rules: ToolRules) -> Fixture {
+pub fn fixture_with(
+    policy: ApprovalPolicy,
+    rules: ToolRules,
+    limits: LoopLimits,
+    steps: Vec<Vec<ModelChunk>>,
+) -> Fixture {
+    let model = Arc::new(ReplayModel::new(steps));
+    let tools = counting_tools(Arc::clone(&model) as Arc<dyn Model>, policy, rules, limits);
+    Fixture {
+        harness: tools.harness,
+        model,
+        deletes: tools.deletes,
+        reads: tools.reads,
+    }
+}
+
+/// A harness on a memory store over `delete_file` and `read_file` counting tools and any model.
+pub struct CountingTools {
+    pub harness: Harness,
+    pub deletes: Runs,
+    pub reads: Runs,
+}
+
+pub fn counting_tools(
+    model: Arc<dyn Model>,
+    policy: ApprovalPolicy,
+    rules: ToolRules,
+    limits: LoopLimits,
+) -> CountingTools {
     let delete = CountingTool::destructive("delete_file");
     let read = CountingTool::read_only("read_file");
     let deletes = Runs(Arc::clone(&delete.runs));
     let reads = Runs(Arc::clone(&read.runs));
     let toolbox = Toolbox::new().with(delete).unwrap().with(read).unwrap();
-    let registry = ApprovalRegistry::new(Duration::from_secs(120));
-    let (sender, events) = mpsc::unbounded_channel();
-    let context = RunContext {
-        run_id: RunId::parse("run-1").unwrap(),
-        session_id: SessionId::parse("session-1").unwrap(),
-        approval_mode: mode,
-        permissions: PermissionPolicy::new(policy, rules),
-        grants: Arc::new(Mutex::new(SessionGrants::new())),
-        approvals: registry.clone(),
-        approval_timeout: registry.default_timeout(),
-        toolbox: Arc::new(toolbox),
-        abort: RunAbort::new(),
-        events: Arc::new(sender) as Arc<dyn EventSink>,
-    };
-    Fixture {
-        context,
-        registry,
-        events,
+    let mut config = HarnessConfig::new(
+        PermissionPolicy::new(policy, rules),
+        Duration::from_secs(120),
+    );
+    config.limits = limits;
+    CountingTools {
+        harness: Harness::new(config, model, toolbox),
         deletes,
         reads,
     }
 }
 
-pub fn interactive() -> Fixture {
-    fixture(
-        ApprovalMode::Interactive,
-        ApprovalPolicy::OnRequest,
-        ToolRules::new(),
-    )
+pub fn fixture(policy: ApprovalPolicy, rules: ToolRules, steps: Vec<Vec<ModelChunk>>) -> Fixture {
+    fixture_with(policy, rules, LoopLimits::default(), steps)
 }
 
-/// Waits for the next `ApprovalRequested` event, returning its tool call id.
-pub async fn next_approval(events: &mut mpsc::UnboundedReceiver<AgentEvent>) -> ToolCallId {
-    loop {
-        match events.recv().await {
-            Some(AgentEvent::ApprovalRequested { request }) => return request.tool_call_id,
-            Some(_) => continue,
-            None => panic!("the run ended without asking for approval"),
+/// The default policy (`on_request`, no rules).
+pub fn on_request(steps: Vec<Vec<ModelChunk>>) -> Fixture {
+    fixture(ApprovalPolicy::OnRequest, ToolRules::new(), steps)
+}
+
+impl Fixture {
+    pub async fn start(&self, mode: ApprovalMode, message: &str) -> RunHandle {
+        self.harness
+            .start(StartRun {
+                message: message.into(),
+                session_id: None,
+                policy: None,
+                mode,
+                run_id: None,
+                source: RunSource::Session,
+            })
+            .await
+            .unwrap()
+    }
+
+    pub async fn decide(&self, request: &ApprovalRequest, decision: Decision) {
+        self.harness
+            .decide(
+                &request.run_id,
+                &request.tool_call_id,
+                decision,
+                &Actor::local(),
+            )
+            .await
+            .expect("the approval is pending");
+    }
+
+    pub async fn pending(&self) -> Vec<ApprovalRequest> {
+        self.harness.pending(None).await.unwrap()
+    }
+}
+
+/// Reads a run's events as they come.
+pub struct Events(BoxStream<'static, Arc<EncodedEvent>>);
+
+impl Events {
+    pub fn of(run: &RunHandle) -> Self {
+        Self(run.subscribe(0))
+    }
+
+    /// The next event that matches, with its sequence number.
+    pub async fn until(&mut self, matches: impl Fn(&StreamEvent) -> bool) -> (u64, StreamEvent) {
+        while let Some(encoded) = self.0.next().await {
+            let event: StreamEvent = serde_json::from_str(&encoded.json).unwrap();
+            assert_eq!(encoded.kind, event.kind());
+            if matches(&event) {
+                return (encoded.seq, event);
+            }
+        }
+        panic!("the run ended first");
+    }
+
+    /// The next approval the run asks for.
+    pub async fn next_approval(&mut self) -> ApprovalRequest {
+        match self
+            .until(|e| matches!(e, StreamEvent::ApprovalRequired { .. }))
+            .await
+        {
+            (_, StreamEvent::ApprovalRequired { request }) => request,
+            _ => unreachable!(),
         }
     }
-}
 
-/// Drains every event emitted so far.
-pub fn drain(events: &mut mpsc::UnboundedReceiver<AgentEvent>) -> Vec<AgentEvent> {
-    let mut all = Vec::new();
-    while let Ok(event) = events.try_recv() {
-        all.push(event);
+    /// The run's terminal event.
+    pub async fn end(&mut self) -> StreamEvent {
+        self.until(StreamEvent::is_terminal).await.1
     }
-    all
+
+    /// Everything up to the run's end.
+    pub async fn rest(self) -> Vec<StreamEvent> {
+        self.0
+            .map(|encoded| serde_json::from_str(&encoded.json).unwrap())
+            .collect()
+            .await
+    }
 }
 
-/// The last message the model was sent, which after a tool batch is a tool result.
+/// Every event of a run, decoded, once it ended.
+pub async fn all_events(run: &RunHandle) -> Vec<StreamEvent> {
+    run.finished().await;
+    Events::of(run).rest().await
+}
+
+/// The answer of a run that ended with one.
+pub fn answer(events: &[StreamEvent]) -> Option<&str> {
+    events.iter().find_map(|event| match event {
+        StreamEvent::Done { answer, .. } => Some(answer.as_str()),
+        _ => None,
+    })
+}
+
+/// The error a run ended with.
+pub fn failure(events: &[StreamEvent]) -> Option<(RunErrorCode, &str)> {
+    events.iter().find_map(|event| match event {
+        StreamEvent::Error { code, message, .. } => Some((*code, message.as_str())),
+        _ => None,
+    })
+}
+
+/// The `type`s of the events about one tool call, in order (no debug events).
+pub fn call_kinds(events: &[StreamEvent], call_id: &str) -> Vec<&'static str> {
+    events
+        .iter()
+        .filter(|event| match event {
+            StreamEvent::ToolCall { tool_call_id, .. }
+            | StreamEvent::ApprovalResolved { tool_call_id, .. }
+            | StreamEvent::ToolResult { tool_call_id, .. } => tool_call_id.as_str() == call_id,
+            StreamEvent::ApprovalRequired { request } => request.tool_call_id.as_str() == call_id,
+            _ => false,
+        })
+        .map(StreamEvent::kind)
+        .collect()
+}
+
+/// Each tool result the model was sent, in order.
 pub fn tool_results(messages: &[Message]) -> Vec<(String, agent::wire::ToolOutput)> {
     messages
         .iter()
@@ -232,4 +347,28 @@ pub fn tool_results(messages: &[Message]) -> Vec<(String, agent::wire::ToolOutpu
 
 pub fn rules(text: &str) -> ToolRules {
     text.parse().unwrap()
+}
+
+/// A harness on a memory store over any model and toolbox.
+pub fn harness_over(model: Arc<dyn Model>, toolbox: Toolbox, policy: ApprovalPolicy) -> Harness {
+    let config = HarnessConfig::new(
+        PermissionPolicy::new(policy, ToolRules::new()),
+        Duration::from_secs(120),
+    );
+    Harness::new(config, model, toolbox)
+}
+
+/// Starts an interactive run of `message` in a new session.
+pub async fn start_interactive(harness: &Harness, message: &str) -> RunHandle {
+    harness
+        .start(StartRun {
+            message: message.into(),
+            session_id: None,
+            policy: None,
+            mode: ApprovalMode::Interactive,
+            run_id: None,
+            source: RunSource::Session,
+        })
+        .await
+        .unwrap()
 }

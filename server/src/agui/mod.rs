@@ -3,81 +3,34 @@
 //! A run that meets a call needing a person ends with `RUN_FINISHED` whose outcome is `interrupt`; the client
 //! answers in a new run with a `resume` batch (and, when it says so, the interrupted run as `parentRunId`). The
 //! server keeps what it issued and checks the whole batch before anything executes (see [`resume`]); a refused
-//! resume is an HTTP 4xx with a machine-readable `code`, and executes nothing.
+//! resume is an HTTP 4xx with a machine-readable `code` (the API's one error shape), and executes nothing.
 
 pub mod events;
-pub mod input;
 pub mod resume;
+pub mod run_input;
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
-use agent::approvals::now_ms;
-use agent::hub::{RunSource, StartError, StartRun};
-use agent::interrupts::TakeError;
-use agent::wire::{ApprovalMode, Message, StreamEvent, ValidationErrors};
-use axum::Json;
+use agent::clock::now_ms;
+use agent::harness::{RunSource, StartError, StartRun};
+use agent::store::{AuditEntry, AuditKind, TakeError};
+use agent::wire::{ApprovalMode, Message, StreamEvent};
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::Response;
 use axum::response::sse::Event;
-use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use serde_json::json;
 
-use crate::api::{AbortOnDrop, event_stream};
+use agent::harness::Actor;
+use axum::extract::Extension;
+
+use crate::api::{AbortOnDrop, event_stream, is_terminal};
 use crate::body::JsonValue;
+use crate::error::{ApiError, Refusal};
 use crate::state::AppState;
+use crate::streams::ClientAddr;
 use events::Translator;
-use input::RunInput;
-use resume::Refusal;
-
-/// Why an AG-UI request was refused before its run started.
-#[derive(Debug)]
-pub enum AguiError {
-    Invalid(ValidationErrors),
-    Refused(Refusal),
-}
-
-impl From<Refusal> for AguiError {
-    fn from(refusal: Refusal) -> Self {
-        Self::Refused(refusal)
-    }
-}
-
-impl From<StartError> for AguiError {
-    fn from(error: StartError) -> Self {
-        let (status, code) = match &error {
-            StartError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "SHUTTING_DOWN"),
-            StartError::SessionBusy(_) => (StatusCode::CONFLICT, "THREAD_BUSY"),
-            StartError::PolicyTooLoose { .. } => (StatusCode::FORBIDDEN, "POLICY_TOO_LOOSE"),
-            StartError::RunIdTaken(_) => (StatusCode::CONFLICT, "RUN_ID_TAKEN"),
-        };
-        Self::Refused(Refusal::new(status, code, error.to_string()))
-    }
-}
-
-impl IntoResponse for AguiError {
-    fn into_response(self) -> Response {
-        match self {
-            Self::Invalid(errors) => (
-                StatusCode::BAD_REQUEST,
-                Json(json!({
-                    "ok": false,
-                    "code": "INVALID_INPUT",
-                    "error": format!("Invalid RunAgentInput: {errors}"),
-                    "formErrors": errors.form_errors,
-                    "fieldErrors": errors.field_errors,
-                })),
-            )
-                .into_response(),
-            Self::Refused(refusal) => (
-                refusal.status,
-                Json(json!({"ok": false, "code": refusal.code, "error": refusal.message})),
-            )
-                .into_response(),
-        }
-    }
-}
+use run_input::RunInput;
 
 /// What a request starts: the run's source and message, and how many of the conversation's first messages the
 /// client already has (for the closing snapshot).
@@ -88,11 +41,25 @@ struct Plan {
     resumed: HashSet<agent::ids::ToolCallId>,
 }
 
-fn plan_new_run(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
-    if let Some(waiting) = state
+/// A store that cannot be read refuses the request; nothing started.
+fn unavailable(error: impl std::fmt::Display) -> ApiError {
+    Refusal::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "STORE_UNAVAILABLE",
+        format!("The server cannot read its state right now, so nothing was started: {error}"),
+    )
+    .into()
+}
+
+async fn plan_new_run(state: &AppState, input: &RunInput) -> Result<Plan, ApiError> {
+    let open = state
         .harness
-        .interrupts()
-        .open_in_session(&input.thread_id, now_ms())
+        .store()
+        .open_interrupt(&input.thread_id)
+        .await
+        .map_err(unavailable)?;
+    if let Some((waiting, expires_at)) = open
+        && expires_at > now_ms()
     {
         return Err(Refusal::new(
             StatusCode::CONFLICT,
@@ -123,12 +90,16 @@ fn plan_new_run(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
     })
 }
 
-fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
-    let interrupts = state.harness.interrupts();
+/// Checks a resume against what its parent run issued and takes the parent's suspension, once.
+async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiError> {
+    let store = state.harness.store();
     let parent = match &input.parent_run_id {
         Some(parent) => parent.clone(),
-        None => interrupts
-            .latest_open_in_session(&input.thread_id)
+        None => store
+            .open_interrupt(&input.thread_id)
+            .await
+            .map_err(unavailable)?
+            .map(|(parent, _)| parent)
             .ok_or_else(|| {
                 Refusal::new(
                     StatusCode::NOT_FOUND,
@@ -141,16 +112,43 @@ fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
             })?,
     };
     // A run id already in use would make the start fail after the suspension was taken; refuse it first.
-    if state.harness.run(&input.run_id).is_some() || interrupts.knows(&input.run_id) {
-        return Err(AguiError::from(StartError::RunIdTaken(
-            input.run_id.clone(),
-        )));
+    if store
+        .run(&input.run_id)
+        .await
+        .map_err(unavailable)?
+        .is_some()
+    {
+        return Err(ApiError::from(StartError::RunIdTaken(input.run_id.clone())));
     }
-    let now = now_ms();
-    let (suspension, resolutions) = interrupts
-        .take(&parent, &input.run_id, |suspension| {
-            resume::check(suspension, input, state.harness.toolbox(), now)
-        })
+    let (suspension, used_by) = store
+        .interrupt(&parent)
+        .await
+        .map_err(unavailable)?
+        .ok_or_else(|| {
+            Refusal::new(
+                StatusCode::NOT_FOUND,
+                "UNKNOWN_PARENT_RUN",
+                TakeError::UnknownParent(parent.clone()).to_string(),
+            )
+        })?;
+    if let Some(by) = used_by {
+        return Err(Refusal::new(
+            StatusCode::CONFLICT,
+            "RESUME_ALREADY_USED",
+            TakeError::AlreadyUsed {
+                parent: parent.clone(),
+                by,
+            }
+            .to_string(),
+        )
+        .into());
+    }
+    let resolutions = resume::check(&suspension, input, state.harness.toolbox(), now_ms())?;
+    // What was issued never changes; only its use does, and the take is what makes the use exactly once.
+    store
+        .take_interrupt(&parent, &input.run_id)
+        .await
+        .map_err(unavailable)?
         .map_err(|error| match error {
             TakeError::UnknownParent(_) => Refusal::new(
                 StatusCode::NOT_FOUND,
@@ -162,7 +160,6 @@ fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
                 "RESUME_ALREADY_USED",
                 error.to_string(),
             ),
-            TakeError::Refused(refusal) => refusal,
         })?;
     Ok(Plan {
         known: suspension.history.len(),
@@ -180,33 +177,71 @@ fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, AguiError> {
     })
 }
 
+/// Records a refused resume in the audit log: who tried what, and why it was refused.
+async fn audit_refusal(state: &AppState, input: &RunInput, refused: &ApiError, actor: &Actor) {
+    let entry = AuditEntry {
+        id: 0,
+        at: now_ms(),
+        kind: AuditKind::ResumeRefused,
+        session_id: Some(input.thread_id.clone()),
+        run_id: input.parent_run_id.clone(),
+        tool_call_id: None,
+        tool: None,
+        arguments_digest: None,
+        edited_digest: None,
+        outcome: refused.code().to_ascii_lowercase(),
+        source: Some("agui".to_owned()),
+        scope: None,
+        reason: Some(refused.to_string()),
+        actor: Some(actor.as_str().to_owned()),
+    };
+    if let Err(error) = state.harness.audit(entry).await {
+        tracing::error!(%error, "cannot record a refused resume in the audit log");
+    }
+}
+
 pub async fn run(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    client: ClientAddr,
     JsonValue(body): JsonValue,
-) -> Result<Response, AguiError> {
-    let input = RunInput::from_json(body).map_err(AguiError::Invalid)?;
+) -> Result<Response, ApiError> {
+    let input = RunInput::from_json(body).map_err(ApiError::Invalid)?;
+    // Before the plan: a client with too many streams open uses no interrupt and starts nothing.
+    let permit = state.streams.acquire(client)?;
     let plan = match input.resume {
-        Some(_) => plan_resume(&state, &input)?,
-        None => plan_new_run(&state, &input)?,
+        Some(_) => match plan_resume(&state, &input).await {
+            Ok(plan) => plan,
+            Err(refused) => {
+                audit_refusal(&state, &input, &refused, &actor).await;
+                return Err(refused);
+            }
+        },
+        None => plan_new_run(&state, &input).await?,
     };
     let restorable = match &plan.source {
-        RunSource::Resume { suspension, .. } => Some((**suspension).clone()),
+        RunSource::Resume { suspension, .. } => Some(suspension.run_id.clone()),
         _ => None,
     };
-    let started = state.harness.start(StartRun {
-        message: plan.message,
-        session_id: Some(input.thread_id.clone()),
-        policy: None,
-        mode: ApprovalMode::Interrupt,
-        run_id: Some(input.run_id.clone()),
-        source: plan.source,
-    });
-    let record = match started {
-        Ok(record) => record,
+    let started = state
+        .harness
+        .start(StartRun {
+            message: plan.message,
+            session_id: Some(input.thread_id.clone()),
+            policy: None,
+            mode: ApprovalMode::Interrupt,
+            run_id: Some(input.run_id.clone()),
+            source: plan.source,
+        })
+        .await;
+    let run = match started {
+        Ok(run) => run,
         Err(error) => {
             // The run did not start, so nothing of the resume was used: the interrupts stay open.
-            if let Some(suspension) = restorable {
-                state.harness.interrupts().restore(suspension);
+            if let Some(parent) = restorable
+                && let Err(restore) = state.harness.store().restore_interrupt(&parent).await
+            {
+                tracing::error!(%parent, error = %restore, "cannot reopen the interrupts of a resume that did not start");
             }
             return Err(error.into());
         }
@@ -220,25 +255,40 @@ pub async fn run(
         plan.resumed,
     );
     // Closing the stream aborts the run, as on the interactive streaming route.
-    let guard = AbortOnDrop::new(Arc::clone(&record));
-    let events = record.subscribe(0).flat_map(move |encoded| {
-        let _guard = &guard;
-        let translated = match serde_json::from_str::<StreamEvent>(&encoded.json) {
-            Ok(event) => translator.translate(&event, || {
-                record
-                    .conversation()
-                    .map(|conversation| conversation.as_ref().clone())
-            }),
-            Err(error) => {
-                tracing::error!(%error, "an event of the run could not be read back");
-                Vec::new()
+    let guard = AbortOnDrop::new(run.clone());
+    let ended = guard.ended();
+    let conversations = run.clone();
+    let events = run
+        .subscribe(0)
+        .then(move |encoded| {
+            let run = conversations.clone();
+            async move {
+                // The closing snapshot needs the whole conversation, which the run keeps once it ended.
+                let conversation = if is_terminal(encoded.kind) {
+                    run.conversation().await.ok().flatten()
+                } else {
+                    None
+                };
+                (encoded, conversation)
             }
-        };
-        futures::stream::iter(
-            translated
-                .into_iter()
-                .map(|event| Event::default().data(event.to_string())),
-        )
-    });
-    Ok(event_stream(events, state.keep_alive))
+        })
+        .flat_map(move |(encoded, conversation)| {
+            let _guard = &guard;
+            if is_terminal(encoded.kind) {
+                ended.store(true, std::sync::atomic::Ordering::Release);
+            }
+            let translated = match serde_json::from_str::<StreamEvent>(&encoded.json) {
+                Ok(event) => translator.translate(&event, || conversation),
+                Err(error) => {
+                    tracing::error!(%error, "an event of the run could not be read back");
+                    Vec::new()
+                }
+            };
+            futures::stream::iter(
+                translated
+                    .into_iter()
+                    .map(|event| Event::default().data(event.to_string())),
+            )
+        });
+    Ok(event_stream(events, permit, state.keep_alive))
 }

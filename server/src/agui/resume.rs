@@ -14,25 +14,8 @@ use agent::wire::{Decision, Message, Resolution};
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use super::input::{ResumeEntry, ResumeStatus, RunInput};
-
-/// A refused resume: an HTTP status, a machine-readable code and a message a person can act on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-}
-
-impl Refusal {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
-}
+use super::run_input::{ResumeEntry, ResumeStatus, RunInput};
+use crate::error::Refusal;
 
 /// What a resume payload may say, published in each interrupt.
 pub fn response_schema() -> Value {

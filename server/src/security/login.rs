@@ -1,32 +1,94 @@
 //! The login page of a server started with a token: a plain HTML form (no script, nothing loaded from anywhere)
-//! that trades the token for an HttpOnly, SameSite=Strict cookie derived from it. The token never goes back to the
-//! browser, and no script on any page can read the cookie.
+//! that trades the token for an HttpOnly, SameSite=Strict cookie signed with it, and the logout that takes the
+//! cookie back. The token never goes back to the browser, and no script on any page can read the cookie.
+//!
+//! Login attempts are rate-limited per client address, so the token cannot be guessed at network speed.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
+use axum_extra::extract::cookie::CookieJar;
+use tower_governor::GovernorError;
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
 
 use super::Security;
-use super::token::AUTH_COOKIE;
+use super::token::{AUTH_COOKIE, LOGIN_LIFETIME};
+use crate::error::ApiError;
 
 /// The largest login form accepted: a token of the longest length, percent-encoded, and then some.
 const MAX_LOGIN_BODY: usize = 4 * 1024;
 
-/// Thirty days; the cookie stays valid for as long as the token does not change.
-const COOKIE_MAX_AGE_SECS: u64 = 30 * 24 * 60 * 60;
+/// Login attempts a client may make at once, before it has to wait.
+const LOGIN_BURST: u32 = 5;
+/// How often a client that used its attempts gets one more: five a minute.
+const LOGIN_REFILL: Duration = Duration::from_secs(12);
+/// How often the rate limiter forgets clients that have all their attempts again, so its memory stays bounded.
+const FORGET_EVERY: Duration = Duration::from_secs(60);
 
 /// The login page may load nothing and post only to itself.
 const LOGIN_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-pub fn routes(security: Security) -> Router {
+/// `/login` and `/logout`, with login attempts rate-limited per client address.
+pub fn routes<S: Clone + Send + Sync + 'static>(security: Security) -> Router<S> {
+    let limit = GovernorConfigBuilder::default()
+        .period(LOGIN_REFILL)
+        .burst_size(LOGIN_BURST)
+        .methods(vec![Method::POST])
+        .finish()
+        .map(Arc::new);
+    let login = get(show).post(submit);
+    let login = match limit {
+        Some(limit) => {
+            // Forget clients that are back to a full allowance, so the limiter's memory stays bounded; stop
+            // once the routes are gone.
+            let forget = Arc::downgrade(limit.limiter());
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let mut every = tokio::time::interval(FORGET_EVERY);
+                    loop {
+                        every.tick().await;
+                        let Some(limiter) = forget.upgrade() else {
+                            return;
+                        };
+                        limiter.retain_recent();
+                    }
+                });
+            }
+            login.layer(GovernorLayer::new(limit).error_handler(too_many_attempts))
+        }
+        // Only a zero burst or period fails to build, and neither is zero.
+        None => login,
+    };
     Router::new()
-        .route("/login", get(show).post(submit))
+        .route("/login", login)
+        .route("/logout", post(logout))
         .layer(DefaultBodyLimit::max(MAX_LOGIN_BODY))
         .with_state(security)
+}
+
+/// What a client that used up its login attempts gets: the form again, with how long to wait.
+fn too_many_attempts(error: GovernorError) -> Response<Body> {
+    match error {
+        GovernorError::TooManyRequests { wait_time, .. } => {
+            let wait = wait_time.max(1);
+            let mut response = page(Some(Problem::TooManyAttempts { wait_secs: wait }));
+            if let Ok(value) = HeaderValue::from_str(&wait.to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            response
+        }
+        other => {
+            ApiError::Internal(format!("the login rate limit failed: {other}")).into_response()
+        }
+    }
 }
 
 /// Why the form is shown again.
@@ -35,6 +97,7 @@ enum Problem {
     WrongToken,
     NotAForm,
     TooLarge,
+    TooManyAttempts { wait_secs: u64 },
 }
 
 impl Problem {
@@ -43,14 +106,18 @@ impl Problem {
             Self::WrongToken => StatusCode::UNAUTHORIZED,
             Self::NotAForm => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::TooManyAttempts { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
-    fn message(self) -> &'static str {
+    fn message(self) -> String {
         match self {
-            Self::WrongToken => "That is not the access token. Try again.",
-            Self::NotAForm => "Send the token with the form below.",
-            Self::TooLarge => "That is longer than any access token.",
+            Self::WrongToken => "That is not the access token. Try again.".to_owned(),
+            Self::NotAForm => "Send the token with the form below.".to_owned(),
+            Self::TooLarge => "That is longer than any access token.".to_owned(),
+            Self::TooManyAttempts { wait_secs } => {
+                format!("Too many attempts from your address. Wait {wait_secs} s and try again.")
+            }
         }
     }
 }
@@ -110,6 +177,10 @@ fn to_home() -> Response {
     (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response()
 }
 
+fn to_login() -> Response {
+    (StatusCode::SEE_OTHER, [(header::LOCATION, "/login")]).into_response()
+}
+
 /// `GET /login`: the form, or home for a browser that is logged in already.
 async fn show(State(security): State<Security>, headers: HeaderMap) -> Response {
     if security.has_login_cookie(&headers) {
@@ -157,19 +228,17 @@ async fn submit(
         tracing::warn!("a login attempt with a wrong token");
         return page(Some(Problem::WrongToken));
     }
-    // Secure when the page was served over https (behind a TLS proxy); a plain-http loopback page could not
-    // store a Secure cookie.
-    let secure = headers
-        .get(header::ORIGIN)
-        .is_some_and(|origin| origin.as_bytes().starts_with(b"https://"));
-    let cookie = format!(
-        "{AUTH_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={COOKIE_MAX_AGE_SECS}{}",
-        credentials.cookie_value(),
-        if secure { "; Secure" } else { "" }
+    let cookie = security.cookie_policy().cookie(
+        AUTH_COOKIE,
+        credentials.login_cookie(SystemTime::now()),
+        LOGIN_LIFETIME,
     );
-    let mut response = to_home();
-    if let Ok(value) = HeaderValue::from_str(&cookie) {
-        response.headers_mut().insert(header::SET_COOKIE, value);
-    }
-    response
+    (CookieJar::new().add(cookie), to_home()).into_response()
+}
+
+/// `POST /logout`: the browser drops its login cookie and goes to the form. The origin check has run before this,
+/// so another site's page cannot log a browser out either.
+async fn logout(State(security): State<Security>) -> Response {
+    let removal = security.cookie_policy().removal(AUTH_COOKIE);
+    (CookieJar::new().add(removal), to_login()).into_response()
 }

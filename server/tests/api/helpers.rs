@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::Duration;
 
+use agent::harness::Harness;
 use eventsource_stream::Eventsource;
 use futures::{Stream, StreamExt};
 use serde_json::Value;
@@ -18,6 +19,8 @@ pub struct TestApp {
     pub addr: SocketAddr,
     pub client: reqwest::Client,
     pub workspace: tempfile::TempDir,
+    /// The server's harness, to see what it holds.
+    pub harness: Harness,
     stop: Option<oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
@@ -35,6 +38,7 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut Config)) -> TestApp {
     configure(&mut config);
     let application = build(config).await.expect("the server builds");
     let addr = application.local_addr();
+    let harness = application.harness().clone();
     let (stop, stopped) = oneshot::channel::<()>();
     let served = tokio::spawn(application.serve(async move {
         let _ = stopped.await;
@@ -43,6 +47,7 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut Config)) -> TestApp {
         addr,
         client: reqwest::Client::new(),
         workspace,
+        harness,
         stop: Some(stop),
         served: Some(served),
     }

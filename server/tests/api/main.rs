@@ -3,9 +3,9 @@
 mod helpers;
 
 mod agui;
+mod approval_api;
 mod bodies;
 mod mcp;
 mod runs;
 mod security;
-mod seed;
 mod streaming;

@@ -1,12 +1,15 @@
-//! Issue 8, safe by default: nobody approves what they should not, bad input is refused, nothing is lost under
-//! races. Each module proves one rule of the issue over real HTTP (or against the real binary).
+//! Safe by default: nobody approves what they should not, bad input is refused, nothing is lost under races, and no
+//! client makes the server hold more than its share. Each module proves one rule over real HTTP (or against the
+//! real binary).
 
 mod bad_input;
 mod binary;
 mod escaping;
+mod limits;
 mod origin;
 mod races;
 mod run_command;
+mod sessions;
 mod token;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};

@@ -95,7 +95,7 @@ async fn every_event_has_a_type_a_matching_name_and_an_increasing_id() {
 }
 
 #[tokio::test]
-async fn a_denial_reaches_the_model_with_the_seed_wording() {
+async fn a_denial_reaches_the_model_with_the_denial_wording() {
     let app = spawn_app().await;
     std::fs::write(app.file("a.txt"), "keep").unwrap();
     let mut stream = app.stream(json!({"message": "delete a.txt"})).await;

@@ -20,12 +20,13 @@ use std::sync::Once;
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use reqwest::{Response, StatusCode, Url};
 
 use super::{Model, ModelChunk, ModelError, ModelRequest, ModelStream};
 use protocol::{ChatChunk, ChatRequest, StepAssembler};
-use sse::SseParser;
+use sse::SseError;
 
 /// The most of an error body we read: enough for any provider's explanation.
 const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
@@ -394,10 +395,9 @@ enum State {
     Ended,
 }
 
-/// The response being read.
+/// The response being read, as events.
 struct Reading {
-    response: Response,
-    parser: SseParser,
+    events: BoxStream<'static, Result<sse::SseEvent, SseError<reqwest::Error>>>,
     step: StepAssembler,
 }
 
@@ -417,8 +417,7 @@ impl StepStream<'_> {
                 State::Ended => return None,
                 State::Connecting => self.model.send(&self.body).await.map(|response| {
                     self.state = State::Reading(Box::new(Reading {
-                        response,
-                        parser: SseParser::new(),
+                        events: sse::events(response.bytes_stream(), self.model.timeout),
                         step: StepAssembler::new(),
                     }));
                 }),
@@ -440,55 +439,50 @@ impl StepStream<'_> {
 }
 
 impl Reading {
-    /// Reads the next piece of the body and queues what it completes.
+    /// Reads the next event of the body and queues what it completes.
     async fn advance(
         &mut self,
         model: &OpenAiModel,
         ready: &mut VecDeque<ModelChunk>,
     ) -> Result<Progress, ModelError> {
-        let piece = match tokio::time::timeout(model.timeout, self.response.chunk()).await {
-            Err(_) => return Err(ModelError::Timeout(model.timeout)),
-            Ok(Err(error)) => {
+        let event = match self.events.next().await {
+            None => {
+                // Some servers close without `[DONE]`; once the model said why it stopped, the step is whole.
+                return if self.step.has_finished() {
+                    ready.extend(std::mem::take(&mut self.step).finish()?);
+                    Ok(Progress::Done)
+                } else {
+                    Err(ModelError::Connection(
+                        "the stream ended before the model finished its step".to_owned(),
+                    ))
+                };
+            }
+            Some(Err(SseError::Timeout(after))) => return Err(ModelError::Timeout(after)),
+            Some(Err(SseError::Transport(error))) => {
                 return Err(ModelError::Connection(format!(
                     "the stream broke off: {}",
                     describe(&error)
                 )));
             }
-            Ok(Ok(piece)) => piece,
+            Some(Err(error)) => return Err(ModelError::Malformed(error.to_string())),
+            Some(Ok(event)) => event,
         };
-        let Some(bytes) = piece else {
-            // Some servers close without `[DONE]`; once the model said why it stopped, the step is whole.
-            return if self.step.has_finished() {
-                ready.extend(std::mem::take(&mut self.step).finish()?);
-                Ok(Progress::Done)
-            } else {
-                Err(ModelError::Connection(
-                    "the stream ended before the model finished its step".to_owned(),
-                ))
-            };
-        };
-        let events = self
-            .parser
-            .feed(&bytes)
-            .map_err(|error| ModelError::Malformed(error.to_string()))?;
-        for event in events {
-            let data = model.redactor.scrub(&event.data);
-            if data.trim() == "[DONE]" {
-                ready.extend(std::mem::take(&mut self.step).finish()?);
-                return Ok(Progress::Done);
-            }
-            if event.event.as_deref() == Some("error") {
-                return Err(ModelError::Provider(protocol::error_message(&data)));
-            }
-            let chunk: ChatChunk = serde_json::from_str(&data).map_err(|error| {
-                ModelError::Malformed(format!(
-                    "a chunk is not a chat-completion chunk ({error}): {}",
-                    protocol::shorten(&data)
-                ))
-            })?;
-            if let Some(text) = self.step.apply(chunk)? {
-                ready.push_back(ModelChunk::Text(text));
-            }
+        let data = model.redactor.scrub(&event.data);
+        if data.trim() == "[DONE]" {
+            ready.extend(std::mem::take(&mut self.step).finish()?);
+            return Ok(Progress::Done);
+        }
+        if event.event.as_deref() == Some("error") {
+            return Err(ModelError::Provider(protocol::error_message(&data)));
+        }
+        let chunk: ChatChunk = serde_json::from_str(&data).map_err(|error| {
+            ModelError::Malformed(format!(
+                "a chunk is not a chat-completion chunk ({error}): {}",
+                protocol::shorten(&data)
+            ))
+        })?;
+        if let Some(text) = self.step.apply(chunk)? {
+            ready.push_back(ModelChunk::Text(text));
         }
         Ok(Progress::More)
     }

@@ -1,22 +1,20 @@
-//! A server-sent events parser, fed the response body as it arrives.
+//! The chat-completions response body as server-sent events.
 //!
-//! Chat-completions streams are SSE, and a body read hands us bytes cut anywhere: in the middle of a line, of a
-//! UTF-8 character, or between the CR and the LF of a CRLF. So the parser keeps the unfinished line and works line
-//! by line, following the rules of the HTML standard that matter to a client:
-//!
-//! - a line ends with LF, CRLF or CR;
-//! - a blank line dispatches the event; an event without `data` is not dispatched;
-//! - the `data` lines of one event join with LF;
-//! - a line that starts with `:` is a comment (servers send them as keep-alives);
-//! - one space after the field's colon is dropped; a line without a colon is a field with an empty value;
-//! - a UTF-8 byte order mark at the very start is ignored;
-//! - an event still unfinished when the body ends is discarded.
+//! The parsing itself is `eventsource-stream`'s (the HTML standard's rules: any line ending, data lines joined with
+//! LF, comments, a leading byte order mark, no event without data). Two things a client of a remote server needs
+//! come before it, on the raw bytes: each read of the body must arrive within the model's timeout (a keep-alive
+//! comment counts, so a slow but alive server is not cut off), and no line may grow without end (a broken server
+//! that sends megabytes without a line ending must not take our memory). A leading byte order mark is also taken
+//! off here: `eventsource-stream` 0.2.3 slices it off by one byte, not three, and panics on it.
 
-/// The longest line we hold. A chat chunk is a few hundred bytes; a server that sends megabytes without a line end
-/// is broken, and holding it all would let it take our memory.
+use std::time::Duration;
+
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+
+/// The longest line we hold. A chat chunk is a few hundred bytes.
 pub const MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
-
-const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// One dispatched event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -27,112 +25,128 @@ pub struct SseEvent {
     pub data: String,
 }
 
-/// Why the body is not a valid event stream.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SseError {
+/// Why the body is not a usable event stream.
+#[derive(Debug, thiserror::Error)]
+pub enum SseError<E> {
     #[error("a line of the event stream is not valid UTF-8")]
     InvalidUtf8,
     #[error("a line of the event stream is longer than {MAX_LINE_BYTES} bytes")]
     LineTooLong,
+    #[error("the event stream is malformed: {0}")]
+    Malformed(String),
+    #[error("no part of the answer arrived within {} s", .0.as_secs_f64())]
+    Timeout(Duration),
+    #[error(transparent)]
+    Transport(E),
 }
 
-#[derive(Debug, Default)]
-pub struct SseParser {
-    /// The bytes of the line not yet ended.
-    line: Vec<u8>,
-    /// The previous read ended with a CR, so an LF at the start of the next one ends nothing.
-    after_cr: bool,
-    /// A line has been seen, so a BOM can no longer appear.
-    started: bool,
-    /// The data of the event being read, each line followed by an LF.
-    data: String,
-    event: Option<String>,
+/// Errors of the bytes before they are parsed.
+enum Read<E> {
+    LineTooLong,
+    Timeout(Duration),
+    Transport(E),
 }
 
-impl SseParser {
-    pub fn new() -> Self {
-        Self::default()
+/// Counts the bytes of the line not yet ended, across reads.
+#[derive(Default)]
+struct LineBound {
+    open: usize,
+}
+
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Takes a byte order mark off the start of the body, even when it is split across reads.
+#[derive(Default)]
+struct LeadingBom {
+    /// The body's first bytes, held while they may still be a byte order mark.
+    held: Vec<u8>,
+    done: bool,
+}
+
+impl LeadingBom {
+    /// The bytes to pass on: none while the start is undecided.
+    fn strip(&mut self, bytes: &[u8]) -> Vec<u8> {
+        if self.done {
+            return bytes.to_vec();
+        }
+        self.held.extend_from_slice(bytes);
+        let n = self.held.len().min(BOM.len());
+        if self.held[..n] != BOM[..n] {
+            self.done = true;
+            return std::mem::take(&mut self.held);
+        }
+        if self.held.len() < BOM.len() {
+            return Vec::new();
+        }
+        self.done = true;
+        self.held.split_off(BOM.len())
     }
+}
 
-    /// Takes the next bytes of the body and returns the events they complete, in order.
-    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<Vec<SseEvent>, SseError> {
-        let mut events = Vec::new();
-        while let Some((&first, rest)) = bytes.split_first() {
-            if self.after_cr {
-                self.after_cr = false;
-                if first == b'\n' {
-                    bytes = rest;
-                    continue;
-                }
+impl LineBound {
+    fn admit(&mut self, bytes: &[u8]) -> bool {
+        match bytes.iter().rposition(|b| matches!(b, b'\n' | b'\r')) {
+            Some(end) => self.open = bytes.len() - end - 1,
+            None => self.open += bytes.len(),
+        }
+        self.open <= MAX_LINE_BYTES
+    }
+}
+
+/// The events of a body, each read of which must come within `timeout`.
+pub fn events<B, E>(
+    body: impl Stream<Item = Result<B, E>> + Send + 'static,
+    timeout: Duration,
+) -> BoxStream<'static, Result<SseEvent, SseError<E>>>
+where
+    B: AsRef<[u8]> + Send + 'static,
+    E: Send + 'static,
+{
+    let bytes = futures::stream::unfold(
+        (
+            body.boxed(),
+            LineBound::default(),
+            LeadingBom::default(),
+            false,
+        ),
+        move |(mut body, mut bound, mut bom, failed)| async move {
+            if failed {
+                return None;
             }
-            let Some(end) = bytes.iter().position(|b| matches!(b, b'\n' | b'\r')) else {
-                self.push(bytes)?;
-                break;
+            let item = match tokio::time::timeout(timeout, body.next()).await {
+                Err(_) => Err(Read::Timeout(timeout)),
+                Ok(None) => return None,
+                Ok(Some(Err(error))) => Err(Read::Transport(error)),
+                Ok(Some(Ok(bytes))) if !bound.admit(bytes.as_ref()) => Err(Read::LineTooLong),
+                Ok(Some(Ok(bytes))) => Ok(bom.strip(bytes.as_ref())),
             };
-            self.push(&bytes[..end])?;
-            self.after_cr = bytes[end] == b'\r';
-            bytes = &bytes[end + 1..];
-            let line = std::mem::take(&mut self.line);
-            if let Some(event) = self.line_ended(&line)? {
-                events.push(event);
+            let failed = item.is_err();
+            Some((item, (body, bound, bom, failed)))
+        },
+    );
+    bytes
+        .eventsource()
+        .map(|item| match item {
+            Ok(event) => Ok(SseEvent {
+                event: (event.event != "message").then_some(event.event),
+                data: event.data,
+            }),
+            Err(EventStreamError::Utf8(_)) => Err(SseError::InvalidUtf8),
+            Err(EventStreamError::Parser(error)) => Err(SseError::Malformed(error.to_string())),
+            Err(EventStreamError::Transport(Read::LineTooLong)) => Err(SseError::LineTooLong),
+            Err(EventStreamError::Transport(Read::Timeout(after))) => Err(SseError::Timeout(after)),
+            Err(EventStreamError::Transport(Read::Transport(error))) => {
+                Err(SseError::Transport(error))
             }
-        }
-        Ok(events)
-    }
-
-    fn push(&mut self, bytes: &[u8]) -> Result<(), SseError> {
-        if self.line.len() + bytes.len() > MAX_LINE_BYTES {
-            return Err(SseError::LineTooLong);
-        }
-        self.line.extend_from_slice(bytes);
-        Ok(())
-    }
-
-    fn line_ended(&mut self, line: &[u8]) -> Result<Option<SseEvent>, SseError> {
-        let line = if self.started {
-            line
-        } else {
-            self.started = true;
-            line.strip_prefix(BOM).unwrap_or(line)
-        };
-        let line = std::str::from_utf8(line).map_err(|_| SseError::InvalidUtf8)?;
-        if line.is_empty() {
-            return Ok(self.dispatch());
-        }
-        if line.starts_with(':') {
-            return Ok(None);
-        }
-        let (field, value) = match line.split_once(':') {
-            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
-            None => (line, ""),
-        };
-        match field {
-            "data" => {
-                self.data.push_str(value);
-                self.data.push('\n');
-            }
-            "event" => self.event = Some(value.to_owned()),
-            // `id` and `retry` serve reconnection, which a chat completion cannot resume; other fields are ignored
-            // by the standard.
-            _ => {}
-        }
-        Ok(None)
-    }
-
-    fn dispatch(&mut self) -> Option<SseEvent> {
-        let event = self.event.take();
-        if self.data.is_empty() {
-            return None;
-        }
-        let mut data = std::mem::take(&mut self.data);
-        data.pop();
-        Some(SseEvent { event, data })
-    }
+        })
+        .boxed()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const PATIENT: Duration = Duration::from_secs(5);
 
     fn data(text: &str) -> SseEvent {
         SseEvent {
@@ -141,45 +155,57 @@ mod tests {
         }
     }
 
-    fn parse_all(body: &[u8]) -> Vec<SseEvent> {
-        SseParser::new().feed(body).unwrap()
+    async fn parse_pieces(pieces: Vec<Vec<u8>>) -> Result<Vec<SseEvent>, String> {
+        let body = futures::stream::iter(pieces.into_iter().map(Ok::<_, std::io::Error>));
+        let mut out = Vec::new();
+        let mut stream = events(body, PATIENT);
+        while let Some(item) = stream.next().await {
+            out.push(item.map_err(|error| error.to_string())?);
+        }
+        Ok(out)
+    }
+
+    async fn parse_all(body: &[u8]) -> Vec<SseEvent> {
+        parse_pieces(vec![body.to_vec()]).await.unwrap()
     }
 
     /// Feeds `body` in pieces of `size` bytes.
-    fn parse_in_pieces(body: &[u8], size: usize) -> Vec<SseEvent> {
-        let mut parser = SseParser::new();
-        body.chunks(size)
-            .flat_map(|piece| parser.feed(piece).unwrap())
-            .collect()
+    async fn parse_in_pieces(body: &[u8], size: usize) -> Vec<SseEvent> {
+        parse_pieces(body.chunks(size).map(<[u8]>::to_vec).collect())
+            .await
+            .unwrap()
     }
 
-    #[test]
-    fn reads_data_events_and_ignores_what_is_not_data() {
+    #[tokio::test]
+    async fn reads_data_events_and_ignores_what_is_not_data() {
         let body =
             b": keep-alive\n\ndata: {\"a\":1}\n\nid: 7\nretry: 100\nunknown: x\ndata:[DONE]\n\n";
-        assert_eq!(parse_all(body), vec![data("{\"a\":1}"), data("[DONE]")]);
+        assert_eq!(
+            parse_all(body).await,
+            vec![data("{\"a\":1}"), data("[DONE]")]
+        );
     }
 
-    #[test]
-    fn joins_multi_line_data_with_line_feeds() {
+    #[tokio::test]
+    async fn joins_multi_line_data_with_line_feeds() {
         let body = b"data: first\ndata:  second keeps one space\ndata\n\n";
         assert_eq!(
-            parse_all(body),
+            parse_all(body).await,
             vec![data("first\n second keeps one space\n")]
         );
     }
 
-    #[test]
-    fn accepts_crlf_and_lone_cr_line_ends() {
+    #[tokio::test]
+    async fn accepts_crlf_and_lone_cr_line_ends() {
         let body = b"data: a\r\n\r\ndata: b\r\rdata: c\n\r\n";
-        assert_eq!(parse_all(body), vec![data("a"), data("b"), data("c")]);
+        assert_eq!(parse_all(body).await, vec![data("a"), data("b"), data("c")]);
     }
 
-    #[test]
-    fn gives_the_same_events_whatever_the_read_boundaries() {
+    #[tokio::test]
+    async fn gives_the_same_events_whatever_the_read_boundaries() {
         let body = "\u{FEFF}: hello\r\nevent: delta\r\ndata: {\"text\":\"héllo wörld ✓\"}\r\n\r\ndata: x\r\ndata: y\r\n\r\n: bye\r\n\r\ndata: [DONE]\r\n\r\n"
             .as_bytes();
-        let whole = parse_all(body);
+        let whole = parse_all(body).await;
         assert_eq!(
             whole,
             vec![
@@ -192,39 +218,61 @@ mod tests {
             ]
         );
         for size in 1..body.len() {
-            assert_eq!(parse_in_pieces(body, size), whole, "pieces of {size} bytes");
+            assert_eq!(
+                parse_in_pieces(body, size).await,
+                whole,
+                "pieces of {size} bytes"
+            );
         }
     }
 
-    #[test]
-    fn a_cr_at_the_end_of_one_read_and_an_lf_at_the_start_of_the_next_end_one_line() {
-        let mut parser = SseParser::new();
-        assert!(parser.feed(b"data: a\r").unwrap().is_empty());
-        assert_eq!(parser.feed(b"\n\r").unwrap(), vec![data("a")]);
-        assert_eq!(parser.feed(b"\ndata: b\n\n").unwrap(), vec![data("b")]);
-    }
-
-    #[test]
-    fn an_event_without_data_is_not_dispatched_and_its_name_does_not_leak() {
-        let body = b"event: ping\n\ndata: real\n\n";
-        assert_eq!(parse_all(body), vec![data("real")]);
-    }
-
-    #[test]
-    fn an_unfinished_event_is_not_dispatched() {
-        assert!(parse_all(b"data: {\"half\":").is_empty());
-        assert!(parse_all(b"data: complete line but no blank line\n").is_empty());
-    }
-
-    #[test]
-    fn refuses_invalid_utf8_and_endless_lines() {
+    #[tokio::test]
+    async fn a_cr_at_the_end_of_one_read_and_an_lf_at_the_start_of_the_next_end_one_line() {
+        let pieces = vec![
+            b"data: a\r".to_vec(),
+            b"\n\r".to_vec(),
+            b"\ndata: b\n\n".to_vec(),
+        ];
         assert_eq!(
-            SseParser::new().feed(b"data: \xFF\xFE\n\n"),
-            Err(SseError::InvalidUtf8)
+            parse_pieces(pieces).await.unwrap(),
+            vec![data("a"), data("b")]
         );
-        let mut parser = SseParser::new();
+    }
+
+    #[tokio::test]
+    async fn an_event_without_data_is_not_dispatched_and_its_name_does_not_leak() {
+        let body = b"event: ping\n\ndata: real\n\n";
+        assert_eq!(parse_all(body).await, vec![data("real")]);
+    }
+
+    #[tokio::test]
+    async fn an_unfinished_event_is_not_dispatched() {
+        assert!(parse_all(b"data: {\"half\":").await.is_empty());
+        assert!(
+            parse_all(b"data: complete line but no blank line\n")
+                .await
+                .is_empty()
+        );
+    }
+
+    #[tokio::test]
+    async fn refuses_invalid_utf8_and_endless_lines() {
+        assert_eq!(
+            parse_pieces(vec![b"data: \xFF\xFE\n\n".to_vec()]).await,
+            Err("a line of the event stream is not valid UTF-8".to_owned())
+        );
         let big = vec![b'a'; MAX_LINE_BYTES / 2 + 1];
-        assert!(parser.feed(&big).is_ok());
-        assert_eq!(parser.feed(&big), Err(SseError::LineTooLong));
+        assert_eq!(
+            parse_pieces(vec![big.clone(), big]).await,
+            Err(format!(
+                "a line of the event stream is longer than {MAX_LINE_BYTES} bytes"
+            ))
+        );
+        let mut ended = vec![b'a'; MAX_LINE_BYTES / 2 + 1];
+        ended.push(b'\n');
+        assert!(
+            parse_pieces(vec![ended.clone(), ended]).await.is_ok(),
+            "only one line is bounded, not the body"
+        );
     }
 }

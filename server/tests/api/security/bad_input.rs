@@ -269,3 +269,126 @@ async fn refused_decisions_leave_the_approval_pending() {
         "the approval was still there to decide"
     );
 }
+
+/// A form field of `bytes` bytes, as a server function call or an HTML form sends it.
+fn huge_form(bytes: usize) -> String {
+    format!("message={}", "x".repeat(bytes))
+}
+
+#[tokio::test]
+async fn every_route_refuses_a_body_over_the_limit_with_the_api_error() {
+    let app = spawn_app().await;
+    let mib = 1024 * 1024;
+    let json = json!({"message": "x".repeat(mib)}).to_string().into_bytes();
+    let form = huge_form(mib).into_bytes();
+    let routes: [(&str, &str, &str, &[u8]); 16] = [
+        ("POST", "/api/agent", "application/json", &json),
+        ("POST", "/api/agent/stream", "application/json", &json),
+        ("POST", "/api/agent/runs", "application/json", &json),
+        (
+            "POST",
+            "/api/agent/runs/r/cancel",
+            "application/json",
+            &json,
+        ),
+        (
+            "POST",
+            "/api/agent/approvals/r/c",
+            "application/json",
+            &json,
+        ),
+        ("POST", "/api/agui", "application/json", &json),
+        (
+            "POST",
+            "/api/fn/page",
+            "application/x-www-form-urlencoded",
+            &form,
+        ),
+        (
+            "POST",
+            "/api/fn/start_run",
+            "application/x-www-form-urlencoded",
+            &form,
+        ),
+        (
+            "POST",
+            "/api/fn/decide",
+            "application/x-www-form-urlencoded",
+            &form,
+        ),
+        (
+            "POST",
+            "/api/fn/pending",
+            "application/x-www-form-urlencoded",
+            &form,
+        ),
+        (
+            "POST",
+            "/api/fn/cancel",
+            "application/x-www-form-urlencoded",
+            &form,
+        ),
+        (
+            "POST",
+            "/api/a-route-added-later",
+            "application/json",
+            &json,
+        ),
+        ("POST", "/login", "application/x-www-form-urlencoded", &form),
+        ("GET", "/api/agent/approvals", "application/json", &json),
+        ("GET", "/", "text/plain", &form),
+        ("GET", "/favicon.svg", "text/plain", &form),
+    ];
+    for (method, path, content_type, body) in routes {
+        let response = app
+            .client
+            .request(method.parse().unwrap(), app.url(path))
+            .header("content-type", content_type)
+            .body(body.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 413, "{method} {path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "ok": false,
+                "code": "PAYLOAD_TOO_LARGE",
+                "error": "The request body is larger than 65536 bytes."
+            }),
+            "{method} {path}"
+        );
+    }
+    // Read as it streams, without a Content-Length: the same answer once the limit is passed.
+    let chunks = (0..100).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 1024]));
+    let response = app
+        .client
+        .post(app.url("/api/fn/start_run"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(reqwest::Body::wrap_stream(stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    assert_eq!(
+        response.json::<Value>().await.unwrap()["code"],
+        "PAYLOAD_TOO_LARGE"
+    );
+    assert_eq!(
+        app.harness.sessions(usize::MAX).await.unwrap().len(),
+        0,
+        "nothing started"
+    );
+    assert!(pending(&app).await.is_empty());
+    // A body within the limit still reaches the server function.
+    let started = app
+        .client
+        .post(app.url("/api/fn/start_run"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("message=list%20files")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(started.status(), 200);
+}

@@ -1,5 +1,6 @@
-//! The real `toolgate` binary, as a user starts it: signals end it cleanly, it refuses to listen beyond loopback
-//! without a token, it never prints the token, and the commands it runs never see the model's key.
+//! The real `toolgate` binary, as a user starts it: signals end it cleanly (whatever its tools are doing, and with
+//! nothing left running), it refuses to listen beyond loopback without a token, it never prints the token, and the
+//! commands it runs never see the model's key.
 
 use std::net::SocketAddr;
 use std::process::{ExitStatus, Stdio};
@@ -12,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::helpers::{PATIENCE, SseStream};
 
-/// How long a signalled server may take to exit: the "within a few seconds".
+/// How long a signalled server may take to exit: "within a few seconds", as the README promises.
 const EXIT_WITHIN: Duration = Duration::from_secs(5);
 
 /// The binary with a clean environment of its own: no `TOOLGATE_*` of whoever runs the tests.
@@ -73,7 +74,7 @@ struct Server {
     lines: mpsc::UnboundedReceiver<String>,
     /// Everything it printed so far.
     log: String,
-    _workspace: tempfile::TempDir,
+    workspace: tempfile::TempDir,
 }
 
 impl Server {
@@ -98,7 +99,7 @@ impl Server {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             lines,
             log: String::new(),
-            _workspace: workspace,
+            workspace,
         };
         let ready = server.line_containing("toolgate is ready").await;
         let addr = ready
@@ -130,6 +131,11 @@ impl Server {
 
     fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// The workspace directory, as the server sees it (canonical).
+    fn workspace(&self) -> std::path::PathBuf {
+        self.workspace.path().canonicalize().unwrap()
     }
 
     fn signal(&self, signal: libc::c_int) {
@@ -231,6 +237,49 @@ async fn the_binary_refuses_to_listen_beyond_loopback_without_a_token() {
 }
 
 #[tokio::test]
+async fn the_binary_refuses_a_public_origin_beyond_loopback_without_a_token() {
+    let workspace = tempfile::tempdir().unwrap();
+    let path = workspace.path().join("ws");
+    // Behind a reverse proxy the server itself listens on loopback; the public origin says who reaches it.
+    let output = toolgate(
+        &[
+            "--addr",
+            "127.0.0.1:0",
+            "--public-origin",
+            "http://localhost:3000,https://toolgate.example.com",
+            "--workspace",
+            path.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .output();
+    let output = tokio::time::timeout(PATIENCE, output)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with(
+            "toolgate: refusing to serve https://toolgate.example.com without an access token: a public origin that is not a loopback address means people reach toolgate through a proxy or from other machines"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--token") && stderr.contains("TOOLGATE_TOKEN"),
+        "{stderr}"
+    );
+    assert!(!path.exists(), "it refused before creating anything");
+
+    // A loopback public origin (an SSH tunnel, a proxy on the same machine for local use) needs no token.
+    let server = Server::start(&["--public-origin", "http://localhost:8080"], &[]).await;
+    let health = reqwest::get(server.url("/healthz")).await.unwrap();
+    assert_eq!(health.text().await.unwrap(), "ok");
+    server.signal(libc::SIGTERM);
+    assert!(server.exit(EXIT_WITHIN).await.0.success());
+}
+
+#[tokio::test]
 async fn the_token_from_the_environment_works_and_is_never_printed() {
     let token = "tg-env-5d2c9b1e7a3f4e60b8c2d4f6a8e0c1b3";
     let server = Server::start(
@@ -316,4 +365,100 @@ async fn run_command_never_sees_the_model_key_in_the_servers_environment() {
     );
     server.signal(libc::SIGTERM);
     assert!(server.exit(EXIT_WITHIN).await.0.success());
+}
+
+/// The command lines of the processes whose working directory is `dir`: the test's own workspace, so they are what
+/// the server's commands started, whatever session or process group they moved to.
+fn processes_in(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.parse::<u32>().is_ok())
+                && std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd == dir)
+        })
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        .collect()
+}
+
+#[tokio::test]
+async fn sigterm_ends_runs_in_the_middle_of_tools_and_leaves_no_process_behind() {
+    let server = Server::start(&["--policy", "trusted"], &[]).await;
+    let workspace = server.workspace();
+    let fifo = std::ffi::CString::new(workspace.join("pipe").into_os_string().into_encoded_bytes())
+        .unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let client = reqwest::Client::new();
+    let start = |message: &str| {
+        client
+            .post(server.url("/api/agent/stream"))
+            .json(&json!({ "message": message }))
+            .send()
+    };
+    // A read of a FIFO (once, it blocked a thread for ever, and SIGTERM no longer ended the process), and a command
+    // whose children leave its process group and session.
+    let mut read = SseStream::new(start("read pipe").await.unwrap());
+    read.until("toolCall").await;
+    let mut command = SseStream::new(
+        start("run sh -c 'sleep 300 & setsid sleep 300 & wait'")
+            .await
+            .unwrap(),
+    );
+    command.until("toolCall").await;
+    let started = Instant::now();
+    while processes_in(&workspace)
+        .iter()
+        .filter(|cmdline| cmdline.starts_with("sleep 300"))
+        .count()
+        < 2
+    {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "{:?}",
+            processes_in(&workspace)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let signalled = Instant::now();
+    server.signal(libc::SIGTERM);
+    let (status, log) = server.exit(EXIT_WITHIN).await;
+    assert!(status.success(), "exit status {status:?}; log:\n{log}");
+    assert!(
+        signalled.elapsed() < EXIT_WITHIN,
+        "took {:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(
+        processes_in(&workspace),
+        Vec::<String>::new(),
+        "left running"
+    );
+
+    let read = read.rest().await;
+    let result = read
+        .iter()
+        .find(|e| e.name == "toolResult")
+        .expect("the read has a result");
+    assert_eq!(
+        result.data["output"]["code"], "OUTSIDE_WORKSPACE",
+        "{:?}",
+        result.data
+    );
+    let command = command.rest().await;
+    let result = command
+        .iter()
+        .find(|e| e.name == "toolResult")
+        .expect("the command has a result");
+    assert_eq!(
+        result.data["output"]["message"], "\"sh\" was stopped because the run was aborted.",
+        "{:?}",
+        result.data
+    );
+    assert_eq!(command.last().unwrap().data["code"], "SHUTDOWN");
 }

@@ -1,7 +1,7 @@
 //! Cross-site requests cannot decide, start or cancel anything: a 403 that says why, and no state changes.
 
 use serde_json::{Value, json};
-use server::security::PublicOrigin;
+use server::security::{AccessToken, PublicOrigin};
 
 use super::{EVIL, headers, own_origin, pending, refusal};
 use crate::helpers::{TestApp, spawn_app, spawn_app_with};
@@ -170,14 +170,33 @@ async fn fetch_metadata_from_another_site_is_refused_even_without_origin() {
 #[tokio::test]
 async fn the_servers_own_page_and_scripts_without_origin_may_decide() {
     let app = spawn_app().await;
-    let (run_id, call_id) = pending_deletion(&app).await;
+    // A run of the page's own session (server functions act on nothing else).
+    let run_id = app
+        .create_run(json!({"message": "delete a.txt", "sessionId": "page-session"}))
+        .await;
+    let required = app
+        .events(&run_id, None)
+        .await
+        .until("approvalRequired")
+        .await;
+    let call_id = required.data["request"]["toolCallId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     // What the browser sends for the page's own server-function call: same origin, same-origin fetch.
     let own = own_origin(&app);
     let response = Write::form(
         "/api/fn/decide",
         &format!("run_id={run_id}&tool_call_id={call_id}&choice=Deny"),
     )
-    .send(&app, &[("origin", &own), ("sec-fetch-site", "same-origin")])
+    .send(
+        &app,
+        &[
+            ("origin", &own),
+            ("sec-fetch-site", "same-origin"),
+            ("cookie", "toolgate_session=page-session"),
+        ],
+    )
     .await;
     assert_eq!(response.status(), 200, "{:?}", response.text().await);
     assert!(
@@ -238,17 +257,32 @@ async fn event_streams_are_reads_and_need_no_origin() {
 
 #[tokio::test]
 async fn public_origins_replace_the_host_as_the_servers_origin() {
+    // A public origin beyond loopback needs a token.
+    let token = "tg-5e0d7c2b9a4f4d1e8c3b6a9f2e5d8c1b";
+    let bearer = format!("Bearer {token}");
     let app = spawn_app_with(|config| {
         config.public_origins = vec![PublicOrigin::parse("https://toolgate.example.com").unwrap()];
+        config.token = Some(AccessToken::parse(token).unwrap());
     })
     .await;
     let decide = Write::json("/api/agent/approvals/r/c", json!({"decision": "approve"}));
     let passed = decide
-        .send(&app, &[("origin", "https://toolgate.example.com")])
+        .send(
+            &app,
+            &[
+                ("origin", "https://toolgate.example.com"),
+                ("authorization", &bearer),
+            ],
+        )
         .await;
     assert_eq!(passed.status(), 404, "the listed origin passes the check");
     let error = refusal(
-        decide.send(&app, &[("origin", &own_origin(&app))]).await,
+        decide
+            .send(
+                &app,
+                &[("origin", &own_origin(&app)), ("authorization", &bearer)],
+            )
+            .await,
         403,
     )
     .await;
@@ -261,6 +295,7 @@ async fn public_origins_replace_the_host_as_the_servers_origin() {
         .client
         .get(app.url("/api/agent/approvals"))
         .header("host", "toolgate.example.com")
+        .header("authorization", &bearer)
         .send()
         .await
         .unwrap();

@@ -157,7 +157,7 @@ async fn a_decision_racing_the_timeout_resolves_once_one_way() {
                 let file = format!("timeout-{i}.txt");
                 let (run_id, call_id, expires_at) = pending_write(&app, &file, "in time").await;
                 let at = expires_at as i64 + offset;
-                let wait = (at - agent::approvals::now_ms() as i64).max(0) as u64;
+                let wait = (at - agent::clock::now_ms() as i64).max(0) as u64;
                 tokio::time::sleep(Duration::from_millis(wait)).await;
                 let decided = app
                     .decide(&run_id, &call_id, json!({"decision": "approve"}))

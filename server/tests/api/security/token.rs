@@ -1,9 +1,14 @@
 //! The access token: the API needs `Authorization: Bearer`, browsers log in for an HttpOnly, SameSite=Strict
-//! cookie that is not the token, and a server that is reachable from other machines cannot start without one.
+//! cookie that is not the token and expires on the server, logins are rate-limited per client, a logout takes the
+//! cookie back, and a server that is reachable from other machines cannot start without a token.
+
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use server::config::Config;
-use server::security::AccessToken;
+use server::security::token::{Credentials, LOGIN_LIFETIME};
+use server::security::{AccessToken, PublicOrigin};
 use server::startup::{StartupError, build};
 
 use super::{EVIL, headers, no_redirects, own_origin, post_form, refusal};
@@ -156,9 +161,16 @@ async fn logging_in_sets_an_http_only_strict_cookie_that_is_not_the_token() {
     let attributes: Vec<&str> = set_cookie.split("; ").collect();
     let (name, value) = attributes[0].split_once('=').unwrap();
     assert_eq!(name, "toolgate_auth");
-    assert_eq!(value.len(), 64, "an HMAC-SHA256 in hex");
+    let (expires, mac) = value.split_once('.').unwrap();
+    assert_eq!(mac.len(), 64, "an HMAC-SHA256 in hex");
+    let expires: u64 = expires.parse().unwrap();
+    let week = unix_now() + LOGIN_LIFETIME.as_secs();
+    assert!(
+        (week - 5..=week).contains(&expires),
+        "the cookie carries its expiry, a week away: {expires}"
+    );
     assert!(!value.contains(TOKEN) && !set_cookie.contains(TOKEN));
-    for attribute in ["Path=/", "HttpOnly", "SameSite=Strict"] {
+    for attribute in ["Path=/", "HttpOnly", "SameSite=Strict", "Max-Age=604800"] {
         assert!(attributes.contains(&attribute), "{set_cookie}");
     }
     assert!(
@@ -166,11 +178,8 @@ async fn logging_in_sets_an_http_only_strict_cookie_that_is_not_the_token() {
         "a plain-http loopback page could not keep it"
     );
 
+    // Every login's cookie works; this one is used below.
     let cookie = log_in(&app, TOKEN).await;
-    assert_eq!(
-        cookie, attributes[0],
-        "the cookie is the same for every login"
-    );
     let page = client
         .get(app.url("/"))
         .header("cookie", &cookie)
@@ -354,4 +363,228 @@ async fn listening_beyond_loopback_without_a_token_refuses_to_start() {
         app.addr.ip().is_unspecified(),
         "with a token it listens where asked"
     );
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A client whose requests come from `ip` (any address of 127.0.0.0/8 reaches the server on 127.0.0.1).
+fn client_from(ip: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(ip.parse::<IpAddr>().unwrap())
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+async fn page_status(app: &TestApp, cookie: &str) -> u16 {
+    no_redirects()
+        .get(app.url("/"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn a_login_expires_on_the_server_and_a_tampered_cookie_is_refused() {
+    let app = protected().await;
+    // Another instance with the same token (here, credentials built apart from the server) mints cookies the
+    // server accepts: the expiry and its MAC are all there is to check.
+    let elsewhere = Credentials::new(&AccessToken::parse(TOKEN).unwrap()).unwrap();
+    let now = SystemTime::now();
+    let valid = elsewhere.login_cookie(now);
+    assert_eq!(
+        page_status(&app, &format!("toolgate_auth={valid}")).await,
+        200
+    );
+
+    let expired = elsewhere.login_cookie_expiring(now - Duration::from_secs(1));
+    let (expires, mac) = valid.split_once('.').unwrap();
+    let extended = format!("{}.{mac}", expires.parse::<u64>().unwrap() + 86_400);
+    let other_mac = format!("{expires}.{}", "0".repeat(64));
+    for value in [expired, extended, other_mac] {
+        let cookie = format!("toolgate_auth={value}");
+        assert_eq!(page_status(&app, &cookie).await, 303, "{cookie}");
+        let api = app
+            .client
+            .get(app.url("/api/agent/approvals"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(api.status(), 401, "{cookie}");
+    }
+    // The browser keeps the cookie no longer than the server honours it.
+    let response = post_form(&no_redirects(), app.url("/login"), &[("token", TOKEN)])
+        .header("origin", own_origin(&app))
+        .send()
+        .await
+        .unwrap();
+    let set_cookie = response.headers()["set-cookie"].to_str().unwrap();
+    assert!(
+        set_cookie.contains(&format!("Max-Age={}", LOGIN_LIFETIME.as_secs())),
+        "{set_cookie}"
+    );
+}
+
+#[tokio::test]
+async fn login_attempts_are_rate_limited_per_client() {
+    let app = protected().await;
+    let guesser = client_from("127.0.0.1");
+    for attempt in 0..5 {
+        let response = post_form(&guesser, app.url("/login"), &[("token", "guess")])
+            .header("origin", own_origin(&app))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 401, "attempt {attempt}");
+    }
+    // Past its attempts even the right token waits: guessing cannot go at network speed.
+    let limited = post_form(&guesser, app.url("/login"), &[("token", TOKEN)])
+        .header("origin", own_origin(&app))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(limited.status(), 429);
+    assert!(limited.headers().get("set-cookie").is_none());
+    let wait: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=12).contains(&wait), "{wait}");
+    assert_eq!(limited.headers()["cache-control"], "no-store");
+    let html = limited.text().await.unwrap();
+    assert!(
+        html.contains(&format!(
+            r#"<p class="error" role="alert">Too many attempts from your address. Wait {wait} s and try again.</p>"#
+        )),
+        "{html}"
+    );
+    assert!(html.contains(r#"<form method="post" action="/login">"#));
+    // The form itself still shows.
+    let form = guesser.get(app.url("/login")).send().await.unwrap();
+    assert_eq!(form.status(), 200);
+
+    // Another client is not held back by the guesser.
+    let person = client_from("127.0.0.2");
+    let own = format!("http://127.0.0.1:{}", app.addr.port());
+    let login = post_form(&person, app.url("/login"), &[("token", TOKEN)])
+        .header("origin", &own)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 303);
+    assert!(login.headers().get("set-cookie").is_some());
+}
+
+#[tokio::test]
+async fn logging_out_takes_the_cookie_back_and_the_page_offers_it() {
+    let app = protected().await;
+    let client = no_redirects();
+    let cookie = log_in(&app, TOKEN).await;
+    let page = client
+        .get(app.url("/"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(r#"<form method="post" action="/logout" class="logout">"#),
+        "{page}"
+    );
+
+    let refused = client
+        .post(app.url("/logout"))
+        .header("cookie", &cookie)
+        .header("origin", EVIL)
+        .send()
+        .await
+        .unwrap();
+    assert!(refused.headers().get("set-cookie").is_none());
+    assert!(
+        refusal(refused, 403)
+            .await
+            .starts_with("Cross-site request refused")
+    );
+
+    let out = client
+        .post(app.url("/logout"))
+        .header("cookie", &cookie)
+        .header("origin", own_origin(&app))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 303);
+    assert_eq!(out.headers()["location"], "/login");
+    let removal = out.headers()["set-cookie"].to_str().unwrap().to_owned();
+    let attributes: Vec<&str> = removal.split("; ").collect();
+    assert_eq!(attributes[0], "toolgate_auth=", "{removal}");
+    for attribute in ["Path=/", "Max-Age=0"] {
+        assert!(attributes.contains(&attribute), "{removal}");
+    }
+    let form = client.get(app.url("/login")).send().await.unwrap();
+    assert_eq!(
+        form.status(),
+        200,
+        "a browser without the cookie sees the form"
+    );
+
+    // Without a token there is nobody to log out, and the page says nothing of it.
+    let open = spawn_app_with(|_| {}).await;
+    let page = open.get("/").await.text().await.unwrap();
+    assert!(page.contains("<title>toolgate</title>"));
+    assert!(!page.contains("/logout"), "{page}");
+}
+
+#[tokio::test]
+async fn cookies_are_secure_when_the_public_origin_is_https() {
+    let origin = "https://toolgate.example.com";
+    let app = spawn_app_with(|config| {
+        config.token = Some(AccessToken::parse(TOKEN).unwrap());
+        config.public_origins = vec![PublicOrigin::parse(origin).unwrap()];
+    })
+    .await;
+    let client = no_redirects();
+    // However the browser marks its login (here by Sec-Fetch-Site alone), the cookie is Secure.
+    let login = post_form(&client, app.url("/login"), &[("token", TOKEN)])
+        .header("sec-fetch-site", "same-origin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 303);
+    let set_cookie = login.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        set_cookie.split("; ").any(|a| a == "Secure"),
+        "{set_cookie}"
+    );
+    let page = client
+        .get(app.url("/"))
+        .header("host", "toolgate.example.com")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let session = page.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(session.starts_with("toolgate_session="), "{session}");
+    assert!(session.split("; ").any(|a| a == "Secure"), "{session}");
+    let logout = client
+        .post(app.url("/logout"))
+        .header("origin", origin)
+        .send()
+        .await
+        .unwrap();
+    let removal = logout.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(removal.split("; ").any(|a| a == "Secure"), "{removal}");
 }

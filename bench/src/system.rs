@@ -1,15 +1,15 @@
-//! What Linux tells about a process: CPU time and resident memory from /proc, the open-files limit, the machine.
+//! What Linux tells about a process and the machine: CPU time and resident memory, the open-files limit, the CPU
+//! and memory. Read with the `procfs` crate; raising the limit and the port range are the two things it does not do.
 
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use procfs::process::{LimitValue, Process};
+use procfs::{Current, FromRead};
 
 /// Clock ticks per second, the unit of `utime` and `stime` in /proc/PID/stat (`getconf CLK_TCK`).
 pub fn clock_ticks() -> u64 {
-    // SAFETY: sysconf has no preconditions; it returns -1 for an unknown name.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    u64::try_from(ticks).ok().filter(|t| *t > 0).unwrap_or(100)
+    procfs::ticks_per_second()
 }
 
 /// CPU time of a whole process (every thread, including threads that already exited), from /proc/PID/stat. Its
@@ -32,36 +32,29 @@ impl CpuTime {
             system: self.system.saturating_sub(earlier.system),
         }
     }
+
+    fn from_stat(stat: &procfs::process::Stat, ticks_per_second: u64) -> Self {
+        let time = |ticks: u64| {
+            Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / ticks_per_second.max(1))
+        };
+        Self {
+            user: time(stat.utime),
+            system: time(stat.stime),
+        }
+    }
 }
 
+fn process(pid: u32) -> Result<Process> {
+    let pid = i32::try_from(pid).context("a process id out of range")?;
+    Process::new(pid).with_context(|| format!("cannot open /proc/{pid}"))
+}
+
+/// The CPU time of a process.
 pub fn cpu_time(pid: u32) -> Result<CpuTime> {
-    let path = format!("/proc/{pid}/stat");
-    let stat = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
-    parse_cpu_time(&stat, clock_ticks()).with_context(|| format!("unexpected contents of {path}"))
-}
-
-fn parse_cpu_time(stat: &str, ticks_per_second: u64) -> Result<CpuTime> {
-    // The command name (field 2) is in parentheses and may contain spaces: count fields after the last ')'.
-    let after_name = stat
-        .rfind(')')
-        .map(|i| &stat[i + 1..])
-        .context("no ')' after the command name")?;
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    // Field 3 (state) is fields[0]; utime is field 14 and stime field 15.
-    let ticks = |index: usize, name: &str| -> Result<Duration> {
-        let ticks = fields
-            .get(index)
-            .with_context(|| format!("no {name} field"))?
-            .parse::<u64>()
-            .with_context(|| format!("{name} is not a number"))?;
-        Ok(Duration::from_nanos(
-            ticks.saturating_mul(1_000_000_000) / ticks_per_second,
-        ))
-    };
-    Ok(CpuTime {
-        user: ticks(11, "utime")?,
-        system: ticks(12, "stime")?,
-    })
+    let stat = process(pid)?
+        .stat()
+        .with_context(|| format!("cannot read /proc/{pid}/stat"))?;
+    Ok(CpuTime::from_stat(&stat, clock_ticks()))
 }
 
 /// The CPU time of this process.
@@ -72,37 +65,26 @@ pub fn own_cpu_time() -> Result<CpuTime> {
 /// Resident memory of a process, from /proc/PID/status.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Memory {
-    /// VmRSS, in bytes.
     pub rss_bytes: u64,
-    /// VmHWM (the peak of VmRSS so far), in bytes.
     pub peak_rss_bytes: u64,
 }
 
-pub fn memory(pid: u32) -> Result<Memory> {
-    let path = format!("/proc/{pid}/status");
-    let status = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
-    parse_memory(&status).with_context(|| format!("unexpected contents of {path}"))
+impl Memory {
+    fn from_status(status: &procfs::process::Status) -> Result<Self> {
+        let kib = |value: Option<u64>, name: &str| value.with_context(|| format!("no {name} line"));
+        Ok(Self {
+            rss_bytes: kib(status.vmrss, "VmRSS")? * 1024,
+            peak_rss_bytes: kib(status.vmhwm, "VmHWM")? * 1024,
+        })
+    }
 }
 
-fn parse_memory(status: &str) -> Result<Memory> {
-    let kib = |key: &str| -> Result<u64> {
-        let line = status
-            .lines()
-            .find_map(|line| line.strip_prefix(key))
-            .with_context(|| format!("no {key} line"))?;
-        let number = line
-            .trim()
-            .strip_suffix("kB")
-            .with_context(|| format!("{key} is not in kB"))?;
-        number
-            .trim()
-            .parse::<u64>()
-            .with_context(|| format!("{key} is not a number"))
-    };
-    Ok(Memory {
-        rss_bytes: kib("VmRSS:")? * 1024,
-        peak_rss_bytes: kib("VmHWM:")? * 1024,
-    })
+/// The resident memory of a process.
+pub fn memory(pid: u32) -> Result<Memory> {
+    let status = process(pid)?
+        .status()
+        .with_context(|| format!("cannot read /proc/{pid}/status"))?;
+    Memory::from_status(&status)
 }
 
 /// Raises this process's soft open-files limit to its hard limit and returns the new soft limit. Children inherit
@@ -139,21 +121,13 @@ pub fn raise_open_files_limit() -> Result<u64> {
 
 /// The soft open-files limit of a running process, from /proc/PID/limits.
 pub fn open_files_limit(pid: u32) -> Result<u64> {
-    let path = format!("/proc/{pid}/limits");
-    let limits = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
-    let line = limits
-        .lines()
-        .find(|line| line.starts_with("Max open files"))
-        .with_context(|| format!("no 'Max open files' line in {path}"))?;
-    let soft = line["Max open files".len()..]
-        .split_whitespace()
-        .next()
-        .with_context(|| format!("no soft limit in {path}"))?;
-    if soft == "unlimited" {
-        return Ok(u64::MAX);
-    }
-    soft.parse()
-        .with_context(|| format!("the soft open-files limit in {path} is not a number"))
+    let limits = process(pid)?
+        .limits()
+        .with_context(|| format!("cannot read /proc/{pid}/limits"))?;
+    Ok(match limits.max_open_files.soft_limit {
+        LimitValue::Unlimited => u64::MAX,
+        LimitValue::Value(limit) => limit,
+    })
 }
 
 /// How many local ports the kernel hands out to outgoing connections (net.ipv4.ip_local_port_range).
@@ -185,31 +159,25 @@ pub struct Machine {
 
 impl Machine {
     pub fn detect() -> Self {
-        let read = |path: &str| std::fs::read_to_string(Path::new(path)).unwrap_or_default();
-        let cpuinfo = read("/proc/cpuinfo");
-        let cpu_model = cpuinfo
-            .lines()
-            .find_map(|line| line.strip_prefix("model name"))
-            .and_then(|rest| rest.split_once(':'))
-            .map(|(_, model)| model.trim().to_owned())
+        let cpu_model = procfs::CpuInfo::current()
+            .ok()
+            .and_then(|info| info.model_name(0).map(str::to_owned))
             .unwrap_or_else(|| "unknown CPU".to_owned());
-        let memory_mib = read("/proc/meminfo")
-            .lines()
-            .find_map(|line| line.strip_prefix("MemTotal:"))
-            .and_then(|rest| rest.trim().strip_suffix("kB"))
-            .and_then(|kib| kib.trim().parse::<u64>().ok())
-            .map_or(0, |kib| kib / 1024);
+        let memory_mib =
+            procfs::Meminfo::current().map_or(0, |info| info.mem_total / (1024 * 1024));
+        let kernel = procfs::sys::kernel::Version::current()
+            .map(|version| format!("{}.{}.{}", version.major, version.minor, version.patch))
+            .unwrap_or_default();
+        let load_average = procfs::LoadAverage::current()
+            .map(|load| format!("{} {} {}", load.one, load.five, load.fifteen))
+            .unwrap_or_default();
         Self {
             cpus: std::thread::available_parallelism().map_or(1, usize::from),
             cpu_model,
             memory_mib,
-            kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
+            kernel,
             clock_ticks_per_second: clock_ticks(),
-            load_average: read("/proc/loadavg")
-                .split_whitespace()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" "),
+            load_average,
         }
     }
 }
@@ -221,8 +189,9 @@ mod tests {
     #[test]
     fn cpu_time_is_utime_plus_stime_even_with_spaces_in_the_name() {
         let stat =
-            "4242 (tool gate) S 1 4242 4242 0 -1 4194560 500 0 0 0 150 50 0 0 20 0 9 0 100 0 0";
-        let cpu = parse_cpu_time(stat, 100).unwrap();
+            "4242 (tool gate) S 1 4242 4242 0 -1 4194560 500 0 0 0 150 50 0 0 20 0 9 0 100 0 0\n";
+        let stat = procfs::process::Stat::from_read(stat.as_bytes()).unwrap();
+        let cpu = CpuTime::from_stat(&stat, 100);
         assert_eq!(cpu.user, Duration::from_millis(1500));
         assert_eq!(cpu.system, Duration::from_millis(500));
         assert_eq!(cpu.total(), Duration::from_millis(2000));
@@ -230,8 +199,9 @@ mod tests {
 
     #[test]
     fn memory_is_read_in_bytes() {
-        let status = "Name:\ttoolgate\nVmHWM:\t   20480 kB\nVmRSS:\t   10240 kB\n";
-        let memory = parse_memory(status).unwrap();
+        let status = "Name:\ttoolgate\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t1\nNgid:\t0\nPid:\t1\nPPid:\t0\nTracerPid:\t0\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nFDSize:\t64\nGroups:\t\nVmHWM:\t   20480 kB\nVmRSS:\t   10240 kB\nThreads:\t1\nSigQ:\t0/1\nSigPnd:\t0\nShdPnd:\t0\nSigBlk:\t0\nSigIgn:\t0\nSigCgt:\t0\nCapInh:\t0\nCapPrm:\t0\nCapEff:\t0\nCapBnd:\t0\nCapAmb:\t0\nCpus_allowed:\t3\nCpus_allowed_list:\t0-1\nMems_allowed:\t1\nMems_allowed_list:\t0\nvoluntary_ctxt_switches:\t1\nnonvoluntary_ctxt_switches:\t1\n";
+        let status = procfs::process::Status::from_read(status.as_bytes()).unwrap();
+        let memory = Memory::from_status(&status).unwrap();
         assert_eq!(memory.rss_bytes, 10 * 1024 * 1024);
         assert_eq!(memory.peak_rss_bytes, 20 * 1024 * 1024);
     }

@@ -1,4 +1,4 @@
-//! The seed's key-free checks, and the non-streaming route that stays fail-closed.
+//! The approval API's answers when nothing is pending, and the non-streaming route that stays fail-closed.
 
 use serde_json::{Value, json};
 
@@ -16,7 +16,7 @@ async fn listing_approvals_for_an_unknown_run_gives_an_empty_list() {
 }
 
 #[tokio::test]
-async fn deciding_an_approval_that_does_not_exist_is_404_with_the_seed_text() {
+async fn deciding_an_approval_that_does_not_exist_is_404_with_the_not_found_text() {
     let app = spawn_app().await;
     let response = app
         .decide("demo-run", "demo-call", json!({"decision": "approve"}))

@@ -1,7 +1,7 @@
 //! Request bodies and their validation.
 //!
 //! Bodies are checked field by field so that a client gets every problem at once, in the `formErrors` /
-//! `fieldErrors` shape, with Zod's wording where the seed's clients expect it. Unknown fields are refused: a typo
+//! `fieldErrors` shape, with Zod's wording, which the approval API's clients expect. Unknown fields are refused: a typo
 //! in `decision` or `scope` must never silently become a default.
 
 use serde_json::{Map, Value};

@@ -1,0 +1,96 @@
+//! A waiting run goes on: its allowed and approved calls run (each taken once, in whichever process gets it), and
+//! once every call of its batch is settled, whoever claims the batch first samples on from its saved state.
+
+use std::sync::Arc;
+
+use super::drive::{NoEvents, Segment};
+use super::{Harness, Unavailable};
+use crate::ids::RunId;
+use crate::runtime::{RunError, execute};
+use crate::store::RunState;
+
+impl Harness {
+    /// Advances a waiting run in a task of this process.
+    pub(super) fn spawn_advance(&self, run_id: RunId) {
+        let harness = self.clone();
+        self.inner.tasks.spawn(async move {
+            if let Err(error) = harness.advance(&run_id).await {
+                tracing::error!(%run_id, %error, "cannot advance the run");
+            }
+        });
+    }
+
+    /// Runs the calls of a waiting run that are to run and nobody has taken, then claims the batch if it is
+    /// settled.
+    async fn advance(&self, run_id: &RunId) -> Result<(), Unavailable> {
+        let store = &self.inner.store;
+        let Some(info) = store.run(run_id).await? else {
+            return Ok(());
+        };
+        if info.state != RunState::Waiting {
+            return Ok(());
+        }
+        let calls = store.calls(run_id).await?;
+        let runnable: Vec<_> = calls
+            .iter()
+            .filter(|record| record.status.is_runnable())
+            .map(|record| record.call.id.clone())
+            .collect();
+        if !runnable.is_empty() && !self.inner.closing.is_cancelled() {
+            let local = self.inner.local.enter(run_id);
+            // The policy of a call being run was decided when its batch opened; only the tools matter here.
+            let context = self
+                .context(
+                    &info,
+                    self.inner.config.permissions.policy,
+                    local.abort.clone(),
+                    Arc::new(NoEvents),
+                )
+                .await;
+            let results = futures::future::join_all(
+                runnable
+                    .iter()
+                    .map(|call_id| execute(&context, call_id, None)),
+            )
+            .await;
+            for result in results {
+                match result {
+                    Ok(_) | Err(RunError::Lost) => {}
+                    Err(error) => {
+                        tracing::error!(%run_id, %error, "a call of the run failed to run")
+                    }
+                }
+            }
+        }
+        self.claim(run_id).await
+    }
+
+    /// Claims a settled batch and samples on, in a task of this process.
+    async fn claim(&self, run_id: &RunId) -> Result<(), Unavailable> {
+        if self.inner.closing.is_cancelled() && self.inner.store.kind().is_durable() {
+            // Claimed later: after a restart, or by another instance. (A memory store's runs end now: nothing
+            // of them could outlive the process.)
+            return Ok(());
+        }
+        let store = &self.inner.store;
+        let Some(claimed) = store.claim_batch(run_id).await? else {
+            return Ok(());
+        };
+        let Some(mut info) = store.run(run_id).await? else {
+            return Ok(());
+        };
+        info.state = RunState::Running;
+        let epoch = claimed.epoch;
+        let policy = claimed.batch.policy;
+        self.spawn_segment(info, policy, epoch, Segment::Continue(Box::new(claimed)));
+        Ok(())
+    }
+
+    /// Advances every waiting run that has work nobody is doing (after a restart, say).
+    pub(super) async fn kick_stalled(&self) -> Result<(), Unavailable> {
+        for run_id in self.inner.store.stalled_runs().await? {
+            self.spawn_advance(run_id);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,258 @@
+//! A run's task: one segment of sampling, from the start, from a resume, or from a settled batch, and what becomes
+//! of how it ended.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::FutureExt;
+
+use super::Harness;
+use crate::agent_loop::{
+    Conversation, LoopOutcome, RepeatGuard, continue_after_batch, resume_until_end, run_until_end,
+};
+use crate::events::{AgentEvent, EventSink};
+use crate::ids::ToolCallId;
+use crate::interrupts::Suspension;
+use crate::policy::PermissionPolicy;
+use crate::runtime::{RunAbort, RunContext, RunError, StoreEvents};
+use crate::store::{Claimed, Epoch, RunInfo};
+use crate::wire::{ApprovalPolicy, DecisionScope, Message, Resolution};
+
+/// Where a segment of a run begins.
+pub(super) enum Segment {
+    /// A new run: the user's message on the session's history (`None`) or on a conversation the client owns.
+    Start {
+        history: Option<Vec<Message>>,
+        message: String,
+    },
+    /// The resume of an interrupted run.
+    Resume {
+        suspension: Box<Suspension>,
+        resolutions: HashMap<ToolCallId, Resolution>,
+    },
+    /// A waiting run whose batch is settled, claimed by this process.
+    Continue(Box<Claimed>),
+}
+
+/// What the end of a segment needs to know besides how it ended.
+pub(super) struct Ending {
+    pub context: RunContext,
+    pub epoch: Epoch,
+    pub owned_by_session: bool,
+    pub policy: ApprovalPolicy,
+}
+
+/// Drops every event: for a context that only runs calls of a waiting run, whose events go with each call's
+/// record.
+pub(super) struct NoEvents;
+
+impl EventSink for NoEvents {
+    fn emit(&self, _: AgentEvent) {}
+}
+
+impl Harness {
+    /// Remembers that a person approved `tool_name` for the rest of the run's session.
+    pub(super) async fn grant_for_session(&self, context: &RunContext, tool_name: &str) {
+        let grant = crate::store::StoredGrant {
+            id: format!("tool:{tool_name}"),
+            grant: crate::policy::stored_grant(tool_name, &context.toolbox),
+            created_at: crate::clock::now_ms(),
+        };
+        match self.inner.store.add_grant(&context.session_id, grant).await {
+            Ok(()) => context.emit(AgentEvent::SessionGrantAdded {
+                tool_name: tool_name.to_owned(),
+            }),
+            Err(error) => {
+                tracing::warn!(%error, tool_name, "cannot record a session grant; later calls will ask")
+            }
+        }
+    }
+
+    /// What the runtime needs to work on a run in this process.
+    pub(super) async fn context(
+        &self,
+        info: &RunInfo,
+        policy: ApprovalPolicy,
+        abort: RunAbort,
+        events: Arc<dyn EventSink>,
+    ) -> RunContext {
+        let inner = &self.inner;
+        let grants = match self.grants(&info.session_id).await {
+            Ok(grants) => grants,
+            Err(error) => {
+                // Without the grants, the policy asks where a grant would have allowed: safe.
+                tracing::warn!(%error, run_id = %info.run_id, "cannot read the session's grants");
+                Default::default()
+            }
+        };
+        RunContext {
+            run_id: info.run_id.clone(),
+            session_id: info.session_id.clone(),
+            approval_mode: info.mode,
+            permissions: PermissionPolicy::new(policy, inner.config.permissions.rules.clone()),
+            grants,
+            approval_timeout: inner.config.approval_timeout,
+            toolbox: Arc::clone(&inner.toolbox),
+            abort,
+            events,
+            store: Arc::clone(&inner.store),
+        }
+    }
+
+    /// Runs one segment of a run in a task of this process, then records how it ended.
+    pub(super) fn spawn_segment(
+        &self,
+        info: RunInfo,
+        policy: ApprovalPolicy,
+        epoch: Epoch,
+        segment: Segment,
+    ) {
+        let harness = self.clone();
+        self.inner.tasks.spawn(async move {
+            let local = harness.inner.local.enter(&info.run_id);
+            let retention = harness.inner.config.retention;
+            let events = StoreEvents::new(
+                Arc::clone(&harness.inner.store),
+                info.run_id.clone(),
+                epoch,
+                retention
+                    .events_per_run
+                    .saturating_sub(info.last_seq as usize),
+                retention.event_bytes_per_run,
+                local.abort.clone(),
+            );
+            let policy = match &segment {
+                Segment::Continue(claimed) => claimed.batch.policy,
+                _ => policy,
+            };
+            let context = harness
+                .context(&info, policy, local.abort.clone(), Arc::new(events))
+                .await;
+            let model = Arc::clone(&harness.inner.model);
+            let limits = harness.inner.config.limits;
+            // A panic in a run must not leave its viewers waiting: it ends the run with an internal error.
+            let (owned_by_session, outcome) = match segment {
+                Segment::Start { history, message } => {
+                    let owned = history.is_none();
+                    let history = match history {
+                        Some(history) => history,
+                        None => match harness.inner.store.history(&info.session_id).await {
+                            Ok(history) => history,
+                            Err(error) => {
+                                let failure = RunError::Store(error.to_string());
+                                harness
+                                    .end_before_sampling(&context, epoch, owned, failure)
+                                    .await;
+                                return;
+                            }
+                        },
+                    };
+                    let run = run_until_end(&*model, &context, limits, history, &message);
+                    (owned, AssertUnwindSafe(run).catch_unwind().await)
+                }
+                Segment::Resume {
+                    suspension,
+                    resolutions,
+                } => {
+                    for pending in &suspension.interruption.pending {
+                        if let Some(Resolution::Approved {
+                            scope: DecisionScope::Session,
+                            ..
+                        }) = resolutions.get(&pending.call.id)
+                        {
+                            harness
+                                .grant_for_session(&context, &pending.call.name)
+                                .await;
+                        }
+                    }
+                    let Suspension {
+                        run_id: parent,
+                        history,
+                        interruption,
+                        ..
+                    } = *suspension;
+                    let run = resume_until_end(
+                        &*model,
+                        &context,
+                        limits,
+                        &parent,
+                        history,
+                        interruption,
+                        &resolutions,
+                    );
+                    (false, AssertUnwindSafe(run).catch_unwind().await)
+                }
+                Segment::Continue(claimed) => {
+                    let Claimed {
+                        batch,
+                        outputs,
+                        abort,
+                        ..
+                    } = *claimed;
+                    let mut conversation = Conversation {
+                        messages: batch.history,
+                        prior: batch.prior,
+                    };
+                    conversation
+                        .messages
+                        .extend(outputs.into_iter().map(|(call, output)| Message::Tool {
+                            tool_call_id: call.id,
+                            tool_name: call.name,
+                            output,
+                        }));
+                    let repeat = RepeatGuard::restore(limits, batch.repeat);
+                    if let Some(reason) = abort {
+                        context.abort.abort(reason);
+                    }
+                    let run = continue_after_batch(
+                        &*model,
+                        &context,
+                        limits,
+                        conversation,
+                        repeat,
+                        batch.step + 1,
+                    );
+                    (
+                        batch.owned_by_session,
+                        AssertUnwindSafe(run).catch_unwind().await,
+                    )
+                }
+            };
+            let ending = Ending {
+                context,
+                epoch,
+                owned_by_session,
+                policy,
+            };
+            harness.settle_segment(ending, outcome).await;
+            drop(local);
+        });
+    }
+
+    /// Ends a run that could not even begin sampling.
+    async fn end_before_sampling(
+        &self,
+        context: &RunContext,
+        epoch: Epoch,
+        owned_by_session: bool,
+        failure: RunError,
+    ) {
+        let outcome = LoopOutcome {
+            conversation: Conversation {
+                messages: Vec::new(),
+                prior: 0,
+            },
+            end: crate::agent_loop::RunEnd::Failed(failure),
+            steps: 0,
+            repeat: RepeatGuard::new(self.inner.config.limits),
+        };
+        let ending = Ending {
+            context: context.clone(),
+            epoch,
+            owned_by_session,
+            policy: context.permissions.policy,
+        };
+        self.settle_segment(ending, Ok(outcome)).await;
+    }
+}

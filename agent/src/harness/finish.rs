@@ -1,0 +1,357 @@
+//! What becomes of a segment of a run: a batch opened for people, or the run's end recorded with its terminal
+//! event last, so that whoever sees that event can rely on everything before it.
+
+use std::time::Duration;
+
+use super::Harness;
+use super::drive::Ending;
+use crate::agent_loop::{Interruption, LoopOutcome, RunEnd, SuspendedBatch, answer_unfinished};
+use crate::approvals::{denied_by, not_run_after_abort, request_audit, settlement};
+use crate::clock::now_ms;
+use crate::events::AgentEvent;
+use crate::interrupts::{IssuedInterrupt, Suspension, arguments_digest};
+use crate::runtime::{RunContext, RunError, call_record, encode, tool_result};
+use crate::store::{
+    AuditEntry, AuditKind, CallStatus, Fenced, FinishRun, OpenBatch, RecoveryEvents, RunState,
+    SavedBatch, SettleExpired, Settlement,
+};
+use crate::wire::{
+    DenialSource, InterruptRequest, Message, Resolution, RunErrorCode, ToolErrorCode, ToolOutput,
+};
+
+/// Settles what a finished run still has pending: a card never outlives its run.
+pub(super) fn abort_settlement() -> SettleExpired {
+    Box::new(|record| {
+        let resolution = if record.status == CallStatus::Pending {
+            denied_by(DenialSource::Abort, Duration::ZERO)
+        } else {
+            not_run_after_abort()
+        };
+        settlement(record, resolution, None)
+    })
+}
+
+/// How recovery words what it records about the work of a dead process.
+pub(super) fn recovery_events() -> RecoveryEvents {
+    RecoveryEvents {
+        run_failed: Box::new(|info| {
+            encode(
+                &info.run_id,
+                AgentEvent::RunFailed {
+                    code: RunErrorCode::Restarted,
+                    message: "The server restarted while this run was working, so it ended here. The session can go on with a new message.".to_owned(),
+                },
+            )
+        }),
+        call_interrupted: Box::new(|record| {
+            let output = ToolOutput::error(
+                ToolErrorCode::ToolFailed,
+                format!(
+                    "{} was interrupted: the server stopped while it was running, so its effect is unknown. It was not run again.",
+                    record.call.name
+                ),
+            );
+            let events = tool_result(
+                &record.run_id,
+                &record.call,
+                record.edited_arguments.clone(),
+                output.clone(),
+                Duration::ZERO,
+            );
+            Settlement {
+                resolution: record.resolution.clone().unwrap_or(Resolution::Denied {
+                    source: DenialSource::Abort,
+                    reason: "interrupted".to_owned(),
+                }),
+                status: CallStatus::Interrupted,
+                edited_arguments: record.edited_arguments.clone(),
+                output: Some(output),
+                events,
+                audit: vec![AuditEntry {
+                    id: 0,
+                    at: now_ms(),
+                    kind: AuditKind::CallInterrupted,
+                    session_id: None,
+                    run_id: Some(record.run_id.clone()),
+                    tool_call_id: Some(record.call.id.clone()),
+                    tool: Some(record.call.name.clone()),
+                    arguments_digest: Some(arguments_digest(record.arguments_to_run())),
+                    edited_digest: None,
+                    outcome: "interrupted".to_owned(),
+                    source: Some("restart".to_owned()),
+                    scope: None,
+                    reason: Some(
+                        "its process stopped while it was running; its effect is unknown"
+                            .to_owned(),
+                    ),
+                    actor: None,
+                }],
+            }
+        }),
+    }
+}
+
+impl Harness {
+    /// Records how a segment ended.
+    pub(super) async fn settle_segment(
+        &self,
+        ending: Ending,
+        outcome: std::thread::Result<LoopOutcome>,
+    ) {
+        let run_id = ending.context.run_id.clone();
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                tracing::error!(%run_id, "the run panicked");
+                let failure = AgentEvent::RunFailed {
+                    code: RunErrorCode::Internal,
+                    message: "The run failed unexpectedly.".to_owned(),
+                };
+                self.finish_with(&ending, Vec::new(), 0, RunState::Failed, None, failure)
+                    .await;
+                return;
+            }
+        };
+        let LoopOutcome {
+            mut conversation,
+            end,
+            steps,
+            repeat,
+        } = outcome;
+        match end {
+            RunEnd::Answer(answer) => {
+                let done = AgentEvent::RunFinished { answer, steps };
+                self.finish_with(
+                    &ending,
+                    conversation.messages,
+                    conversation.prior,
+                    RunState::Done,
+                    None,
+                    done,
+                )
+                .await;
+            }
+            RunEnd::Failed(error) => {
+                self.fail(&ending, conversation.messages, conversation.prior, error)
+                    .await;
+            }
+            RunEnd::Interrupted(interruption) => {
+                let (suspension, interrupts, audit) =
+                    self.issue_interrupts(&ending.context, &conversation.messages, interruption);
+                let event = AgentEvent::RunInterrupted { interrupts };
+                let mut finish = self.finish_run(
+                    &ending,
+                    conversation.messages,
+                    conversation.prior,
+                    RunState::Interrupted,
+                    Some(suspension),
+                    event,
+                );
+                finish.audit = audit;
+                self.commit_finish(finish).await;
+            }
+            RunEnd::Suspended(batch) => {
+                let SuspendedBatch {
+                    step,
+                    calls,
+                    prepared,
+                } = batch;
+                let requested_at = now_ms();
+                let records: Vec<_> = prepared
+                    .iter()
+                    .map(|prepared| call_record(&ending.context, prepared, requested_at))
+                    .collect();
+                let mut events = Vec::new();
+                let mut audit = Vec::new();
+                for record in &records {
+                    match (&record.approval, &record.output) {
+                        (Some(request), _) => {
+                            events.extend(encode(
+                                &run_id,
+                                AgentEvent::ApprovalRequested {
+                                    request: request.clone(),
+                                },
+                            ));
+                            audit.extend(request_audit(record));
+                        }
+                        (None, Some(output)) => events.extend(tool_result(
+                            &run_id,
+                            &record.call,
+                            None,
+                            output.clone(),
+                            Duration::ZERO,
+                        )),
+                        (None, None) => {}
+                    }
+                }
+                let saved = SavedBatch {
+                    history: conversation.messages.clone(),
+                    prior: conversation.prior,
+                    owned_by_session: ending.owned_by_session,
+                    policy: ending.policy,
+                    step,
+                    calls: calls.clone(),
+                    repeat: repeat.counts(),
+                };
+                let opened = self
+                    .inner
+                    .store
+                    .open_batch(OpenBatch {
+                        run_id: run_id.clone(),
+                        epoch: ending.epoch,
+                        batch: saved,
+                        calls: records,
+                        events,
+                        audit,
+                    })
+                    .await;
+                match opened {
+                    Ok(Ok(())) => {
+                        self.inner.sweeper.notify_one();
+                        self.spawn_advance(run_id);
+                    }
+                    Ok(Err(Fenced::Aborted(reason))) => {
+                        let error = RunError::Aborted { reason };
+                        answer_unfinished(&mut conversation.messages, &calls, &error);
+                        self.fail(&ending, conversation.messages, conversation.prior, error)
+                            .await;
+                    }
+                    Ok(Err(Fenced::Lost)) => {
+                        tracing::warn!(%run_id, "another instance took this run over; this one stops");
+                    }
+                    Err(error) => {
+                        tracing::error!(%run_id, %error, "cannot open the batch");
+                        let error = RunError::Store(error.to_string());
+                        answer_unfinished(&mut conversation.messages, &calls, &error);
+                        self.fail(&ending, conversation.messages, conversation.prior, error)
+                            .await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn fail(&self, ending: &Ending, messages: Vec<Message>, prior: usize, error: RunError) {
+        let failure = AgentEvent::RunFailed {
+            code: error.code(),
+            message: error.to_string(),
+        };
+        if matches!(error, RunError::Lost) {
+            tracing::warn!(run_id = %ending.context.run_id, "another instance took this run over; this one stops");
+            return;
+        }
+        self.finish_with(ending, messages, prior, RunState::Failed, None, failure)
+            .await;
+    }
+
+    async fn finish_with(
+        &self,
+        ending: &Ending,
+        messages: Vec<Message>,
+        prior: usize,
+        state: RunState,
+        suspension: Option<Suspension>,
+        terminal: AgentEvent,
+    ) {
+        let finish = self.finish_run(ending, messages, prior, state, suspension, terminal);
+        self.commit_finish(finish).await;
+    }
+
+    fn finish_run(
+        &self,
+        ending: &Ending,
+        messages: Vec<Message>,
+        prior: usize,
+        state: RunState,
+        suspension: Option<Suspension>,
+        terminal: AgentEvent,
+    ) -> FinishRun {
+        let run_id = ending.context.run_id.clone();
+        let (history, conversation) = if ending.owned_by_session {
+            (messages[prior.min(messages.len())..].to_vec(), None)
+        } else {
+            (Vec::new(), Some(messages))
+        };
+        FinishRun {
+            events: encode(&run_id, terminal),
+            run_id,
+            epoch: Some(ending.epoch),
+            state,
+            history,
+            conversation,
+            suspension,
+            audit: Vec::new(),
+            settle_pending: Some(abort_settlement()),
+        }
+    }
+
+    async fn commit_finish(&self, finish: FinishRun) {
+        let run_id = finish.run_id.clone();
+        match self.inner.store.finish_run(finish).await {
+            Ok(Ok(())) => {}
+            Ok(Err(fenced)) => {
+                tracing::warn!(%run_id, %fenced, "the run's end was not recorded: another instance holds it");
+            }
+            Err(error) => {
+                tracing::error!(%run_id, %error, "cannot record the run's end");
+            }
+        }
+    }
+
+    /// The suspension an interrupted run leaves, the interrupts it issues, and their audit entries.
+    fn issue_interrupts(
+        &self,
+        context: &RunContext,
+        history: &[Message],
+        interruption: Interruption,
+    ) -> (Suspension, Vec<InterruptRequest>, Vec<AuditEntry>) {
+        let at = now_ms();
+        let expires_at = at.saturating_add(self.inner.config.approval_timeout.as_millis() as u64);
+        let interrupts: Vec<IssuedInterrupt> = interruption
+            .pending
+            .iter()
+            .map(|pending| IssuedInterrupt {
+                request: InterruptRequest {
+                    id: format!("int_{}", uuid::Uuid::new_v4().simple()),
+                    tool_call_id: pending.call.id.clone(),
+                    tool_name: pending.call.name.clone(),
+                    arguments: pending.input.clone(),
+                    reason: pending.reason.clone(),
+                    expires_at,
+                },
+                digest: arguments_digest(&pending.input),
+            })
+            .collect();
+        let requests = interrupts
+            .iter()
+            .map(|issued| issued.request.clone())
+            .collect();
+        let audit = interrupts
+            .iter()
+            .map(|issued| AuditEntry {
+                id: 0,
+                at,
+                kind: AuditKind::ApprovalRequested,
+                session_id: Some(context.session_id.clone()),
+                run_id: Some(context.run_id.clone()),
+                tool_call_id: Some(issued.request.tool_call_id.clone()),
+                tool: Some(issued.request.tool_name.clone()),
+                arguments_digest: Some(issued.digest.clone()),
+                edited_digest: None,
+                outcome: "requested".to_owned(),
+                source: Some("interrupt".to_owned()),
+                scope: None,
+                reason: Some(issued.request.reason.clone()),
+                actor: None,
+            })
+            .collect();
+        let suspension = Suspension {
+            run_id: context.run_id.clone(),
+            session_id: context.session_id.clone(),
+            history: history.to_vec(),
+            interruption,
+            interrupts,
+        };
+        (suspension, requests, audit)
+    }
+}

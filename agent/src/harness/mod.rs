@@ -1,0 +1,387 @@
+//! The [`Harness`]: runs as resources, sessions, decisions and the model, behind one cheap handle, on a
+//! [`Store`].
+//!
+//! The rooms, in the order a run passes through them:
+//!
+//! - [`start`]: what a run may ask for, recording it, spawning its task;
+//! - [`drive`]: a run's task: sampling, and what becomes of the batch that stops it;
+//! - [`decide`]: a person's decision, cancelling a run, and the sweeper that times approvals out;
+//! - [`continuation`]: a waiting run's calls run and its batch is claimed, by whichever process gets there;
+//! - [`finish`]: recording how a run ended, its terminal event last;
+//! - [`subscription`]: a run's events from any point, then live; a session's, run after run;
+//! - [`retention`]: how much is kept, and for how long.
+//!
+//! A waiting run is a batch in the store, not a task: its approvals, its calls and the conversation it stopped at
+//! are rows, and whoever settles its last call (this process or another on the same database, now or after a
+//! restart) samples on from there.
+
+mod continuation;
+mod decide;
+mod drive;
+mod finish;
+mod retention;
+mod start;
+mod subscription;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use decide::{Actor, CancelError, Cancelled, DecideError};
+pub use retention::Retention;
+pub use start::{RunSource, StartError, StartRun};
+pub use subscription::{RunHandle, is_terminal};
+
+use crate::agent_loop::LoopLimits;
+use crate::ids::{RunId, SessionId};
+use crate::model::Model;
+use crate::policy::{PermissionPolicy, SessionGrants};
+use crate::runtime::{AbortReason, RunAbort};
+use crate::store::memory::MemoryStore;
+use crate::store::{
+    AuditEntry, AuditQuery, EncodedEvent, SessionSummary, Store, StoreError, StoreKind,
+};
+use crate::tools::Toolbox;
+use crate::view::{RunView, SessionView};
+use crate::wire::ApprovalRequest;
+
+#[derive(Clone, Debug, Default)]
+pub struct HarnessConfig {
+    /// The server's policy and rules. A run may ask for a stricter policy, never a looser one.
+    pub permissions: PermissionPolicy,
+    pub approval_timeout: Duration,
+    pub limits: LoopLimits,
+    pub retention: Retention,
+}
+
+impl HarnessConfig {
+    pub fn new(permissions: PermissionPolicy, approval_timeout: Duration) -> Self {
+        Self {
+            permissions,
+            approval_timeout,
+            limits: LoopLimits::default(),
+            retention: Retention::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "No run {0} is known. It may never have existed, or it finished long enough ago to be forgotten."
+)]
+pub struct RunNotFound(pub RunId);
+
+/// A failure to read or change what the store holds; nothing was half-written.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unavailable(#[from] pub StoreError);
+
+/// The runs this process works on (samples, or runs calls of), with their abort switches: an abort reaches the
+/// tasks and tools of this process through them.
+#[derive(Default)]
+struct LocalRuns {
+    runs: Mutex<HashMap<RunId, (RunAbort, usize)>>,
+}
+
+/// Holds a run's abort switch while a task of this process works on the run.
+struct LocalRun<'a> {
+    runs: &'a LocalRuns,
+    run_id: RunId,
+    abort: RunAbort,
+}
+
+impl LocalRuns {
+    fn enter(&self, run_id: &RunId) -> LocalRun<'_> {
+        let mut runs = self.runs.lock();
+        let entry = runs
+            .entry(run_id.clone())
+            .or_insert_with(|| (RunAbort::new(), 0));
+        entry.1 += 1;
+        LocalRun {
+            runs: self,
+            run_id: run_id.clone(),
+            abort: entry.0.clone(),
+        }
+    }
+
+    fn abort(&self, run_id: &RunId, reason: AbortReason) {
+        if let Some((abort, _)) = self.runs.lock().get(run_id) {
+            abort.abort(reason);
+        }
+    }
+
+    fn ids(&self) -> Vec<RunId> {
+        self.runs.lock().keys().cloned().collect()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.runs.lock().is_empty()
+    }
+}
+
+impl Drop for LocalRun<'_> {
+    fn drop(&mut self) {
+        let mut runs = self.runs.runs.lock();
+        if let Some(entry) = runs.get_mut(&self.run_id) {
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                runs.remove(&self.run_id);
+            }
+        }
+    }
+}
+
+struct Inner {
+    config: HarnessConfig,
+    model: Arc<dyn Model>,
+    toolbox: Arc<Toolbox>,
+    store: Arc<dyn Store>,
+    local: LocalRuns,
+    /// Cancelled when the harness stops accepting work.
+    closing: CancellationToken,
+    /// Cancelled when shutdown is over: readers read what is left, then end.
+    closed: CancellationToken,
+    tasks: TaskTracker,
+    /// Wakes the sweeper when an approval with an earlier expiry appears.
+    sweeper: Notify,
+}
+
+/// The application's harness. Cloning is cheap; every clone is the same harness.
+#[derive(Clone)]
+pub struct Harness {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harness")
+            .field("model", &self.inner.model.name())
+            .field("tools", &self.inner.toolbox)
+            .field("store", &self.inner.store.kind())
+            .finish()
+    }
+}
+
+impl Harness {
+    /// A harness on a memory store. Call it inside a tokio runtime: it starts its sweeper.
+    pub fn new(config: HarnessConfig, model: Arc<dyn Model>, toolbox: Toolbox) -> Self {
+        Self::build(config, model, toolbox, Arc::new(MemoryStore::new()))
+    }
+
+    /// A harness on `store`: first it recovers what dead processes left (runs that were sampling fail with
+    /// `RESTARTED`, calls that were running are recorded as interrupted), then it picks up waiting runs that have
+    /// work to do, and starts its sweeper.
+    pub async fn open(
+        config: HarnessConfig,
+        model: Arc<dyn Model>,
+        toolbox: Toolbox,
+        store: Arc<dyn Store>,
+    ) -> Result<Self, Unavailable> {
+        let harness = Self::build(config, model, toolbox, store);
+        let recovered = harness
+            .inner
+            .store
+            .recover(finish::recovery_events())
+            .await?;
+        if !recovered.failed_runs.is_empty() || !recovered.interrupted_calls.is_empty() {
+            tracing::warn!(
+                failed_runs = recovered.failed_runs.len(),
+                interrupted_calls = recovered.interrupted_calls.len(),
+                "recovered what a stopped toolgate left: runs that were sampling failed with RESTARTED, calls that were running are marked interrupted"
+            );
+        }
+        harness.kick_stalled().await?;
+        Ok(harness)
+    }
+
+    fn build(
+        config: HarnessConfig,
+        model: Arc<dyn Model>,
+        toolbox: Toolbox,
+        store: Arc<dyn Store>,
+    ) -> Self {
+        let harness = Self {
+            inner: Arc::new(Inner {
+                config,
+                model,
+                toolbox: Arc::new(toolbox),
+                store,
+                local: LocalRuns::default(),
+                closing: CancellationToken::new(),
+                closed: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+                sweeper: Notify::new(),
+            }),
+        };
+        harness.spawn_background();
+        harness
+    }
+
+    pub fn config(&self) -> &HarnessConfig {
+        &self.inner.config
+    }
+
+    pub fn toolbox(&self) -> &Toolbox {
+        &self.inner.toolbox
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    pub fn store_kind(&self) -> StoreKind {
+        self.inner.store.kind()
+    }
+
+    pub fn model_name(&self) -> &str {
+        self.inner.model.name()
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.inner.closing.is_cancelled()
+    }
+
+    /// A run that is going or remembered.
+    pub async fn run(&self, run_id: &RunId) -> Result<Option<RunHandle>, Unavailable> {
+        Ok(self
+            .inner
+            .store
+            .run(run_id)
+            .await?
+            .map(|info| RunHandle::new(self.clone(), info)))
+    }
+
+    /// Pending approvals, of one run or of all.
+    pub async fn pending(
+        &self,
+        run_id: Option<&RunId>,
+    ) -> Result<Vec<ApprovalRequest>, Unavailable> {
+        Ok(self.inner.store.pending(run_id).await?)
+    }
+
+    /// What people approved for the rest of a session.
+    pub async fn grants(&self, session_id: &SessionId) -> Result<SessionGrants, Unavailable> {
+        let stored = self.inner.store.grants(session_id).await?;
+        Ok(stored
+            .iter()
+            .filter_map(|grant| crate::policy::grant_of(&grant.grant))
+            .collect())
+    }
+
+    /// A session's remembered runs, as a viewer sees them.
+    pub async fn session_view(&self, session_id: &SessionId) -> Result<SessionView, Unavailable> {
+        let mut view = SessionView::new(session_id.clone());
+        let runs = self
+            .inner
+            .store
+            .session_runs(session_id, self.inner.config.retention.runs_shown)
+            .await?;
+        for run_id in runs {
+            if let Some(run) = self.run_view(&run_id).await? {
+                view.runs.push(run);
+            }
+        }
+        Ok(view)
+    }
+
+    /// A run as a viewer sees it now, folded from its log.
+    pub async fn run_view(&self, run_id: &RunId) -> Result<Option<RunView>, Unavailable> {
+        let events = subscription::all_events(&*self.inner.store, run_id).await?;
+        Ok(RunView::from_events(&events))
+    }
+
+    /// Sessions, most recently used first.
+    pub async fn sessions(&self, limit: usize) -> Result<Vec<SessionSummary>, Unavailable> {
+        Ok(self.inner.store.sessions(limit).await?)
+    }
+
+    /// Entries of the audit log.
+    pub async fn audit_log(&self, query: AuditQuery) -> Result<Vec<AuditEntry>, Unavailable> {
+        Ok(self.inner.store.audit_log(query).await?)
+    }
+
+    /// Adds an entry to the audit log (a refused resume, say).
+    pub async fn audit(&self, entry: AuditEntry) -> Result<(), Unavailable> {
+        Ok(self.inner.store.audit(entry).await?)
+    }
+
+    /// A session's events, run after run, as long as the harness runs: the run `resume` names from after its
+    /// sequence number, then every later run of the session from its start, including runs not started yet. Each
+    /// event comes with the run it belongs to. Without `resume`, every remembered run of the session is replayed.
+    pub fn session_events(
+        &self,
+        session_id: &SessionId,
+        resume: Option<(RunId, u64)>,
+    ) -> BoxStream<'static, (RunId, Arc<EncodedEvent>)> {
+        subscription::follow_session(self.clone(), session_id.clone(), resume)
+    }
+
+    /// Runs this process is working on.
+    pub fn local_runs(&self) -> Vec<RunId> {
+        self.inner.local.ids()
+    }
+
+    /// Stops accepting runs and waits up to `grace` for this process's tasks to end. With a memory store, every
+    /// run still going is aborted first (nothing of it could survive the process). With a durable one, waiting runs
+    /// stay waiting (decidable after a restart, or on another instance), and a run still sampling when the grace
+    /// is over is recovered at the next start (it fails with `RESTARTED`). True when everything ended in time.
+    pub async fn shutdown(&self, grace: Duration) -> bool {
+        self.inner.closing.cancel();
+        if !self.inner.store.kind().is_durable() {
+            for run_id in self.inner.store.unfinished_runs().await.unwrap_or_default() {
+                self.abort_run(&run_id, AbortReason::Shutdown).await.ok();
+            }
+        } else {
+            for run_id in self.inner.local.ids() {
+                self.inner.local.abort(&run_id, AbortReason::Shutdown);
+            }
+        }
+        self.inner.tasks.close();
+        let ended = tokio::time::timeout(grace, self.inner.tasks.wait())
+            .await
+            .is_ok();
+        let flushed = tokio::time::timeout(grace, self.inner.store.flush()).await;
+        self.inner.closed.cancel();
+        ended && matches!(flushed, Ok(Ok(()))) && self.inner.local.is_empty()
+    }
+
+    fn spawn_background(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let sweeper = self.clone();
+        runtime.spawn(async move { sweeper.sweep_expired_forever().await });
+        let pruner = self.clone();
+        runtime.spawn(async move { pruner.prune_forever().await });
+    }
+
+    /// Forgets finished runs past the retention limits now. Returns how many went.
+    pub async fn prune(&self) -> Result<usize, Unavailable> {
+        let limits = self.inner.config.retention.limits();
+        Ok(self
+            .inner
+            .store
+            .prune(limits, crate::clock::now_ms())
+            .await?)
+    }
+
+    /// Forgets finished runs past the retention limits, now and then.
+    async fn prune_forever(self) {
+        let every = self.inner.config.retention.prune_every;
+        loop {
+            tokio::select! {
+                () = self.inner.closing.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            if let Err(error) = self.prune().await {
+                tracing::warn!(%error, "cannot prune old runs");
+            }
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Starting a run: checking what the request may ask for, recording the run (which claims its session), and
+//! spawning its task.
+
+use std::collections::HashMap;
+
+use super::drive::Segment;
+use super::{Harness, RunHandle};
+use crate::clock::now_ms;
+use crate::ids::{RunId, SessionId, ToolCallId};
+use crate::interrupts::Suspension;
+use crate::request_body::StartRunInput;
+use crate::store::{NewRun, RunInfo, RunState, StartConflict};
+use crate::wire::{ApprovalMode, ApprovalPolicy, Message, Resolution};
+
+/// Where a run's conversation comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunSource {
+    /// The session's own history; the run's messages join it.
+    Session,
+    /// A conversation the client owns (AG-UI sends it whole on every run). The run's messages do not join the
+    /// session's history; the run keeps its final conversation for the client ([`RunHandle::conversation`]).
+    Given(Vec<Message>),
+    /// The resume of an interrupted run, with a person's resolution for each of its pending calls, checked
+    /// already against what was issued.
+    Resume {
+        suspension: Box<Suspension>,
+        resolutions: HashMap<ToolCallId, Resolution>,
+    },
+}
+
+/// What starting a run needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StartRun {
+    pub message: String,
+    pub session_id: Option<SessionId>,
+    pub policy: Option<ApprovalPolicy>,
+    pub mode: ApprovalMode,
+    /// A run id the client chose (AG-UI clients do); a fresh one when absent.
+    pub run_id: Option<RunId>,
+    pub source: RunSource,
+}
+
+impl StartRun {
+    pub fn new(input: StartRunInput, mode: ApprovalMode) -> Self {
+        Self {
+            message: input.message,
+            session_id: input.session_id,
+            policy: input.policy,
+            mode,
+            run_id: None,
+            source: RunSource::Session,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    #[error("The server is shutting down and accepts no new runs.")]
+    ShuttingDown,
+    #[error("Session {session_id} is busy with run {run_id}; wait for it to finish or cancel it.")]
+    SessionBusy {
+        session_id: SessionId,
+        run_id: RunId,
+    },
+    #[error(
+        "Policy {requested} is looser than the server's policy {configured}; a run may only ask for a stricter one."
+    )]
+    PolicyTooLoose {
+        requested: ApprovalPolicy,
+        configured: ApprovalPolicy,
+    },
+    #[error("Run id {0} is already taken; every run needs a new id.")]
+    RunIdTaken(RunId),
+    /// The store could not record the run; nothing started.
+    #[error("The run could not be recorded, so it did not start: {0}")]
+    Unavailable(String),
+}
+
+impl Harness {
+    /// Records a run and starts it in the background.
+    pub async fn start(&self, request: StartRun) -> Result<RunHandle, StartError> {
+        let inner = &self.inner;
+        if inner.closing.is_cancelled() {
+            return Err(StartError::ShuttingDown);
+        }
+        let configured = inner.config.permissions.policy;
+        let policy = match request.policy {
+            Some(requested) if requested < configured => {
+                return Err(StartError::PolicyTooLoose {
+                    requested,
+                    configured,
+                });
+            }
+            Some(requested) => requested,
+            None => configured,
+        };
+        let session_id = request.session_id.unwrap_or_else(SessionId::generate);
+        let run_id = request.run_id.unwrap_or_else(RunId::generate);
+        let parent_run_id = match &request.source {
+            RunSource::Resume { suspension, .. } => Some(suspension.run_id.clone()),
+            _ => None,
+        };
+        let at = now_ms();
+        let epoch = inner
+            .store
+            .start_run(NewRun {
+                run_id: run_id.clone(),
+                session_id: session_id.clone(),
+                parent_run_id: parent_run_id.clone(),
+                mode: request.mode,
+                message: request.message.clone(),
+                events: Vec::new(),
+                at,
+            })
+            .await
+            .map_err(|error| StartError::Unavailable(error.to_string()))?
+            .map_err(|conflict| match conflict {
+                StartConflict::RunIdTaken(run_id) => StartError::RunIdTaken(run_id),
+                StartConflict::SessionBusy { session_id, active } => StartError::SessionBusy {
+                    session_id,
+                    run_id: active,
+                },
+            })?;
+        let info = RunInfo {
+            run_id,
+            session_id,
+            parent_run_id,
+            mode: request.mode,
+            state: RunState::Running,
+            last_seq: 0,
+            abort: None,
+            created_at: at,
+        };
+        let segment = match request.source {
+            RunSource::Session => Segment::Start {
+                history: None,
+                message: request.message,
+            },
+            RunSource::Given(history) => Segment::Start {
+                history: Some(history),
+                message: request.message,
+            },
+            RunSource::Resume {
+                suspension,
+                resolutions,
+            } => Segment::Resume {
+                suspension,
+                resolutions,
+            },
+        };
+        self.spawn_segment(info.clone(), policy, epoch, segment);
+        Ok(RunHandle::new(self.clone(), info))
+    }
+}

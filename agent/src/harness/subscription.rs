@@ -1,0 +1,323 @@
+//! Reading a run as it goes: its events from any point, then live; a session's, run after run.
+//!
+//! Every reader reads the store's log from its cursor and waits for the store's notification that the log changed;
+//! a notification carries no data, so a missed one costs a read, never an event. A run's log ends with its terminal
+//! event, so a reader knows the run ended when it has read that event.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::sync::watch;
+
+use super::{Harness, Unavailable};
+use crate::ids::{RunId, SessionId};
+use crate::runtime::AbortReason;
+use crate::store::{EncodedEvent, RunInfo, Store};
+use crate::view::RunView;
+use crate::wire::{ApprovalMode, Message, RunEvent};
+
+/// How many events one read of the log takes.
+const PAGE: usize = 512;
+
+/// Whether an event of this `type` ends its run.
+pub fn is_terminal(kind: &str) -> bool {
+    matches!(kind, "done" | "interrupted" | "error")
+}
+
+/// A run as a resource: a cheap handle to read it, wait for it, or abort it.
+#[derive(Clone)]
+pub struct RunHandle {
+    harness: Harness,
+    info: RunInfo,
+}
+
+impl std::fmt::Debug for RunHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunHandle")
+            .field("run_id", &self.info.run_id)
+            .field("session_id", &self.info.session_id)
+            .finish()
+    }
+}
+
+impl RunHandle {
+    pub(super) fn new(harness: Harness, info: RunInfo) -> Self {
+        Self { harness, info }
+    }
+
+    pub fn run_id(&self) -> &RunId {
+        &self.info.run_id
+    }
+
+    pub fn session_id(&self) -> &SessionId {
+        &self.info.session_id
+    }
+
+    pub fn approval_mode(&self) -> ApprovalMode {
+        self.info.mode
+    }
+
+    /// The run as the store knew it when this handle was made.
+    pub fn info(&self) -> &RunInfo {
+        &self.info
+    }
+
+    /// Every event after `after`, then the live ones, until the run ends (or the harness closes).
+    pub fn subscribe(&self, after: u64) -> BoxStream<'static, Arc<EncodedEvent>> {
+        subscribe(self.harness.clone(), self.info.run_id.clone(), after)
+    }
+
+    /// Waits until the run has ended (or the harness closes).
+    pub async fn finished(&self) {
+        let store = &self.harness.inner.store;
+        let mut changes = store.watch_run(&self.info.run_id);
+        loop {
+            changes.borrow_and_update();
+            match store.run(&self.info.run_id).await {
+                Ok(Some(info)) if !info.state.is_finished() => {}
+                _ => return,
+            }
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return },
+                () = self.harness.inner.closed.cancelled() => return,
+            }
+        }
+    }
+
+    /// Whether the run has ended.
+    pub async fn is_finished(&self) -> Result<bool, Unavailable> {
+        Ok(self
+            .harness
+            .inner
+            .store
+            .run(&self.info.run_id)
+            .await?
+            .is_none_or(|info| info.state.is_finished()))
+    }
+
+    /// The run as a viewer sees it now, folded from its log.
+    pub async fn view(&self) -> Result<Option<RunView>, Unavailable> {
+        self.harness.run_view(&self.info.run_id).await
+    }
+
+    /// Aborts the run (pending approvals resolve as `denied/abort`); the first reason sticks. Returns at once; the
+    /// abort is recorded in the background.
+    pub fn abort(&self, reason: AbortReason) {
+        let harness = self.harness.clone();
+        let run_id = self.info.run_id.clone();
+        tokio::spawn(async move {
+            if let Err(error) = harness.abort_run(&run_id, reason).await {
+                tracing::error!(%run_id, %error, "cannot abort the run");
+            }
+        });
+    }
+
+    /// The run's whole conversation, once it ended, for runs whose client owns the conversation.
+    pub async fn conversation(&self) -> Result<Option<Vec<Message>>, Unavailable> {
+        Ok(self
+            .harness
+            .inner
+            .store
+            .conversation(&self.info.run_id)
+            .await?)
+    }
+}
+
+/// Every event of a run, with its sequence number, decoded.
+pub(super) async fn all_events(
+    store: &dyn Store,
+    run_id: &RunId,
+) -> Result<Vec<RunEvent>, Unavailable> {
+    let mut decoded = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let page = store.events_after(run_id, cursor, PAGE).await?;
+        let Some(last) = page.last() else {
+            return Ok(decoded);
+        };
+        cursor = last.seq;
+        decoded.extend(page.iter().filter_map(|encoded| {
+            serde_json::from_str(&encoded.json)
+                .map(|event| RunEvent {
+                    seq: encoded.seq,
+                    event,
+                })
+                .ok()
+        }));
+        if page.len() < PAGE {
+            return Ok(decoded);
+        }
+    }
+}
+
+struct Cursor {
+    harness: Harness,
+    run_id: RunId,
+    after: u64,
+    changes: watch::Receiver<u64>,
+    ended: bool,
+    /// The harness is closing: what is in the log is read, then the stream ends.
+    closed: bool,
+}
+
+impl Cursor {
+    /// The next page of events, waiting for one when there is none yet; `None` once the run ended.
+    async fn next_page(&mut self) -> Option<Vec<Arc<EncodedEvent>>> {
+        let store = &self.harness.inner.store;
+        loop {
+            if self.ended {
+                return None;
+            }
+            // Mark the current version seen before reading the log, so that no append slips between the two.
+            self.changes.borrow_and_update();
+            let page = match store.events_after(&self.run_id, self.after, PAGE).await {
+                Ok(page) => page,
+                Err(error) => {
+                    tracing::warn!(run_id = %self.run_id, %error, "cannot read the run's events");
+                    return None;
+                }
+            };
+            if let Some(last) = page.last() {
+                self.after = last.seq;
+                self.ended = is_terminal(last.kind);
+                return Some(page);
+            }
+            // Nothing new: a run that ended (or was forgotten) has nothing more to say.
+            match store.run(&self.run_id).await {
+                Ok(Some(info)) if !info.state.is_finished() || info.last_seq > self.after => {}
+                _ => return None,
+            }
+            if self.closed {
+                return None;
+            }
+            let closed = self.harness.inner.closed.clone();
+            tokio::select! {
+                changed = self.changes.changed() => changed.ok()?,
+                // One more read: what the shutdown itself recorded (a run's `SHUTDOWN` end) goes out too.
+                () = closed.cancelled() => self.closed = true,
+            }
+        }
+    }
+}
+
+fn subscribe(harness: Harness, run_id: RunId, after: u64) -> BoxStream<'static, Arc<EncodedEvent>> {
+    let changes = harness.inner.store.watch_run(&run_id);
+    let cursor = Cursor {
+        harness,
+        run_id,
+        after,
+        changes,
+        ended: false,
+        closed: false,
+    };
+    futures::stream::unfold(cursor, |mut cursor| async move {
+        let page = cursor.next_page().await?;
+        Some((futures::stream::iter(page), cursor))
+    })
+    .flatten()
+    .boxed()
+}
+
+/// Where a session follower is in the session's list of runs.
+enum Position {
+    /// Before the first run.
+    Start,
+    /// In this run, after this event.
+    Resume(RunId, u64),
+    /// Done with this run.
+    After(RunId),
+}
+
+struct SessionFollow {
+    harness: Harness,
+    session_id: SessionId,
+    runs_changed: watch::Receiver<u64>,
+    position: Position,
+    current: Option<(RunId, BoxStream<'static, Arc<EncodedEvent>>)>,
+}
+
+impl SessionFollow {
+    async fn next(&mut self) -> Option<(RunId, Arc<EncodedEvent>)> {
+        loop {
+            if let Some((run_id, events)) = &mut self.current {
+                match events.next().await {
+                    Some(event) => return Some((run_id.clone(), event)),
+                    None => {
+                        self.position = Position::After(run_id.clone());
+                        self.current = None;
+                    }
+                }
+            }
+            self.runs_changed.borrow_and_update();
+            let runs = match self
+                .harness
+                .inner
+                .store
+                .session_runs(
+                    &self.session_id,
+                    self.harness.inner.config.retention.runs_shown,
+                )
+                .await
+            {
+                Ok(runs) => runs,
+                Err(error) => {
+                    tracing::warn!(session_id = %self.session_id, %error, "cannot read the session's runs");
+                    return None;
+                }
+            };
+            let next = match &self.position {
+                Position::Start => runs.first().map(|run| (run.clone(), 0)),
+                Position::Resume(run_id, after) if runs.contains(run_id) => {
+                    Some((run_id.clone(), *after))
+                }
+                Position::Resume(..) => runs.first().map(|run| (run.clone(), 0)),
+                // A run the session no longer lists fell off the front: every listed run is newer.
+                Position::After(run_id) => match runs.iter().position(|run| run == run_id) {
+                    Some(i) => runs.get(i + 1),
+                    None => runs.first(),
+                }
+                .map(|run| (run.clone(), 0)),
+            };
+            match next {
+                Some((run_id, after)) => {
+                    self.current = Some((
+                        run_id.clone(),
+                        subscribe(self.harness.clone(), run_id.clone(), after),
+                    ));
+                    self.position = Position::After(run_id);
+                }
+                None => {
+                    let closed = self.harness.inner.closed.clone();
+                    tokio::select! {
+                        changed = self.runs_changed.changed() => changed.ok()?,
+                        () = closed.cancelled() => return None,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A session's events, run after run (see [`Harness::session_events`]). Following a session creates nothing.
+pub(super) fn follow_session(
+    harness: Harness,
+    session_id: SessionId,
+    resume: Option<(RunId, u64)>,
+) -> BoxStream<'static, (RunId, Arc<EncodedEvent>)> {
+    let follow = SessionFollow {
+        runs_changed: harness.inner.store.watch_session(&session_id),
+        harness,
+        session_id,
+        position: match resume {
+            Some((run_id, after)) => Position::Resume(run_id, after),
+            None => Position::Start,
+        },
+        current: None,
+    };
+    futures::stream::unfold(follow, |mut follow| async move {
+        let item = follow.next().await?;
+        Some((item, follow))
+    })
+    .boxed()
+}

@@ -1,0 +1,811 @@
+//! Where the harness keeps what must outlive a request: sessions, runs and their event logs, tool calls and their
+//! approvals, AG-UI suspensions, session grants, added rules and the audit log.
+//!
+//! The rows are the truth; memory is a cache and the place where waiting futures live. One trait, [`Store`], and
+//! three implementations: [`memory::MemoryStore`] (one process, nothing survives it: a dead process counts as a
+//! denial), and, with the `sql` feature, SQLite (the embedded default, a file beside toolgate) and PostgreSQL (which
+//! lets several instances serve as one), both on sqlx.
+//!
+//! Every method that changes state is one atomic state change: it happens whole or not at all, and a conditional
+//! one (a decision, a claim, a resume) is taken by exactly one caller however many race for it, in this process or
+//! in another one on the same database. Events of a state change are durable before anyone can read them: a reader
+//! sees an event only through [`Store::events_after`], which returns committed events only.
+//!
+//! # The life of a run, as rows
+//!
+//! - `running`: an instance (the owner, with an epoch) samples the model. Its writes are fenced by the epoch: once
+//!   another instance declared it dead and took the run over, its late writes change nothing.
+//! - `waiting`: a batch of tool calls is open. Each call is its own row: refused, allowed, pending (an approval),
+//!   approved, denied, executing, settled or interrupted. No instance owns a waiting run; whoever settles the last
+//!   call of the batch claims it ([`Store::claim_batch`]) and samples on.
+//! - `interrupted`: an AG-UI run ended with interrupts; a later run resumes it, once ([`Store::take_interrupt`]).
+//! - `done` and `failed`: ended, with a terminal event as the last of the log.
+
+pub mod memory;
+mod watches;
+
+use std::fmt;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::ids::{RunId, SessionId, ToolCallId};
+use crate::interrupts::Suspension;
+use crate::runtime::AbortReason;
+use crate::wire::{
+    ApprovalMode, ApprovalPolicy, ApprovalRequest, Message, Resolution, StreamEvent, ToolCall,
+    ToolOutput,
+};
+
+/// Which kind of store this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    Memory,
+    Sqlite,
+    Postgres,
+}
+
+impl StoreKind {
+    /// Whether what the store holds survives the process.
+    pub fn is_durable(self) -> bool {
+        !matches!(self, Self::Memory)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+        }
+    }
+}
+
+/// A running toolgate process, as the store knows it: a fresh id at every start.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct InstanceId(String);
+
+impl InstanceId {
+    pub fn generate() -> Self {
+        Self(format!("inst_{}", uuid::Uuid::new_v4().simple()))
+    }
+
+    pub fn from_stored(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Which claim on a running run a writer holds: bumped each time the run is claimed.
+pub type Epoch = u64;
+
+/// One event as it goes on the wire: its sequence number, its `type`, and its JSON, encoded once for every
+/// subscriber.
+#[derive(Debug, PartialEq, Eq)]
+pub struct EncodedEvent {
+    pub seq: u64,
+    pub kind: &'static str,
+    pub json: Box<str>,
+}
+
+/// An event encoded once, not yet given its sequence number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewEvent {
+    pub kind: &'static str,
+    pub json: Box<str>,
+}
+
+impl NewEvent {
+    pub fn encode(event: &StreamEvent) -> Result<Self, serde_json::Error> {
+        Ok(Self {
+            kind: event.kind(),
+            json: serde_json::to_string(event)?.into_boxed_str(),
+        })
+    }
+
+    /// Its size in the log, for the bounds on what a run may keep.
+    pub fn bytes(&self) -> usize {
+        self.json.len()
+    }
+}
+
+/// The `type` of a stored event, as the `&'static str` the wire uses.
+pub fn event_kind(stored: &str) -> Option<&'static str> {
+    StreamEvent::KINDS
+        .iter()
+        .copied()
+        .find(|kind| *kind == stored)
+}
+
+/// Where a run is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    Running,
+    Waiting,
+    Interrupted,
+    Done,
+    Failed,
+}
+
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Waiting => "waiting",
+            Self::Interrupted => "interrupted",
+            Self::Done => "done",
+            Self::Failed => "failed",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "running" => Self::Running,
+            "waiting" => Self::Waiting,
+            "interrupted" => Self::Interrupted,
+            "done" => Self::Done,
+            "failed" => Self::Failed,
+            _ => return None,
+        })
+    }
+
+    /// Whether the run has ended (its log is complete).
+    pub fn is_finished(self) -> bool {
+        matches!(self, Self::Interrupted | Self::Done | Self::Failed)
+    }
+}
+
+/// What the store knows about a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunInfo {
+    pub run_id: RunId,
+    pub session_id: SessionId,
+    pub parent_run_id: Option<RunId>,
+    pub mode: ApprovalMode,
+    pub state: RunState,
+    /// The sequence number of its newest committed event.
+    pub last_seq: u64,
+    /// Set once someone aborted the run; the first reason sticks.
+    pub abort: Option<AbortReason>,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: u64,
+}
+
+/// A run about to start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewRun {
+    pub run_id: RunId,
+    pub session_id: SessionId,
+    pub parent_run_id: Option<RunId>,
+    pub mode: ApprovalMode,
+    /// The user's message, for listings (empty for a resume).
+    pub message: String,
+    /// Its first events (`runStarted`).
+    pub events: Vec<NewEvent>,
+    pub at: u64,
+}
+
+/// Why a run could not start.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StartConflict {
+    #[error("run id {0} is taken")]
+    RunIdTaken(RunId),
+    #[error("session {session_id} is busy with run {active}")]
+    SessionBusy {
+        session_id: SessionId,
+        active: RunId,
+    },
+}
+
+/// What the repeated-call guard has counted in a run, kept across the run's batches.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepeatCounts {
+    /// How often each (tool, canonical arguments) was called.
+    pub seen: Vec<((String, String), usize)>,
+    pub strikes: usize,
+}
+
+/// What a waiting run needs to go on once its batch is settled: the conversation and the batch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SavedBatch {
+    /// The conversation up to and including the assistant message that made the batch.
+    pub history: Vec<Message>,
+    /// How many of `history`'s messages came before this run; the rest are the run's own.
+    pub prior: usize,
+    /// Whether the run's messages join the session's history when it ends (false: the client owns the
+    /// conversation, as AG-UI clients do).
+    pub owned_by_session: bool,
+    /// The policy the run runs under.
+    pub policy: ApprovalPolicy,
+    /// The step whose batch this is.
+    pub step: u32,
+    /// The batch, in the model's order.
+    pub calls: Vec<ToolCall>,
+    #[serde(default)]
+    pub repeat: RepeatCounts,
+}
+
+/// Where a tool call of an open batch stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallStatus {
+    /// Refused before any decision (unknown tool, invalid input, a deny rule, a repeat): its output is set.
+    Refused,
+    /// The policy allows it: it runs.
+    Allowed,
+    /// It waits for a person.
+    Pending,
+    /// A person approved it: it runs.
+    Approved,
+    /// A person, the timeout or an abort denied it: its output is set.
+    Denied,
+    /// It is running, on the instance named in the record.
+    Executing,
+    /// It ran: its output is set.
+    Settled,
+    /// It was running when its instance died: its effect is unknown, and it is never run again.
+    Interrupted,
+}
+
+impl CallStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Refused => "refused",
+            Self::Allowed => "allowed",
+            Self::Pending => "pending",
+            Self::Approved => "approved",
+            Self::Denied => "denied",
+            Self::Executing => "executing",
+            Self::Settled => "settled",
+            Self::Interrupted => "interrupted",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "refused" => Self::Refused,
+            "allowed" => Self::Allowed,
+            "pending" => Self::Pending,
+            "approved" => Self::Approved,
+            "denied" => Self::Denied,
+            "executing" => Self::Executing,
+            "settled" => Self::Settled,
+            "interrupted" => Self::Interrupted,
+            _ => return None,
+        })
+    }
+
+    /// Whether the call has its output, so that the batch can go on without it changing again.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            Self::Refused | Self::Denied | Self::Settled | Self::Interrupted
+        )
+    }
+
+    /// Whether the call is to run and has not started.
+    pub fn is_runnable(self) -> bool {
+        matches!(self, Self::Allowed | Self::Approved)
+    }
+}
+
+/// One tool call of a batch, as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallRecord {
+    pub run_id: RunId,
+    pub call: ToolCall,
+    /// The parsed arguments (valid against the tool's schema for calls that run).
+    pub input: Value,
+    pub status: CallStatus,
+    /// The approval it asked for, when it asked.
+    pub approval: Option<ApprovalRequest>,
+    pub resolution: Option<Resolution>,
+    /// Who decided, from the authentication layer.
+    pub decided_by: Option<String>,
+    /// The arguments a person edited before approving; they replace `input`.
+    pub edited_arguments: Option<Value>,
+    pub output: Option<ToolOutput>,
+    /// The instance running it, while it runs.
+    pub executing_on: Option<InstanceId>,
+}
+
+impl CallRecord {
+    /// A call as a batch opens it.
+    pub fn new(run_id: RunId, call: ToolCall, input: Value, status: CallStatus) -> Self {
+        Self {
+            run_id,
+            call,
+            input,
+            status,
+            approval: None,
+            resolution: None,
+            decided_by: None,
+            edited_arguments: None,
+            output: None,
+            executing_on: None,
+        }
+    }
+
+    /// The arguments the call runs with.
+    pub fn arguments_to_run(&self) -> &Value {
+        self.edited_arguments.as_ref().unwrap_or(&self.input)
+    }
+}
+
+/// A batch a running run opens: it becomes `waiting`, and its owner lets go of it.
+#[derive(Clone, Debug)]
+pub struct OpenBatch {
+    pub run_id: RunId,
+    pub epoch: Epoch,
+    pub batch: SavedBatch,
+    /// Every call of the batch, in the model's order.
+    pub calls: Vec<CallRecord>,
+    /// `approvalRequired` and friends: durable with the pending approvals, before anyone sees them.
+    pub events: Vec<NewEvent>,
+    pub audit: Vec<AuditEntry>,
+}
+
+/// What settles a pending approval: made from the pending call, under the store's guard.
+#[derive(Clone, Debug)]
+pub struct Settlement {
+    pub resolution: Resolution,
+    /// `Approved` or `Denied`.
+    pub status: CallStatus,
+    pub edited_arguments: Option<Value>,
+    /// The output, for a denial.
+    pub output: Option<ToolOutput>,
+    pub events: Vec<NewEvent>,
+    pub audit: Vec<AuditEntry>,
+}
+
+/// A decision refused by its check (edited arguments outside the schema, say); the approval stays pending.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// Makes the settlement of a pending call, or refuses.
+pub type Settle = Box<dyn FnOnce(&CallRecord) -> Result<Settlement, Refused> + Send>;
+/// Makes the settlement of each pending call whose time ran out.
+pub type SettleExpired = Box<dyn Fn(&CallRecord) -> Settlement + Send + Sync>;
+
+/// Why a pending approval could not be decided.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecideFailure {
+    #[error("not pending")]
+    NotPending,
+    #[error(transparent)]
+    Refused(#[from] Refused),
+}
+
+/// A call an instance took to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Begun {
+    pub record: CallRecord,
+}
+
+/// A call's result, recorded by the instance that ran it.
+#[derive(Clone, Debug)]
+pub struct CallResult {
+    pub run_id: RunId,
+    pub call_id: ToolCallId,
+    pub output: ToolOutput,
+    pub events: Vec<NewEvent>,
+    pub audit: Vec<AuditEntry>,
+}
+
+/// A waiting run whose batch is settled, claimed to go on.
+#[derive(Clone, Debug)]
+pub struct Claimed {
+    pub epoch: Epoch,
+    pub batch: SavedBatch,
+    /// Each call's output, in the model's order.
+    pub outputs: Vec<(ToolCall, ToolOutput)>,
+    pub abort: Option<AbortReason>,
+}
+
+/// How a run ends.
+pub struct FinishRun {
+    pub run_id: RunId,
+    /// The owner's epoch; `None` ends a run whoever holds it (recovery, an abort of a waiting run).
+    pub epoch: Option<Epoch>,
+    pub state: RunState,
+    /// Messages that join the session's history.
+    pub history: Vec<Message>,
+    /// The whole conversation, for runs whose client owns it.
+    pub conversation: Option<Vec<Message>>,
+    /// An AG-UI run's suspension, to be resumed once.
+    pub suspension: Option<Suspension>,
+    /// The terminal event, last.
+    pub events: Vec<NewEvent>,
+    pub audit: Vec<AuditEntry>,
+    /// How to settle approvals still pending (a run never leaves a card behind).
+    pub settle_pending: Option<SettleExpired>,
+}
+
+/// Why a fenced write changed nothing.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Fenced {
+    #[error("the run is no longer this writer's to change")]
+    Lost,
+    #[error("the run was aborted")]
+    Aborted(AbortReason),
+}
+
+/// What aborting a run did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Aborted {
+    pub run: RunInfo,
+    /// The instance sampling it, when it is running: that instance stops its task.
+    pub running_on: Option<InstanceId>,
+    /// Calls being run right now: their instances stop them.
+    pub executing: Vec<(ToolCallId, InstanceId)>,
+}
+
+/// Why a suspension could not be taken for a resume.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TakeError {
+    #[error("Run {0} issued no interrupts that this server knows of.")]
+    UnknownParent(RunId),
+    #[error(
+        "The interrupts of run {parent} were already resumed by run {by}; a resume is used once."
+    )]
+    AlreadyUsed { parent: RunId, by: RunId },
+}
+
+/// What recovery did with the work of dead instances.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Recovered {
+    /// Runs that were sampling: now failed.
+    pub failed_runs: Vec<RunId>,
+    /// Calls that were running: now interrupted.
+    pub interrupted_calls: Vec<(RunId, ToolCallId)>,
+}
+
+/// How recovery words what it records.
+pub struct RecoveryEvents {
+    /// The terminal event of a run that was sampling.
+    pub run_failed: Box<dyn Fn(&RunInfo) -> Vec<NewEvent> + Send + Sync>,
+    /// The output, events and audit of a call that was running.
+    pub call_interrupted: Box<dyn Fn(&CallRecord) -> Settlement + Send + Sync>,
+}
+
+/// One line of the audit log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEntry {
+    /// Its place in the log, once stored.
+    #[serde(default)]
+    pub id: u64,
+    /// Milliseconds since the Unix epoch.
+    pub at: u64,
+    pub kind: AuditKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<SessionId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<RunId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<ToolCallId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// SHA-256 of the call's arguments (canonical JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_digest: Option<String>,
+    /// SHA-256 of the arguments a person edited before approving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edited_digest: Option<String>,
+    /// What happened: `requested`, `approved`, `denied`, `timed_out`, `aborted`, ...
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Who decided, from the authentication layer: the token, the login, or `local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+}
+
+/// What an audit entry is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditKind {
+    /// A call asked for approval (or an AG-UI interrupt was issued).
+    ApprovalRequested,
+    /// A pending approval ended: decided, timed out, aborted.
+    ApprovalResolved,
+    /// A call that was running when its process died: its effect is unknown.
+    CallInterrupted,
+    /// A pending approval of a run that a restart ended.
+    ApprovalLost,
+    /// An AG-UI resume was refused.
+    ResumeRefused,
+    /// A session grant was revoked.
+    GrantRevoked,
+    /// A rule was added or removed.
+    RuleChanged,
+}
+
+impl AuditKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ApprovalRequested => "approval_requested",
+            Self::ApprovalResolved => "approval_resolved",
+            Self::CallInterrupted => "call_interrupted",
+            Self::ApprovalLost => "approval_lost",
+            Self::ResumeRefused => "resume_refused",
+            Self::GrantRevoked => "grant_revoked",
+            Self::RuleChanged => "rule_changed",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "approval_requested" => Self::ApprovalRequested,
+            "approval_resolved" => Self::ApprovalResolved,
+            "call_interrupted" => Self::CallInterrupted,
+            "approval_lost" => Self::ApprovalLost,
+            "resume_refused" => Self::ResumeRefused,
+            "grant_revoked" => Self::GrantRevoked,
+            "rule_changed" => Self::RuleChanged,
+            _ => return None,
+        })
+    }
+}
+
+/// Which audit entries to read, oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuditQuery {
+    pub session_id: Option<SessionId>,
+    pub run_id: Option<RunId>,
+    pub tool: Option<String>,
+    pub outcome: Option<String>,
+    /// Milliseconds since the Unix epoch, inclusive.
+    pub since: Option<u64>,
+    /// Milliseconds since the Unix epoch, exclusive.
+    pub until: Option<u64>,
+    /// Entries after this id (the page before ended there).
+    pub after_id: Option<u64>,
+    pub limit: usize,
+}
+
+impl AuditQuery {
+    pub fn matches(&self, entry: &AuditEntry) -> bool {
+        self.session_id
+            .as_ref()
+            .is_none_or(|s| entry.session_id.as_ref() == Some(s))
+            && self
+                .run_id
+                .as_ref()
+                .is_none_or(|r| entry.run_id.as_ref() == Some(r))
+            && self
+                .tool
+                .as_ref()
+                .is_none_or(|t| entry.tool.as_ref() == Some(t))
+            && self.outcome.as_ref().is_none_or(|o| &entry.outcome == o)
+            && self.since.is_none_or(|since| entry.at >= since)
+            && self.until.is_none_or(|until| entry.at < until)
+            && self.after_id.is_none_or(|after| entry.id > after)
+    }
+}
+
+/// A session, as listed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSummary {
+    pub session_id: SessionId,
+    /// The first user message, shortened: a title a person recognises.
+    pub title: String,
+    pub created_at: u64,
+    pub updated_at: u64,
+    pub runs: u64,
+}
+
+/// A grant a person gave a session, stored as the policy serialises it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredGrant {
+    pub id: String,
+    pub grant: Value,
+    pub created_at: u64,
+}
+
+/// A rule a person added ("Always allow"), stored as its text.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredRule {
+    pub id: String,
+    pub rule: String,
+    pub created_at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
+}
+
+/// How much the store keeps: finished runs go, oldest first, past their age or past the size of the event log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetentionLimits {
+    /// Milliseconds a finished run (and its events) is kept.
+    pub max_age_ms: u64,
+    /// Bytes of event log kept over all runs.
+    pub max_event_bytes: u64,
+}
+
+/// Something the store could not do. The state it guards is unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
+    #[error("the database holds something this toolgate cannot read: {0}")]
+    Corrupt(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+pub type StoreFuture<'a, T> = BoxFuture<'a, StoreResult<T>>;
+
+/// The store. Object-safe: the harness holds an `Arc<dyn Store>`.
+pub trait Store: Send + Sync + 'static {
+    fn kind(&self) -> StoreKind;
+
+    /// This process, as the store knows it.
+    fn instance(&self) -> &InstanceId;
+
+    // ---- runs and their logs
+
+    /// Creates the run (owned by this instance, epoch 1) and its session when new, claims the session (one run at
+    /// a time), and appends the run's first events.
+    fn start_run(&self, run: NewRun) -> StoreFuture<'_, Result<Epoch, StartConflict>>;
+
+    /// Appends events to a running run this instance owns at `epoch`, after everything it appended before.
+    /// Returns at once; the events become readable once durable. A writer that lost the run appends nothing.
+    fn append(&self, run_id: &RunId, epoch: Epoch, events: Vec<NewEvent>);
+
+    /// Waits until everything appended so far is durable (or dropped as fenced).
+    fn flush(&self) -> StoreFuture<'_, ()>;
+
+    /// Opens a batch: the run becomes `waiting`, its calls and their approvals are stored with their events.
+    fn open_batch(&self, batch: OpenBatch) -> StoreFuture<'_, Result<(), Fenced>>;
+
+    /// Settles one pending approval with what `settle` makes of it. Exactly once: only a pending call passes.
+    fn decide(
+        &self,
+        run_id: &RunId,
+        call_id: &ToolCallId,
+        settle: Settle,
+    ) -> StoreFuture<'_, Result<CallRecord, DecideFailure>>;
+
+    /// Settles every pending approval whose time is up at `now_ms` (as `settle` says) and returns them.
+    fn expire(&self, now_ms: u64, settle: SettleExpired) -> StoreFuture<'_, Vec<CallRecord>>;
+
+    /// The earliest expiry among pending approvals, to know when to look again.
+    fn next_expiry(&self) -> StoreFuture<'_, Option<u64>>;
+
+    /// Takes a call to run on this instance: allowed or approved, not started. `None` when someone else took it
+    /// or it is no longer to run. A call of a running run's own batch (`inline`) is inserted as it begins; it
+    /// replaces a finished call of an earlier batch with the same id (ids are the model's), never one of its own
+    /// batch.
+    fn begin_call(
+        &self,
+        run_id: &RunId,
+        call_id: &ToolCallId,
+        inline: Option<CallRecord>,
+    ) -> StoreFuture<'_, Option<CallRecord>>;
+
+    /// Records a call's output, if this instance still runs it (recovery may have declared it interrupted).
+    fn settle_call(&self, result: CallResult) -> StoreFuture<'_, bool>;
+
+    /// Claims a waiting run whose every call is settled, to sample on. `None` when the batch is not settled or
+    /// somebody else claimed it.
+    fn claim_batch(&self, run_id: &RunId) -> StoreFuture<'_, Option<Claimed>>;
+
+    /// Ends a run: its terminal event last, the session free again, nothing left pending.
+    fn finish_run(&self, finish: FinishRun) -> StoreFuture<'_, Result<(), Fenced>>;
+
+    /// Marks a run aborted (the first reason sticks), denies what it has pending with `settle`, and tells who
+    /// must stop what.
+    fn abort_run(
+        &self,
+        run_id: &RunId,
+        reason: AbortReason,
+        settle: SettleExpired,
+    ) -> StoreFuture<'_, Option<Aborted>>;
+
+    /// Fails the runs and interrupts the calls of dead instances (for SQLite at start: every other instance).
+    fn recover(&self, events: RecoveryEvents) -> StoreFuture<'_, Recovered>;
+
+    // ---- AG-UI suspensions
+
+    /// The suspension an interrupted run left, and the run that resumed it, if one did. What was issued never
+    /// changes; only its use does.
+    fn interrupt(&self, parent: &RunId) -> StoreFuture<'_, Option<(Suspension, Option<RunId>)>>;
+
+    /// Takes the suspension of an interrupted run for the resume `by`. Exactly once: a second take finds it used.
+    fn take_interrupt(&self, parent: &RunId, by: &RunId) -> StoreFuture<'_, Result<(), TakeError>>;
+
+    /// Opens a taken suspension again, when the run that took it could not start.
+    fn restore_interrupt(&self, parent: &RunId) -> StoreFuture<'_, ()>;
+
+    /// The session's newest suspension not yet resumed, with its expiry (milliseconds since the Unix epoch).
+    fn open_interrupt(&self, session_id: &SessionId) -> StoreFuture<'_, Option<(RunId, u64)>>;
+
+    // ---- reading
+
+    fn run(&self, run_id: &RunId) -> StoreFuture<'_, Option<RunInfo>>;
+
+    /// Committed events after `after`, at most `limit`.
+    fn events_after(
+        &self,
+        run_id: &RunId,
+        after: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Arc<EncodedEvent>>>;
+
+    /// Changes when the run's log or state changes (the newest sequence number).
+    fn watch_run(&self, run_id: &RunId) -> watch::Receiver<u64>;
+
+    /// Changes when a run starts in the session.
+    fn watch_session(&self, session_id: &SessionId) -> watch::Receiver<u64>;
+
+    /// The session's runs, oldest first, the newest `limit`.
+    fn session_runs(&self, session_id: &SessionId, limit: usize) -> StoreFuture<'_, Vec<RunId>>;
+
+    /// The session's conversation.
+    fn history(&self, session_id: &SessionId) -> StoreFuture<'_, Vec<Message>>;
+
+    /// Sessions, most recently used first.
+    fn sessions(&self, limit: usize) -> StoreFuture<'_, Vec<SessionSummary>>;
+
+    /// Pending approvals, of one run or of all, oldest first.
+    fn pending(&self, run_id: Option<&RunId>) -> StoreFuture<'_, Vec<ApprovalRequest>>;
+
+    /// A call of a run.
+    fn call(&self, run_id: &RunId, call_id: &ToolCallId) -> StoreFuture<'_, Option<CallRecord>>;
+
+    /// The calls of a run's open batch, in the model's order.
+    fn calls(&self, run_id: &RunId) -> StoreFuture<'_, Vec<CallRecord>>;
+
+    /// Runs that have not ended.
+    fn unfinished_runs(&self) -> StoreFuture<'_, Vec<RunId>>;
+
+    /// Waiting runs that have work no instance is doing: calls to run, or a settled batch to claim.
+    fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>>;
+
+    /// The conversation of a run whose client owns it, once it ended.
+    fn conversation(&self, run_id: &RunId) -> StoreFuture<'_, Option<Vec<Message>>>;
+
+    // ---- grants, rules, audit
+
+    fn grants(&self, session_id: &SessionId) -> StoreFuture<'_, Vec<StoredGrant>>;
+    fn add_grant(&self, session_id: &SessionId, grant: StoredGrant) -> StoreFuture<'_, ()>;
+    /// Whether it existed.
+    fn revoke_grant(
+        &self,
+        session_id: &SessionId,
+        grant_id: &str,
+        audit: AuditEntry,
+    ) -> StoreFuture<'_, bool>;
+
+    fn rules(&self) -> StoreFuture<'_, Vec<StoredRule>>;
+    fn add_rule(&self, rule: StoredRule, audit: AuditEntry) -> StoreFuture<'_, ()>;
+    /// Whether it existed.
+    fn remove_rule(&self, rule_id: &str, audit: AuditEntry) -> StoreFuture<'_, bool>;
+
+    fn audit(&self, entry: AuditEntry) -> StoreFuture<'_, ()>;
+    fn audit_log(&self, query: AuditQuery) -> StoreFuture<'_, Vec<AuditEntry>>;
+
+    /// Forgets finished runs past the limits. Returns how many went.
+    fn prune(&self, limits: RetentionLimits, now_ms: u64) -> StoreFuture<'_, usize>;
+}

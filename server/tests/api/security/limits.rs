@@ -1,0 +1,97 @@
+//! No client makes the server hold more than its share: past its bound of open event streams a client gets a 429
+//! that says why, starts nothing, and the streams it has keep going. Other clients are not counted against it.
+
+use std::net::IpAddr;
+
+use serde_json::{Value, json};
+
+use super::pending;
+use crate::helpers::{SseStream, TestApp, spawn_app_with};
+
+/// A client whose requests come from `ip` (any address of 127.0.0.0/8 reaches the server on 127.0.0.1).
+fn client_from(ip: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(ip.parse::<IpAddr>().unwrap())
+        .build()
+        .unwrap()
+}
+
+async fn too_many(response: reqwest::Response) {
+    assert_eq!(response.status(), 429);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "ok": false,
+            "code": "TOO_MANY_STREAMS",
+            "error": "This client has 2 event streams open, the most one client may; close one before opening another."
+        })
+    );
+}
+
+async fn run_events(app: &TestApp, client: &reqwest::Client, run_id: &str) -> reqwest::Response {
+    client
+        .get(app.url(&format!("/api/agent/runs/{run_id}/events")))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn past_its_stream_bound_a_client_gets_429_and_its_open_streams_go_on() {
+    let app = spawn_app_with(|config| config.max_streams_per_client = 2).await;
+    std::fs::write(app.file("a.txt"), "keep").unwrap();
+    let run_id = app
+        .create_run(json!({"message": "delete a.txt", "sessionId": "s1"}))
+        .await;
+    let mut run_stream = app.events(&run_id, None).await;
+    let required = run_stream.until("approvalRequired").await;
+    let call_id = required.data["request"]["toolCallId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let session_stream = app.get("/api/agent/sessions/s1/events").await;
+    assert_eq!(session_stream.status(), 200);
+
+    // Every kind of stream is refused past the bound, and the refused ones start nothing.
+    too_many(run_events(&app, &app.client, &run_id).await).await;
+    too_many(app.get("/api/agent/sessions/s2/events").await).await;
+    too_many(
+        app.post_json("/api/agent/stream", &json!({"message": "delete b.txt"}))
+            .await,
+    )
+    .await;
+    too_many(
+        app.post_json(
+            "/api/agui",
+            &json!({"threadId": "t1", "runId": "agui-1", "messages": [{"id": "m1", "role": "user", "content": "delete b.txt"}]}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(pending(&app).await.len(), 1, "only the first run waits");
+    assert_eq!(app.harness.sessions(usize::MAX).await.unwrap().len(), 1);
+
+    // Another client's streams are its own.
+    let other = client_from("127.0.0.2");
+    let mut other_stream = SseStream::new(run_events(&app, &other, &run_id).await);
+    assert_eq!(other_stream.status, 200);
+
+    // The open streams go on: the decision reaches all of them, and the run's streams end with the run.
+    let decided = app
+        .decide(&run_id, &call_id, json!({"decision": "approve"}))
+        .await;
+    assert_eq!(decided.status(), 200);
+    for stream in [&mut run_stream, &mut other_stream] {
+        let rest = stream.rest().await;
+        let names: Vec<&str> = rest.iter().map(|e| e.name.as_str()).collect();
+        assert!(names.contains(&"approvalResolved"), "{names:?}");
+        assert_eq!(names.last(), Some(&"done"));
+    }
+    assert!(!app.file("a.txt").exists());
+
+    // A stream that ended gave its place back.
+    let again = run_events(&app, &app.client, &run_id).await;
+    assert_eq!(again.status(), 200);
+    drop(session_stream);
+}

@@ -1,0 +1,209 @@
+//! A browser acts only on its own session: the server functions decide, cancel and list what belongs to the
+//! session its cookie names, and nothing of another session. Reading creates nothing: a GET of the page or of a
+//! session's events makes the server hold no session.
+
+use std::pin::Pin;
+
+use eventsource_stream::Eventsource;
+use futures::{Stream, StreamExt};
+use serde_json::{Value, json};
+
+use super::pending;
+use crate::helpers::{PATIENCE, TestApp, spawn_app};
+
+/// A session's event stream: events named by their `type`, with `runId:seq` ids.
+struct SessionStream(Pin<Box<dyn Stream<Item = (String, String, Value)> + Send>>);
+
+impl SessionStream {
+    fn new(response: reqwest::Response) -> Self {
+        Self(
+            response
+                .bytes_stream()
+                .eventsource()
+                .map(|event| {
+                    let event = event.expect("a well-formed SSE event");
+                    let data = serde_json::from_str(&event.data).expect("SSE data is JSON");
+                    (event.event, event.id, data)
+                })
+                .boxed(),
+        )
+    }
+
+    /// Reads until an event named `name`; returns its id and data.
+    async fn until(&mut self, name: &str) -> (String, Value) {
+        loop {
+            let next = tokio::time::timeout(PATIENCE, self.0.next())
+                .await
+                .expect("an event arrives in time");
+            match next {
+                Some((event, id, data)) if event == name => return (id, data),
+                Some(_) => {}
+                None => panic!("the stream ended before a {name} event"),
+            }
+        }
+    }
+}
+
+/// A server function call as the page makes it: a form body, the session cookie.
+async fn server_fn(
+    app: &TestApp,
+    name: &str,
+    session: &str,
+    fields: &[(&str, &str)],
+) -> reqwest::Response {
+    let body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(fields)
+        .finish();
+    app.client
+        .post(app.url(&format!("/api/fn/{name}")))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", format!("toolgate_session={session}"))
+        .body(body)
+        .send()
+        .await
+        .expect("the request is sent")
+}
+
+/// A run of `session` that waits for a person: its id and its tool call's id.
+async fn waiting_run(app: &TestApp, session: &str, file: &str) -> (String, String) {
+    std::fs::write(app.file(file), "keep").unwrap();
+    let run_id = app
+        .create_run(json!({"message": format!("delete {file}"), "sessionId": session}))
+        .await;
+    let mut events = app.events(&run_id, None).await;
+    let required = events.until("approvalRequired").await;
+    let call_id = required.data["request"]["toolCallId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (run_id, call_id)
+}
+
+#[tokio::test]
+async fn server_functions_act_only_on_the_callers_own_session() {
+    let app = spawn_app().await;
+    let (run_id, call_id) = waiting_run(&app, "alice", "a.txt").await;
+
+    // Mallory knows the ids, and the server functions treat them as unknown.
+    let listed = server_fn(&app, "pending", "mallory", &[]).await;
+    assert_eq!(listed.status(), 200);
+    assert_eq!(listed.json::<Value>().await.unwrap(), json!([]));
+    let listed = server_fn(&app, "pending", "mallory", &[("run_id", &run_id)]).await;
+    assert_eq!(listed.json::<Value>().await.unwrap(), json!([]));
+    let decided = server_fn(
+        &app,
+        "decide",
+        "mallory",
+        &[
+            ("run_id", &run_id),
+            ("tool_call_id", &call_id),
+            ("choice", "Approve"),
+        ],
+    )
+    .await;
+    assert_eq!(decided.status(), 404);
+    let text = decided.text().await.unwrap();
+    assert!(
+        text.contains(&format!(
+            "No pending approval found for run {run_id} and tool call {call_id}."
+        )),
+        "{text}"
+    );
+    let cancelled = server_fn(&app, "cancel", "mallory", &[("run_id", &run_id)]).await;
+    assert_eq!(cancelled.status(), 404);
+    let text = cancelled.text().await.unwrap();
+    assert!(
+        text.contains(&format!("No run {run_id} is known.")),
+        "{text}"
+    );
+
+    // Nothing changed: the approval waits, the run goes on, the file is there.
+    let still = pending(&app).await;
+    assert_eq!(still.len(), 1);
+    assert_eq!(still[0]["toolCallId"], call_id);
+    assert_eq!(std::fs::read_to_string(app.file("a.txt")).unwrap(), "keep");
+
+    // Alice sees and decides her own.
+    let listed = server_fn(&app, "pending", "alice", &[]).await;
+    let listed: Value = listed.json().await.unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert_eq!(listed[0]["toolCallId"], call_id);
+    let decided = server_fn(
+        &app,
+        "decide",
+        "alice",
+        &[
+            ("run_id", &run_id),
+            ("tool_call_id", &call_id),
+            ("choice", "Approve"),
+        ],
+    )
+    .await;
+    assert_eq!(decided.status(), 200);
+    let mut events = app.events(&run_id, None).await;
+    events.until("done").await;
+    assert!(!app.file("a.txt").exists());
+
+    // And cancels her own.
+    let (second, _) = waiting_run(&app, "alice", "b.txt").await;
+    let cancelled = server_fn(&app, "cancel", "alice", &[("run_id", &second)]).await;
+    assert_eq!(cancelled.status(), 200);
+    let mut events = app.events(&second, None).await;
+    assert_eq!(events.until("error").await.data["code"], "ABORTED");
+}
+
+#[tokio::test]
+async fn a_get_never_makes_the_server_hold_a_session() {
+    let app = spawn_app().await;
+    let page = app.get("/").await;
+    assert_eq!(page.status(), 200);
+    let set_cookie = page.headers()["set-cookie"].to_str().unwrap().to_owned();
+    let minted = set_cookie
+        .strip_prefix("toolgate_session=")
+        .and_then(|rest| rest.split(';').next())
+        .unwrap()
+        .to_owned();
+    assert!(
+        page.text()
+            .await
+            .unwrap()
+            .contains("<title>toolgate</title>")
+    );
+    assert_eq!(
+        app.harness.sessions(usize::MAX).await.unwrap().len(),
+        0,
+        "the page's GET"
+    );
+
+    // Following a session that has no run yet, as a fresh page does, holds nothing either.
+    let follow = app
+        .get(&format!("/api/agent/sessions/{minted}/events"))
+        .await;
+    assert_eq!(follow.status(), 200);
+    let mut follow = SessionStream::new(follow);
+    let made_up = app.get("/api/agent/sessions/never-used/events").await;
+    assert_eq!(made_up.status(), 200);
+    assert_eq!(
+        app.harness.sessions(usize::MAX).await.unwrap().len(),
+        0,
+        "the session streams' GETs"
+    );
+
+    // The session begins with its first run, and the stream that waited for it follows it.
+    let started = app
+        .client
+        .post(app.url("/api/fn/start_run"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", format!("toolgate_session={minted}"))
+        .body("message=list%20files")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(started.status(), 200);
+    let run_id: String = started.json().await.unwrap();
+    let (id, first) = follow.until("runStarted").await;
+    assert_eq!(id, format!("{run_id}:1"));
+    assert_eq!(first["sessionId"], minted);
+    follow.until("done").await;
+    assert_eq!(app.harness.sessions(usize::MAX).await.unwrap().len(), 1);
+}
