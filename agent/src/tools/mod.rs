@@ -14,6 +14,7 @@ mod workspace;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 use futures::future::BoxFuture;
@@ -180,6 +181,8 @@ struct SourceTools {
 pub struct Toolbox {
     builtin: Arc<BuiltinTools>,
     sources: Arc<ArcSwap<SourceTools>>,
+    /// Whether any source has had tools: until then the specs are the built-in ones, read without the snapshot.
+    sources_used: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Toolbox {
@@ -265,6 +268,9 @@ impl Toolbox {
                 statuses,
             }
         });
+        if !status.tools.is_empty() {
+            self.sources_used.store(true, Ordering::Release);
+        }
         let kept = &status.tools;
         errors.extend(
             joining
@@ -325,6 +331,9 @@ impl Toolbox {
 
     /// Every tool's spec, in name order; shared, not copied.
     pub fn specs(&self) -> Arc<[ToolSpec]> {
+        if !self.sources_used.load(Ordering::Acquire) {
+            return Arc::clone(&self.builtin.specs);
+        }
         let sources = self.sources.load();
         if sources.tools.is_empty() {
             Arc::clone(&self.builtin.specs)
