@@ -346,11 +346,10 @@ fn emit_started(context: &RunContext, user_message: &str, parent_run_id: Option<
 /// Runs a call of a batch this run holds, recorded as it begins; the model's call id must be new in the run.
 async fn run_inline(context: &RunContext, record: CallRecord) -> Result<ToolOutput, RunError> {
     let call_id = record.call.id.clone();
-    match execute(context, &call_id, Some(record)).await? {
+    match execute(context, &call_id, Some((record, context.epoch))).await? {
         Some(output) => Ok(output),
-        None => Err(RunError::Model(format!(
-            "the model reused the tool call id {call_id} within one run"
-        ))),
+        // Not this run's owner any more, or the model gave two calls of one batch the same id.
+        None => Err(RunError::Lost),
     }
 }
 
@@ -450,6 +449,15 @@ async fn sample(
         });
         if calls.is_empty() {
             return (RunEnd::Answer(text), step);
+        }
+        let mut ids = std::collections::HashSet::with_capacity(calls.len());
+        if let Some(twice) = calls.iter().find(|call| !ids.insert(&call.id)) {
+            let error = RunError::Model(format!(
+                "the model gave two calls of one step the same id ({})",
+                twice.id
+            ));
+            answer_unfinished(messages, &calls, &error);
+            return (RunEnd::Failed(error), step);
         }
 
         // Prepare the whole batch before any of it runs.

@@ -423,7 +423,13 @@ async fn the_binary_keeps_the_model_key_from_mcp_servers_and_stops_them_all_on_s
         }
     }
     let mut toolgate = toolgate
-        .args(["--addr", "127.0.0.1:0", "--mcp-config"])
+        .args([
+            "--addr",
+            "127.0.0.1:0",
+            "--database-url",
+            "memory",
+            "--mcp-config",
+        ])
         .arg(&path)
         .arg("--workspace")
         .arg(workspace.path())
