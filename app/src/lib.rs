@@ -16,7 +16,7 @@ use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 
 use crate::api::{PageState, load_page};
 use crate::components::{
-    ApprovalBar, Composer, ConnectionNote, DebugConsole, ErrorBanner, Transcript,
+    ApprovalBar, Composer, ConnectionNote, DebugConsole, ErrorBanner, McpServers, Transcript,
 };
 use crate::state::Ui;
 
@@ -103,6 +103,7 @@ fn Chat(state: PageState) -> impl IntoView {
                 <h1>"toolgate"</h1>
                 <p class="summary">{summary}</p>
                 {logout}
+                <McpServers/>
             </header>
             <main>
                 <ErrorBanner/>

@@ -277,7 +277,7 @@ impl Harness {
         let stored = self.inner.store.grants(session_id).await?;
         Ok(stored
             .iter()
-            .filter_map(|grant| grant.grant.get("tool")?.as_str().map(str::to_owned))
+            .filter_map(|grant| crate::policy::grant_of(&grant.grant))
             .collect())
     }
 
