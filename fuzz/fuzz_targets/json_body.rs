@@ -4,7 +4,7 @@
 
 #![no_main]
 
-use agent::input::{MAX_MESSAGE_BYTES, StartRunInput};
+use agent::request_body::{MAX_MESSAGE_BYTES, StartRunInput};
 use agent::wire::{Decision, ValidationErrors};
 use axum::body::Body;
 use axum::extract::{FromRequest, Request};

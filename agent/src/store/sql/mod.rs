@@ -1,7 +1,7 @@
 //! The durable stores: SQLite, the embedded default (a file beside toolgate, no server to start), and PostgreSQL,
-//! on which several toolgate instances serve as one. One implementation over sqlx's `Any` driver: the SQL is
-//! written once with `$n` parameters (both databases take them), and [`Dialect`] holds the few places where the
-//! two differ. The schema comes with the binary, one migration set per dialect.
+//! on which several toolgate instances serve as one. One implementation: the SQL is written once with `$n`
+//! parameters (both databases take them) over the small interface of [`db`], and [`Dialect`] holds the few places
+//! where the two differ. The schema comes with the binary, one migration set per dialect, applied by sqlx.
 //!
 //! Every state change is one transaction. SQLite has one writer connection, so this process's state changes never
 //! race each other there; PostgreSQL serialises them with row locks and conditional updates, which is also what
@@ -9,6 +9,7 @@
 //! committed in batches by a background task (group commit): they are durable before anyone can read them, and a
 //! state change waits for the queue to be written first, so a run's log keeps its order.
 
+mod db;
 mod queries;
 
 use std::path::{Path, PathBuf};
@@ -16,9 +17,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use sqlx::any::{AnyPoolOptions, install_default_drivers};
+use sqlx::Connection as _;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::{AnyConnection, AnyPool, Executor, Row};
+use sqlx::postgres::PgPoolOptions;
+
+use db::{Pool, Tx, query};
 use tokio::sync::{Notify, broadcast, watch};
 
 use super::watches::Watches;
@@ -114,8 +117,8 @@ pub enum OpenError {
         lock: String,
         holder: String,
     },
-    #[error("cannot open the database {what}: {source}")]
-    Connect { what: String, source: sqlx::Error },
+    #[error("cannot open the database {what}: {message}")]
+    Connect { what: String, message: String },
     #[error("cannot prepare the database {what}: {message}")]
     Migrate { what: String, message: String },
     #[error("cannot create {path}: {source}")]
@@ -199,9 +202,9 @@ pub struct SqlStore {
     dialect: Dialect,
     instance: InstanceId,
     /// State changes: one connection for SQLite, a few for PostgreSQL.
-    writer: AnyPool,
-    /// Reads: WAL lets SQLite readers go on beside the writer.
-    reader: AnyPool,
+    writer: Pool,
+    /// Reads: WAL lets SQLite's reader go on beside the writer.
+    reader: Pool,
     appends: Mutex<Appends>,
     /// Wakes the appender (which holds only this and a weak reference to the store, so that the store, and its
     /// file lock, go as soon as its last user lets go).
@@ -239,8 +242,7 @@ impl SqlStore {
         url: &DatabaseUrl,
         lease: Duration,
     ) -> Result<Arc<Self>, OpenError> {
-        install_default_drivers();
-        let (dialect, lock, connect, what) = match url {
+        let (dialect, lock, what) = match url {
             DatabaseUrl::Sqlite(path) => {
                 if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                     std::fs::create_dir_all(parent).map_err(|source| OpenError::Io {
@@ -249,38 +251,50 @@ impl SqlStore {
                     })?;
                 }
                 let lock = FileLock::acquire(path)?;
-                (
-                    Dialect::Sqlite,
-                    Some(lock),
-                    format!("sqlite://{}?mode=rwc", path.display()),
-                    path.display().to_string(),
-                )
+                (Dialect::Sqlite, Some(lock), path.display().to_string())
             }
-            DatabaseUrl::Postgres(url) => (Dialect::Postgres, None, url.clone(), redact(url)),
+            DatabaseUrl::Postgres(url) => (Dialect::Postgres, None, redact(url)),
         };
-        let connect_error = |source| OpenError::Connect {
+        let connect_error = |error: &dyn std::fmt::Display| OpenError::Connect {
             what: what.clone(),
-            source,
+            message: error.to_string(),
         };
-        let writer_connections = match dialect {
-            Dialect::Sqlite => 1,
-            Dialect::Postgres => 4,
+        let migrate_error = |error: &dyn std::fmt::Display| OpenError::Migrate {
+            what: what.clone(),
+            message: error.to_string(),
         };
-        let writer = pool(dialect, writer_connections)
-            .connect(&connect)
-            .await
-            .map_err(connect_error)?;
-        migrator(dialect)
-            .run(&writer)
-            .await
-            .map_err(|error| OpenError::Migrate {
-                what: what.clone(),
-                message: error.to_string(),
-            })?;
-        let reader = pool(dialect, 4)
-            .connect(&connect)
-            .await
-            .map_err(connect_error)?;
+        let (writer, reader) = match url {
+            DatabaseUrl::Sqlite(path) => {
+                let options = sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(path)
+                    .create_if_missing(true);
+                let mut connection = sqlx::SqliteConnection::connect_with(&options)
+                    .await
+                    .map_err(|e| connect_error(&e))?;
+                migrator(dialect)
+                    .run(&mut connection)
+                    .await
+                    .map_err(|e| migrate_error(&e))?;
+                connection.close().await.map_err(|e| connect_error(&e))?;
+                let open = || sqlite_connection(path, false).map_err(|e| connect_error(&e));
+                (Pool::sqlite(open()?), Pool::sqlite(open()?))
+            }
+            DatabaseUrl::Postgres(url) => {
+                let writer = postgres_pool(4)
+                    .connect(url)
+                    .await
+                    .map_err(|e| connect_error(&e))?;
+                migrator(dialect)
+                    .run(&writer)
+                    .await
+                    .map_err(|e| migrate_error(&e))?;
+                let reader = postgres_pool(4)
+                    .connect(url)
+                    .await
+                    .map_err(|e| connect_error(&e))?;
+                (Pool::Postgres(writer), Pool::Postgres(reader))
+            }
+        };
         let store = Arc::new(Self {
             dialect,
             instance: InstanceId::generate(),
@@ -305,11 +319,14 @@ impl SqlStore {
         let appender = Arc::downgrade(&store);
         let wake = Arc::clone(&store.appended);
         tokio::spawn(async move { append_forever(appender, wake).await });
-        if dialect == Dialect::Postgres {
-            let mut listener = sqlx::postgres::PgListener::connect(&connect)
+        if let DatabaseUrl::Postgres(url) = url {
+            let mut listener = sqlx::postgres::PgListener::connect(url)
                 .await
-                .map_err(connect_error)?;
-            listener.listen(CHANNEL).await.map_err(connect_error)?;
+                .map_err(|e| connect_error(&e))?;
+            listener
+                .listen(CHANNEL)
+                .await
+                .map_err(|e| connect_error(&e))?;
             let weak = Arc::downgrade(&store);
             tokio::spawn(async move { listen_forever(listener, weak).await });
             let weak = Arc::downgrade(&store);
@@ -320,30 +337,35 @@ impl SqlStore {
 
     /// Opens an existing database to read it beside a running server (`toolgate audit`): no lock, no changes.
     pub async fn read_only(url: &DatabaseUrl) -> Result<Arc<Self>, OpenError> {
-        install_default_drivers();
-        let (dialect, connect, what) = match url {
-            DatabaseUrl::Sqlite(path) => {
-                if !path.exists() {
-                    return Err(OpenError::Io {
-                        path: path.display().to_string(),
-                        source: std::io::Error::new(
-                            std::io::ErrorKind::NotFound,
-                            "no database there (toolgate creates it at its first start)",
-                        ),
-                    });
+        let (dialect, reader) =
+            match url {
+                DatabaseUrl::Sqlite(path) => {
+                    if !path.exists() {
+                        return Err(OpenError::Io {
+                            path: path.display().to_string(),
+                            source: std::io::Error::new(
+                                std::io::ErrorKind::NotFound,
+                                "no database there (toolgate creates it at its first start)",
+                            ),
+                        });
+                    }
+                    let connection =
+                        sqlite_connection(path, true).map_err(|error| OpenError::Connect {
+                            what: path.display().to_string(),
+                            message: error.to_string(),
+                        })?;
+                    (Dialect::Sqlite, Pool::sqlite(connection))
                 }
-                (
-                    Dialect::Sqlite,
-                    format!("sqlite://{}?mode=ro", path.display()),
-                    path.display().to_string(),
-                )
-            }
-            DatabaseUrl::Postgres(url) => (Dialect::Postgres, url.clone(), redact(url)),
-        };
-        let reader = pool(dialect, 1)
-            .connect(&connect)
-            .await
-            .map_err(|source| OpenError::Connect { what, source })?;
+                DatabaseUrl::Postgres(url) => {
+                    let pool = postgres_pool(1).connect(url).await.map_err(|error| {
+                        OpenError::Connect {
+                            what: redact(url),
+                            message: error.to_string(),
+                        }
+                    })?;
+                    (Dialect::Postgres, Pool::Postgres(pool))
+                }
+            };
         Ok(Arc::new(Self {
             dialect,
             instance: InstanceId::generate(),
@@ -385,9 +407,9 @@ impl SqlStore {
 
     async fn register_instance(&self) -> Result<(), StoreError> {
         let now = self.now_sql();
-        sqlx::query(sqlx::AssertSqlSafe(format!(
+        query(format!(
             "INSERT INTO instances (id, started_at, heartbeat_at) VALUES ($1, {now}, {now})"
-        )))
+        ))
         .bind(self.instance.as_str())
         .bind(crate::clock::now_ms() as i64)
         .execute(&self.writer)
@@ -400,9 +422,9 @@ impl SqlStore {
     /// and fenced against it).
     async fn heartbeat(&self) -> Result<(), StoreError> {
         let now = self.now_sql();
-        let changed = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let changed = query(format!(
             "UPDATE instances SET heartbeat_at = {now} WHERE id = $1"
-        )))
+        ))
         .bind(self.instance.as_str())
         .bind(crate::clock::now_ms() as i64)
         .execute(&self.writer)
@@ -419,7 +441,7 @@ impl SqlStore {
     pub(super) async fn live_instances(&self) -> Result<Vec<String>, StoreError> {
         let mut live = vec![self.instance.as_str().to_owned()];
         if self.dialect == Dialect::Postgres {
-            let rows = sqlx::query(
+            let rows = query(
                 "SELECT id FROM instances WHERE heartbeat_at >= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - $1",
             )
             .bind(self.lease.as_millis() as i64)
@@ -435,14 +457,14 @@ impl SqlStore {
 
     /// Forgets instances that are not live, once their work is taken over.
     pub(super) async fn forget_dead_instances(&self, live: &[String]) -> Result<(), StoreError> {
-        let rows = sqlx::query("SELECT id FROM instances")
+        let rows = query("SELECT id FROM instances")
             .fetch_all(&self.writer)
             .await
             .map_err(unavailable)?;
         for row in rows {
             let id: String = row.try_get(0).map_err(unavailable)?;
             if !live.contains(&id) {
-                sqlx::query("DELETE FROM instances WHERE id = $1")
+                query("DELETE FROM instances WHERE id = $1")
                     .bind(id)
                     .execute(&self.writer)
                     .await
@@ -453,14 +475,11 @@ impl SqlStore {
     }
 
     /// Whether this instance's lease still holds, inside a transaction (PostgreSQL; SQLite has one process).
-    pub(super) async fn alive_in(
-        &self,
-        connection: &mut AnyConnection,
-    ) -> Result<bool, StoreError> {
+    async fn alive_in(&self, connection: &mut Tx) -> Result<bool, StoreError> {
         if self.dialect == Dialect::Sqlite {
             return Ok(true);
         }
-        let row = sqlx::query(
+        let row = query(
             "SELECT 1 FROM instances WHERE id = $1 AND heartbeat_at >= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - $2",
         )
         .bind(self.instance.as_str())
@@ -474,7 +493,7 @@ impl SqlStore {
     /// Tells the other instances this one is gone, so that they take its work over at once.
     pub(super) async fn retire(&self) -> Result<(), StoreError> {
         if self.dialect == Dialect::Postgres {
-            sqlx::query("DELETE FROM instances WHERE id = $1")
+            query("DELETE FROM instances WHERE id = $1")
                 .bind(self.instance.as_str())
                 .execute(&self.writer)
                 .await
@@ -484,13 +503,9 @@ impl SqlStore {
     }
 
     /// Rings the other instances' doorbell in `connection`'s transaction: they hear it once it commits.
-    pub(super) async fn doorbell(
-        &self,
-        connection: &mut AnyConnection,
-        message: &str,
-    ) -> Result<(), sqlx::Error> {
+    async fn doorbell(&self, connection: &mut Tx, message: &str) -> db::Db<()> {
         if self.dialect == Dialect::Postgres {
-            sqlx::query("SELECT pg_notify($1, $2)")
+            query("SELECT pg_notify($1, $2)")
                 .bind(CHANNEL)
                 .bind(message)
                 .execute(&mut *connection)
@@ -549,26 +564,32 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-fn pool(dialect: Dialect, connections: u32) -> AnyPoolOptions {
-    let options = AnyPoolOptions::new()
+fn postgres_pool(connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
         .max_connections(connections)
-        .acquire_timeout(Duration::from_secs(10));
-    match dialect {
-        Dialect::Sqlite => options.after_connect(|connection, _| {
-            Box::pin(async move {
-                // WAL: readers never wait for the writer. NORMAL: a commit survives a crash of the process (the
-                // WAL is written); only a crash of the machine may lose the last commits. busy_timeout: a reader
-                // that meets a checkpoint waits instead of failing.
-                connection
-                    .execute(
-                        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = ON;",
-                    )
-                    .await?;
-                Ok(())
-            })
-        }),
-        Dialect::Postgres => options,
+        .acquire_timeout(Duration::from_secs(10))
+}
+
+/// Opens a SQLite connection as the store uses it. WAL: the reader never waits for the writer. NORMAL: a commit
+/// survives a crash of the process (the WAL is written); only a crash of the machine may lose the last commits.
+/// busy_timeout: a reader that meets a checkpoint waits instead of failing.
+fn sqlite_connection(path: &Path, read_only: bool) -> rusqlite::Result<rusqlite::Connection> {
+    use rusqlite::OpenFlags;
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let connection = rusqlite::Connection::open_with_flags(path, flags)?;
+    connection.busy_timeout(Duration::from_secs(5))?;
+    if !read_only {
+        connection.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
+        )?;
     }
+    // Every statement the store runs, prepared once.
+    connection.set_prepared_statement_cache_capacity(256);
+    Ok(connection)
 }
 
 /// How often readers re-read what they follow even without a doorbell: notifications can be lost (a listener's

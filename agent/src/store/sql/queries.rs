@@ -5,10 +5,9 @@ use std::sync::Arc;
 use futures::FutureExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sqlx::any::AnyRow;
-use sqlx::{AnyConnection, Row};
 use tokio::sync::watch;
 
+use super::db::{Db, DbError, Row, Tx, query};
 use super::{SqlStore, unavailable};
 use crate::clock::now_ms;
 use crate::ids::{RunId, SessionId, ToolCallId};
@@ -16,8 +15,6 @@ use crate::interrupts::Suspension;
 use crate::runtime::AbortReason;
 use crate::store::*;
 use crate::wire::{ApprovalMode, ApprovalRequest, Message};
-
-type Db<T> = Result<T, sqlx::Error>;
 
 fn json<T: Serialize>(value: &T) -> String {
     // Our own types always serialise; a failure would be a bug, and an empty object keeps the row readable.
@@ -61,8 +58,8 @@ fn session_id(value: String) -> StoreResult<SessionId> {
 
 const RUN_COLUMNS: &str = "id, session_id, parent_run_id, mode, state, last_seq, abort, created_at";
 
-fn run_info(row: &AnyRow) -> StoreResult<RunInfo> {
-    let get = |error: sqlx::Error| StoreError::Corrupt(error.to_string());
+fn run_info(row: &Row) -> StoreResult<RunInfo> {
+    let get = |error: DbError| StoreError::Corrupt(error.to_string());
     let state: String = row.try_get("state").map_err(get)?;
     let abort: Option<String> = row.try_get("abort").map_err(get)?;
     Ok(RunInfo {
@@ -82,8 +79,8 @@ fn run_info(row: &AnyRow) -> StoreResult<RunInfo> {
     })
 }
 
-fn call_record(row: &AnyRow) -> StoreResult<CallRecord> {
-    let get = |error: sqlx::Error| StoreError::Corrupt(error.to_string());
+fn call_record(row: &Row) -> StoreResult<CallRecord> {
+    let get = |error: DbError| StoreError::Corrupt(error.to_string());
     let mut record: CallRecord =
         parse(&row.try_get::<String, _>("record").map_err(get)?, "a call")?;
     let status: String = row.try_get("status").map_err(get)?;
@@ -101,7 +98,7 @@ impl SqlStore {
     /// (with `fence`) not this writer's any more. Rings the other instances' doorbell for the run.
     async fn append_in(
         &self,
-        connection: &mut AnyConnection,
+        connection: &mut Tx,
         run_id: &RunId,
         events: &[NewEvent],
         fence: Option<(&InstanceId, Epoch)>,
@@ -110,7 +107,7 @@ impl SqlStore {
         let bytes: i64 = events.iter().map(|event| event.json.len() as i64).sum();
         let row = match fence {
         Some((owner, epoch)) => {
-            sqlx::query(
+            query(
                 "UPDATE runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
                  WHERE id = $1 AND state = 'running' AND owner = $4 AND epoch = $5 RETURNING last_seq",
             )
@@ -123,7 +120,7 @@ impl SqlStore {
             .await?
         }
         None => {
-            sqlx::query(
+            query(
                 "UPDATE runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
                  WHERE id = $1 RETURNING last_seq",
             )
@@ -149,7 +146,7 @@ impl SqlStore {
                 }
                 sql.push_str(&format!("(${}, ${}, ${}, ${})", p + 1, p + 2, p + 3, p + 4));
             }
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            let mut query = query(sql);
             for (i, event) in chunk.iter().enumerate() {
                 let seq = first + (chunk_index * 256 + i) as i64;
                 query = query
@@ -167,8 +164,8 @@ impl SqlStore {
 }
 
 /// The newest sequence number of a run, for notifications after a change that appended nothing.
-async fn last_seq_in(connection: &mut AnyConnection, run_id: &RunId) -> Db<u64> {
-    let row = sqlx::query("SELECT last_seq FROM runs WHERE id = $1")
+async fn last_seq_in(connection: &mut Tx, run_id: &RunId) -> Db<u64> {
+    let row = query("SELECT last_seq FROM runs WHERE id = $1")
         .bind(run_id.as_str())
         .fetch_optional(&mut *connection)
         .await?;
@@ -178,12 +175,12 @@ async fn last_seq_in(connection: &mut AnyConnection, run_id: &RunId) -> Db<u64> 
     })
 }
 
-async fn audit_in(connection: &mut AnyConnection, entries: &[AuditEntry]) -> Db<()> {
+async fn audit_in(connection: &mut Tx, entries: &[AuditEntry]) -> Db<()> {
     for entry in entries {
         // An entry about a run names the run's session.
         let session = match (&entry.session_id, &entry.run_id) {
             (Some(session), _) => Some(session.as_str().to_owned()),
-            (None, Some(run)) => sqlx::query("SELECT session_id FROM runs WHERE id = $1")
+            (None, Some(run)) => query("SELECT session_id FROM runs WHERE id = $1")
                 .bind(run.as_str())
                 .fetch_optional(&mut *connection)
                 .await?
@@ -191,7 +188,7 @@ async fn audit_in(connection: &mut AnyConnection, entries: &[AuditEntry]) -> Db<
                 .transpose()?,
             (None, None) => None,
         };
-        sqlx::query(
+        query(
             "INSERT INTO audit (at, kind, session_id, run_id, tool_call_id, tool, arguments_digest, edited_digest, \
              outcome, source, scope, reason, actor) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
         )
@@ -215,8 +212,8 @@ async fn audit_in(connection: &mut AnyConnection, entries: &[AuditEntry]) -> Db<
 }
 
 /// Writes a call's new state (its row), keyed by run and call id.
-async fn save_call(connection: &mut AnyConnection, record: &CallRecord) -> Db<()> {
-    sqlx::query(
+async fn save_call(connection: &mut Tx, record: &CallRecord) -> Db<()> {
+    query(
         "UPDATE calls SET status = $3, record = $4, executing_on = $5 WHERE run_id = $1 AND call_id = $2",
     )
     .bind(record.run_id.as_str())
@@ -282,25 +279,25 @@ impl SqlStore {
 
     async fn start_run_tx(&self, run: NewRun) -> StoreResult<Result<Epoch, StartConflict>> {
         let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let taken = sqlx::query("SELECT 1 FROM runs WHERE id = $1")
+        let taken = query("SELECT 1 FROM runs WHERE id = $1")
             .bind(run.run_id.as_str())
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut tx)
             .await
             .map_err(unavailable)?;
         if taken.is_some() {
             return Ok(Err(StartConflict::RunIdTaken(run.run_id)));
         }
-        sqlx::query(
+        query(
             "INSERT INTO sessions (id, title, created_at, updated_at, run_count) VALUES ($1, $2, $3, $3, 0) \
              ON CONFLICT (id) DO NOTHING",
         )
         .bind(run.session_id.as_str())
         .bind(title_of(&run.message))
         .bind(run.at as i64)
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .map_err(unavailable)?;
-        let claimed = sqlx::query(
+        let claimed = query(
             "UPDATE sessions SET active_run = $2, run_count = run_count + 1, updated_at = $3, \
              title = CASE WHEN title = '' THEN $4 ELSE title END \
              WHERE id = $1 AND active_run IS NULL RETURNING run_count",
@@ -309,24 +306,23 @@ impl SqlStore {
         .bind(run.run_id.as_str())
         .bind(run.at as i64)
         .bind(title_of(&run.message))
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut tx)
         .await
         .map_err(unavailable)?;
         let Some(claimed) = claimed else {
-            let active: Option<String> =
-                sqlx::query("SELECT active_run FROM sessions WHERE id = $1")
-                    .bind(run.session_id.as_str())
-                    .fetch_one(&mut *tx)
-                    .await
-                    .and_then(|row| row.try_get(0))
-                    .map_err(unavailable)?;
+            let active: Option<String> = query("SELECT active_run FROM sessions WHERE id = $1")
+                .bind(run.session_id.as_str())
+                .fetch_one(&mut tx)
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(unavailable)?;
             return Ok(Err(StartConflict::SessionBusy {
                 session_id: run.session_id,
                 active: run_id(active.unwrap_or_default())?,
             }));
         };
         let ordinal: i64 = claimed.try_get(0).map_err(unavailable)?;
-        sqlx::query(
+        query(
             "INSERT INTO runs (id, session_id, ordinal, parent_run_id, mode, state, owner, epoch, last_seq, \
              event_bytes, message, created_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, 1, 0, 0, $7, $8)",
         )
@@ -338,7 +334,7 @@ impl SqlStore {
         .bind(self.instance.as_str())
         .bind(run.message.clone())
         .bind(run.at as i64)
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .map_err(unavailable)?;
         let seq = if run.events.is_empty() {
@@ -361,12 +357,12 @@ impl SqlStore {
     async fn open_batch_tx(&self, batch: OpenBatch) -> StoreResult<Result<(), Fenced>> {
         self.flush_appends().await;
         let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let row = query(format!(
             "SELECT state, owner, epoch, abort FROM runs WHERE id = $1{}",
             self.dialect.for_update()
-        )))
+        ))
         .bind(batch.run_id.as_str())
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut tx)
         .await
         .map_err(unavailable)?;
         let Some(row) = row else {
@@ -385,19 +381,19 @@ impl SqlStore {
         if let Some(reason) = abort.as_deref().and_then(AbortReason::parse) {
             return Ok(Err(Fenced::Aborted(reason)));
         }
-        sqlx::query("UPDATE runs SET state = 'waiting', owner = NULL, batch = $2 WHERE id = $1")
+        query("UPDATE runs SET state = 'waiting', owner = NULL, batch = $2 WHERE id = $1")
             .bind(batch.run_id.as_str())
             .bind(json(&batch.batch))
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .map_err(unavailable)?;
-        sqlx::query("DELETE FROM calls WHERE run_id = $1")
+        query("DELETE FROM calls WHERE run_id = $1")
             .bind(batch.run_id.as_str())
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .map_err(unavailable)?;
         for (index, record) in batch.calls.iter().enumerate() {
-            sqlx::query(
+            query(
                 "INSERT INTO calls (run_id, call_id, idx, status, record, requested_at, expires_at, executing_on) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, NULL)",
             )
@@ -408,7 +404,7 @@ impl SqlStore {
             .bind(json(record))
             .bind(record.approval.as_ref().map(|a| a.requested_at as i64))
             .bind(record.approval.as_ref().map(|a| a.expires_at as i64))
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .map_err(unavailable)?;
         }
@@ -431,15 +427,15 @@ impl SqlStore {
     /// Settles calls of one run with `settle`, the ones `pick` picks, inside `tx`; appends their events.
     async fn settle_calls_in(
         &self,
-        connection: &mut AnyConnection,
+        connection: &mut Tx,
         run_id: &RunId,
         pick: &[CallStatus],
         settle: &(dyn Fn(&CallRecord) -> Settlement + Send + Sync),
     ) -> StoreResult<(Vec<CallRecord>, Vec<AuditEntry>, Option<u64>)> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let rows = query(format!(
             "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
             self.dialect.for_update()
-        )))
+        ))
         .bind(run_id.as_str())
         .fetch_all(&mut *connection)
         .await
@@ -531,13 +527,13 @@ impl Store for SqlStore {
         let call_id = call_id.clone();
         async move {
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
-            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            let row = query(format!(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 AND status = 'pending'{}",
                 self.dialect.for_update()
-            )))
+            ))
             .bind(run_id.as_str())
             .bind(call_id.as_str())
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut tx)
             .await
             .map_err(unavailable)?;
             let Some(row) = row else {
@@ -550,14 +546,14 @@ impl Store for SqlStore {
             };
             let (events, audit) = apply(&mut record, settlement);
             // Only a pending call passes: exactly one decision wins, in this process or another.
-            let changed = sqlx::query(
+            let changed = query(
                 "UPDATE calls SET status = $3, record = $4 WHERE run_id = $1 AND call_id = $2 AND status = 'pending'",
             )
             .bind(run_id.as_str())
             .bind(call_id.as_str())
             .bind(record.status.as_str())
             .bind(json(&record))
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .map_err(unavailable)?;
             if changed.rows_affected() != 1 {
@@ -578,7 +574,7 @@ impl Store for SqlStore {
 
     fn expire(&self, now_ms: u64, settle: SettleExpired) -> StoreFuture<'_, Vec<CallRecord>> {
         async move {
-            let due = sqlx::query(
+            let due = query(
                 "SELECT DISTINCT run_id FROM calls WHERE status = 'pending' AND expires_at <= $1",
             )
             .bind(now_ms as i64)
@@ -589,14 +585,14 @@ impl Store for SqlStore {
             for row in due {
                 let run_id = run_id(row.try_get(0).map_err(unavailable)?)?;
                 let mut tx = self.writer.begin().await.map_err(unavailable)?;
-                let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+                let rows = query(format!(
                     "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND status = 'pending' \
                      AND expires_at <= $2 ORDER BY idx{}",
                     self.dialect.for_update()
-                )))
+                ))
                 .bind(run_id.as_str())
                 .bind(now_ms as i64)
-                .fetch_all(&mut *tx)
+                .fetch_all(&mut tx)
                 .await
                 .map_err(unavailable)?;
                 let mut events = Vec::new();
@@ -605,14 +601,14 @@ impl Store for SqlStore {
                     let mut record = call_record(row)?;
                     let settlement = settle(&record);
                     let (mut e, mut a) = apply(&mut record, settlement);
-                    let changed = sqlx::query(
+                    let changed = query(
                         "UPDATE calls SET status = $3, record = $4 WHERE run_id = $1 AND call_id = $2 AND status = 'pending'",
                     )
                     .bind(run_id.as_str())
                     .bind(record.call.id.as_str())
                     .bind(record.status.as_str())
                     .bind(json(&record))
-                    .execute(&mut *tx)
+                    .execute(&mut tx)
                     .await
                     .map_err(unavailable)?;
                     if changed.rows_affected() == 1 {
@@ -637,7 +633,7 @@ impl Store for SqlStore {
 
     fn next_expiry(&self) -> StoreFuture<'_, Option<u64>> {
         async move {
-            let row = sqlx::query("SELECT MIN(expires_at) FROM calls WHERE status = 'pending'")
+            let row = query("SELECT MIN(expires_at) FROM calls WHERE status = 'pending'")
                 .fetch_one(&self.reader)
                 .await
                 .map_err(unavailable)?;
@@ -666,14 +662,14 @@ impl Store for SqlStore {
             let begun = match inline {
                 Some((mut record, epoch)) => {
                     // The run must still be this instance's, at this epoch, in this very transaction.
-                    let held = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    let held = query(format!(
                         "SELECT 1 FROM runs WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3{}",
                         self.dialect.for_update()
-                    )))
+                    ))
                     .bind(run_id.as_str())
                     .bind(self.instance.as_str())
                     .bind(epoch as i64)
-                    .fetch_optional(&mut *tx)
+                    .fetch_optional(&mut tx)
                     .await
                     .map_err(unavailable)?;
                     if held.is_none() {
@@ -681,10 +677,10 @@ impl Store for SqlStore {
                     }
                     record.status = CallStatus::Executing;
                     record.executing_on = Some(self.instance.clone());
-                    let existing = sqlx::query("SELECT status FROM calls WHERE run_id = $1 AND call_id = $2")
+                    let existing = query("SELECT status FROM calls WHERE run_id = $1 AND call_id = $2")
                         .bind(run_id.as_str())
                         .bind(call_id.as_str())
-                        .fetch_optional(&mut *tx)
+                        .fetch_optional(&mut tx)
                         .await
                         .map_err(unavailable)?;
                     if let Some(row) = existing {
@@ -694,14 +690,14 @@ impl Store for SqlStore {
                         if !CallStatus::parse(&status).is_some_and(CallStatus::is_final) {
                             return Ok(None);
                         }
-                        sqlx::query("DELETE FROM calls WHERE run_id = $1 AND call_id = $2")
+                        query("DELETE FROM calls WHERE run_id = $1 AND call_id = $2")
                             .bind(run_id.as_str())
                             .bind(call_id.as_str())
-                            .execute(&mut *tx)
+                            .execute(&mut tx)
                             .await
                             .map_err(unavailable)?;
                     }
-                    sqlx::query(
+                    query(
                         "INSERT INTO calls (run_id, call_id, idx, status, record, executing_on) \
                          VALUES ($1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5)",
                     )
@@ -710,20 +706,20 @@ impl Store for SqlStore {
                     .bind(record.status.as_str())
                     .bind(json(&record))
                     .bind(self.instance.as_str())
-                    .execute(&mut *tx)
+                    .execute(&mut tx)
                     .await
                     .map_err(unavailable)?;
                     Some(record)
                 }
                 None => {
-                    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    let row = query(format!(
                         "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
                          AND status IN ('allowed', 'approved'){}",
                         self.dialect.for_update()
-                    )))
+                    ))
                     .bind(run_id.as_str())
                     .bind(call_id.as_str())
-                    .fetch_optional(&mut *tx)
+                    .fetch_optional(&mut tx)
                     .await
                     .map_err(unavailable)?;
                     match row {
@@ -733,7 +729,7 @@ impl Store for SqlStore {
                             record.status = CallStatus::Executing;
                             record.executing_on = Some(self.instance.clone());
                             // Only a call not yet taken passes: a call runs once.
-                            let changed = sqlx::query(
+                            let changed = query(
                                 "UPDATE calls SET status = 'executing', record = $3, executing_on = $4 \
                                  WHERE run_id = $1 AND call_id = $2 AND status IN ('allowed', 'approved')",
                             )
@@ -741,7 +737,7 @@ impl Store for SqlStore {
                             .bind(call_id.as_str())
                             .bind(json(&record))
                             .bind(self.instance.as_str())
-                            .execute(&mut *tx)
+                            .execute(&mut tx)
                             .await
                             .map_err(unavailable)?;
                             (changed.rows_affected() == 1).then_some(record)
@@ -759,15 +755,15 @@ impl Store for SqlStore {
         async move {
             self.flush_appends().await;
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
-            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            let row = query(format!(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
                  AND status = 'executing' AND executing_on = $3{}",
                 self.dialect.for_update()
-            )))
+            ))
             .bind(result.run_id.as_str())
             .bind(result.call_id.as_str())
             .bind(self.instance.as_str())
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut tx)
             .await
             .map_err(unavailable)?;
             let Some(row) = row else {
@@ -777,7 +773,7 @@ impl Store for SqlStore {
             record.status = CallStatus::Settled;
             record.executing_on = None;
             record.output = Some(result.output);
-            let changed = sqlx::query(
+            let changed = query(
                 "UPDATE calls SET status = 'settled', record = $3, executing_on = NULL \
                  WHERE run_id = $1 AND call_id = $2 AND status = 'executing' AND executing_on = $4",
             )
@@ -785,7 +781,7 @@ impl Store for SqlStore {
             .bind(result.call_id.as_str())
             .bind(json(&record))
             .bind(self.instance.as_str())
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .map_err(unavailable)?;
             if changed.rows_affected() != 1 {
@@ -811,12 +807,12 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         async move {
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
-            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            let row = query(format!(
                 "SELECT state, batch, abort, epoch FROM runs WHERE id = $1{}",
                 self.dialect.for_update()
-            )))
+            ))
             .bind(run_id.as_str())
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut tx)
             .await
             .map_err(unavailable)?;
             let Some(row) = row else {
@@ -829,12 +825,12 @@ impl Store for SqlStore {
             };
             let abort: Option<String> = row.try_get("abort").map_err(unavailable)?;
             let epoch: i64 = row.try_get("epoch").map_err(unavailable)?;
-            let calls = sqlx::query(sqlx::AssertSqlSafe(format!(
+            let calls = query(format!(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
                 self.dialect.for_update()
-            )))
+            ))
             .bind(run_id.as_str())
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut tx)
             .await
             .map_err(unavailable)?;
             let mut outputs = Vec::with_capacity(calls.len());
@@ -848,21 +844,21 @@ impl Store for SqlStore {
                 }
             }
             let epoch = epoch as u64 + 1;
-            let changed = sqlx::query(
+            let changed = query(
                 "UPDATE runs SET state = 'running', owner = $2, epoch = $3, batch = NULL WHERE id = $1 AND state = 'waiting'",
             )
             .bind(run_id.as_str())
             .bind(self.instance.as_str())
             .bind(epoch as i64)
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .map_err(unavailable)?;
             if changed.rows_affected() != 1 {
                 return Ok(None);
             }
-            sqlx::query("DELETE FROM calls WHERE run_id = $1")
+            query("DELETE FROM calls WHERE run_id = $1")
                 .bind(run_id.as_str())
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
             tx.commit().await.map_err(unavailable)?;
@@ -880,12 +876,12 @@ impl Store for SqlStore {
         async move {
             self.flush_appends().await;
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
-            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            let row = query(format!(
                 "SELECT state, owner, epoch, session_id FROM runs WHERE id = $1{}",
                 self.dialect.for_update()
-            )))
+            ))
             .bind(finish.run_id.as_str())
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut tx)
             .await
             .map_err(unavailable)?;
             let Some(row) = row else {
@@ -916,7 +912,7 @@ impl Store for SqlStore {
                 audit.append(&mut settled_audit);
             }
             let now = now_ms() as i64;
-            sqlx::query(
+            query(
                 "UPDATE runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, suspension_expires_at = $4, \
                  conversation = $5, finished_at = $6 WHERE id = $1",
             )
@@ -926,12 +922,12 @@ impl Store for SqlStore {
             .bind(finish.suspension.as_ref().map(|s| s.expires_at() as i64))
             .bind(finish.conversation.as_ref().map(json))
             .bind(now)
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .map_err(unavailable)?;
-            sqlx::query("DELETE FROM calls WHERE run_id = $1")
+            query("DELETE FROM calls WHERE run_id = $1")
                 .bind(finish.run_id.as_str())
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
             let seq = self.append_in(&mut tx, &finish.run_id, &finish.events, None)
@@ -939,34 +935,34 @@ impl Store for SqlStore {
                 .map_err(unavailable)?
                 .unwrap_or(0);
             if !finish.history.is_empty() {
-                let next: i64 = sqlx::query(
+                let next: i64 = query(
                     "SELECT COALESCE(MAX(idx), -1) + 1 FROM session_messages WHERE session_id = $1",
                 )
                 .bind(&session)
-                .fetch_one(&mut *tx)
+                .fetch_one(&mut tx)
                 .await
                 .and_then(|row| row.try_get(0))
                 .map_err(unavailable)?;
                 for (offset, message) in finish.history.iter().enumerate() {
-                    sqlx::query(
+                    query(
                         "INSERT INTO session_messages (session_id, idx, message) VALUES ($1, $2, $3)",
                     )
                     .bind(&session)
                     .bind(next + offset as i64)
                     .bind(json(message))
-                    .execute(&mut *tx)
+                    .execute(&mut tx)
                     .await
                     .map_err(unavailable)?;
                 }
             }
-            sqlx::query(
+            query(
                 "UPDATE sessions SET active_run = CASE WHEN active_run = $2 THEN NULL ELSE active_run END, \
                  updated_at = $3 WHERE id = $1",
             )
             .bind(&session)
             .bind(finish.run_id.as_str())
             .bind(now)
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .map_err(unavailable)?;
             audit_in(&mut tx, &audit).await.map_err(unavailable)?;
@@ -986,12 +982,12 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         async move {
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
-            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            let row = query(format!(
                 "SELECT {RUN_COLUMNS}, owner FROM runs WHERE id = $1{}",
                 self.dialect.for_update()
-            )))
+            ))
             .bind(run_id.as_str())
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut tx)
             .await
             .map_err(unavailable)?;
             let Some(row) = row else {
@@ -1000,10 +996,10 @@ impl Store for SqlStore {
             let mut info = run_info(&row)?;
             let owner: Option<String> = row.try_get("owner").map_err(unavailable)?;
             if !info.state.is_finished() && info.abort.is_none() {
-                sqlx::query("UPDATE runs SET abort = $2 WHERE id = $1 AND abort IS NULL")
+                query("UPDATE runs SET abort = $2 WHERE id = $1 AND abort IS NULL")
                     .bind(run_id.as_str())
                     .bind(reason.as_str())
-                    .execute(&mut *tx)
+                    .execute(&mut tx)
                     .await
                     .map_err(unavailable)?;
                 info.abort = Some(reason);
@@ -1016,11 +1012,11 @@ impl Store for SqlStore {
                     &*settle,
                 )
                 .await?;
-            let executing = sqlx::query(
+            let executing = query(
                 "SELECT call_id, executing_on FROM calls WHERE run_id = $1 AND status = 'executing'",
             )
             .bind(run_id.as_str())
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut tx)
             .await
             .map_err(unavailable)?
             .iter()
@@ -1058,9 +1054,9 @@ impl Store for SqlStore {
             // running is a dead process's. With PostgreSQL, the dead are those whose heartbeat stopped.
             let live = self.live_instances().await?;
             let is_dead = |owner: &Option<String>| owner.as_ref().is_none_or(|owner| !live.contains(owner));
-            let running = sqlx::query(sqlx::AssertSqlSafe(format!(
+            let running = query(format!(
                 "SELECT {RUN_COLUMNS}, owner FROM runs WHERE state = 'running'"
-            )))
+            ))
             .fetch_all(&self.reader)
             .await
             .map_err(unavailable)?;
@@ -1071,7 +1067,7 @@ impl Store for SqlStore {
                     dead_runs.push(run_info(row)?);
                 }
             }
-            let executing = sqlx::query(
+            let executing = query(
                 "SELECT record, status, executing_on FROM calls WHERE status = 'executing'",
             )
             .fetch_all(&self.reader)
@@ -1089,7 +1085,7 @@ impl Store for SqlStore {
                 let settlement = (events.call_interrupted)(&record);
                 let (call_events, audit) = apply(&mut record, settlement);
                 record.executing_on = None;
-                let changed = sqlx::query(
+                let changed = query(
                     "UPDATE calls SET status = $3, record = $4, executing_on = NULL \
                      WHERE run_id = $1 AND call_id = $2 AND status = 'executing' AND executing_on = $5",
                 )
@@ -1098,7 +1094,7 @@ impl Store for SqlStore {
                 .bind(record.status.as_str())
                 .bind(json(&record))
                 .bind(dead.as_str())
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
                 if changed.rows_affected() == 1 {
@@ -1140,7 +1136,7 @@ impl Store for SqlStore {
     fn interrupt(&self, parent: &RunId) -> StoreFuture<'_, Option<(Suspension, Option<RunId>)>> {
         let parent = parent.clone();
         async move {
-            let row = sqlx::query(
+            let row = query(
                 "SELECT suspension, resumed_by FROM runs WHERE id = $1 AND suspension IS NOT NULL",
             )
             .bind(parent.as_str())
@@ -1164,7 +1160,7 @@ impl Store for SqlStore {
         let parent = parent.clone();
         let by = by.clone();
         async move {
-            let changed = sqlx::query(
+            let changed = query(
                 "UPDATE runs SET resumed_by = $2 WHERE id = $1 AND suspension IS NOT NULL AND resumed_by IS NULL",
             )
             .bind(parent.as_str())
@@ -1175,7 +1171,7 @@ impl Store for SqlStore {
             if changed.rows_affected() == 1 {
                 return Ok(Ok(()));
             }
-            let row = sqlx::query(
+            let row = query(
                 "SELECT resumed_by FROM runs WHERE id = $1 AND suspension IS NOT NULL",
             )
             .bind(parent.as_str())
@@ -1199,7 +1195,7 @@ impl Store for SqlStore {
     fn restore_interrupt(&self, parent: &RunId) -> StoreFuture<'_, ()> {
         let parent = parent.clone();
         async move {
-            sqlx::query("UPDATE runs SET resumed_by = NULL WHERE id = $1")
+            query("UPDATE runs SET resumed_by = NULL WHERE id = $1")
                 .bind(parent.as_str())
                 .execute(&self.writer)
                 .await
@@ -1212,7 +1208,7 @@ impl Store for SqlStore {
     fn open_interrupt(&self, session_id: &SessionId) -> StoreFuture<'_, Option<(RunId, u64)>> {
         let session_id = session_id.clone();
         async move {
-            let row = sqlx::query(
+            let row = query(
                 "SELECT id, suspension_expires_at FROM runs WHERE session_id = $1 AND suspension IS NOT NULL \
                  AND resumed_by IS NULL ORDER BY ordinal DESC LIMIT 1",
             )
@@ -1233,13 +1229,11 @@ impl Store for SqlStore {
     fn run(&self, run_id: &RunId) -> StoreFuture<'_, Option<RunInfo>> {
         let run_id = run_id.clone();
         async move {
-            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"
-            )))
-            .bind(run_id.as_str())
-            .fetch_optional(&self.reader)
-            .await
-            .map_err(unavailable)?;
+            let row = query(format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"))
+                .bind(run_id.as_str())
+                .fetch_optional(&self.reader)
+                .await
+                .map_err(unavailable)?;
             row.as_ref().map(run_info).transpose()
         }
         .boxed()
@@ -1253,7 +1247,7 @@ impl Store for SqlStore {
     ) -> StoreFuture<'_, Vec<Arc<EncodedEvent>>> {
         let run_id = run_id.clone();
         async move {
-            let rows = sqlx::query(
+            let rows = query(
                 "SELECT seq, kind, json FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
             )
             .bind(run_id.as_str())
@@ -1292,14 +1286,13 @@ impl Store for SqlStore {
     fn session_runs(&self, session_id: &SessionId, limit: usize) -> StoreFuture<'_, Vec<RunId>> {
         let session_id = session_id.clone();
         async move {
-            let rows = sqlx::query(
-                "SELECT id FROM runs WHERE session_id = $1 ORDER BY ordinal DESC LIMIT $2",
-            )
-            .bind(session_id.as_str())
-            .bind(limit.min(i64::MAX as usize) as i64)
-            .fetch_all(&self.reader)
-            .await
-            .map_err(unavailable)?;
+            let rows =
+                query("SELECT id FROM runs WHERE session_id = $1 ORDER BY ordinal DESC LIMIT $2")
+                    .bind(session_id.as_str())
+                    .bind(limit.min(i64::MAX as usize) as i64)
+                    .fetch_all(&self.reader)
+                    .await
+                    .map_err(unavailable)?;
             let mut runs = rows
                 .into_iter()
                 .map(|row| run_id(row.try_get(0).map_err(unavailable)?))
@@ -1313,13 +1306,12 @@ impl Store for SqlStore {
     fn history(&self, session_id: &SessionId) -> StoreFuture<'_, Vec<Message>> {
         let session_id = session_id.clone();
         async move {
-            let rows = sqlx::query(
-                "SELECT message FROM session_messages WHERE session_id = $1 ORDER BY idx",
-            )
-            .bind(session_id.as_str())
-            .fetch_all(&self.reader)
-            .await
-            .map_err(unavailable)?;
+            let rows =
+                query("SELECT message FROM session_messages WHERE session_id = $1 ORDER BY idx")
+                    .bind(session_id.as_str())
+                    .fetch_all(&self.reader)
+                    .await
+                    .map_err(unavailable)?;
             rows.iter()
                 .map(|row| {
                     parse(
@@ -1334,7 +1326,7 @@ impl Store for SqlStore {
 
     fn sessions(&self, limit: usize) -> StoreFuture<'_, Vec<SessionSummary>> {
         async move {
-            let rows = sqlx::query(
+            let rows = query(
                 "SELECT id, title, created_at, updated_at, run_count FROM sessions \
                  ORDER BY updated_at DESC, id DESC LIMIT $1",
             )
@@ -1361,14 +1353,14 @@ impl Store for SqlStore {
         let run_id = run_id.cloned();
         async move {
             let rows = match &run_id {
-                Some(run_id) => sqlx::query(
+                Some(run_id) => query(
                     "SELECT record, status, executing_on FROM calls WHERE status = 'pending' AND run_id = $1 \
                      ORDER BY requested_at, run_id, call_id",
                 )
                 .bind(run_id.as_str())
                 .fetch_all(&self.reader)
                 .await,
-                None => sqlx::query(
+                None => query(
                     "SELECT record, status, executing_on FROM calls WHERE status = 'pending' \
                      ORDER BY requested_at, run_id, call_id",
                 )
@@ -1391,7 +1383,7 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         let call_id = call_id.clone();
         async move {
-            let row = sqlx::query(
+            let row = query(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2",
             )
             .bind(run_id.as_str())
@@ -1407,7 +1399,7 @@ impl Store for SqlStore {
     fn calls(&self, run_id: &RunId) -> StoreFuture<'_, Vec<CallRecord>> {
         let run_id = run_id.clone();
         async move {
-            let rows = sqlx::query(
+            let rows = query(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx",
             )
             .bind(run_id.as_str())
@@ -1421,7 +1413,7 @@ impl Store for SqlStore {
 
     fn unfinished_runs(&self) -> StoreFuture<'_, Vec<RunId>> {
         async move {
-            let rows = sqlx::query("SELECT id FROM runs WHERE state IN ('running', 'waiting')")
+            let rows = query("SELECT id FROM runs WHERE state IN ('running', 'waiting')")
                 .fetch_all(&self.reader)
                 .await
                 .map_err(unavailable)?;
@@ -1434,7 +1426,7 @@ impl Store for SqlStore {
 
     fn counts(&self) -> StoreFuture<'_, Counts> {
         async move {
-            let row = sqlx::query(
+            let row = query(
                 "SELECT (SELECT COUNT(*) FROM runs WHERE state IN ('running', 'waiting')), \
                  (SELECT COUNT(*) FROM sessions)",
             )
@@ -1451,7 +1443,7 @@ impl Store for SqlStore {
 
     fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>> {
         async move {
-            let rows = sqlx::query(
+            let rows = query(
                 "SELECT id FROM runs r WHERE state = 'waiting' AND ( \
                    EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id AND c.status IN ('allowed', 'approved')) \
                    OR NOT EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id \
@@ -1470,7 +1462,7 @@ impl Store for SqlStore {
     fn conversation(&self, run_id: &RunId) -> StoreFuture<'_, Option<Vec<Message>>> {
         let run_id = run_id.clone();
         async move {
-            let row = sqlx::query("SELECT conversation FROM runs WHERE id = $1")
+            let row = query("SELECT conversation FROM runs WHERE id = $1")
                 .bind(run_id.as_str())
                 .fetch_optional(&self.reader)
                 .await
@@ -1487,7 +1479,7 @@ impl Store for SqlStore {
     fn grants(&self, session_id: &SessionId) -> StoreFuture<'_, Vec<StoredGrant>> {
         let session_id = session_id.clone();
         async move {
-            let rows = sqlx::query(
+            let rows = query(
                 "SELECT id, grant_json, created_at FROM grants WHERE session_id = $1 ORDER BY created_at, id",
             )
             .bind(session_id.as_str())
@@ -1511,20 +1503,20 @@ impl Store for SqlStore {
         let session_id = session_id.clone();
         async move {
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
-            sqlx::query("DELETE FROM grants WHERE session_id = $1 AND id = $2")
+            query("DELETE FROM grants WHERE session_id = $1 AND id = $2")
                 .bind(session_id.as_str())
                 .bind(grant.id.clone())
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
-            sqlx::query(
+            query(
                 "INSERT INTO grants (session_id, id, grant_json, created_at) VALUES ($1, $2, $3, $4)",
             )
             .bind(session_id.as_str())
             .bind(grant.id.clone())
             .bind(json(&grant.grant))
             .bind(grant.created_at as i64)
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .map_err(unavailable)?;
             tx.commit().await.map_err(unavailable)?;
@@ -1543,10 +1535,10 @@ impl Store for SqlStore {
         let grant_id = grant_id.to_owned();
         async move {
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
-            let changed = sqlx::query("DELETE FROM grants WHERE session_id = $1 AND id = $2")
+            let changed = query("DELETE FROM grants WHERE session_id = $1 AND id = $2")
                 .bind(session_id.as_str())
                 .bind(grant_id)
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
             let revoked = changed.rows_affected() > 0;
@@ -1561,12 +1553,11 @@ impl Store for SqlStore {
 
     fn rules(&self) -> StoreFuture<'_, Vec<StoredRule>> {
         async move {
-            let rows = sqlx::query(
-                "SELECT id, rule, created_at, created_by FROM rules ORDER BY created_at, id",
-            )
-            .fetch_all(&self.reader)
-            .await
-            .map_err(unavailable)?;
+            let rows =
+                query("SELECT id, rule, created_at, created_by FROM rules ORDER BY created_at, id")
+                    .fetch_all(&self.reader)
+                    .await
+                    .map_err(unavailable)?;
             rows.iter()
                 .map(|row| {
                     Ok(StoredRule {
@@ -1584,21 +1575,19 @@ impl Store for SqlStore {
     fn add_rule(&self, rule: StoredRule, audit: AuditEntry) -> StoreFuture<'_, ()> {
         async move {
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
-            sqlx::query("DELETE FROM rules WHERE id = $1")
+            query("DELETE FROM rules WHERE id = $1")
                 .bind(rule.id.clone())
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
-            sqlx::query(
-                "INSERT INTO rules (id, rule, created_at, created_by) VALUES ($1, $2, $3, $4)",
-            )
-            .bind(rule.id.clone())
-            .bind(rule.rule.clone())
-            .bind(rule.created_at as i64)
-            .bind(rule.created_by.clone())
-            .execute(&mut *tx)
-            .await
-            .map_err(unavailable)?;
+            query("INSERT INTO rules (id, rule, created_at, created_by) VALUES ($1, $2, $3, $4)")
+                .bind(rule.id.clone())
+                .bind(rule.rule.clone())
+                .bind(rule.created_at as i64)
+                .bind(rule.created_by.clone())
+                .execute(&mut tx)
+                .await
+                .map_err(unavailable)?;
             audit_in(&mut tx, &[audit]).await.map_err(unavailable)?;
             tx.commit().await.map_err(unavailable)?;
             Ok(())
@@ -1610,9 +1599,9 @@ impl Store for SqlStore {
         let rule_id = rule_id.to_owned();
         async move {
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
-            let changed = sqlx::query("DELETE FROM rules WHERE id = $1")
+            let changed = query("DELETE FROM rules WHERE id = $1")
                 .bind(rule_id)
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
             let removed = changed.rows_affected() > 0;
@@ -1671,7 +1660,7 @@ impl Store for SqlStore {
                 }
             }
             sql.push_str(&format!(" ORDER BY id LIMIT ${next}"));
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            let mut q = super::db::query(sql);
             for text in texts {
                 q = q.bind(text);
             }
@@ -1721,12 +1710,12 @@ impl Store for SqlStore {
     fn prune(&self, limits: RetentionLimits, now_ms: u64) -> StoreFuture<'_, usize> {
         async move {
             let total: i64 =
-                sqlx::query("SELECT CAST(COALESCE(SUM(event_bytes), 0) AS BIGINT) FROM runs")
+                query("SELECT CAST(COALESCE(SUM(event_bytes), 0) AS BIGINT) FROM runs")
                     .fetch_one(&self.reader)
                     .await
                     .and_then(|row| row.try_get(0))
                     .map_err(unavailable)?;
-            let finished = sqlx::query(
+            let finished = query(
                 "SELECT id, finished_at, event_bytes, suspension_expires_at, resumed_by FROM runs \
                  WHERE finished_at IS NOT NULL ORDER BY finished_at, id",
             )
@@ -1753,9 +1742,9 @@ impl Store for SqlStore {
                     "DELETE FROM calls WHERE run_id = $1",
                     "DELETE FROM runs WHERE id = $1",
                 ] {
-                    sqlx::query(sql)
+                    query(sql)
                         .bind(&id)
-                        .execute(&mut *tx)
+                        .execute(&mut tx)
                         .await
                         .map_err(unavailable)?;
                 }
