@@ -10,6 +10,9 @@ export const SHORT_TIMEOUT = "http://127.0.0.1:3101";
 /** A server that needs an access token (security.spec.ts logs in to it). */
 export const WITH_TOKEN = "http://127.0.0.1:3102";
 export const E2E_TOKEN = "e2e-4f8b2c6d1a9e7f3b5c0d8e2a6f4b1c9d";
+/** Two instances on one PostgreSQL (instances.spec.ts). */
+export const INSTANCE_A = "http://127.0.0.1:3110";
+export const INSTANCE_B = "http://127.0.0.1:3111";
 
 export default defineConfig({
   testDir: "./tests",
@@ -54,6 +57,13 @@ export default defineConfig({
       url: `${WITH_TOKEN}/healthz`,
       reuseExistingServer: false,
       timeout: 60_000,
+    },
+    {
+      // The second instance starts after the first answers, so its health means both are up.
+      command: `./serve-two.sh ${binary} 3110 3111 --log warn`,
+      url: `${INSTANCE_B}/healthz`,
+      reuseExistingServer: false,
+      timeout: 90_000,
     },
   ],
 });

@@ -4,7 +4,7 @@
 //! The rows are the truth; memory is a cache and the place where waiting futures live. One trait, [`Store`], and
 //! three implementations: [`memory::MemoryStore`] (one process, nothing survives it: a dead process counts as a
 //! denial), and, with the `sql` feature, SQLite (the embedded default, a file beside toolgate) and PostgreSQL (which
-//! lets several instances serve as one), both on sqlx.
+//! lets several instances serve as one), one SQL implementation over both (see [`sql`]).
 //!
 //! Every method that changes state is one atomic state change: it happens whole or not at all, and a conditional
 //! one (a decision, a claim, a resume) is taken by exactly one caller however many race for it, in this process or
