@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use agent::harness::{Harness, HarnessConfig, Retention};
 use agent::model::{ApiKey, Model, OpenAiConfig, OpenAiModel, ScriptedModel};
-use agent::policy::PermissionPolicy;
 use agent::store::Store;
 use agent::store::memory::MemoryStore;
 use agent::store::sql::{OpenError, SqlStore};
@@ -15,7 +14,7 @@ use agent::tools::{CommandLimits, Workspace, workspace_tools};
 use app::api::ssr::LoginRequired;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{any, get, post};
+use axum::routing::{any, delete, get, post};
 use leptos::config::{Env, LeptosOptions};
 use leptos::prelude::provide_context;
 use leptos_axum::{LeptosRoutes, generate_route_list};
@@ -27,6 +26,7 @@ use crate::assets;
 use crate::body::{MAX_BODY_BYTES, limit_body};
 use crate::config::{Config, Database, ModelKind};
 use crate::error::ApiError;
+use crate::rules_api;
 use crate::security::{Security, SecurityError, SecuritySettings};
 use crate::session_cookie::ensure_session;
 use crate::state::AppState;
@@ -124,6 +124,8 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         token: config.token.clone(),
         public_origins: config.public_origins.clone(),
     })?;
+    let configured = crate::rules::configured_rules(&config)
+        .map_err(|error| StartupError::Config(error.to_string()))?;
     let workspace =
         Workspace::open(&config.workspace).map_err(|source| StartupError::Workspace {
             path: config.workspace.display().to_string(),
@@ -136,10 +138,9 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
             ..CommandLimits::default()
         },
     );
-    let mut harness_config = HarnessConfig::new(
-        PermissionPolicy::new(config.policy, config.rules.clone()),
-        config.approval_timeout(),
-    );
+    let permissions = crate::rules::permission_policy(&config, configured, &workspace)
+        .map_err(|error| StartupError::Config(error.to_string()))?;
+    let mut harness_config = HarnessConfig::new(permissions, config.approval_timeout());
     harness_config.limits.max_steps = config.max_steps;
     harness_config.limits.context_bytes =
         usize::try_from(config.context_kib * 1024).unwrap_or(usize::MAX);
@@ -182,7 +183,7 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         database = %describe_database(&config.database_url),
         instance = %harness.store().instance(),
         policy = %config.policy,
-        rules = %config.rules,
+        rules = %agent::policy::book::summary(&harness.config().permissions.rule_book().rules()),
         assets = assets::file_count(),
         security = %security.describe(),
         "toolgate is ready"
@@ -230,6 +231,19 @@ fn router(state: AppState, security: &Security) -> Router {
             "/api/agent/approvals/{run_id}/{tool_call_id}",
             post(api::decide),
         )
+        .route(
+            "/api/agent/sessions/{session_id}/grants",
+            get(rules_api::list_grants),
+        )
+        .route(
+            "/api/agent/sessions/{session_id}/grants/{grant_id}",
+            delete(rules_api::revoke_grant),
+        )
+        .route(
+            "/api/rules",
+            get(rules_api::list_rules).post(rules_api::add_rule),
+        )
+        .route("/api/rules/{rule_id}", delete(rules_api::remove_rule))
         .route("/api/agui", post(agui::run))
         .route("/api/audit", get(api::audit_log))
         .route("/api/{*rest}", any(api_not_found));

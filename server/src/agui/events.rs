@@ -273,8 +273,10 @@ impl Translator {
                 self.close_text(&mut out);
                 out.push(json!({"type": "RUN_ERROR", "message": message, "code": code}));
             }
+            // AG-UI has no event for these; the snapshot at the end carries what the client needs.
             StreamEvent::ApprovalRequired { .. }
             | StreamEvent::ApprovalResolved { .. }
+            | StreamEvent::ContextTrimmed { .. }
             | StreamEvent::Debug { .. } => {}
         }
         out
