@@ -10,6 +10,9 @@
 //! schema or annotations changed no longer has it. Grants are kept in the store, one row per grant: a grant's id is
 //! made from what it covers, so approving the same thing twice keeps one grant.
 
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -23,8 +26,29 @@ use crate::wire::{DecisionScope, ToolSpec};
 /// SHA-256 (hex) of a tool's spec, with object keys in a fixed order so that the same definition always gives
 /// the same digest.
 pub fn spec_digest(spec: &ToolSpec) -> String {
-    canonical_digest(&serde_json::to_value(spec).unwrap_or(Value::Null))
+    if let Some((known, digest)) = RECENT_DIGESTS.lock().get(&spec.name)
+        && known == spec
+    {
+        return digest.clone();
+    }
+    let digest = canonical_digest(&serde_json::to_value(spec).unwrap_or(Value::Null));
+    let mut recent = RECENT_DIGESTS.lock();
+    if recent.len() >= RECENT_DIGESTS_KEPT {
+        recent.clear();
+    }
+    recent.insert(spec.name.clone(), (spec.clone(), digest.clone()));
+    digest
 }
+
+/// The digests of the specs asked about lately, by tool name, with the spec each was made from. A card asks for
+/// its tool's digest once per scope on offer and a call once per grant check; the same few tools come back again
+/// and again, and comparing a spec with the one kept costs a small part of hashing it again. A tool whose spec
+/// changed is hashed anew.
+static RECENT_DIGESTS: LazyLock<parking_lot::Mutex<HashMap<String, (ToolSpec, String)>>> =
+    LazyLock::new(Default::default);
+
+/// How many tools' digests are kept: more than any toolbox has; past it the cache starts over.
+const RECENT_DIGESTS_KEPT: usize = 1_024;
 
 /// SHA-256 (hex) of a JSON value with object keys in a fixed order.
 fn canonical_digest(value: &Value) -> String {

@@ -543,12 +543,26 @@ async fn approving_a_command_for_the_session_covers_that_command_and_no_other() 
     std::fs::create_dir(app.file("x")).unwrap();
     let first = agui(&app, start("thread-ls", "run-1", "run ls")).await;
     let interrupt = &first.interrupts()[0];
+    // A wider scope than the interrupt's schema offers is refused, and uses nothing.
+    let wider = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "scope": "session_program"}});
+    agui(
+        &app,
+        resume(
+            "thread-ls",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([wider]),
+        ),
+    )
+    .await
+    .refused(422, "INVALID_RESUME_PAYLOAD");
     let entry = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "scope": "session"}});
     let resumed = agui(
         &app,
         resume(
             "thread-ls",
-            "run-2",
+            "run-3",
             "run-1",
             first.snapshot(),
             json!([entry]),
@@ -566,9 +580,9 @@ async fn approving_a_command_for_the_session_covers_that_command_and_no_other() 
         grants["grants"][0]["scope"],
         json!({"type": "command", "command": "ls", "args": []})
     );
-    let again = agui(&app, start("thread-ls", "run-3", "run ls")).await;
+    let again = agui(&app, start("thread-ls", "run-4", "run ls")).await;
     assert_eq!(again.finished()["outcome"]["type"], "success");
-    let other = agui(&app, start("thread-ls", "run-4", "run rm -rf x")).await;
+    let other = agui(&app, start("thread-ls", "run-5", "run rm -rf x")).await;
     assert_eq!(other.finished()["outcome"]["type"], "interrupt");
     assert!(app.file("x").exists());
 }
