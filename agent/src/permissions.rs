@@ -142,6 +142,8 @@ pub enum RuleOrigin {
     Flag,
     /// A `[[rule]]` of the rules file.
     File,
+    /// A server's `rules` in the MCP configuration (`--mcp-config`).
+    Mcp,
     /// Added by a person ("Always allow", or `POST /api/rules`) and kept in the store; the only rules that can be
     /// removed over the API.
     Added,
@@ -153,6 +155,7 @@ impl RuleOrigin {
         match self {
             Self::Flag => "--rules",
             Self::File => "the rules file",
+            Self::Mcp => "the MCP configuration",
             Self::Added => "added by a person",
         }
     }

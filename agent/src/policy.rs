@@ -36,7 +36,10 @@ pub use rule::{CommandWords, Rule, RuleEntry, RuleError, RuleProblem};
 
 use crate::ids::RuleId;
 use crate::permissions::{ApprovalChoices, Grant, RuleOrigin, SessionGrant, quoted, shell_words};
-use crate::wire::{ApprovalPolicy, DecisionScope, PermissionDecision, RuleAction, ToolSpec};
+use crate::wire::{
+    ApprovalPolicy, DecisionScope, McpToolOrigin, McpTrust, PermissionDecision, RuleAction,
+    ToolAnnotations, ToolSpec,
+};
 use matcher::{ToolKind, argv, is_program_runner};
 use rule::CallFacts;
 
@@ -219,6 +222,23 @@ impl PermissionPolicy {
         }
     }
 
+    /// The action the rules give every call of `tool_name`, whatever its arguments (rules with an argument
+    /// matcher are left out): the strictest among them, `None` when no rule names the tool as a whole.
+    pub fn tool_rule(&self, tool_name: &str) -> Option<RuleAction> {
+        let no_arguments = Value::Object(serde_json::Map::new());
+        let call = CallFacts {
+            tool_name,
+            input: &no_arguments,
+            paths: &self.paths,
+        };
+        self.rules
+            .rules()
+            .iter()
+            .filter(|entry| entry.rule.is_tool_wide() && entry.rule.matches(&call))
+            .map(|entry| entry.rule.action())
+            .max()
+    }
+
     /// A shell, interpreter or wrapper can run a program a `deny` rule forbids without naming it in its argv:
     /// while such a rule exists, calls of one ask.
     fn opaque_program(
@@ -254,6 +274,10 @@ impl PermissionPolicy {
     fn default_decision(&self, tool: &ToolSpec) -> PermissionDecision {
         let name = &tool.name;
         let hints = tool.annotations;
+        let untrusted = tool
+            .mcp
+            .as_ref()
+            .filter(|origin| origin.trust == McpTrust::Untrusted);
         match self.policy {
             ApprovalPolicy::Trusted => PermissionDecision::Allow {
                 reason: "The trusted policy runs every tool.".to_owned(),
@@ -261,6 +285,21 @@ impl PermissionPolicy {
             ApprovalPolicy::Strict => PermissionDecision::Ask {
                 reason: format!("The strict policy asks before every call ({name})."),
             },
+            // An untrusted server's claims never make a call run without asking.
+            ApprovalPolicy::OnRequest if untrusted.is_some() => PermissionDecision::Ask {
+                reason: untrusted
+                    .map(|origin| untrusted_reason(name, origin, hints))
+                    .unwrap_or_default(),
+            },
+            ApprovalPolicy::OnRequest
+                if hints.read_only == Some(true) && hints.open_world == Some(true) =>
+            {
+                PermissionDecision::Ask {
+                    reason: format!(
+                        "{name} only reads, but it reaches outside the workspace (open world)."
+                    ),
+                }
+            }
             ApprovalPolicy::OnRequest if hints.read_only == Some(true) => {
                 PermissionDecision::Allow {
                     reason: format!("{name} is read-only."),
@@ -404,6 +443,31 @@ impl PermissionPolicy {
             Err(unavailable())
         }
     }
+}
+
+/// Why a tool of an untrusted MCP server asks: the server, and what it claims.
+fn untrusted_reason(name: &str, origin: &McpToolOrigin, hints: ToolAnnotations) -> String {
+    let claim = |hint: Option<bool>, yes: &'static str, no: &'static str| {
+        hint.map(|h| if h { yes } else { no })
+    };
+    let claims: Vec<&str> = [
+        claim(hints.read_only, "read-only", "not read-only"),
+        claim(hints.destructive, "destructive", "not destructive"),
+        claim(hints.idempotent, "idempotent", "not idempotent"),
+        claim(hints.open_world, "open-world", "not open-world"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let claims = if claims.is_empty() {
+        "it makes no claims about what it does".to_owned()
+    } else {
+        format!("it claims to be {}, unverified", claims.join(", "))
+    };
+    format!(
+        "{name} belongs to the MCP server {}, which is not trusted, so every call asks ({claims}).",
+        origin.server
+    )
 }
 
 #[cfg(test)]

@@ -369,19 +369,22 @@ pub async fn execute(
         Err(refused) => refused,
         Ok(input) => run_tool(context, call, input, edited.is_some()).await,
     };
-    let events = tool_result(
-        &context.run_id,
-        call,
-        edited,
-        output.clone(),
-        started.elapsed(),
-    );
+    // The run's log (its `toolResult` event) keeps the whole output; the model may read less of it.
+    let for_model = match context
+        .toolbox
+        .get(&call.name)
+        .and_then(|tool| tool.model_output_limit())
+    {
+        Some(limit) => output.clone().bounded_for_model(limit),
+        None => output.clone(),
+    };
+    let events = tool_result(&context.run_id, call, edited, output, started.elapsed());
     let recorded = context
         .store
         .settle_call(CallResult {
             run_id: context.run_id.clone(),
             call_id: call.id.clone(),
-            output: output.clone(),
+            output: for_model.clone(),
             events,
             audit: Vec::new(),
         })
@@ -390,13 +393,13 @@ pub async fn execute(
     if !recorded {
         return Err(RunError::Lost);
     }
-    Ok(Some(output))
+    Ok(Some(for_model))
 }
 
 /// A `deny` rule beats a person too: arguments a person edited cannot reach what a rule forbids.
 fn denied_by_rule(context: &RunContext, call: &ToolCall, edited: &Value) -> Option<ToolOutput> {
     let spec = context.toolbox.spec(&call.name)?;
-    match context.decide(spec, edited) {
+    match context.decide(&spec, edited) {
         PermissionDecision::Deny { reason } => {
             Some(ToolOutput::error(ToolErrorCode::PermissionDenied, reason))
         }
@@ -415,7 +418,7 @@ pub async fn grant_for_session(
     scope: DecisionScope,
 ) -> Option<SessionGrant> {
     let spec = context.toolbox.spec(&call.name)?;
-    let grant = context.permissions.grant_for(spec, input, scope)?;
+    let grant = context.permissions.grant_for(&spec, input, scope)?;
     let granted = session_grant(grant, context.run_id.clone(), call.id.clone());
     if let Err(error) = context
         .store
@@ -432,7 +435,7 @@ pub async fn grant_for_session(
 
 /// Runs the tool itself with checked input.
 async fn run_tool(context: &RunContext, call: &ToolCall, input: Value, edited: bool) -> ToolOutput {
-    let Some(tool) = context.toolbox.get(&call.name).cloned() else {
+    let Some(tool) = context.toolbox.get(&call.name) else {
         return ToolOutput::error(
             ToolErrorCode::UnknownTool,
             unknown_tool_message(&call.name, &context.toolbox),
@@ -511,7 +514,7 @@ pub fn call_record(context: &RunContext, prepared: &PreparedCall, requested_at: 
                     .map(|spec| {
                         context
                             .permissions
-                            .approval_choices(spec, input, &context.grants())
+                            .approval_choices(&spec, input, &context.grants())
                     })
                     .unwrap_or_default();
                 record.approval = Some(crate::wire::ApprovalRequest {

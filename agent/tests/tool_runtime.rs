@@ -264,7 +264,7 @@ async fn approving_for_the_session_lets_later_calls_of_that_tool_run_without_ask
     assert_eq!(fx.deletes.count(), 2);
     let grants = fx.harness.grants(run.session_id()).await.unwrap();
     let decision = fx.harness.config().permissions.decide(
-        fx.harness.toolbox().spec("delete_file").unwrap(),
+        &fx.harness.toolbox().spec("delete_file").unwrap(),
         &json!({"path": "c.txt"}),
         &grants,
     );
@@ -344,6 +344,7 @@ impl FinishesWhenLetGo {
                     idempotent: Some(true),
                     open_world: Some(false),
                 },
+                mcp: None,
             },
             started: Arc::new(Notify::new()),
             let_go: Arc::new(Notify::new()),

@@ -4,7 +4,7 @@
 
 use agent::ids::RunId;
 use agent::view::SessionView;
-use agent::wire::{ApprovalPolicy, ApprovalRequest};
+use agent::wire::{ApprovalPolicy, ApprovalRequest, McpServerStatus};
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +19,9 @@ pub struct PageState {
     pub now_ms: u64,
     /// Whether the person logged in (the server has an access token), so the page offers to log out.
     pub logged_in: bool,
+    /// The MCP servers and their state when the page was rendered.
+    #[serde(default)]
+    pub mcp_servers: Vec<McpServerStatus>,
 }
 
 /// What the person decided on a card.
@@ -112,6 +115,7 @@ pub async fn load_page() -> Result<PageState, ServerFnError> {
         approval_timeout_secs: harness.config().approval_timeout.as_secs(),
         now_ms: agent::clock::now_ms(),
         logged_in: ssr::login_required(),
+        mcp_servers: harness.toolbox().sources(),
     })
 }
 

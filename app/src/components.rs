@@ -1,7 +1,7 @@
 //! The page's parts: the transcript, the ApprovalBar, the composer and the debug console.
 
 use agent::view::{RunStatus, RunView, ToolCallView};
-use agent::wire::ApprovalRequest;
+use agent::wire::{ApprovalRequest, McpServerState, McpServerStatus};
 use leptos::html;
 use leptos::prelude::*;
 use leptos::task::spawn_local;
@@ -165,6 +165,7 @@ fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
     let expires_at = request.expires_at;
     // The page's clock ticks once a second: never show more time than the approval was given.
     let requested_at = request.requested_at;
+    let origin = ui.mcp_server_of(&request.tool_name);
 
     // A new card takes the focus (the card, not a button: a stray Enter must not approve anything).
     Effect::new(move |_| {
@@ -223,6 +224,12 @@ fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
                 <h3 id=title_id>"Run " <code>{request.tool_name.clone()}</code> "?"</h3>
                 <span class="countdown">{move || countdown(expires_at, ui.now_ms.get().max(requested_at))}</span>
             </header>
+            {origin.map(|server| view! {
+                <p class="origin">
+                    "A tool of the MCP server " <code>{server.name}</code> ", "
+                    {mcp_trust_label(server.trust)}
+                </p>
+            })}
             <p class="reason">{request.reason.clone()}</p>
             <pre class="arguments" aria-label="Arguments">{pretty_json(&request.arguments)}</pre>
             <div class="actions">
@@ -243,6 +250,73 @@ fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
         </article>
     }
     .into_any()
+}
+
+fn mcp_trust_label(trust: agent::wire::McpTrust) -> &'static str {
+    match trust {
+        agent::wire::McpTrust::Untrusted => {
+            "untrusted: what it claims about its tools is not believed"
+        }
+        agent::wire::McpTrust::Annotations => "trusted: its annotations decide",
+    }
+}
+
+fn mcp_state_badge(state: McpServerState) -> (&'static str, &'static str) {
+    match state {
+        McpServerState::Starting => ("waiting", "starting"),
+        McpServerState::Ready => ("ok", "ready"),
+        McpServerState::Failed => ("failed", "failed"),
+        McpServerState::Crashed => ("failed", "crashed"),
+        McpServerState::Disabled => ("denied", "disabled"),
+        McpServerState::Stopped => ("denied", "stopped"),
+    }
+}
+
+#[component]
+fn McpServerEntry(server: McpServerStatus) -> impl IntoView {
+    let (class, label) = mcp_state_badge(server.state);
+    let tools = match server.tools.len() {
+        1 => "1 tool".to_owned(),
+        n => format!("{n} tools"),
+    };
+    let trust = match server.trust {
+        agent::wire::McpTrust::Untrusted => "untrusted",
+        agent::wire::McpTrust::Annotations => "trusted annotations",
+    };
+    view! {
+        <li class="mcp-server" data-server=server.name.clone() data-state=label>
+            <code>{server.name.clone()}</code>
+            <span class=format!("badge {class}")>{label}</span>
+            <span class="muted">{format!("{tools} · {trust}")}</span>
+            {server.message.map(|message| view! { <p class="mcp-message">{message}</p> })}
+            {server.stderr_tail.map(|tail| view! {
+                <details class="output">
+                    <summary>"The end of its standard error"</summary>
+                    <pre>{tail}</pre>
+                </details>
+            })}
+        </li>
+    }
+}
+
+/// The MCP servers and their state, when any is configured.
+#[component]
+pub fn McpServers() -> impl IntoView {
+    let ui = ui();
+    let servers = ui.mcp_servers.get_value();
+    (!servers.is_empty()).then(|| {
+        view! {
+            <section class="mcp-servers" aria-label="MCP servers">
+                <h2>"MCP servers"</h2>
+                <ul>
+                    {servers
+                        .into_iter()
+                        .map(|server| view! { <McpServerEntry server/> })
+                        .collect_view()}
+                </ul>
+            </section>
+        }
+    })
 }
 
 /// One card per pending approval. A card leaves only when its `approvalResolved` event arrives.

@@ -17,7 +17,7 @@ use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 
 use crate::api::{PageState, load_page};
 use crate::components::{
-    ApprovalBar, Composer, ConnectionNote, DebugConsole, ErrorBanner, Transcript,
+    ApprovalBar, Composer, ConnectionNote, DebugConsole, ErrorBanner, McpServers, Transcript,
 };
 use crate::rules::RulesPanel;
 use crate::state::Ui;
@@ -106,6 +106,7 @@ fn Chat(state: PageState) -> impl IntoView {
                 <p class="summary">{summary}</p>
                 <RulesPanel/>
                 {logout}
+                <McpServers/>
             </header>
             <main>
                 <ErrorBanner/>

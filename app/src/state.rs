@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use agent::ids::{RunId, ToolCallId};
 use agent::view::SessionView;
-use agent::wire::{ApprovalRequest, RunEvent};
+use agent::wire::{ApprovalRequest, McpServerStatus, RunEvent};
 use leptos::prelude::*;
 
 use crate::api::PageState;
@@ -43,6 +43,8 @@ pub struct Ui {
     pub hydrated: RwSignal<bool>,
     /// Bumped whenever the page changed a rule or a grant, so the rules panel reloads.
     pub rules_changed: RwSignal<u64>,
+    /// The MCP servers as the page was rendered.
+    pub mcp_servers: StoredValue<Vec<McpServerStatus>>,
 }
 
 impl Ui {
@@ -57,7 +59,18 @@ impl Ui {
             sending: RwSignal::new(false),
             hydrated: RwSignal::new(false),
             rules_changed: RwSignal::new(0),
+            mcp_servers: StoredValue::new(page.mcp_servers.clone()),
         }
+    }
+
+    /// The MCP server a tool belongs to, by the tool's name.
+    pub fn mcp_server_of(&self, tool_name: &str) -> Option<McpServerStatus> {
+        self.mcp_servers.with_value(|servers| {
+            servers
+                .iter()
+                .find(|server| server.tools.iter().any(|tool| tool == tool_name))
+                .cloned()
+        })
     }
 
     /// Applies one live event; an event seen before changes nothing.

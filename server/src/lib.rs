@@ -15,3 +15,4 @@ pub mod session_cookie;
 pub mod startup;
 pub mod state;
 pub mod streams;
+pub mod tools;

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use agent::mcp::{McpConfig, policy_rules};
 use agent::policy::{
     ConfiguredRules, PathContext, PermissionPolicy, RuleBook, RulesFile, RulesFileError,
     SessionGrants, StoredRuleBook,
@@ -26,13 +27,18 @@ pub enum RulesSetupError {
     Probe(std::io::Error),
 }
 
-/// The rules of `--rules` and of the rules file, read-only for as long as toolgate runs.
-pub fn configured_rules(config: &Config) -> Result<ConfiguredRules, RulesSetupError> {
+/// The rules of `--rules`, of the rules file and of the MCP servers' configuration, read-only for as long as
+/// toolgate runs.
+pub fn configured_rules(
+    config: &Config,
+    mcp_config: &McpConfig,
+) -> Result<ConfiguredRules, RulesSetupError> {
     let file_rules = match &config.rules_file {
         Some(path) => RulesFile::new(path).load()?,
         None => Vec::new(),
     };
-    Ok(ConfiguredRules::new(config.rules.clone(), file_rules))
+    Ok(ConfiguredRules::new(config.rules.clone(), file_rules)
+        .with_mcp_rules(policy_rules(mcp_config)))
 }
 
 /// The server's policy: `--policy`, the configured rules, and paths read through the workspace. The harness adds
@@ -55,7 +61,9 @@ pub async fn check(config: &Config, tool: &str, arguments: &str) -> Result<Strin
             "the arguments must be a JSON object, for example '{\"path\": \"a.txt\"}'".to_owned(),
         );
     }
-    let configured = configured_rules(config).map_err(|error| error.to_string())?;
+    let mcp_config = McpConfig::load(&config.mcp_config, &|name| std::env::var(name).ok())
+        .map_err(|error| error.to_string())?;
+    let configured = configured_rules(config, &mcp_config).map_err(|error| error.to_string())?;
     let mut notes = Vec::new();
     let (book, added): (Arc<dyn RuleBook>, _) =
         match added_rules(config, configured.rules()).await? {
@@ -97,6 +105,7 @@ pub async fn check(config: &Config, tool: &str, arguments: &str) -> Result<Strin
                 description: String::new(),
                 input_schema: serde_json::json!({"type": "object"}),
                 annotations: ToolAnnotations::default(),
+                mcp: None,
             }
         }
     };

@@ -208,7 +208,7 @@ impl Harness {
         self.inner
             .toolbox
             .spec(&record.call.name)
-            .and_then(|spec| grant::grant_for(spec, input, *scope))
+            .and_then(|spec| grant::grant_for(&spec, input, *scope))
             .map(Some)
             .ok_or_else(|| not_offered("The edited arguments do not allow it."))
     }

@@ -22,6 +22,7 @@ mod drive;
 mod finish;
 mod permissions;
 mod retention;
+mod room;
 mod start;
 mod subscription;
 
@@ -158,6 +159,8 @@ struct Inner {
     tasks: TaskTracker,
     /// Wakes the sweeper when an approval with an earlier expiry appears.
     sweeper: Notify,
+    /// The bounds on runs and sessions, estimated between counts.
+    room: room::Room,
 }
 
 /// The application's harness. Cloning is cheap; every clone is the same harness.
@@ -241,6 +244,7 @@ impl Harness {
                 closed: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 sweeper: Notify::new(),
+                room: room::Room::default(),
             }),
         };
         harness.spawn_background();

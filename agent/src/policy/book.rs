@@ -158,6 +158,25 @@ impl ConfiguredRules {
     }
 }
 
+impl ConfiguredRules {
+    /// These rules and, after them, the MCP configuration's (`mcp-1`, `mcp-2`, ...).
+    pub fn with_mcp_rules(self, mcp_rules: Vec<Rule>) -> Self {
+        let rules = self
+            .rules
+            .iter()
+            .cloned()
+            .chain(mcp_rules.into_iter().enumerate().map(|(i, rule)| BookRule {
+                id: RuleId::parse(format!("mcp-{}", i + 1)).expect("mcp-N is a valid id"),
+                origin: RuleOrigin::Mcp,
+                added_at: None,
+                added_by: None,
+                rule,
+            }))
+            .collect();
+        Self { rules }
+    }
+}
+
 impl RuleBook for ConfiguredRules {
     fn rules(&self) -> Arc<[BookRule]> {
         Arc::clone(&self.rules)

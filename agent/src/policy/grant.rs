@@ -284,6 +284,7 @@ mod tests {
             description: description.into(),
             input_schema: json!({"type": "object", "properties": {"a": {}, "b": {}}}),
             annotations: ToolAnnotations::default(),
+            mcp: None,
         }
     }
 

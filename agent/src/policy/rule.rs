@@ -257,6 +257,30 @@ impl Rule {
         })
     }
 
+    /// Parses one rule written for tools under other names: `rename` turns the tool part as written (an exact name
+    /// or a glob) into the tool pattern the rule is for. The MCP configuration's rules name a server's tools by
+    /// their own names; `rename` gives the names the model sees. Errors quote the rule as written.
+    pub fn parse_renamed(text: &str, rename: impl Fn(&str) -> String) -> Result<Self, RuleError> {
+        let written = text.trim();
+        let error = |problem| RuleError {
+            rule: format!("{written:?}"),
+            problem,
+        };
+        let equals = find_top_level(written, '=')
+            .map_err(error)?
+            .ok_or_else(|| error(RuleProblem::Shape))?;
+        let head = &written[..equals];
+        let tool_end = find_top_level(head, '(')
+            .map_err(error)?
+            .unwrap_or(head.len());
+        let tool = head[..tool_end].trim();
+        if tool.is_empty() {
+            return Err(error(RuleProblem::NoTool));
+        }
+        let renamed = format!("{}{}", rename(tool), &written[tool_end..]);
+        Self::parse_inner(&renamed).map_err(error)
+    }
+
     /// A rule for every call of `tool` (exact name or glob).
     pub fn for_tool(tool: &str, action: RuleAction) -> Result<Self, RuleError> {
         let wrap = |problem| RuleError {

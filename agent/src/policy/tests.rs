@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::ids::{RunId, ToolCallId};
-use crate::wire::ToolAnnotations;
+use crate::wire::{McpToolOrigin, McpTrust, ToolAnnotations};
 
 fn tool(name: &str, annotations: ToolAnnotations) -> ToolSpec {
     ToolSpec {
@@ -13,6 +13,7 @@ fn tool(name: &str, annotations: ToolAnnotations) -> ToolSpec {
         description: format!("the {name} tool"),
         input_schema: json!({"type": "object"}),
         annotations,
+        mcp: None,
     }
 }
 
@@ -210,6 +211,157 @@ fn the_policy_default_reads_the_annotations() {
         &none,
     );
     assert_eq!(decision.reason(), "delete_file is destructive.");
+}
+
+fn from_mcp(mut spec: ToolSpec, trust: McpTrust) -> ToolSpec {
+    spec.mcp = Some(McpToolOrigin {
+        server: "fs".into(),
+        tool: spec.name.clone(),
+        trust,
+    });
+    spec
+}
+
+#[test]
+fn an_untrusted_servers_claims_never_let_a_call_run_without_asking() {
+    let on_request = PermissionPolicy::default();
+    let none = SessionGrants::new();
+    let input = json!({});
+    for annotations in [READ_ONLY, HARMLESS, DESTRUCTIVE, ToolAnnotations::default()] {
+        let spec = from_mcp(tool("read_text_file", annotations), McpTrust::Untrusted);
+        let decision = on_request.decide(&spec, &input, &none);
+        assert_eq!(verdict_kind(&decision), "ask", "{annotations:?}");
+        assert!(
+            decision
+                .reason()
+                .contains("the MCP server fs, which is not trusted"),
+            "{}",
+            decision.reason()
+        );
+    }
+    let decision = on_request.decide(
+        &from_mcp(tool("read_text_file", READ_ONLY), McpTrust::Untrusted),
+        &input,
+        &none,
+    );
+    assert_eq!(
+        decision.reason(),
+        "read_text_file belongs to the MCP server fs, which is not trusted, so every call asks (it claims to be read-only, not destructive, idempotent, not open-world, unverified)."
+    );
+    // Trusted, its annotations decide as a built-in's do.
+    let trusted = |annotations| {
+        verdict_kind(&on_request.decide(
+            &from_mcp(tool("read_text_file", annotations), McpTrust::Annotations),
+            &input,
+            &none,
+        ))
+    };
+    assert_eq!(trusted(READ_ONLY), "allow");
+    assert_eq!(trusted(DESTRUCTIVE), "ask");
+    // A rule still allows it; a rule on an argument allows only what it names; deny beats everything.
+    let rules = policy(
+        ApprovalPolicy::OnRequest,
+        "mcp__gh__create_issue(repo=acme/*)=allow,mcp__fs__*=allow,mcp__fs__move_file=deny",
+    );
+    let untrusted = |name: &str, input: Value| {
+        verdict_kind(&rules.decide(
+            &from_mcp(tool(name, ToolAnnotations::default()), McpTrust::Untrusted),
+            &input,
+            &none,
+        ))
+    };
+    assert_eq!(untrusted("mcp__fs__read_text_file", json!({})), "allow");
+    assert_eq!(
+        untrusted("mcp__gh__create_issue", json!({"repo": "acme/widgets"})),
+        "allow"
+    );
+    assert_eq!(
+        untrusted("mcp__gh__create_issue", json!({"repo": "evil/widgets"})),
+        "ask"
+    );
+    assert_eq!(untrusted("mcp__gh__create_issue", json!({})), "ask");
+    assert_eq!(untrusted("mcp__fs__move_file", json!({})), "deny");
+    // The strict policy still asks.
+    let strict = policy(ApprovalPolicy::Strict, "");
+    assert_eq!(
+        verdict_kind(&strict.decide(
+            &from_mcp(tool("read_text_file", READ_ONLY), McpTrust::Annotations),
+            &input,
+            &none,
+        )),
+        "ask"
+    );
+}
+
+#[test]
+fn a_read_only_tool_that_reaches_outside_asks_under_on_request() {
+    let spec = tool(
+        "fetch",
+        ToolAnnotations {
+            open_world: Some(true),
+            ..READ_ONLY
+        },
+    );
+    let decision = PermissionPolicy::default().decide(&spec, &json!({}), &SessionGrants::new());
+    assert_eq!(verdict_kind(&decision), "ask");
+    assert!(
+        decision.reason().contains("outside the workspace"),
+        "{}",
+        decision.reason()
+    );
+}
+
+#[test]
+fn a_session_grant_covers_the_tool_as_it_was_approved() {
+    let on_request = policy(ApprovalPolicy::OnRequest, "");
+    let before = from_mcp(tool("mcp__fs__delete", DESTRUCTIVE), McpTrust::Annotations);
+    let input = json!({"path": "a"});
+    let grants = granted(&before, &input, DecisionScope::Session);
+    assert_eq!(
+        verdict_kind(&on_request.decide(&before, &input, &grants)),
+        "allow"
+    );
+    let mut changed = before.clone();
+    changed.description = "Deletes a file, and more.".into();
+    assert_eq!(
+        verdict_kind(&on_request.decide(&changed, &input, &grants)),
+        "ask"
+    );
+    let mut changed = before.clone();
+    changed.input_schema = json!({"type": "object", "properties": {"path": {}}});
+    assert_eq!(
+        verdict_kind(&on_request.decide(&changed, &input, &grants)),
+        "ask"
+    );
+    let mut changed = before.clone();
+    changed.mcp = Some(McpToolOrigin {
+        server: "other".into(),
+        tool: "delete".into(),
+        trust: McpTrust::Annotations,
+    });
+    assert_eq!(
+        verdict_kind(&on_request.decide(&changed, &input, &grants)),
+        "ask"
+    );
+    // A deny rule beats the grant.
+    let deny = policy(ApprovalPolicy::OnRequest, "mcp__fs__*=deny");
+    assert_eq!(verdict_kind(&deny.decide(&before, &input, &grants)), "deny");
+}
+
+#[test]
+fn tool_wide_rules_name_the_strictest_action_for_a_tool() {
+    let rules = policy(
+        ApprovalPolicy::OnRequest,
+        "mcp__fs__*=ask,mcp__fs__move_file=deny,mcp__gh__create_issue(repo=acme/*)=allow,read_file=allow",
+    );
+    assert_eq!(
+        rules.tool_rule("mcp__fs__move_file"),
+        Some(RuleAction::Deny)
+    );
+    assert_eq!(rules.tool_rule("mcp__fs__read"), Some(RuleAction::Ask));
+    assert_eq!(rules.tool_rule("mcp__gh__create_issue"), None);
+    assert_eq!(rules.tool_rule("read_file"), Some(RuleAction::Allow));
+    assert_eq!(rules.tool_rule("write_file"), None);
 }
 
 #[test]

@@ -273,10 +273,19 @@ impl Translator {
                 self.close_text(&mut out);
                 out.push(json!({"type": "RUN_ERROR", "message": message, "code": code}));
             }
+            StreamEvent::ContextTrimmed {
+                omitted_messages, ..
+            } => {
+                // The client owns the conversation; it should know the model saw less of it.
+                out.push(json!({
+                    "type": "CUSTOM",
+                    "name": "toolgate.contextTrimmed",
+                    "value": {"omittedMessages": omitted_messages},
+                }));
+            }
             // AG-UI has no event for these; the snapshot at the end carries what the client needs.
             StreamEvent::ApprovalRequired { .. }
             | StreamEvent::ApprovalResolved { .. }
-            | StreamEvent::ContextTrimmed { .. }
             | StreamEvent::Debug { .. } => {}
         }
         out
