@@ -15,7 +15,9 @@ use serde_json::Value;
 use crate::events::AgentEvent;
 use crate::ids::{RunId, ToolCallId};
 use crate::model::{Model, ModelChunk, ModelRequest};
-use crate::runtime::{PreparedCall, RunContext, RunError, execute, prepare_call};
+use crate::runtime::{
+    PreparedCall, RunContext, RunError, execute, grant_for_session, prepare_call,
+};
 use crate::store::{CallRecord, CallStatus, RepeatCounts};
 use crate::wire::{
     ApprovalMode, Message, PermissionDecision, Resolution, ToolCall, ToolErrorCode, ToolOutput,
@@ -282,12 +284,28 @@ pub async fn resume_until_end(
             let error = RunError::Model(format!("the resume did not answer tool call {id}"));
             return (id, Err(error));
         };
+        // The grant is made before the resolution is announced, so the event names it.
+        let grant = match resolution {
+            Resolution::Approved {
+                scope,
+                edited_arguments,
+                ..
+            } => {
+                let input = edited_arguments.as_ref().unwrap_or(&pending.input);
+                grant_for_session(context, &pending.call, input, *scope).await
+            }
+            Resolution::Denied { .. } => None,
+        };
         context.emit(AgentEvent::ApprovalResolved {
             tool_call_id: id.clone(),
             tool_name: pending.call.name.clone(),
             resolution: resolution.clone(),
             waited: std::time::Duration::ZERO,
+            grant: grant.clone(),
         });
+        if let Some(grant) = grant {
+            context.emit(AgentEvent::SessionGrantAdded { grant });
+        }
         let output = match resolution {
             Resolution::Denied { reason, .. } => {
                 let output = ToolOutput::error(

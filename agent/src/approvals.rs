@@ -19,11 +19,12 @@ use crate::clock::now_ms;
 use crate::events::AgentEvent;
 use crate::ids::{RunId, ToolCallId};
 use crate::interrupts::arguments_digest;
+use crate::permissions::SessionGrant;
 use crate::runtime::{encode, tool_result};
 use crate::store::{AuditEntry, AuditKind, CallRecord, CallStatus, Settlement};
 use crate::wire::{
-    ApprovalRequest, ApprovalSource, Decision, DecisionScope, DenialSource, Resolution,
-    ToolErrorCode, ToolOutput, approval_denied_message,
+    ApprovalRequest, ApprovalSource, Decision, DenialSource, Resolution, ToolErrorCode, ToolOutput,
+    approval_denied_message,
 };
 
 /// The approval API's default: two minutes for a person to decide.
@@ -97,6 +98,17 @@ pub fn not_run_after_abort() -> Resolution {
 /// approved already, keeps its resolution and only gets its output when `resolution` denies it (an abort before
 /// it ran).
 pub fn settlement(record: &CallRecord, resolution: Resolution, actor: Option<&str>) -> Settlement {
+    granting_settlement(record, resolution, actor, None)
+}
+
+/// The same, for an approval for the session: `approvalResolved` names the grant it made, and a `debug` event
+/// says what the grant covers.
+pub fn granting_settlement(
+    record: &CallRecord,
+    resolution: Resolution,
+    actor: Option<&str>,
+    grant: Option<SessionGrant>,
+) -> Settlement {
     let run_id = &record.run_id;
     let call = &record.call;
     let was_pending = record.status == CallStatus::Pending;
@@ -112,8 +124,12 @@ pub fn settlement(record: &CallRecord, resolution: Resolution, actor: Option<&st
                 tool_name: call.name.clone(),
                 resolution: resolution.clone(),
                 waited,
+                grant: grant.clone(),
             },
         ));
+        if let Some(grant) = grant {
+            events.extend(encode(run_id, AgentEvent::SessionGrantAdded { grant }));
+        }
     }
     let (status, output, edited_arguments) = match &resolution {
         Resolution::Approved {
@@ -171,10 +187,7 @@ pub fn resolution_audit(
                 "approved"
             },
             "user",
-            Some(match scope {
-                DecisionScope::Once => "once",
-                DecisionScope::Session => "session",
-            }),
+            Some(scope.as_str()),
             reason.clone(),
             edited_arguments.as_ref().map(arguments_digest),
         ),

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::model::Usage;
+use crate::permissions::SessionGrant;
 use crate::wire::{
     ApprovalMode, ApprovalPolicy, ApprovalRequest, InterruptRequest, PermissionDecision,
     Resolution, RunErrorCode, StreamEvent, ToolOutput,
@@ -58,9 +59,11 @@ pub enum AgentEvent {
         tool_name: String,
         resolution: Resolution,
         waited: Duration,
+        /// The grant the approval created, when it was for the session.
+        grant: Option<SessionGrant>,
     },
     SessionGrantAdded {
-        tool_name: String,
+        grant: SessionGrant,
     },
     RepeatedCallBlocked {
         tool_name: String,
@@ -193,6 +196,7 @@ impl AgentEvent {
                 tool_name,
                 resolution,
                 waited,
+                grant,
             } => {
                 let how = match &resolution {
                     Resolution::Approved { .. } => "approved".to_owned(),
@@ -211,14 +215,21 @@ impl AgentEvent {
                         tool_call_id,
                         tool_name,
                         resolution,
+                        grant,
                     },
                     note,
                 ]
             }
-            AgentEvent::SessionGrantAdded { tool_name } => vec![debug(
+            AgentEvent::SessionGrantAdded { grant } => vec![debug(
                 run_id,
-                format!("{tool_name} is approved for the rest of this session"),
-                None,
+                format!(
+                    "approved for the rest of this session: {} (grant {})",
+                    grant.grant.describe(),
+                    grant.id
+                ),
+                serde_json::to_value(&grant)
+                    .ok()
+                    .map(|grant| json!({ "grant": grant })),
             )],
             AgentEvent::RepeatedCallBlocked { tool_name, times } => vec![debug(
                 run_id,

@@ -1,4 +1,4 @@
-//! Identifiers that cross the wire: run ids, tool call ids and session ids.
+//! Identifiers that cross the wire: run ids, tool call ids, session ids, grant ids and rule ids.
 //!
 //! Each is a newtype whose only constructor validates, so a malformed id (empty, too long, or with characters that
 //! would need escaping in a URL path or a log line) cannot exist past the edge where it was parsed.
@@ -109,6 +109,17 @@ id_type!(
     /// A conversation: its runs, its history and its session grants.
     SessionId,
     "session"
+);
+id_type!(
+    /// One session grant: what a person approved for the rest of a session. Made from what the grant covers, so
+    /// the same grant given twice is one grant.
+    GrantId,
+    "grant"
+);
+id_type!(
+    /// One permission rule, configured (`flag-N`, `file-N`) or added by a person (made from the rule's text).
+    RuleId,
+    "rule"
 );
 
 #[cfg(test)]

@@ -1,13 +1,14 @@
 //! toolgate's harness: an LLM agent whose every tool call passes a permission policy, with a person in the loop.
 //!
-//! Without features this crate is only the wire types and the transcript reducer, which compile to wasm32 for the
-//! browser. The `runtime` feature adds everything that needs tokio, in the order a run flows through it:
+//! Without features this crate is only the wire types (with [`permissions`]: session grants, a card's choices,
+//! listed rules) and the transcript reducer, which compile to wasm32 for the browser. The `runtime` feature adds
+//! everything that needs tokio, in the order a run flows through it:
 //!
 //! - [`harness`]: the [`Harness`](harness::Harness): sessions, runs as resources with replayable event logs;
 //! - [`agent_loop`]: the sampling loop;
 //! - [`model`]: the model trait, the scripted model and (feature `openai`) the OpenAI-compatible client;
 //! - [`runtime`]: one tool call: prepare, decide, ask, execute;
-//! - [`policy`]: permission decisions;
+//! - [`policy`]: permission decisions: rules, session grants and the policy's default;
 //! - [`approvals`]: how a pending approval ends, in words the model, the page and the audit log share;
 //! - [`store`]: sessions, runs, their logs, calls and approvals, suspensions, grants, rules and the audit log, in
 //!   memory, SQLite or PostgreSQL;
@@ -17,6 +18,7 @@
 //! - [`events`]: the internal events and their projection to the wire.
 
 pub mod ids;
+pub mod permissions;
 pub mod request_body;
 pub mod view;
 pub mod wire;

@@ -1,151 +1,278 @@
-//! Permission decisions: allow, ask or deny, each with a reason.
+//! Permission decisions: allow, ask or deny, each with a reason and what made it.
 //!
-//! The order in which the sources speak, first match wins:
+//! A rule is a tool pattern, an optional argument matcher and an action (see [`rule`] for the written form).
+//! For each call, in this order, the first that applies decides:
 //!
-//! 1. a `deny` rule for the tool: nothing overrides it, not even a session grant;
-//! 2. a session grant (a person approved the tool for the session);
-//! 3. an `allow` or `ask` rule for the tool;
-//! 4. the policy, reading the tool's annotations.
+//! | # | source | decides |
+//! | --- | --- | --- |
+//! | 1 | a matching `deny` rule | deny: nothing overrides it, not a grant, not a person's edited arguments |
+//! | 2 | a matching `ask` rule | ask |
+//! | 3 | a shell, interpreter or wrapper while a `deny` rule restricts `run_command` | ask (what it runs cannot be read from its argv) |
+//! | 4 | a matching `allow` rule | allow |
+//! | 5 | a session grant covering the call (never in a `strict` run) | allow |
+//! | 6 | the policy, reading the tool's annotations | `on_request`: read-only runs, destructive or incompletely annotated asks; `strict`: ask; `trusted`: allow |
+//!
+//! Within one action, the most specific matching rule names the reason ([`rule::Specificity`]): the longer
+//! matcher, then an exact tool name over a glob. A rule's own reason is shown as it is; otherwise the reason says
+//! which rule decided.
 
-use std::collections::{BTreeMap, BTreeSet};
+pub mod book;
+pub mod grant;
+pub mod matcher;
+pub mod rule;
+
 use std::fmt;
-use std::str::FromStr;
+use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
+use serde_json::Value;
 
-use crate::wire::{
-    ApprovalPolicy, McpToolOrigin, McpTrust, PermissionDecision, RuleAction, ToolAnnotations,
-    ToolSpec,
+pub use book::{
+    BookRule, ConfiguredRules, RuleBook, RuleBookError, RuleSet, RulesFile, RulesFileError,
+    StoredRuleBook, parse_rule_entries, parse_rules_table,
 };
+pub use grant::{SessionGrants, session_grant, spec_digest, stored_grant};
+pub use matcher::PathContext;
+pub use rule::{CommandWords, Rule, RuleEntry, RuleError, RuleProblem};
 
-/// Rules per tool name that force allow, ask or deny.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ToolRules(BTreeMap<String, RuleAction>);
+use crate::ids::RuleId;
+use crate::permissions::{ApprovalChoices, Grant, RuleOrigin, SessionGrant, quoted, shell_words};
+use crate::wire::{
+    ApprovalPolicy, DecisionScope, McpToolOrigin, McpTrust, PermissionDecision, RuleAction,
+    ToolAnnotations, ToolSpec,
+};
+use matcher::{ToolKind, argv, is_program_runner};
+use rule::CallFacts;
 
-impl ToolRules {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn with(mut self, tool: impl Into<String>, action: RuleAction) -> Self {
-        self.0.insert(tool.into(), action);
-        self
-    }
-
-    pub fn get(&self, tool: &str) -> Option<RuleAction> {
-        self.0.get(tool).copied()
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&str, RuleAction)> {
-        self.0.iter().map(|(name, action)| (name.as_str(), *action))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
+/// What made a decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecidedBy {
+    /// A rule, by its id, written form and origin.
+    Rule {
+        id: RuleId,
+        rule: String,
+        origin: RuleOrigin,
+    },
+    /// A shell, interpreter or wrapper met a `deny` rule on `run_command`: it asks.
+    ProgramRunner { program: String, deny_rule: String },
+    /// A session grant.
+    Grant(SessionGrant),
+    /// The policy's default for the tool's annotations.
+    Policy(ApprovalPolicy),
 }
 
-impl FromStr for ToolRules {
-    type Err = String;
-
-    /// Parses `tool=action` pairs separated by commas: `delete_file=deny,run_command=ask`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut rules = Self::new();
-        for pair in s.split(',').map(str::trim).filter(|pair| !pair.is_empty()) {
-            let (tool, action) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("rule {pair:?} is not of the form tool=allow|ask|deny"))?;
-            let tool = tool.trim();
-            if tool.is_empty() {
-                return Err(format!("rule {pair:?} names no tool"));
-            }
-            rules = rules.with(tool, action.parse()?);
-        }
-        Ok(rules)
-    }
-}
-
-impl fmt::Display for ToolRules {
+impl fmt::Display for DecidedBy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let pairs: Vec<String> = self
-            .0
-            .iter()
-            .map(|(tool, action)| {
-                let action = match action {
-                    RuleAction::Allow => "allow",
-                    RuleAction::Ask => "ask",
-                    RuleAction::Deny => "deny",
-                };
-                format!("{tool}={action}")
-            })
-            .collect();
-        f.write_str(&pairs.join(","))
+        match self {
+            Self::Rule { id, rule, origin } => {
+                write!(f, "the rule {rule} ({id}, from {})", origin.describe())
+            }
+            Self::ProgramRunner { program, deny_rule } => write!(
+                f,
+                "{} runs other programs while the rule {deny_rule} restricts run_command",
+                quoted(program)
+            ),
+            Self::Grant(grant) => write!(
+                f,
+                "the session grant {} ({})",
+                grant.id,
+                grant.grant.describe()
+            ),
+            Self::Policy(policy) => write!(f, "the {policy} policy and the tool's annotations"),
+        }
     }
 }
 
-/// The tools a person approved for the rest of a session, by [`grant_key`].
-pub type SessionGrants = BTreeSet<String>;
-
-/// What a session grant remembers of a tool: its name and a digest of its whole definition (description, schema,
-/// annotations, origin). A grant covers the tool the person saw; a tool that changes, as an MCP server's tools may
-/// at any time, is asked about again.
-pub fn grant_key(tool: &ToolSpec) -> String {
-    let definition = serde_json::to_string(tool).unwrap_or_default();
-    let digest = Sha256::digest(definition.as_bytes());
-    let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
-    format!("{}#{hex}", tool.name)
+/// A decision and what made it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub decision: PermissionDecision,
+    pub decided_by: DecidedBy,
 }
 
-/// A session grant as the store keeps it: the tool's name, for people, and its [`grant_key`] as the toolbox defines
-/// the tool now.
-pub fn stored_grant(tool_name: &str, toolbox: &crate::tools::Toolbox) -> serde_json::Value {
-    let key = toolbox.spec(tool_name).map(|spec| grant_key(&spec));
-    serde_json::json!({"tool": tool_name, "key": key})
-}
-
-/// The [`grant_key`] a stored grant holds. A grant without one (older, or for a tool that was gone) covers nothing.
-pub fn grant_of(stored: &serde_json::Value) -> Option<String> {
-    stored.get("key")?.as_str().map(str::to_owned)
-}
-
-/// The policy and the rules a run is checked against.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The policy, the rules and the workspace a run's calls are checked against.
+#[derive(Clone, Debug)]
 pub struct PermissionPolicy {
     pub policy: ApprovalPolicy,
-    pub rules: ToolRules,
+    rules: Arc<dyn RuleBook>,
+    paths: Arc<PathContext>,
+}
+
+impl Default for PermissionPolicy {
+    fn default() -> Self {
+        Self::new(ApprovalPolicy::default(), RuleSet::new())
+    }
 }
 
 impl PermissionPolicy {
-    pub fn new(policy: ApprovalPolicy, rules: ToolRules) -> Self {
-        Self { policy, rules }
+    /// A policy with rules as `--rules` writes them, paths read lexically.
+    pub fn new(policy: ApprovalPolicy, rules: RuleSet) -> Self {
+        Self::with_rules(policy, Arc::new(ConfiguredRules::new(rules, Vec::new())))
     }
 
-    pub fn decide(&self, tool: &ToolSpec, grants: &SessionGrants) -> PermissionDecision {
+    /// A policy reading the rules of `rules`, paths read lexically.
+    pub fn with_rules(policy: ApprovalPolicy, rules: Arc<dyn RuleBook>) -> Self {
+        Self {
+            policy,
+            rules,
+            paths: Arc::new(PathContext::lexical()),
+        }
+    }
+
+    /// The same policy and workspace reading another rule book (the harness's, which adds the rules people
+    /// added to the configured ones).
+    pub fn with_rule_book(&self, rules: Arc<dyn RuleBook>) -> Self {
+        Self {
+            rules,
+            ..self.clone()
+        }
+    }
+
+    /// Reads file tools' paths through this workspace (its symlinks, its case sensitivity).
+    pub fn with_paths(mut self, paths: PathContext) -> Self {
+        self.paths = Arc::new(paths);
+        self
+    }
+
+    /// The same rules and workspace under another policy (a run that asked for a stricter one).
+    pub fn with_policy(&self, policy: ApprovalPolicy) -> Self {
+        Self {
+            policy,
+            ..self.clone()
+        }
+    }
+
+    pub fn rule_book(&self) -> &Arc<dyn RuleBook> {
+        &self.rules
+    }
+
+    pub fn paths(&self) -> &PathContext {
+        &self.paths
+    }
+
+    pub fn decide(
+        &self,
+        tool: &ToolSpec,
+        input: &Value,
+        grants: &SessionGrants,
+    ) -> PermissionDecision {
+        self.explain(tool, input, grants).decision
+    }
+
+    /// The decision for a call and what made it; see the module's table for the order.
+    pub fn explain(&self, tool: &ToolSpec, input: &Value, grants: &SessionGrants) -> Verdict {
+        let rules = self.rules.rules();
+        let call = CallFacts {
+            tool_name: &tool.name,
+            input,
+            paths: &self.paths,
+        };
+        let mut best: [Option<&BookRule>; 3] = [None, None, None];
+        for entry in rules.iter() {
+            if !entry.rule.matches(&call) {
+                continue;
+            }
+            let slot = &mut best[entry.rule.action() as usize];
+            // Strictly more specific replaces: among equals, the first written wins.
+            if slot.is_none_or(|held| entry.rule.specificity() > held.rule.specificity()) {
+                *slot = Some(entry);
+            }
+        }
+        let by_rule = |entry: &BookRule, decision: PermissionDecision| Verdict {
+            decision,
+            decided_by: DecidedBy::Rule {
+                id: entry.id.clone(),
+                rule: entry.rule.to_string(),
+                origin: entry.origin,
+            },
+        };
+        let reason = |entry: &BookRule, otherwise: String| {
+            entry.rule.reason().map_or(otherwise, str::to_owned)
+        };
+        if let Some(entry) = best[RuleAction::Deny as usize] {
+            let reason = reason(entry, format!("The rule {} denies this call.", entry.rule));
+            return by_rule(entry, PermissionDecision::Deny { reason });
+        }
+        if let Some(entry) = best[RuleAction::Ask as usize] {
+            let reason = reason(
+                entry,
+                format!("The rule {} asks before this call runs.", entry.rule),
+            );
+            return by_rule(entry, PermissionDecision::Ask { reason });
+        }
+        if let Some(verdict) = self.opaque_program(tool, input, &rules) {
+            return verdict;
+        }
+        if let Some(entry) = best[RuleAction::Allow as usize] {
+            let reason = reason(entry, format!("The rule {} allows this call.", entry.rule));
+            return by_rule(entry, PermissionDecision::Allow { reason });
+        }
+        if self.policy != ApprovalPolicy::Strict
+            && let Some(grant) = grants.covering(tool, input)
+        {
+            return Verdict {
+                decision: PermissionDecision::Allow {
+                    reason: format!("Approved for this session: {}.", grant.grant.describe()),
+                },
+                decided_by: DecidedBy::Grant(grant.clone()),
+            };
+        }
+        Verdict {
+            decision: self.default_decision(tool),
+            decided_by: DecidedBy::Policy(self.policy),
+        }
+    }
+
+    /// The action the rules give every call of `tool_name`, whatever its arguments (rules with an argument
+    /// matcher are left out): the strictest among them, `None` when no rule names the tool as a whole.
+    pub fn tool_rule(&self, tool_name: &str) -> Option<RuleAction> {
+        let no_arguments = Value::Object(serde_json::Map::new());
+        let call = CallFacts {
+            tool_name,
+            input: &no_arguments,
+            paths: &self.paths,
+        };
+        self.rules
+            .rules()
+            .iter()
+            .filter(|entry| entry.rule.is_tool_wide() && entry.rule.matches(&call))
+            .map(|entry| entry.rule.action())
+            .max()
+    }
+
+    /// A shell, interpreter or wrapper can run a program a `deny` rule forbids without naming it in its argv:
+    /// while such a rule exists, calls of one ask.
+    fn opaque_program(
+        &self,
+        tool: &ToolSpec,
+        input: &Value,
+        rules: &[BookRule],
+    ) -> Option<Verdict> {
+        if ToolKind::of(&tool.name) != ToolKind::Command {
+            return None;
+        }
+        let program = *argv(input)?.first()?;
+        if !is_program_runner(program) {
+            return None;
+        }
+        let deny = rules.iter().find(|entry| entry.rule.denies_commands())?;
+        let program = shell_words(program, &[]);
+        Some(Verdict {
+            decision: PermissionDecision::Ask {
+                reason: format!(
+                    "{} runs other programs, and the rule {} forbids some: a person decides.",
+                    quoted(&program),
+                    deny.rule
+                ),
+            },
+            decided_by: DecidedBy::ProgramRunner {
+                program,
+                deny_rule: deny.rule.to_string(),
+            },
+        })
+    }
+
+    fn default_decision(&self, tool: &ToolSpec) -> PermissionDecision {
         let name = &tool.name;
-        let rule = self.rules.get(name);
-        if rule == Some(RuleAction::Deny) {
-            return PermissionDecision::Deny {
-                reason: format!("A rule denies {name}."),
-            };
-        }
-        if !grants.is_empty() && grants.contains(&grant_key(tool)) {
-            return PermissionDecision::Allow {
-                reason: format!("{name} was approved for this session."),
-            };
-        }
-        match rule {
-            Some(RuleAction::Allow) => {
-                return PermissionDecision::Allow {
-                    reason: format!("A rule allows {name}."),
-                };
-            }
-            Some(RuleAction::Ask) => {
-                return PermissionDecision::Ask {
-                    reason: format!("A rule asks before {name} runs."),
-                };
-            }
-            Some(RuleAction::Deny) | None => {}
-        }
         let hints = tool.annotations;
         let untrusted = tool
             .mcp
@@ -198,6 +325,124 @@ impl PermissionPolicy {
             },
         }
     }
+
+    /// The grant approving this call with `scope` creates: `None` for `once`, for a scope not on offer, and in a
+    /// `strict` run, where grants do not apply.
+    pub fn grant_for(&self, tool: &ToolSpec, input: &Value, scope: DecisionScope) -> Option<Grant> {
+        if self.policy == ApprovalPolicy::Strict {
+            return None;
+        }
+        grant::grant_for(tool, input, scope)
+    }
+
+    /// What a card for this call offers beyond approving once: each session scope with the exact grant it
+    /// creates, and the narrowest rule "Always allow" would add.
+    pub fn approval_choices(
+        &self,
+        tool: &ToolSpec,
+        input: &Value,
+        grants: &SessionGrants,
+    ) -> ApprovalChoices {
+        let verdict = self.explain(tool, input, grants);
+        let (session, session_note) = if self.policy == ApprovalPolicy::Strict {
+            (
+                Vec::new(),
+                Some("This run uses the strict policy, which asks before every call: approvals for the session do not apply.".to_owned()),
+            )
+        } else {
+            grant::grant_choices(tool, input)
+        };
+        let (always_allow, always_allow_note) = match &verdict.decided_by {
+            DecidedBy::Rule { rule, .. } => (
+                None,
+                Some(format!(
+                    "The rule {rule} asks before this call, and asking beats allowing: change that rule to run it without asking."
+                )),
+            ),
+            DecidedBy::ProgramRunner { program, deny_rule } => (
+                None,
+                Some(format!(
+                    "{} runs other programs while the rule {deny_rule} restricts run_command, so it always asks.",
+                    quoted(program)
+                )),
+            ),
+            DecidedBy::Grant(_) | DecidedBy::Policy(_) => {
+                match self.narrowest_allow_rule(tool, input) {
+                    Ok(rule) => (Some(rule.to_string()), None),
+                    Err(note) => (None, Some(note)),
+                }
+            }
+        };
+        ApprovalChoices {
+            session,
+            session_note,
+            always_allow,
+            always_allow_note,
+        }
+    }
+
+    /// The narrowest rule that allows this call: the exact command, the exact path, or every argument pinned.
+    /// It is checked to read back as itself and to match the call, or it is not offered.
+    pub fn narrowest_allow_rule(&self, tool: &ToolSpec, input: &Value) -> Result<Rule, String> {
+        let name = &tool.name;
+        let rule = match ToolKind::of(name) {
+            ToolKind::Command => argv(input).and_then(|argv| Rule::allow_exact_command(&argv)),
+            ToolKind::WorkspaceFile => {
+                let raw = input.get("path").and_then(Value::as_str).unwrap_or("");
+                match self.paths.candidates(raw).as_slice() {
+                    [] => return Err(format!("{raw:?} is not a path inside the workspace.")),
+                    [lexical] if lexical.is_empty() => {
+                        return Err(
+                            "A rule cannot name the workspace itself by its path.".to_owned()
+                        );
+                    }
+                    [lexical] => Rule::allow_exact_arguments(name, &[("path", lexical)]),
+                    [_, resolved, ..] => {
+                        return Err(format!(
+                            "{raw:?} goes through a symlink to {resolved:?}; a rule for it would have to allow both."
+                        ));
+                    }
+                }
+            }
+            ToolKind::Other => {
+                let Some(arguments) = input.as_object().filter(|map| !map.is_empty()) else {
+                    return Err(format!(
+                        "{name} has no arguments a rule could pin to this call."
+                    ));
+                };
+                let mut pinned = Vec::with_capacity(arguments.len());
+                for (key, value) in arguments {
+                    let text = match value {
+                        Value::String(text) => text.clone(),
+                        Value::Number(number) => number.to_string(),
+                        Value::Bool(flag) => flag.to_string(),
+                        _ => {
+                            return Err(format!(
+                                "The argument {key:?} is not a single value, and a rule can only pin single values."
+                            ));
+                        }
+                    };
+                    pinned.push((key.as_str(), text));
+                }
+                let pinned: Vec<(&str, &str)> =
+                    pinned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                Rule::allow_exact_arguments(name, &pinned)
+            }
+        };
+        let unavailable = || format!("No rule can say exactly this call of {name}.");
+        let rule = rule.ok_or_else(unavailable)?;
+        let reads_back = Rule::parse(&rule.to_string()).is_ok_and(|back| back == rule);
+        let call = CallFacts {
+            tool_name: name,
+            input,
+            paths: &self.paths,
+        };
+        if reads_back && rule.matches(&call) {
+            Ok(rule)
+        } else {
+            Err(unavailable())
+        }
+    }
 }
 
 /// Why a tool of an untrusted MCP server asks: the server, and what it claims.
@@ -226,217 +471,4 @@ fn untrusted_reason(name: &str, origin: &McpToolOrigin, hints: ToolAnnotations) 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::wire::ToolAnnotations;
-    use serde_json::json;
-
-    fn tool(name: &str, annotations: ToolAnnotations) -> ToolSpec {
-        ToolSpec {
-            name: name.into(),
-            description: String::new(),
-            input_schema: json!({"type": "object"}),
-            annotations,
-            mcp: None,
-        }
-    }
-
-    fn read_only() -> ToolSpec {
-        tool(
-            "read_file",
-            ToolAnnotations {
-                read_only: Some(true),
-                destructive: Some(false),
-                idempotent: Some(true),
-                open_world: Some(false),
-            },
-        )
-    }
-
-    fn destructive() -> ToolSpec {
-        tool(
-            "delete_file",
-            ToolAnnotations {
-                read_only: Some(false),
-                destructive: Some(true),
-                idempotent: Some(true),
-                open_world: Some(false),
-            },
-        )
-    }
-
-    fn harmless() -> ToolSpec {
-        tool(
-            "append_note",
-            ToolAnnotations {
-                read_only: Some(false),
-                destructive: Some(false),
-                idempotent: Some(false),
-                open_world: Some(false),
-            },
-        )
-    }
-
-    fn unannotated() -> ToolSpec {
-        tool("mystery", ToolAnnotations::default())
-    }
-
-    fn is_allow(d: &PermissionDecision) -> bool {
-        matches!(d, PermissionDecision::Allow { .. })
-    }
-    fn is_ask(d: &PermissionDecision) -> bool {
-        matches!(d, PermissionDecision::Ask { .. })
-    }
-    fn is_deny(d: &PermissionDecision) -> bool {
-        matches!(d, PermissionDecision::Deny { .. })
-    }
-
-    #[test]
-    fn on_request_runs_read_only_tools_and_asks_for_the_rest() {
-        let policy = PermissionPolicy::default();
-        let grants = SessionGrants::new();
-        assert!(is_allow(&policy.decide(&read_only(), &grants)));
-        assert!(is_allow(&policy.decide(&harmless(), &grants)));
-        let decision = policy.decide(&destructive(), &grants);
-        assert_eq!(decision.reason(), "delete_file is destructive.");
-        assert!(is_ask(&decision));
-        let decision = policy.decide(&unannotated(), &grants);
-        assert!(is_ask(&decision));
-        assert!(decision.reason().contains("annotations are incomplete"));
-    }
-
-    #[test]
-    fn strict_asks_for_everything_and_trusted_for_nothing() {
-        let grants = SessionGrants::new();
-        let strict = PermissionPolicy::new(ApprovalPolicy::Strict, ToolRules::new());
-        let trusted = PermissionPolicy::new(ApprovalPolicy::Trusted, ToolRules::new());
-        for spec in [read_only(), destructive(), harmless(), unannotated()] {
-            assert!(is_ask(&strict.decide(&spec, &grants)), "{}", spec.name);
-            assert!(is_allow(&trusted.decide(&spec, &grants)), "{}", spec.name);
-        }
-    }
-
-    #[test]
-    fn rules_override_the_policy() {
-        let rules: ToolRules = "read_file=deny, delete_file=allow ,append_note=ask"
-            .parse()
-            .unwrap();
-        let policy = PermissionPolicy::new(ApprovalPolicy::OnRequest, rules);
-        let grants = SessionGrants::new();
-        let decision = policy.decide(&read_only(), &grants);
-        assert!(is_deny(&decision));
-        assert_eq!(decision.reason(), "A rule denies read_file.");
-        assert!(is_allow(&policy.decide(&destructive(), &grants)));
-        assert!(is_ask(&policy.decide(&harmless(), &grants)));
-        let trusted =
-            PermissionPolicy::new(ApprovalPolicy::Trusted, "delete_file=deny".parse().unwrap());
-        assert!(is_deny(&trusted.decide(&destructive(), &grants)));
-    }
-
-    fn from_mcp(mut spec: ToolSpec, trust: McpTrust) -> ToolSpec {
-        spec.mcp = Some(McpToolOrigin {
-            server: "fs".into(),
-            tool: spec.name.clone(),
-            trust,
-        });
-        spec
-    }
-
-    #[test]
-    fn an_untrusted_servers_claims_never_let_a_call_run_without_asking() {
-        let policy = PermissionPolicy::default();
-        let grants = SessionGrants::new();
-        for spec in [read_only(), harmless(), destructive(), unannotated()] {
-            let decision = policy.decide(&from_mcp(spec.clone(), McpTrust::Untrusted), &grants);
-            assert!(is_ask(&decision), "{}", spec.name);
-            assert!(
-                decision
-                    .reason()
-                    .contains("the MCP server fs, which is not trusted")
-            );
-        }
-        let decision = policy.decide(&from_mcp(read_only(), McpTrust::Untrusted), &grants);
-        assert_eq!(
-            decision.reason(),
-            "read_file belongs to the MCP server fs, which is not trusted, so every call asks (it claims to be read-only, not destructive, idempotent, not open-world, unverified)."
-        );
-        // Trusted, its annotations decide as a built-in's do.
-        let trusted = |spec| policy.decide(&from_mcp(spec, McpTrust::Annotations), &grants);
-        assert!(is_allow(&trusted(read_only())));
-        assert!(is_ask(&trusted(destructive())));
-        // A rule still allows it, and the strict policy still asks.
-        let rules = PermissionPolicy::new(
-            ApprovalPolicy::OnRequest,
-            "read_file=allow".parse().unwrap(),
-        );
-        assert!(is_allow(
-            &rules.decide(&from_mcp(read_only(), McpTrust::Untrusted), &grants)
-        ));
-    }
-
-    #[test]
-    fn a_read_only_tool_that_reaches_outside_asks_under_on_request() {
-        let mut spec = read_only();
-        spec.annotations.open_world = Some(true);
-        let decision = PermissionPolicy::default().decide(&spec, &SessionGrants::new());
-        assert!(is_ask(&decision));
-        assert!(
-            decision.reason().contains("outside the workspace"),
-            "{}",
-            decision.reason()
-        );
-    }
-
-    #[test]
-    fn a_session_grant_covers_the_tool_as_it_was_approved() {
-        let policy = PermissionPolicy::new(ApprovalPolicy::Strict, ToolRules::new());
-        let grants: SessionGrants = [grant_key(&destructive())].into();
-        assert!(is_allow(&policy.decide(&destructive(), &grants)));
-        let mut changed = destructive();
-        changed.description = "Deletes a file, and more.".into();
-        assert!(is_ask(&policy.decide(&changed, &grants)));
-        let mut changed = destructive();
-        changed.input_schema = json!({"type": "object", "properties": {"path": {}}});
-        assert!(is_ask(&policy.decide(&changed, &grants)));
-    }
-
-    #[test]
-    fn a_session_grant_allows_but_never_beats_a_deny_rule() {
-        let grants: SessionGrants = [grant_key(&destructive())].into();
-        let policy = PermissionPolicy::new(ApprovalPolicy::Strict, ToolRules::new());
-        let decision = policy.decide(&destructive(), &grants);
-        assert!(is_allow(&decision));
-        assert_eq!(
-            decision.reason(),
-            "delete_file was approved for this session."
-        );
-        let deny =
-            PermissionPolicy::new(ApprovalPolicy::Strict, "delete_file=deny".parse().unwrap());
-        assert!(is_deny(&deny.decide(&destructive(), &grants)));
-    }
-
-    #[test]
-    fn malformed_rules_are_refused_with_a_reason() {
-        assert!(
-            "delete_file"
-                .parse::<ToolRules>()
-                .unwrap_err()
-                .contains("tool=allow|ask|deny")
-        );
-        assert!(
-            "delete_file=maybe"
-                .parse::<ToolRules>()
-                .unwrap_err()
-                .contains("maybe")
-        );
-        assert!(
-            "=deny"
-                .parse::<ToolRules>()
-                .unwrap_err()
-                .contains("names no tool")
-        );
-        assert_eq!("".parse::<ToolRules>().unwrap(), ToolRules::new());
-        let rules: ToolRules = "b=ask,a=deny".parse().unwrap();
-        assert_eq!(rules.to_string(), "a=deny,b=ask");
-    }
-}
+mod tests;

@@ -104,7 +104,8 @@ fn id_error(error: &IdError) -> String {
 }
 
 impl Decision {
-    /// Validates `{"decision": "approve" | "deny", "reason"?, "scope"?: "once" | "session", "arguments"?}`.
+    /// Validates `{"decision": "approve" | "deny", "reason"?, "scope"?: "once" | "session" | "session_program",
+    /// "arguments"?}`.
     pub fn from_json(body: &Value) -> Result<Self, ValidationErrors> {
         let mut errors = ValidationErrors::default();
         let Some(map) = object(body, &mut errors) else {
@@ -140,8 +141,12 @@ impl Decision {
             None => None,
             Some("once") => Some(DecisionScope::Once),
             Some("session") => Some(DecisionScope::Session),
+            Some("session_program") => Some(DecisionScope::SessionProgram),
             Some(other) => {
-                errors.field("scope", enum_error(&["once", "session"], other));
+                errors.field(
+                    "scope",
+                    enum_error(&["once", "session", "session_program"], other),
+                );
                 None
             }
         };
@@ -157,7 +162,10 @@ impl Decision {
             }
         };
         if approve == Some(false) {
-            if scope == Some(DecisionScope::Session) {
+            if matches!(
+                scope,
+                Some(DecisionScope::Session | DecisionScope::SessionProgram)
+            ) {
                 errors.field("scope", "Only an approval can apply to the session");
             }
             if arguments.is_some() {

@@ -24,11 +24,13 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::now_ms;
 use crate::events::{AgentEvent, EventSink};
 use crate::ids::{RunId, SessionId};
-use crate::policy::{PermissionPolicy, SessionGrants};
+use crate::permissions::SessionGrant;
+use crate::policy::{PermissionPolicy, SessionGrants, session_grant, stored_grant};
 use crate::store::{CallRecord, CallResult, CallStatus, Epoch, NewEvent, Store};
 use crate::tools::{ToolContext, Toolbox, unknown_tool_message};
 use crate::wire::{
-    ApprovalMode, PermissionDecision, RunErrorCode, ToolCall, ToolErrorCode, ToolOutput,
+    ApprovalMode, DecisionScope, PermissionDecision, RunErrorCode, ToolCall, ToolErrorCode,
+    ToolOutput,
 };
 
 /// Why a run was aborted.
@@ -163,8 +165,9 @@ pub struct RunContext {
     pub session_id: SessionId,
     pub approval_mode: ApprovalMode,
     pub permissions: PermissionPolicy,
-    /// What people approved for the session, as it stood when this part of the run began.
-    pub grants: SessionGrants,
+    /// What people approved for the session: as it stood when this part of the run began, and what this part
+    /// granted since (an AG-UI resume approving for the session).
+    pub grants: Arc<parking_lot::RwLock<SessionGrants>>,
     pub approval_timeout: Duration,
     pub toolbox: Arc<Toolbox>,
     pub abort: RunAbort,
@@ -178,6 +181,16 @@ pub struct RunContext {
 impl RunContext {
     pub fn emit(&self, event: AgentEvent) {
         self.events.emit(event);
+    }
+
+    /// The session's grants as this part of the run knows them.
+    pub fn grants(&self) -> parking_lot::RwLockReadGuard<'_, SessionGrants> {
+        self.grants.read()
+    }
+
+    /// The decision for a call of `spec` with `input`.
+    pub fn decide(&self, spec: &crate::wire::ToolSpec, input: &Value) -> PermissionDecision {
+        self.permissions.decide(spec, input, &self.grants())
     }
 }
 
@@ -238,17 +251,18 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
         );
         return refused(ToolOutput::error(ToolErrorCode::UnknownTool, message));
     };
-    let permission = context.permissions.decide(tool.spec(), &context.grants);
     let arguments = if call.arguments.trim().is_empty() {
         // Models send an empty string for a call without arguments.
         Ok(Value::Object(Default::default()))
     } else {
         serde_json::from_str::<Value>(&call.arguments)
     };
+    // Rules read the arguments: the decision waits for them.
     let input = match arguments {
         Ok(input) => input,
         Err(error) => {
-            decided(permission, call.arguments_value());
+            let raw = call.arguments_value();
+            decided(context.decide(tool.spec(), &raw), raw);
             return refused(ToolOutput::error(
                 ToolErrorCode::InvalidArguments,
                 format!(
@@ -258,6 +272,7 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
             ));
         }
     };
+    let permission = context.decide(tool.spec(), &input);
     decided(permission.clone(), input.clone());
     if let Err(error) = context.toolbox.validate(&call.name, &input) {
         return refused(error.into());
@@ -343,7 +358,10 @@ pub async fn execute(
     let output = match &edited {
         Some(edited) => match context.toolbox.validate(&call.name, edited) {
             Err(error) => Err(ToolOutput::from(error)),
-            Ok(()) => Ok(edited.clone()),
+            Ok(()) => match denied_by_rule(context, call, edited) {
+                Some(refused) => Err(refused),
+                None => Ok(edited.clone()),
+            },
         },
         None => Ok(record.input.clone()),
     };
@@ -376,6 +394,43 @@ pub async fn execute(
         return Err(RunError::Lost);
     }
     Ok(Some(for_model))
+}
+
+/// A `deny` rule beats a person too: arguments a person edited cannot reach what a rule forbids.
+fn denied_by_rule(context: &RunContext, call: &ToolCall, edited: &Value) -> Option<ToolOutput> {
+    let spec = context.toolbox.spec(&call.name)?;
+    match context.decide(&spec, edited) {
+        PermissionDecision::Deny { reason } => {
+            Some(ToolOutput::error(ToolErrorCode::PermissionDenied, reason))
+        }
+        _ => None,
+    }
+}
+
+/// Remembers what a person approved for the rest of the session with `scope`: the grant that scope creates for
+/// `input` (what the card showed, or the arguments the person edited), no more. Nothing for `once`, for a scope
+/// the call does not offer, or in a `strict` run. The grant is kept in the store, and this part of the run holds
+/// it at once; the caller announces it.
+pub async fn grant_for_session(
+    context: &RunContext,
+    call: &ToolCall,
+    input: &Value,
+    scope: DecisionScope,
+) -> Option<SessionGrant> {
+    let spec = context.toolbox.spec(&call.name)?;
+    let grant = context.permissions.grant_for(&spec, input, scope)?;
+    let granted = session_grant(grant, context.run_id.clone(), call.id.clone());
+    if let Err(error) = context
+        .store
+        .add_grant(&context.session_id, stored_grant(&granted))
+        .await
+    {
+        // Without the grant, later calls it would have covered ask: safe.
+        tracing::warn!(%error, grant = %granted.id, "cannot keep a session grant; what it covers will ask again");
+        return None;
+    }
+    context.grants.write().insert(granted.clone());
+    Some(granted)
 }
 
 /// Runs the tool itself with checked input.
@@ -453,12 +508,22 @@ pub fn call_record(context: &RunContext, prepared: &PreparedCall, requested_at: 
             let mut record =
                 CallRecord::new(context.run_id.clone(), call.clone(), input.clone(), status);
             if let PermissionDecision::Ask { reason } = permission {
+                let choices = context
+                    .toolbox
+                    .spec(&call.name)
+                    .map(|spec| {
+                        context
+                            .permissions
+                            .approval_choices(&spec, input, &context.grants())
+                    })
+                    .unwrap_or_default();
                 record.approval = Some(crate::wire::ApprovalRequest {
                     run_id: context.run_id.clone(),
                     tool_call_id: call.id.clone(),
                     tool_name: call.name.clone(),
                     arguments: input.clone(),
                     reason: reason.clone(),
+                    choices,
                     requested_at,
                     expires_at: requested_at
                         .saturating_add(context.approval_timeout.as_millis() as u64),

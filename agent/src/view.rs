@@ -396,6 +396,7 @@ mod tests {
             tool_name: "delete_file".into(),
             arguments: json!({"path": "a.txt"}),
             reason: "destructive".into(),
+            choices: Default::default(),
             requested_at: 1,
             expires_at: 2,
         };
@@ -433,6 +434,7 @@ mod tests {
                     reason: None,
                     edited_arguments: None,
                 },
+                grant: None,
             },
             StreamEvent::ToolResult {
                 run_id: run_id(),

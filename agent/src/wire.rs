@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::{RunId, SessionId, ToolCallId};
+use crate::permissions::{ApprovalChoices, SessionGrant};
 
 /// How readily tool calls run without asking a person.
 #[derive(
@@ -73,13 +74,29 @@ pub enum ApprovalMode {
     Interrupt,
 }
 
-/// A per-tool rule that overrides the policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What a rule does with the calls it matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RuleAction {
     Allow,
     Ask,
     Deny,
+}
+
+impl RuleAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Ask => "ask",
+            Self::Deny => "deny",
+        }
+    }
+}
+
+impl fmt::Display for RuleAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl FromStr for RuleAction {
@@ -428,6 +445,10 @@ pub struct ApprovalRequest {
     pub arguments: Value,
     /// Why the policy asks.
     pub reason: String,
+    /// What the card offers beyond approving once: the session grant each scope would create, and the rule
+    /// "Always allow" would add.
+    #[serde(default, skip_serializing_if = "ApprovalChoices::is_empty")]
+    pub choices: ApprovalChoices,
     /// Milliseconds since the Unix epoch.
     pub requested_at: u64,
     /// Milliseconds since the Unix epoch; after this the call is denied with source `timeout`.
@@ -465,15 +486,30 @@ pub enum DenialSource {
     Abort,
 }
 
-/// How far an approval reaches.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How far an approval reaches. A session scope covers what the card showed, no more: see
+/// [`GrantScope`](crate::permissions::GrantScope) for what each tool's session grant covers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DecisionScope {
     /// This call only.
     #[default]
     Once,
-    /// This call and every later call of the same tool in the same session.
+    /// This call and, for the rest of the session, later calls the card said it covers: for `run_command` the
+    /// same program with the same arguments, for a file tool any path in the workspace, for any other tool that
+    /// tool while its definition stays the same.
     Session,
+    /// `run_command` only, chosen explicitly: this program with any arguments, for the rest of the session.
+    SessionProgram,
+}
+
+impl DecisionScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Once => "once",
+            Self::Session => "session",
+            Self::SessionProgram => "session_program",
+        }
+    }
 }
 
 /// How a pending approval ended. It ends exactly once.
@@ -597,6 +633,9 @@ pub enum StreamEvent {
         tool_call_id: ToolCallId,
         tool_name: String,
         resolution: Resolution,
+        /// The session grant the approval created, when it was approved for the session.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grant: Option<SessionGrant>,
     },
     /// A call finished (or was refused) and its output went to the model.
     #[serde(rename_all = "camelCase")]
@@ -788,6 +827,7 @@ mod tests {
                 source: DenialSource::User,
                 reason: "no".into(),
             },
+            grant: None,
         };
         let value = serde_json::to_value(&event).unwrap();
         assert_eq!(value["type"], "approvalResolved");

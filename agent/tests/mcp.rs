@@ -11,9 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent::harness::{RunSource, StartRun};
+use agent::ids::{RunId, ToolCallId};
 use agent::mcp::{McpConfig, McpServers, RequiredServerFailed};
-use agent::policy::{PermissionPolicy, SessionGrants, ToolRules, grant_key};
+use agent::policy::{PermissionPolicy, RuleSet, SessionGrants, grant, session_grant};
 use agent::tools::Toolbox;
+use agent::wire::DecisionScope;
 use agent::wire::{
     ApprovalMode, ApprovalPolicy, McpServerState, McpServerStatus, McpTrust, PermissionDecision,
     RunErrorCode, StreamEvent, ToolAnnotations, ToolErrorCode, ToolOutput,
@@ -181,7 +183,11 @@ impl Run {
 
     fn decision(&self, name: &str) -> PermissionDecision {
         let spec = self.toolbox.spec(name).expect("the tool exists");
-        PermissionPolicy::new(self.policy, ToolRules::new()).decide(&spec, &SessionGrants::new())
+        PermissionPolicy::new(self.policy, RuleSet::new()).decide(
+            &spec,
+            &json!({}),
+            &SessionGrants::new(),
+        )
     }
 
     /// The output the run's log kept for the last call.
@@ -674,22 +680,21 @@ async fn a_changed_tool_is_in_the_toolbox_when_the_call_that_changed_it_answers(
         .unwrap();
     let before = started.toolbox.spec("mcp__fixture__echo").unwrap();
     assert_eq!(before.description, "Echoes the text back (version 1).");
-    let strict = PermissionPolicy::new(ApprovalPolicy::Strict, ToolRules::new());
-    let grants: SessionGrants = [grant_key(&before)].into();
-    assert!(matches!(
-        strict.decide(&before, &grants),
-        PermissionDecision::Allow { .. }
+    let input = json!({"text": "hi"});
+    let mut grants = SessionGrants::new();
+    grants.insert(session_grant(
+        grant::grant_for(&before, &input, DecisionScope::Session).expect("a session scope"),
+        RunId::parse("run").unwrap(),
+        ToolCallId::parse("call").unwrap(),
     ));
+    assert!(grants.covering(&before, &input).is_some());
     let mut run = started.context(ApprovalPolicy::Trusted);
     run.call("mcp__fixture__change_tools", json!({})).await;
     // No waiting: the call answered after the new list was in the toolbox.
     let after = started.toolbox.spec("mcp__fixture__echo").unwrap();
     assert_eq!(after.description, "Echoes the text back (version 2).");
     // A grant covers the tool it was given for; the changed tool asks again.
-    assert!(matches!(
-        strict.decide(&after, &grants),
-        PermissionDecision::Ask { .. }
-    ));
+    assert!(grants.covering(&after, &input).is_none());
     started.shut_down().await;
 }
 

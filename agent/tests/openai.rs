@@ -941,7 +941,7 @@ fn tools_over(model: OpenAiModel) -> support::CountingTools {
     support::counting_tools(
         Arc::new(model),
         agent::wire::ApprovalPolicy::OnRequest,
-        agent::policy::ToolRules::new(),
+        agent::policy::RuleSet::new(),
         LoopLimits::default(),
     )
 }

@@ -111,6 +111,7 @@ fn pending_call(run: &str, id: &str, expires_at: u64) -> CallRecord {
         tool_name: "delete_file".into(),
         arguments: json!({"path": id}),
         reason: "delete_file is destructive.".into(),
+        choices: Default::default(),
         requested_at: 1_000,
         expires_at,
     });

@@ -193,7 +193,7 @@ async fn a_denying_rule_returns_permission_denied_and_never_asks() {
             output_of(&events, "c"),
             ToolOutput::Error {
                 code: ToolErrorCode::PermissionDenied,
-                message: "A rule denies delete_file.".into()
+                message: "The rule delete_file=deny denies this call.".into()
             }
         );
         assert_eq!(fx.deletes.count(), 0);
@@ -263,15 +263,15 @@ async fn approving_for_the_session_lets_later_calls_of_that_tool_run_without_ask
     assert_eq!(call_kinds(&events, "call-2"), ["toolCall", "toolResult"]);
     assert_eq!(fx.deletes.count(), 2);
     let grants = fx.harness.grants(run.session_id()).await.unwrap();
-    let decision = fx
-        .harness
-        .config()
-        .permissions
-        .decide(&fx.harness.toolbox().spec("delete_file").unwrap(), &grants);
+    let decision = fx.harness.config().permissions.decide(
+        &fx.harness.toolbox().spec("delete_file").unwrap(),
+        &json!({"path": "c.txt"}),
+        &grants,
+    );
     assert_eq!(
         decision,
         PermissionDecision::Allow {
-            reason: "delete_file was approved for this session.".into()
+            reason: "Approved for this session: delete_file on any path in the workspace.".into()
         }
     );
 }

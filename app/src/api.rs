@@ -28,7 +28,10 @@ pub struct PageState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Choice {
     Approve,
+    /// What the card's `session` choice covers (the same command, the file tool in the workspace, ...).
     ApproveForSession,
+    /// `run_command` only: this program with any arguments, for the session.
+    ApproveProgramForSession,
     Deny,
 }
 
@@ -160,6 +163,9 @@ pub async fn decide_approval(
     let body = match choice {
         Choice::Approve => serde_json::json!({"decision": "approve"}),
         Choice::ApproveForSession => serde_json::json!({"decision": "approve", "scope": "session"}),
+        Choice::ApproveProgramForSession => {
+            serde_json::json!({"decision": "approve", "scope": "session_program"})
+        }
         Choice::Deny => serde_json::json!({"decision": "deny", "reason": reason}),
     };
     let decision =

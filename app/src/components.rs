@@ -8,6 +8,7 @@ use leptos::task::spawn_local;
 
 use crate::api::{Choice, cancel_run, decide_approval, start_run};
 use crate::format::{call_status, clock, countdown, output_text, permission_label, pretty_json};
+use crate::rules::{AlwaysAllow, scope_notes, session_buttons};
 use crate::state::{Connection, Ui, key_of};
 
 fn ui() -> Ui {
@@ -177,6 +178,10 @@ fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
         let key = key.clone();
         Memo::new(move |_| ui.deciding.with(|deciding| deciding.contains(&key)))
     };
+    let always_allow = request.choices.always_allow.clone().map(|rule| {
+        let key = key.clone();
+        view! { <AlwaysAllow key rule in_flight/> }
+    });
     let decide = move |choice: Choice| {
         let key = key.clone();
         let reason = reason_input
@@ -203,10 +208,7 @@ fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
         let decide = decide.clone();
         move |_| decide(Choice::Approve)
     };
-    let approve_session = {
-        let decide = decide.clone();
-        move |_| decide(Choice::ApproveForSession)
-    };
+    let session_choices = session_buttons(&request.choices, decide.clone(), in_flight);
     let deny = move |_| decide(Choice::Deny);
 
     view! {
@@ -234,9 +236,7 @@ fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
                 <button type="button" class="approve" on:click=approve disabled=move || in_flight.get()>
                     "Approve"
                 </button>
-                <button type="button" class="approve-session" on:click=approve_session disabled=move || in_flight.get()>
-                    "Approve for session"
-                </button>
+                {session_choices}
                 <label class="deny-reason" for=reason_for>
                     <span>"Reason (optional)"</span>
                     <input type="text" id=reason_id node_ref=reason_input maxlength="2000" disabled=move || in_flight.get()/>
@@ -245,6 +245,8 @@ fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
                     "Deny"
                 </button>
             </div>
+            {scope_notes(&request.choices)}
+            {always_allow}
         </article>
     }
     .into_any()

@@ -148,6 +148,7 @@ mod tests {
             tool_name: "delete_file".into(),
             arguments: json!({}),
             reason: "destructive".into(),
+            choices: Default::default(),
             requested_at: 0,
             expires_at: 1,
         });

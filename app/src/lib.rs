@@ -7,6 +7,7 @@ pub mod api;
 pub mod components;
 pub mod format;
 pub mod live;
+pub mod rules;
 pub mod state;
 
 use std::time::Duration;
@@ -18,6 +19,7 @@ use crate::api::{PageState, load_page};
 use crate::components::{
     ApprovalBar, Composer, ConnectionNote, DebugConsole, ErrorBanner, McpServers, Transcript,
 };
+use crate::rules::RulesPanel;
 use crate::state::Ui;
 
 /// The HTML document around the app.
@@ -102,6 +104,7 @@ fn Chat(state: PageState) -> impl IntoView {
             <header class="top">
                 <h1>"toolgate"</h1>
                 <p class="summary">{summary}</p>
+                <RulesPanel/>
                 {logout}
                 <McpServers/>
             </header>

@@ -41,6 +41,8 @@ pub struct Ui {
     pub sending: RwSignal<bool>,
     /// True once the WASM is live.
     pub hydrated: RwSignal<bool>,
+    /// Bumped whenever the page changed a rule or a grant, so the rules panel reloads.
+    pub rules_changed: RwSignal<u64>,
     /// The MCP servers as the page was rendered.
     pub mcp_servers: StoredValue<Vec<McpServerStatus>>,
 }
@@ -56,6 +58,7 @@ impl Ui {
             debug_open: RwSignal::new(false),
             sending: RwSignal::new(false),
             hydrated: RwSignal::new(false),
+            rules_changed: RwSignal::new(0),
             mcp_servers: StoredValue::new(page.mcp_servers.clone()),
         }
     }

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agent::policy::ToolRules;
+use agent::policy::RuleSet;
 use agent::store::sql::DatabaseUrl;
 use agent::wire::ApprovalPolicy;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -43,6 +43,22 @@ impl Database {
 pub enum Command {
     /// Prints the audit log as JSON lines, oldest first (reads the database; the server may keep running).
     Audit(AuditArgs),
+    /// Permission rules.
+    #[command(subcommand)]
+    Rules(RulesCommand),
+}
+
+/// What `toolgate rules` does.
+#[derive(Clone, Debug, PartialEq, Eq, Subcommand)]
+pub enum RulesCommand {
+    /// Prints the decision for one call under the configured policy and rules (with the rules people added, read
+    /// from the database), and what made it. Paths are read in the workspace, as the server reads them.
+    Check {
+        /// The tool, for example run_command or read_file.
+        tool: String,
+        /// The call's arguments as a JSON object, for example '{"command": "git", "args": ["status"]}'.
+        arguments: String,
+    },
 }
 
 /// Which audit entries `toolgate audit` prints.
@@ -178,10 +194,15 @@ pub struct Config {
     #[arg(long, env = "TOOLGATE_POLICY", default_value = "on_request", value_parser = parse_policy)]
     pub policy: ApprovalPolicy,
 
-    /// Rules per tool that override the policy, as `tool=allow|ask|deny` pairs separated by commas, for example
-    /// `delete_file=deny,run_command=ask`.
+    /// Rules that override the policy, separated by commas: `tool=allow|ask|deny`, or with an argument matcher,
+    /// `run_command(git status)=allow,read_file(**/.env*)=deny` (see the README, "Policies and rules").
     #[arg(long, env = "TOOLGATE_RULES", default_value = "", value_parser = parse_rules)]
-    pub rules: ToolRules,
+    pub rules: RuleSet,
+
+    /// A TOML rules file of `[[rule]]` tables, read when toolgate starts (toolgate never writes it: rules people
+    /// add are kept in the database).
+    #[arg(long, env = "TOOLGATE_RULES_FILE")]
+    pub rules_file: Option<PathBuf>,
 
     /// MCP servers whose tools the agent may use: a `.mcp.json` file (`{"mcpServers": {...}}`) or a TOML file with
     /// `[mcp_servers.NAME]` tables. Repeat the flag, or separate files with commas. A server runs with your user's
@@ -236,8 +257,10 @@ fn parse_policy(value: &str) -> Result<ApprovalPolicy, String> {
     value.parse()
 }
 
-fn parse_rules(value: &str) -> Result<ToolRules, String> {
-    value.parse()
+fn parse_rules(value: &str) -> Result<RuleSet, String> {
+    value
+        .parse()
+        .map_err(|error: agent::policy::RuleError| error.to_string())
 }
 
 impl Config {
@@ -374,6 +397,12 @@ mod tests {
         );
         let error = Config::try_parse_from(["toolgate", "--rules", "delete_file"]).unwrap_err();
         assert!(error.to_string().contains("tool=allow|ask|deny"));
+        let error =
+            Config::try_parse_from(["toolgate", "--rules", "read_file(../x)=deny"]).unwrap_err();
+        assert!(
+            error.to_string().contains("leaves the workspace"),
+            "{error}"
+        );
         assert!(Config::try_parse_from(["toolgate", "--approval-timeout-secs", "0"]).is_err());
     }
 

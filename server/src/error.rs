@@ -3,8 +3,11 @@
 //! `fieldErrors`); internal errors are logged and never shown to the client.
 
 use agent::approvals::ApprovalNotFound;
-use agent::harness::{CancelError, DecideError, RunNotFound, StartError, Unavailable};
+use agent::harness::{
+    CancelError, DecideError, GrantNotFound, RevokeError, RunNotFound, StartError, Unavailable,
+};
 use agent::ids::IdError;
+use agent::policy::RuleBookError;
 use agent::wire::ValidationErrors;
 use axum::Json;
 use axum::http::StatusCode;
@@ -42,6 +45,11 @@ pub enum ApiError {
     ApprovalNotFound(#[from] ApprovalNotFound),
     #[error(transparent)]
     RunNotFound(#[from] RunNotFound),
+    #[error(transparent)]
+    GrantNotFound(#[from] GrantNotFound),
+    /// Adding or removing a rule was refused; nothing changed.
+    #[error(transparent)]
+    Rules(RuleBookError),
     /// A run that could not start, on every route that starts runs.
     #[error(transparent)]
     Start(#[from] StartError),
@@ -87,9 +95,15 @@ impl ApiError {
             Self::Invalid(_) => StatusCode::BAD_REQUEST,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ApprovalNotFound(_) | Self::RunNotFound(_) | Self::NoRoute => {
-                StatusCode::NOT_FOUND
-            }
+            Self::ApprovalNotFound(_)
+            | Self::RunNotFound(_)
+            | Self::GrantNotFound(_)
+            | Self::Rules(RuleBookError::NotFound(_))
+            | Self::NoRoute => StatusCode::NOT_FOUND,
+            Self::Rules(RuleBookError::NotRemovable { .. }) => StatusCode::FORBIDDEN,
+            Self::Rules(RuleBookError::AlreadyPresent { .. }) => StatusCode::CONFLICT,
+            Self::Rules(RuleBookError::Stored { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Rules(RuleBookError::Store(_)) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Start(error) => start_refusal(error).0,
             Self::Refused(refusal) => refusal.status,
             Self::TooManyStreams { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -108,6 +122,12 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => "PAYLOAD_TOO_LARGE",
             Self::ApprovalNotFound(_) => "APPROVAL_NOT_FOUND",
             Self::RunNotFound(_) => "RUN_NOT_FOUND",
+            Self::GrantNotFound(_) => "GRANT_NOT_FOUND",
+            Self::Rules(RuleBookError::NotFound(_)) => "RULE_NOT_FOUND",
+            Self::Rules(RuleBookError::NotRemovable { .. }) => "RULE_NOT_REMOVABLE",
+            Self::Rules(RuleBookError::AlreadyPresent { .. }) => "RULE_EXISTS",
+            Self::Rules(RuleBookError::Stored { .. }) => "INTERNAL",
+            Self::Rules(RuleBookError::Store(_)) => "STORE_UNAVAILABLE",
             Self::Start(error) => start_refusal(error).1,
             Self::Refused(refusal) => refusal.code,
             Self::TooManyStreams { .. } => "TOO_MANY_STREAMS",
@@ -148,6 +168,7 @@ impl From<DecideError> for ApiError {
         match error {
             DecideError::NotFound(not_found) => Self::ApprovalNotFound(not_found),
             DecideError::InvalidArguments(message) => Self::field("arguments", message),
+            DecideError::ScopeNotOffered(message) => Self::field("scope", message),
             DecideError::Unavailable(unavailable) => unavailable.into(),
         }
     }
@@ -156,6 +177,26 @@ impl From<DecideError> for ApiError {
 impl From<Unavailable> for ApiError {
     fn from(error: Unavailable) -> Self {
         Self::Unavailable(error.to_string())
+    }
+}
+
+impl From<RevokeError> for ApiError {
+    fn from(error: RevokeError) -> Self {
+        match error {
+            RevokeError::NotFound(not_found) => Self::GrantNotFound(not_found),
+            RevokeError::Unavailable(unavailable) => unavailable.into(),
+        }
+    }
+}
+
+impl From<RuleBookError> for ApiError {
+    fn from(error: RuleBookError) -> Self {
+        match error {
+            RuleBookError::Store(error) => Self::Unavailable(error.to_string()),
+            // The detail names a row of the database: it goes to the log.
+            RuleBookError::Stored { .. } => Self::Internal(error.to_string()),
+            other => Self::Rules(other),
+        }
     }
 }
 

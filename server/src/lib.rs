@@ -6,6 +6,8 @@ pub mod assets;
 pub mod body;
 pub mod config;
 pub mod error;
+pub mod rules;
+pub mod rules_api;
 pub mod runtime;
 pub mod security;
 pub mod serve;

@@ -1,7 +1,8 @@
-//! The `toolgate` binary: parse the configuration, start the server, stop cleanly on SIGINT or SIGTERM.
+//! The `toolgate` binary: parse the configuration, start the server, stop cleanly on SIGINT or SIGTERM; or run a
+//! command (`toolgate audit`, `toolgate rules check`) and exit.
 
 use clap::Parser;
-use server::config::{AuditArgs, Command, Config, Database};
+use server::config::{AuditArgs, Command, Config, Database, RulesCommand};
 use server::startup::{build, shutdown_signal};
 use tracing_subscriber::EnvFilter;
 
@@ -21,8 +22,21 @@ fn main() -> std::process::ExitCode {
 
 async fn run() -> std::process::ExitCode {
     let config = Config::parse();
-    if let Some(Command::Audit(args)) = &config.command {
-        return print_audit(&config.database_url, args).await;
+    match &config.command {
+        Some(Command::Audit(args)) => return print_audit(&config.database_url, args).await,
+        Some(Command::Rules(RulesCommand::Check { tool, arguments })) => {
+            return match server::rules::check(&config, tool, arguments).await {
+                Ok(report) => {
+                    print!("{report}");
+                    std::process::ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("toolgate: {error}");
+                    std::process::ExitCode::from(2)
+                }
+            };
+        }
+        None => {}
     }
     let filter = EnvFilter::try_new(&config.log).unwrap_or_else(|error| {
         eprintln!(

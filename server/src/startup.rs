@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent::harness::{Harness, HarnessConfig, Retention};
-use agent::mcp::{McpConfig, McpServers, join_rules, policy_rules};
+use agent::mcp::{McpConfig, McpServers};
 use agent::model::{ApiKey, Model, OpenAiConfig, OpenAiModel, ScriptedModel};
-use agent::policy::PermissionPolicy;
 use agent::store::Store;
 use agent::store::memory::MemoryStore;
 use agent::store::sql::{OpenError, SqlStore};
@@ -16,7 +15,7 @@ use agent::tools::{CommandLimits, Workspace, workspace_tools};
 use app::api::ssr::LoginRequired;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{any, get, post};
+use axum::routing::{any, delete, get, post};
 use leptos::config::{Env, LeptosOptions};
 use leptos::prelude::provide_context;
 use leptos_axum::{LeptosRoutes, generate_route_list};
@@ -28,6 +27,7 @@ use crate::assets;
 use crate::body::{MAX_BODY_BYTES, limit_body};
 use crate::config::{Config, Database, ModelKind};
 use crate::error::ApiError;
+use crate::rules_api;
 use crate::security::{Security, SecurityError, SecuritySettings};
 use crate::session_cookie::ensure_session;
 use crate::state::AppState;
@@ -131,13 +131,15 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         token: config.token.clone(),
         public_origins: config.public_origins.clone(),
     })?;
+    // Read before anything starts: a configuration with a mistake starts nothing.
+    let mcp_config = McpConfig::load(&config.mcp_config, &|name| std::env::var(name).ok())?;
+    let configured = crate::rules::configured_rules(&config, &mcp_config)
+        .map_err(|error| StartupError::Config(error.to_string()))?;
     let workspace =
         Workspace::open(&config.workspace).map_err(|source| StartupError::Workspace {
             path: config.workspace.display().to_string(),
             source,
         })?;
-    // Read before anything starts: a configuration with a mistake starts nothing.
-    let mcp_config = McpConfig::load(&config.mcp_config, &|name| std::env::var(name).ok())?;
     let toolbox = workspace_tools(
         &workspace,
         CommandLimits {
@@ -145,11 +147,9 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
             ..CommandLimits::default()
         },
     );
-    let rules = join_rules(config.rules.clone(), &policy_rules(&mcp_config));
-    let mut harness_config = HarnessConfig::new(
-        PermissionPolicy::new(config.policy, rules),
-        config.approval_timeout(),
-    );
+    let permissions = crate::rules::permission_policy(&config, configured, &workspace)
+        .map_err(|error| StartupError::Config(error.to_string()))?;
+    let mut harness_config = HarnessConfig::new(permissions, config.approval_timeout());
     harness_config.limits.max_steps = config.max_steps;
     harness_config.limits.context_bytes =
         usize::try_from(config.context_kib * 1024).unwrap_or(usize::MAX);
@@ -195,7 +195,7 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         database = %describe_database(&config.database_url),
         instance = %harness.store().instance(),
         policy = %config.policy,
-        rules = %config.rules,
+        rules = %agent::policy::book::summary(&harness.config().permissions.rule_book().rules()),
         assets = assets::file_count(),
         security = %security.describe(),
         mcp_servers = mcp_config.servers.len(),
@@ -245,6 +245,19 @@ fn router(state: AppState, security: &Security) -> Router {
             "/api/agent/approvals/{run_id}/{tool_call_id}",
             post(api::decide),
         )
+        .route(
+            "/api/agent/sessions/{session_id}/grants",
+            get(rules_api::list_grants),
+        )
+        .route(
+            "/api/agent/sessions/{session_id}/grants/{grant_id}",
+            delete(rules_api::revoke_grant),
+        )
+        .route(
+            "/api/rules",
+            get(rules_api::list_rules).post(rules_api::add_rule),
+        )
+        .route("/api/rules/{rule_id}", delete(rules_api::remove_rule))
         .route("/api/agui", post(agui::run))
         .route("/api/tools", get(tools::list_tools))
         .route("/api/audit", get(api::audit_log))

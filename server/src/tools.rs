@@ -24,9 +24,10 @@ struct ToolEntry<'a> {
     source: Value,
     /// `builtin`, `untrusted` (the server's annotations are not believed) or `annotations` (they are).
     trust: &'static str,
-    /// The rule for this tool, when one is configured.
+    /// The action the rules give every call of this tool, when a rule names the tool as a whole (rules on its
+    /// arguments decide per call and are not shown here).
     rule: Option<RuleAction>,
-    /// What the policy decides for a call of it, before any session approval.
+    /// What the policy decides for a call of it without arguments, before any session approval.
     decision: PermissionDecision,
 }
 
@@ -35,6 +36,7 @@ pub async fn list_tools(State(state): State<AppState>) -> Response {
     let permissions = &harness.config().permissions;
     let specs = harness.toolbox().specs();
     let no_grants = SessionGrants::new();
+    let no_arguments = json!({});
     let tools: Vec<ToolEntry<'_>> = specs
         .iter()
         .map(|spec: &ToolSpec| ToolEntry {
@@ -50,8 +52,8 @@ pub async fn list_tools(State(state): State<AppState>) -> Response {
                 .mcp
                 .as_ref()
                 .map_or("builtin", |origin| origin.trust.as_str()),
-            rule: permissions.rules.get(&spec.name),
-            decision: permissions.decide(spec, &no_grants),
+            rule: permissions.tool_rule(&spec.name),
+            decision: permissions.decide(spec, &no_arguments, &no_grants),
         })
         .collect();
     Json(json!({

@@ -5,12 +5,15 @@ use std::time::Duration;
 
 use super::finish::abort_settlement;
 use super::{Harness, RunNotFound, Unavailable};
-use crate::approvals::{ApprovalNotFound, ResolvedApproval, denied_by, settlement};
+use crate::approvals::{
+    ApprovalNotFound, ResolvedApproval, denied_by, granting_settlement, settlement,
+};
 use crate::clock::now_ms;
-use crate::events::AgentEvent;
 use crate::ids::{RunId, ToolCallId};
-use crate::runtime::{AbortReason, encode};
-use crate::store::{Aborted, DecideFailure, Refused, RunInfo, StoredGrant};
+use crate::permissions::Grant;
+use crate::policy::{grant, session_grant, stored_grant};
+use crate::runtime::AbortReason;
+use crate::store::{Aborted, CallStatus, DecideFailure, Refused, RunInfo};
 use crate::wire::{Decision, DecisionScope, DenialSource, Resolution};
 
 /// Who decided, as the authentication layer knows them (never from a request body): the access token, a login,
@@ -45,6 +48,9 @@ pub enum DecideError {
     NotFound(#[from] ApprovalNotFound),
     #[error("{0}")]
     InvalidArguments(String),
+    /// A session scope the card did not offer (see the request's `choices`); the approval stays pending.
+    #[error("{0}")]
+    ScopeNotOffered(String),
     #[error(transparent)]
     Unavailable(#[from] Unavailable),
 }
@@ -53,7 +59,8 @@ impl PartialEq for DecideError {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (Self::NotFound(a), Self::NotFound(b)) => a == b,
-            (Self::InvalidArguments(a), Self::InvalidArguments(b)) => a == b,
+            (Self::InvalidArguments(a), Self::InvalidArguments(b))
+            | (Self::ScopeNotOffered(a), Self::ScopeNotOffered(b)) => a == b,
             _ => false,
         }
     }
@@ -67,9 +74,10 @@ pub struct Cancelled {
 }
 
 impl Harness {
-    /// Resolves a pending approval with a person's decision. Edited arguments must satisfy the tool's schema;
-    /// when they do not, the approval stays pending. A decision is durable before its `approvalResolved` event is
-    /// readable; an approved call then runs in this process.
+    /// Resolves a pending approval with a person's decision. Edited arguments must satisfy the tool's schema, and
+    /// a session scope must be one the card offered; otherwise the approval stays pending. A decision is durable
+    /// before its `approvalResolved` event is readable (it names the session grant an approval for the session
+    /// made); an approved call then runs in this process.
     pub async fn decide(
         &self,
         run_id: &RunId,
@@ -79,13 +87,11 @@ impl Harness {
     ) -> Result<ResolvedApproval, DecideError> {
         let toolbox = std::sync::Arc::clone(&self.inner.toolbox);
         let who = actor.as_str().to_owned();
-        let for_session = matches!(
-            decision,
-            Decision::Approve {
-                scope: DecisionScope::Session,
-                ..
-            }
-        );
+        let granted = self
+            .session_scope(run_id, tool_call_id, &decision)
+            .await?
+            .map(|grant| session_grant(grant, run_id.clone(), tool_call_id.clone()));
+        let grant = granted.clone();
         let settle = Box::new(move |record: &crate::store::CallRecord| {
             if let Decision::Approve {
                 arguments: Some(arguments),
@@ -96,16 +102,12 @@ impl Harness {
                     .validate(&record.call.name, arguments)
                     .map_err(|error| Refused(error.message))?;
             }
-            let mut settled = settlement(record, Resolution::from_decision(decision), Some(&who));
-            if for_session {
-                settled.events.extend(encode(
-                    &record.run_id,
-                    AgentEvent::SessionGrantAdded {
-                        tool_name: record.call.name.clone(),
-                    },
-                ));
-            }
-            Ok(settled)
+            Ok(granting_settlement(
+                record,
+                Resolution::from_decision(decision),
+                Some(&who),
+                grant,
+            ))
         });
         let decided = self
             .inner
@@ -125,19 +127,22 @@ impl Harness {
                 return Err(DecideError::InvalidArguments(refused.0));
             }
         };
-        if for_session
-            && let Some(info) = self.inner.store.run(run_id).await.map_err(Unavailable)?
-        {
-            let grant = StoredGrant {
-                id: format!("tool:{}", record.call.name),
-                grant: crate::policy::stored_grant(&record.call.name, &self.inner.toolbox),
-                created_at: now_ms(),
+        if let Some(granted) = granted {
+            // Before the run goes on: its next calls are decided with the grant. The decision stands whatever
+            // happens here; a grant that could not be kept only means that what it covers asks again.
+            let kept = match self.inner.store.run(run_id).await {
+                Ok(Some(info)) => self
+                    .inner
+                    .store
+                    .add_grant(&info.session_id, stored_grant(&granted))
+                    .await
+                    .map_err(|error| error.to_string()),
+                Ok(None) => Err("its run is gone".to_owned()),
+                Err(error) => Err(error.to_string()),
             };
-            self.inner
-                .store
-                .add_grant(&info.session_id, grant)
-                .await
-                .map_err(Unavailable)?;
+            if let Err(error) = kept {
+                tracing::warn!(%error, grant = %granted.id, "cannot keep a session grant; what it covers will ask again");
+            }
         }
         self.spawn_advance(run_id.clone());
         let (Some(pending), Some(resolution)) = (record.approval, record.resolution) else {
@@ -151,6 +156,61 @@ impl Harness {
             pending,
             resolution,
         })
+    }
+
+    /// The grant approving with a session scope makes, checked against what the card offered: `None` for `once`
+    /// and for a denial. The pending call's card never changes, so reading it before the decision is as good as
+    /// reading it with it; a call no longer pending is left for the decision to find so.
+    async fn session_scope(
+        &self,
+        run_id: &RunId,
+        tool_call_id: &ToolCallId,
+        decision: &Decision,
+    ) -> Result<Option<Grant>, DecideError> {
+        let Decision::Approve {
+            scope, arguments, ..
+        } = decision
+        else {
+            return Ok(None);
+        };
+        if *scope == DecisionScope::Once {
+            return Ok(None);
+        }
+        let record = self
+            .inner
+            .store
+            .call(run_id, tool_call_id)
+            .await
+            .map_err(Unavailable)?;
+        let Some(record) = record.filter(|record| record.status == CallStatus::Pending) else {
+            return Ok(None);
+        };
+        let choices = record
+            .approval
+            .as_ref()
+            .map(|approval| approval.choices.clone())
+            .unwrap_or_default();
+        let not_offered = |why: &str| {
+            DecideError::ScopeNotOffered(
+                format!(
+                    "This approval does not offer the scope {}. {why}",
+                    scope.as_str()
+                )
+                .trim_end()
+                .to_owned(),
+            )
+        };
+        if !choices.offers(*scope) {
+            return Err(not_offered(choices.session_note.as_deref().unwrap_or("")));
+        }
+        // What the person approves is what runs: with edited arguments, the grant covers the call as edited.
+        let input = arguments.as_ref().unwrap_or(&record.input);
+        self.inner
+            .toolbox
+            .spec(&record.call.name)
+            .and_then(|spec| grant::grant_for(&spec, input, *scope))
+            .map(Some)
+            .ok_or_else(|| not_offered("The edited arguments do not allow it."))
     }
 
     /// Aborts a run: when this returns, its pending approvals are resolved as `denied/abort` (no later decision

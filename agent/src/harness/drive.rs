@@ -14,10 +14,9 @@ use crate::agent_loop::{
 use crate::events::{AgentEvent, EventSink};
 use crate::ids::ToolCallId;
 use crate::interrupts::Suspension;
-use crate::policy::PermissionPolicy;
 use crate::runtime::{RunAbort, RunContext, RunError, StoreEvents};
-use crate::store::{Claimed, Epoch, RunInfo};
-use crate::wire::{ApprovalPolicy, DecisionScope, Message, Resolution};
+use crate::store::{Claimed, Epoch, RunInfo, StoreKind};
+use crate::wire::{ApprovalPolicy, Message, Resolution};
 
 /// Where a segment of a run begins.
 pub(super) enum Segment {
@@ -52,23 +51,6 @@ impl EventSink for NoEvents {
 }
 
 impl Harness {
-    /// Remembers that a person approved `tool_name` for the rest of the run's session.
-    pub(super) async fn grant_for_session(&self, context: &RunContext, tool_name: &str) {
-        let grant = crate::store::StoredGrant {
-            id: format!("tool:{tool_name}"),
-            grant: crate::policy::stored_grant(tool_name, &context.toolbox),
-            created_at: crate::clock::now_ms(),
-        };
-        match self.inner.store.add_grant(&context.session_id, grant).await {
-            Ok(()) => context.emit(AgentEvent::SessionGrantAdded {
-                tool_name: tool_name.to_owned(),
-            }),
-            Err(error) => {
-                tracing::warn!(%error, tool_name, "cannot record a session grant; later calls will ask")
-            }
-        }
-    }
-
     /// What the runtime needs to work on a run in this process.
     pub(super) async fn context(
         &self,
@@ -87,12 +69,18 @@ impl Harness {
                 Default::default()
             }
         };
+        if inner.store.kind() == StoreKind::Postgres
+            && let Err(error) = inner.rules.refresh().await
+        {
+            // The rules read last stay in force.
+            tracing::warn!(%error, run_id = %info.run_id, "cannot read the rules people added");
+        }
         RunContext {
             run_id: info.run_id.clone(),
             session_id: info.session_id.clone(),
             approval_mode: info.mode,
-            permissions: PermissionPolicy::new(policy, inner.config.permissions.rules.clone()),
-            grants,
+            permissions: inner.config.permissions.with_policy(policy),
+            grants: Arc::new(parking_lot::RwLock::new(grants)),
             approval_timeout: inner.config.approval_timeout,
             toolbox: Arc::clone(&inner.toolbox),
             abort,
@@ -157,17 +145,6 @@ impl Harness {
                     suspension,
                     resolutions,
                 } => {
-                    for pending in &suspension.interruption.pending {
-                        if let Some(Resolution::Approved {
-                            scope: DecisionScope::Session,
-                            ..
-                        }) = resolutions.get(&pending.call.id)
-                        {
-                            harness
-                                .grant_for_session(&context, &pending.call.name)
-                                .await;
-                        }
-                    }
                     let Suspension {
                         run_id: parent,
                         history,

@@ -8,6 +8,7 @@
 //! - [`decide`]: a person's decision, cancelling a run, and the sweeper that times approvals out;
 //! - [`continuation`]: a waiting run's calls run and its batch is claimed, by whichever process gets there;
 //! - [`finish`]: recording how a run ended, its terminal event last;
+//! - [`permissions`]: what people allowed beyond one call: session grants and the rules they added;
 //! - [`subscription`]: a run's events from any point, then live; a session's, run after run;
 //! - [`retention`]: how much is kept, and for how long.
 //!
@@ -19,6 +20,7 @@ mod continuation;
 mod decide;
 mod drive;
 mod finish;
+mod permissions;
 mod retention;
 mod room;
 mod start;
@@ -35,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use decide::{Actor, CancelError, Cancelled, DecideError};
+pub use permissions::{GrantNotFound, RevokeError};
 pub use retention::Retention;
 pub use start::{RunSource, StartError, StartRun};
 pub use subscription::{RunHandle, is_terminal};
@@ -42,7 +45,7 @@ pub use subscription::{RunHandle, is_terminal};
 use crate::agent_loop::LoopLimits;
 use crate::ids::{RunId, SessionId};
 use crate::model::Model;
-use crate::policy::{PermissionPolicy, SessionGrants};
+use crate::policy::{PermissionPolicy, RuleBook, StoredRuleBook};
 use crate::runtime::{AbortReason, RunAbort};
 use crate::store::memory::MemoryStore;
 use crate::store::{
@@ -146,6 +149,8 @@ struct Inner {
     model: Arc<dyn Model>,
     toolbox: Arc<Toolbox>,
     store: Arc<dyn Store>,
+    /// The configured rules and the ones people added; `config.permissions` reads it.
+    rules: Arc<StoredRuleBook>,
     local: LocalRuns,
     /// Cancelled when the harness stops accepting work.
     closing: CancellationToken,
@@ -177,19 +182,29 @@ impl std::fmt::Debug for Harness {
 impl Harness {
     /// A harness on a memory store. Call it inside a tokio runtime: it starts its sweeper.
     pub fn new(config: HarnessConfig, model: Arc<dyn Model>, toolbox: Toolbox) -> Self {
-        Self::build(config, model, toolbox, Arc::new(MemoryStore::new()))
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        // A new memory store keeps no added rules yet: the configured ones are all there is.
+        let rules = StoredRuleBook::new(config.permissions.rule_book().rules(), Arc::clone(&store));
+        Self::build(config, model, toolbox, store, rules)
     }
 
-    /// A harness on `store`: first it recovers what dead processes left (runs that were sampling fail with
-    /// `RESTARTED`, calls that were running are recorded as interrupted), then it picks up waiting runs that have
-    /// work to do, and starts its sweeper.
+    /// A harness on `store`: first it reads the rules people added (a kept rule it cannot read is an error), and
+    /// recovers what dead processes left (runs that were sampling fail with `RESTARTED`, calls that were running
+    /// are recorded as interrupted), then it picks up waiting runs that have work to do, and starts its sweeper.
     pub async fn open(
         config: HarnessConfig,
         model: Arc<dyn Model>,
         toolbox: Toolbox,
         store: Arc<dyn Store>,
     ) -> Result<Self, Unavailable> {
-        let harness = Self::build(config, model, toolbox, store);
+        let rules =
+            StoredRuleBook::open(config.permissions.rule_book().rules(), Arc::clone(&store))
+                .await
+                .map_err(|error| match error {
+                    crate::policy::RuleBookError::Store(error) => Unavailable(error),
+                    other => Unavailable(StoreError::Corrupt(other.to_string())),
+                })?;
+        let harness = Self::build(config, model, toolbox, store, rules);
         let recovered = harness
             .inner
             .store
@@ -207,17 +222,23 @@ impl Harness {
     }
 
     fn build(
-        config: HarnessConfig,
+        mut config: HarnessConfig,
         model: Arc<dyn Model>,
         toolbox: Toolbox,
         store: Arc<dyn Store>,
+        rules: StoredRuleBook,
     ) -> Self {
+        let rules = Arc::new(rules);
+        config.permissions = config
+            .permissions
+            .with_rule_book(Arc::clone(&rules) as Arc<dyn RuleBook>);
         let harness = Self {
             inner: Arc::new(Inner {
                 config,
                 model,
                 toolbox: Arc::new(toolbox),
                 store,
+                rules,
                 local: LocalRuns::default(),
                 closing: CancellationToken::new(),
                 closed: CancellationToken::new(),
@@ -270,15 +291,6 @@ impl Harness {
         run_id: Option<&RunId>,
     ) -> Result<Vec<ApprovalRequest>, Unavailable> {
         Ok(self.inner.store.pending(run_id).await?)
-    }
-
-    /// What people approved for the rest of a session.
-    pub async fn grants(&self, session_id: &SessionId) -> Result<SessionGrants, Unavailable> {
-        let stored = self.inner.store.grants(session_id).await?;
-        Ok(stored
-            .iter()
-            .filter_map(|grant| crate::policy::grant_of(&grant.grant))
-            .collect())
     }
 
     /// A session's remembered runs, as a viewer sees them.

@@ -21,7 +21,8 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use crate::mcp::naming::sanitize_server_name;
-use crate::wire::{McpTransportKind, McpTrust, RuleAction};
+use crate::policy::Rule;
+use crate::wire::{McpTransportKind, McpTrust};
 
 /// How long a server may take to start and list its tools, unless its configuration says otherwise.
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -112,11 +113,14 @@ impl fmt::Debug for McpTransport {
     }
 }
 
-/// A rule for one of a server's tools: `TOOL=allow|ask|deny`, `TOOL` being the tool's own name on the server.
+/// A rule for a server's tools in the policy's rule syntax (`TOOL=allow`, `TOOL(name=glob)=ask`, `read_*=deny`),
+/// `TOOL` being the tool's own name on the server or a glob over those names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerRule {
-    pub tool: String,
-    pub action: RuleAction,
+    /// The rule as written in the configuration.
+    pub written: String,
+    /// The same rule for the names the model sees (`mcp__<server>__TOOL`).
+    pub rule: Rule,
 }
 
 /// What is wrong with a configuration, and where.
@@ -333,6 +337,7 @@ impl ServerReader<'_> {
                 })
                 .transpose()
         };
+        let rules = self.rules(table, &tool_prefix_name)?;
         Ok(McpServerConfig {
             name: self.name.to_owned(),
             tool_prefix_name,
@@ -351,7 +356,7 @@ impl ServerReader<'_> {
             enabled_tools: tools("enabled_tools")?,
             disabled_tools: tools("disabled_tools")?.unwrap_or_default(),
             trust: self.trust(table)?,
-            rules: self.rules(table)?,
+            rules,
         })
     }
 
@@ -526,33 +531,19 @@ impl ServerReader<'_> {
         }
     }
 
-    fn rules(&self, table: &Map<String, Value>) -> Result<Vec<ServerRule>, ConfigError> {
+    fn rules(
+        &self,
+        table: &Map<String, Value>,
+        tool_prefix_name: &str,
+    ) -> Result<Vec<ServerRule>, ConfigError> {
         let Some(value) = table.get("rules") else {
             return Ok(Vec::new());
         };
         let mut rules = Vec::new();
-        for (i, rule) in self.strings("rules", value)?.into_iter().enumerate() {
-            let field = format!("rules[{i}]");
-            // The action follows the last `=`: a tool pattern may hold `=` of its own.
-            let (tool, action) = rule.rsplit_once('=').ok_or_else(|| {
-                self.error(
-                    Some(&field),
-                    format!("{rule:?} is not of the form TOOL=allow|ask|deny"),
-                )
-            })?;
-            let tool = tool.trim();
-            if tool.is_empty() {
-                return Err(self.error(Some(&field), format!("{rule:?} names no tool")));
-            }
-            let action: RuleAction = action
-                .parse()
-                .map_err(|message: String| self.error(Some(&field), message))?;
-            crate::mcp::rules::check_rule_tool(tool)
-                .map_err(|message| self.error(Some(&field), message))?;
-            rules.push(ServerRule {
-                tool: tool.to_owned(),
-                action,
-            });
+        for (i, written) in self.strings("rules", value)?.into_iter().enumerate() {
+            let rule = crate::mcp::rules::server_rule(tool_prefix_name, &written)
+                .map_err(|error| self.error(Some(&format!("rules[{i}]")), error.to_string()))?;
+            rules.push(ServerRule { written, rule });
         }
         Ok(rules)
     }
@@ -758,17 +749,22 @@ mod tests {
         assert_eq!(github.tool_timeout, Duration::from_millis(2_500));
         assert_eq!(github.trust, McpTrust::Annotations);
         assert!(github.offers("create_issue") && !github.offers("delete_repo"));
+        let rules: Vec<(&str, String)> = github
+            .rules
+            .iter()
+            .map(|rule| (rule.written.as_str(), rule.rule.to_string()))
+            .collect();
         assert_eq!(
-            github.rules,
+            rules,
             [
-                ServerRule {
-                    tool: "create_issue".into(),
-                    action: RuleAction::Ask
-                },
-                ServerRule {
-                    tool: "list_issues".into(),
-                    action: RuleAction::Allow
-                }
+                (
+                    "create_issue=ask",
+                    "mcp__github__create_issue=ask".to_owned()
+                ),
+                (
+                    "list_issues = allow",
+                    "mcp__github__list_issues=allow".to_owned()
+                )
             ]
         );
         assert!(!time.enabled);

@@ -23,6 +23,6 @@ mod tool;
 
 pub use config::{ConfigError, McpConfig, McpServerConfig, McpTransport};
 pub use process::INHERITED_VARIABLES;
-pub use rules::{join_rules, policy_rules};
+pub use rules::{policy_rules, server_rule};
 pub use server::{McpServers, RequiredServerFailed};
 pub use tool::{MODEL_OUTPUT_LIMIT, McpTool};

@@ -1,114 +1,170 @@
-//! Rules for MCP tools from the servers' configuration, joined to the policy's rules.
+//! Rules for MCP tools from the servers' configuration, in the policy's own rule syntax.
 //!
-//! A server's `rules` name its tools by their own names (`write_file=ask`); here they become rules for the names
-//! the model sees (`mcp__fs__write_file=ask`) and join the rules given with `--rules`, the stricter action winning
-//! where both name a tool (deny, then ask, then allow).
-//!
-//! The policy's rules match exact tool names today, so [`check_rule_tool`] refuses patterns (`read_*`,
-//! `write_file(path=...)`) rather than let them silently match nothing. When the policy learns patterns, that check
-//! goes and [`policy_rules`] hands each qualified rule string to the policy's own parser instead of building
-//! [`ToolRules`] entry by entry: those two functions are the whole seam.
+//! A server's `rules` name its tools by their own names (`write_file=ask`, `create_issue(repo=acme/*)=allow`,
+//! `read_*=allow`); here each becomes a rule for the names the model sees (`mcp__fs__write_file=ask`). They join
+//! the rules of `--rules` and the rules file as configured rules like any other: a rule that matches decides by the
+//! policy's order (deny, then ask, then allow), so where the flag and a server's configuration both name a tool,
+//! the stricter action wins, and `deny` beats everything.
 
 use crate::mcp::config::McpConfig;
 use crate::mcp::naming::qualified_name;
-use crate::policy::ToolRules;
-use crate::wire::RuleAction;
+use crate::policy::{Rule, RuleError};
 
-/// Refuses what the policy cannot match yet: wildcards and argument patterns.
-pub(crate) fn check_rule_tool(tool: &str) -> Result<(), String> {
-    match tool.chars().find(|c| matches!(c, '*' | '?' | '[' | '(')) {
-        Some(c) => Err(format!(
-            "{tool:?} is a pattern ({c:?}), and rules match exact tool names; name each tool"
-        )),
-        None => Ok(()),
-    }
+/// One of a server's rules for the names the model sees. The tool part is the tool's own name (made safe as the
+/// model sees it) or a glob over the server's tools' names; a glob matches the names the model sees, so a name
+/// that had to be shortened with a digest is only matched by an exact rule.
+pub fn server_rule(tool_prefix_name: &str, written: &str) -> Result<Rule, RuleError> {
+    Rule::parse_renamed(written, |tool| {
+        let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
+        if tool.chars().all(name_char) {
+            qualified_name(tool_prefix_name, tool)
+        } else {
+            // A glob, or something the policy's parser refuses with the rule as written.
+            format!("mcp__{tool_prefix_name}__{tool}")
+        }
+    })
 }
 
-/// The rules every enabled server's configuration gives, for the names the model sees.
-pub fn policy_rules(config: &McpConfig) -> ToolRules {
+/// The rules every enabled server's configuration gives, for the names the model sees, in the order written.
+pub fn policy_rules(config: &McpConfig) -> Vec<Rule> {
     config
         .servers
         .iter()
         .filter(|server| server.enabled)
-        .flat_map(|server| {
-            server.rules.iter().map(|rule| {
-                (
-                    qualified_name(&server.tool_prefix_name, &rule.tool),
-                    rule.action,
-                )
-            })
-        })
-        .fold(ToolRules::new(), |rules, (tool, action)| {
-            let action = stricter(rules.get(&tool), action);
-            rules.with(tool, action)
-        })
-}
-
-/// `base` and `extra` together; where both name a tool, the stricter action.
-pub fn join_rules(base: ToolRules, extra: &ToolRules) -> ToolRules {
-    extra.iter().fold(base, |rules, (tool, action)| {
-        let action = stricter(rules.get(tool), action);
-        rules.with(tool, action)
-    })
-}
-
-fn stricter(current: Option<RuleAction>, new: RuleAction) -> RuleAction {
-    let rank = |action: RuleAction| match action {
-        RuleAction::Allow => 0,
-        RuleAction::Ask => 1,
-        RuleAction::Deny => 2,
-    };
-    match current {
-        Some(current) if rank(current) > rank(new) => current,
-        _ => new,
-    }
+        .flat_map(|server| server.rules.iter().map(|rule| rule.rule.clone()))
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
+    use serde_json::json;
+
     use super::*;
+    use crate::policy::{ConfiguredRules, PermissionPolicy, RuleSet, SessionGrants};
+    use crate::wire::{ApprovalPolicy, McpToolOrigin, McpTrust, PermissionDecision, ToolSpec};
+
+    fn config(servers: &str) -> McpConfig {
+        McpConfig::parse(Path::new("x.json"), servers, &|_| None).unwrap()
+    }
+
+    fn mcp_tool(name: &str) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            input_schema: json!({"type": "object"}),
+            annotations: Default::default(),
+            mcp: Some(McpToolOrigin {
+                server: "fs".into(),
+                tool: name.rsplit("__").next().unwrap_or(name).into(),
+                trust: McpTrust::Untrusted,
+            }),
+        }
+    }
+
+    fn kind(decision: &PermissionDecision) -> &'static str {
+        match decision {
+            PermissionDecision::Allow { .. } => "allow",
+            PermissionDecision::Ask { .. } => "ask",
+            PermissionDecision::Deny { .. } => "deny",
+        }
+    }
 
     #[test]
     fn server_rules_name_the_qualified_tools_and_the_stricter_action_wins() {
-        let config = McpConfig::parse(
-            Path::new("x.json"),
+        let config = config(
             r#"{"mcpServers": {
                 "fs": {"command": "x", "rules": ["write_file=ask", "read_text_file=allow"]},
                 "off": {"command": "x", "enabled": false, "rules": ["anything=allow"]}
             }}"#,
-            &|_| None,
-        )
-        .unwrap();
-        let rules = policy_rules(&config);
-        assert_eq!(rules.get("mcp__fs__write_file"), Some(RuleAction::Ask));
-        assert_eq!(
-            rules.get("mcp__fs__read_text_file"),
-            Some(RuleAction::Allow)
         );
-        assert_eq!(rules.get("mcp__off__anything"), None);
-        let global: ToolRules =
+        let rules: Vec<String> = policy_rules(&config).iter().map(Rule::to_string).collect();
+        assert_eq!(
+            rules,
+            ["mcp__fs__write_file=ask", "mcp__fs__read_text_file=allow"]
+        );
+        let global: RuleSet =
             "mcp__fs__write_file=deny,mcp__fs__read_text_file=ask,delete_file=deny"
                 .parse()
                 .unwrap();
-        let joined = join_rules(global, &rules);
-        assert_eq!(joined.get("mcp__fs__write_file"), Some(RuleAction::Deny));
-        assert_eq!(joined.get("mcp__fs__read_text_file"), Some(RuleAction::Ask));
-        assert_eq!(joined.get("delete_file"), Some(RuleAction::Deny));
+        let policy = PermissionPolicy::with_rules(
+            ApprovalPolicy::OnRequest,
+            std::sync::Arc::new(
+                ConfiguredRules::new(global, Vec::new()).with_mcp_rules(policy_rules(&config)),
+            ),
+        );
+        let decide =
+            |name: &str| kind(&policy.decide(&mcp_tool(name), &json!({}), &SessionGrants::new()));
+        assert_eq!(decide("mcp__fs__write_file"), "deny");
+        assert_eq!(decide("mcp__fs__read_text_file"), "ask");
+        assert_eq!(
+            decide("mcp__off__anything"),
+            "ask",
+            "a disabled server's rules do not apply"
+        );
     }
 
     #[test]
-    fn patterns_are_refused_until_the_policy_can_match_them() {
-        for pattern in ["read_*", "write_file(path=*.txt)", "get?"] {
+    fn server_rules_take_globs_on_names_and_on_arguments() {
+        let config = config(
+            r#"{"mcpServers": {"github": {"command": "x", "rules": [
+                "create_issue(repo=acme/*)=allow",
+                "list_*=allow",
+                "delete_repo=deny:Never from here."
+            ]}}}"#,
+        );
+        let policy = PermissionPolicy::with_rules(
+            ApprovalPolicy::OnRequest,
+            std::sync::Arc::new(
+                ConfiguredRules::new(RuleSet::new(), Vec::new())
+                    .with_mcp_rules(policy_rules(&config)),
+            ),
+        );
+        let decide = |name: &str, input: serde_json::Value| {
+            policy.decide(&mcp_tool(name), &input, &SessionGrants::new())
+        };
+        assert_eq!(
+            kind(&decide(
+                "mcp__github__create_issue",
+                json!({"repo": "acme/widgets"})
+            )),
+            "allow"
+        );
+        assert_eq!(
+            kind(&decide(
+                "mcp__github__create_issue",
+                json!({"repo": "other/widgets"})
+            )),
+            "ask"
+        );
+        assert_eq!(
+            kind(&decide("mcp__github__list_issues", json!({}))),
+            "allow"
+        );
+        // A glob over a server's names stays within that server.
+        assert_eq!(kind(&decide("mcp__other__list_issues", json!({}))), "ask");
+        let denied = decide("mcp__github__delete_repo", json!({}));
+        assert_eq!(kind(&denied), "deny");
+        assert_eq!(denied.reason(), "Never from here.");
+    }
+
+    #[test]
+    fn a_rule_the_policy_cannot_read_is_refused_where_it_is_written() {
+        for (rule, expected) in [
+            ("read_[=allow", "read_["),
+            ("write_file(path=*.txt=allow", "write_file"),
+            ("get=maybe", "maybe"),
+            ("=allow", "=allow"),
+        ] {
             let error = McpConfig::parse(
                 Path::new("x.json"),
-                &format!(r#"{{"mcpServers": {{"fs": {{"command": "x", "rules": ["{pattern}=allow"]}}}}}}"#),
+                &format!(r#"{{"mcpServers": {{"fs": {{"command": "x", "rules": ["{rule}"]}}}}}}"#),
                 &|_| None,
             )
             .unwrap_err();
-            assert_eq!(error.field.as_deref(), Some("rules[0]"));
-            assert!(error.message.contains("exact tool names"), "{error}");
+            assert_eq!(error.field.as_deref(), Some("rules[0]"), "{rule}");
+            assert!(error.message.contains(expected), "{rule}: {error}");
         }
     }
 }

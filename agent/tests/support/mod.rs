@@ -10,7 +10,7 @@ use agent::agent_loop::LoopLimits;
 use agent::harness::{Actor, Harness, HarnessConfig, RunHandle, RunSource, StartRun};
 use agent::ids::ToolCallId;
 use agent::model::{Model, ModelChunk, ModelRequest, ModelStream};
-use agent::policy::{PermissionPolicy, ToolRules};
+use agent::policy::{PermissionPolicy, RuleSet};
 use agent::store::EncodedEvent;
 use agent::tools::{Tool, ToolContext, ToolFuture, Toolbox};
 use agent::wire::{
@@ -165,7 +165,7 @@ pub struct Fixture {
 
 pub fn fixture_with(
     policy: ApprovalPolicy,
-    rules: ToolRules,
+    rules: RuleSet,
     limits: LoopLimits,
     steps: Vec<Vec<ModelChunk>>,
 ) -> Fixture {
@@ -189,7 +189,7 @@ pub struct CountingTools {
 pub fn counting_tools(
     model: Arc<dyn Model>,
     policy: ApprovalPolicy,
-    rules: ToolRules,
+    rules: RuleSet,
     limits: LoopLimits,
 ) -> CountingTools {
     let delete = CountingTool::destructive("delete_file");
@@ -209,13 +209,13 @@ pub fn counting_tools(
     }
 }
 
-pub fn fixture(policy: ApprovalPolicy, rules: ToolRules, steps: Vec<Vec<ModelChunk>>) -> Fixture {
+pub fn fixture(policy: ApprovalPolicy, rules: RuleSet, steps: Vec<Vec<ModelChunk>>) -> Fixture {
     fixture_with(policy, rules, LoopLimits::default(), steps)
 }
 
 /// The default policy (`on_request`, no rules).
 pub fn on_request(steps: Vec<Vec<ModelChunk>>) -> Fixture {
-    fixture(ApprovalPolicy::OnRequest, ToolRules::new(), steps)
+    fixture(ApprovalPolicy::OnRequest, RuleSet::new(), steps)
 }
 
 impl Fixture {
@@ -345,14 +345,14 @@ pub fn tool_results(messages: &[Message]) -> Vec<(String, agent::wire::ToolOutpu
         .collect()
 }
 
-pub fn rules(text: &str) -> ToolRules {
+pub fn rules(text: &str) -> RuleSet {
     text.parse().unwrap()
 }
 
 /// A harness on a memory store over any model and toolbox.
 pub fn harness_over(model: Arc<dyn Model>, toolbox: Toolbox, policy: ApprovalPolicy) -> Harness {
     let config = HarnessConfig::new(
-        PermissionPolicy::new(policy, ToolRules::new()),
+        PermissionPolicy::new(policy, RuleSet::new()),
         Duration::from_secs(120),
     );
     Harness::new(config, model, toolbox)

@@ -283,6 +283,7 @@ impl Translator {
                     "value": {"omittedMessages": omitted_messages},
                 }));
             }
+            // AG-UI has no event for these; the snapshot at the end carries what the client needs.
             StreamEvent::ApprovalRequired { .. }
             | StreamEvent::ApprovalResolved { .. }
             | StreamEvent::Debug { .. } => {}

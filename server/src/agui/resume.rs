@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use agent::ids::ToolCallId;
 use agent::interrupts::{Suspension, arguments_digest};
 use agent::tools::Toolbox;
-use agent::wire::{Decision, Message, Resolution};
+use agent::wire::{Decision, DecisionScope, Message, Resolution};
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
@@ -89,7 +89,19 @@ fn decision(entry: &ResumeEntry) -> Result<Decision, Refusal> {
         "decision".to_owned(),
         Value::String(if approved { "approve" } else { "deny" }.to_owned()),
     );
-    Decision::from_json(&Value::Object(body)).map_err(|errors| invalid(errors.to_string()))
+    let decision =
+        Decision::from_json(&Value::Object(body)).map_err(|errors| invalid(errors.to_string()))?;
+    // The REST route also knows `session_program`; an interrupt's schema offers `once` and `session` only.
+    if let Decision::Approve {
+        scope: DecisionScope::SessionProgram,
+        ..
+    } = decision
+    {
+        return Err(invalid(
+            "scope: expected 'once' | 'session', received 'session_program'".to_owned(),
+        ));
+    }
+    Ok(decision)
 }
 
 /// The interrupted calls as the client's history has them.

@@ -538,6 +538,56 @@ async fn the_same_policy_rules_and_session_grants_apply() {
 }
 
 #[tokio::test]
+async fn approving_a_command_for_the_session_covers_that_command_and_no_other() {
+    let app = spawn_app().await;
+    std::fs::create_dir(app.file("x")).unwrap();
+    let first = agui(&app, start("thread-ls", "run-1", "run ls")).await;
+    let interrupt = &first.interrupts()[0];
+    // A wider scope than the interrupt's schema offers is refused, and uses nothing.
+    let wider = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "scope": "session_program"}});
+    agui(
+        &app,
+        resume(
+            "thread-ls",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([wider]),
+        ),
+    )
+    .await
+    .refused(422, "INVALID_RESUME_PAYLOAD");
+    let entry = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "scope": "session"}});
+    let resumed = agui(
+        &app,
+        resume(
+            "thread-ls",
+            "run-3",
+            "run-1",
+            first.snapshot(),
+            json!([entry]),
+        ),
+    )
+    .await;
+    assert_eq!(resumed.status, 200);
+    let grants: Value = app
+        .get("/api/agent/sessions/thread-ls/grants")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        grants["grants"][0]["scope"],
+        json!({"type": "command", "command": "ls", "args": []})
+    );
+    let again = agui(&app, start("thread-ls", "run-4", "run ls")).await;
+    assert_eq!(again.finished()["outcome"]["type"], "success");
+    let other = agui(&app, start("thread-ls", "run-5", "run rm -rf x")).await;
+    assert_eq!(other.finished()["outcome"]["type"], "interrupt");
+    assert!(app.file("x").exists());
+}
+
+#[tokio::test]
 async fn malformed_input_is_400() {
     let app = spawn_app().await;
     let bad = agui(&app, json!({"threadId": "t", "messages": []})).await;

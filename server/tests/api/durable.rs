@@ -470,3 +470,102 @@ async fn a_pending_approval_past_its_expiry_across_a_restart_times_out() {
     server.signal(libc::SIGTERM);
     server.exit(EXIT_WITHIN).await;
 }
+
+/// Streams `message` in `session` until its first card, and returns the request.
+async fn until_card(server: &Server, session: &str, message: &str) -> Value {
+    let run_id = create_run(server, json!({"message": message, "sessionId": session})).await;
+    events(server, &run_id, None)
+        .await
+        .until("approvalRequired")
+        .await
+        .data["request"]
+        .clone()
+}
+
+/// Runs `message` in `session` to its end and returns the names of its events.
+async fn run_in_session(server: &Server, session: &str, message: &str) -> Vec<String> {
+    let run_id = create_run(server, json!({"message": message, "sessionId": session})).await;
+    let events = all_events(server, &run_id).await;
+    assert_eq!(events.last().unwrap().name, "done", "{:?}", names(&events));
+    events.into_iter().map(|e| e.name).collect()
+}
+
+#[tokio::test]
+async fn a_session_grant_and_an_added_rule_survive_a_restart_and_still_cover_only_what_they_covered()
+ {
+    let home = Home::new();
+    let server = Server::start_in(&home, &[], &[]).await;
+    let session = "grants-after-restart";
+    let request = until_card(&server, session, "run echo granted").await;
+    let run_id = request["runId"].as_str().unwrap();
+    let call_id = request["toolCallId"].as_str().unwrap();
+    let decided = post(
+        &server,
+        &format!("/api/agent/approvals/{run_id}/{call_id}"),
+        json!({"decision": "approve", "scope": "session"}),
+    )
+    .await;
+    assert_eq!(decided.status(), 200);
+    all_events(&server, run_id).await;
+    let grants_path = format!("/api/agent/sessions/{session}/grants");
+    let before = get_json(&server, &grants_path).await["grants"].clone();
+    assert_eq!(before.as_array().unwrap().len(), 1, "{before}");
+    let added = post(
+        &server,
+        "/api/rules",
+        json!({"rule": "write_file(kept.txt)=allow"}),
+    )
+    .await;
+    assert_eq!(added.status(), 201);
+    server.kill9().await;
+
+    let server = Server::start_in(&home, &[], &[]).await;
+    assert_eq!(
+        get_json(&server, &grants_path).await["grants"],
+        before,
+        "the same grant, listed the same"
+    );
+    let rules = get_json(&server, "/api/rules").await["rules"].clone();
+    assert_eq!(rules[0]["rule"], "write_file(kept.txt)=allow");
+    assert_eq!(rules[0]["origin"], "added");
+    let again = run_in_session(&server, session, "run echo granted").await;
+    assert!(
+        !again.iter().any(|name| name == "approvalRequired"),
+        "the grant still applies: {again:?}"
+    );
+    let written = run_in_session(&server, "another-session", "write kept.txt: hi").await;
+    assert!(
+        !written.iter().any(|name| name == "approvalRequired"),
+        "the rule still applies: {written:?}"
+    );
+    assert_eq!(
+        until_card(&server, session, "run echo other").await["toolName"],
+        "run_command",
+        "another command still asks"
+    );
+    server.signal(libc::SIGTERM);
+    server.exit(EXIT_WITHIN).await;
+
+    // `toolgate rules check` reads the added rule beside (or after) the server, from the same database.
+    let output = toolgate_in(
+        home.path(),
+        &[
+            "rules",
+            "check",
+            "write_file",
+            r#"{"path": "kept.txt", "content": "x"}"#,
+        ],
+        &[],
+    )
+    .output()
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.starts_with(
+            "allow: The rule write_file(kept.txt)=allow allows this call.\ndecided by: the rule write_file(kept.txt)=allow (rule_"
+        ) && stdout.ends_with(", from added by a person)\n"),
+        "{stdout}"
+    );
+}

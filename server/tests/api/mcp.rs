@@ -191,7 +191,11 @@ async fn a_trusted_servers_read_only_tool_runs_without_a_card() {
 #[tokio::test]
 async fn rules_from_the_servers_configuration_and_from_the_flag_decide_mcp_tools() {
     let app = spawn_with_mcp(
-        json!({"fs": filesystem(json!({"rules": ["read_text_file=allow", "list_directory=allow"]}))}),
+        json!({"fs": filesystem(json!({"rules": [
+            "read_text_file=allow",
+            "list_directory=allow",
+            "read_text_file(path=secret*)=deny:Secrets stay here."
+        ]}))}),
         |config| config.rules = "mcp__fs__list_directory=deny".parse().unwrap(),
     )
     .await;
@@ -210,6 +214,20 @@ async fn rules_from_the_servers_configuration_and_from_the_flag_decide_mcp_tools
             .as_str()
             .unwrap()
             .contains("allowed by a rule")
+    );
+    // A server's rule on an argument: the same tool, another path, is denied with the rule's reason.
+    std::fs::write(app.file("secret.txt"), "never shown").unwrap();
+    let (status, body) = run_to_end(
+        &app,
+        json!({"message": r#"call mcp__fs__read_text_file {"path": "secret.txt"}"#}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let answer = body["answer"].as_str().unwrap();
+    assert!(
+        answer.contains("was not run because the policy denies it")
+            && !answer.contains("never shown"),
+        "{body}"
     );
     // Deny beats everything: the flag's deny wins over the server's allow.
     let (status, body) = run_to_end(

@@ -137,7 +137,7 @@ async fn approving_for_the_session_lets_the_next_call_of_that_tool_run_without_a
     assert_eq!(call.data["permission"]["type"], "allow");
     assert_eq!(
         call.data["permission"]["reason"],
-        "delete_file was approved for this session."
+        "Approved for this session: delete_file on any path in the workspace."
     );
     assert!(!app.file("a.txt").exists() && !app.file("b.txt").exists());
 

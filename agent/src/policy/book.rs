@@ -1,0 +1,660 @@
+//! Where rules live, behind one small trait the policy reads for every call, [`RuleBook`]:
+//!
+//! - configured rules (`--rules`, the rules file's `[[rule]]` tables) are fixed when toolgate starts and read-only:
+//!   they can only be changed where they are written, and then toolgate restarted;
+//! - rules a person added ("Always allow", `POST /api/rules`) are kept in the [`Store`], the one source of truth:
+//!   they survive a restart with a durable store and are shared by every instance on one database.
+//!
+//! [`ConfiguredRules`] is a book of configured rules alone (what `toolgate rules check` starts from, and tests);
+//! [`StoredRuleBook`] adds the store's rules, keeps them in memory for the policy, and is the only way rules are
+//! added and removed: each change is written, with its audit entry, before it is in force.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::rule::{Rule, RuleEntry, RuleError, RuleProblem, split_top_level};
+use crate::clock::now_ms;
+use crate::ids::RuleId;
+use crate::permissions::{ListedRule, RuleOrigin};
+use crate::store::{AuditEntry, AuditKind, Store, StoreError, StoredRule};
+
+/// Rules as `--rules` writes them: separated by commas outside parentheses and quotes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RuleSet(Vec<Rule>);
+
+impl RuleSet {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with(mut self, rule: Rule) -> Self {
+        self.0.push(rule);
+        self
+    }
+
+    pub fn rules(&self) -> &[Rule] {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromStr for RuleSet {
+    type Err = RuleError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parts = split_top_level(s, ',').map_err(|problem| RuleError {
+            rule: format!("list {:?}", s.trim()),
+            problem,
+        })?;
+        let mut rules = Vec::new();
+        for part in parts.into_iter().map(str::trim).filter(|p| !p.is_empty()) {
+            rules.push(Rule::parse(part)?);
+        }
+        Ok(Self(rules))
+    }
+}
+
+impl fmt::Display for RuleSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let written: Vec<String> = self.0.iter().map(Rule::to_string).collect();
+        f.write_str(&written.join(","))
+    }
+}
+
+/// A rule in a book: its id, where it comes from, and the rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BookRule {
+    pub id: RuleId,
+    pub origin: RuleOrigin,
+    pub added_at: Option<u64>,
+    pub added_by: Option<String>,
+    pub rule: Rule,
+}
+
+impl BookRule {
+    pub fn listed(&self) -> ListedRule {
+        ListedRule {
+            id: self.id.clone(),
+            rule: self.rule.to_string(),
+            action: self.rule.action(),
+            origin: self.origin,
+            added_at: self.added_at,
+            added_by: self.added_by.clone(),
+        }
+    }
+}
+
+/// Why a rule book refused a change; it changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum RuleBookError {
+    #[error("No rule {0} is known.")]
+    NotFound(RuleId),
+    #[error(
+        "Rule {id} ({rule}) comes from {}; it can only be removed there, and the server restarted.",
+        origin.describe()
+    )]
+    NotRemovable {
+        id: RuleId,
+        rule: String,
+        origin: RuleOrigin,
+    },
+    #[error("The rule {rule} is already in force as {id}.")]
+    AlreadyPresent { id: RuleId, rule: String },
+    /// A rule the store keeps no longer reads as a rule: nothing is decided on a book that misses one.
+    #[error(
+        "the rule {id} kept in the database cannot be read ({error}); remove that row of the rules table, or run the toolgate that added it"
+    )]
+    Stored { id: String, error: RuleError },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The rules in force, as the policy reads them for every call.
+pub trait RuleBook: Send + Sync + fmt::Debug {
+    /// Every rule in force, configured ones first; cheap to call for every tool call.
+    fn rules(&self) -> Arc<[BookRule]>;
+
+    fn list(&self) -> Vec<ListedRule> {
+        self.rules().iter().map(BookRule::listed).collect()
+    }
+}
+
+/// The configured rules alone: `--rules` first (`flag-1`, `flag-2`, ...), then the rules file's (`file-1`, ...).
+#[derive(Clone, Debug, Default)]
+pub struct ConfiguredRules {
+    rules: Arc<[BookRule]>,
+}
+
+impl ConfiguredRules {
+    pub fn new(flag_rules: RuleSet, file_rules: Vec<Rule>) -> Self {
+        let numbered = |origin: RuleOrigin, prefix: &'static str, rules: Vec<Rule>| {
+            rules
+                .into_iter()
+                .enumerate()
+                .map(move |(i, rule)| BookRule {
+                    id: RuleId::parse(format!("{prefix}-{}", i + 1))
+                        .expect("prefix-N is a valid id"),
+                    origin,
+                    added_at: None,
+                    added_by: None,
+                    rule,
+                })
+        };
+        Self {
+            rules: numbered(RuleOrigin::Flag, "flag", flag_rules.0)
+                .chain(numbered(RuleOrigin::File, "file", file_rules))
+                .collect(),
+        }
+    }
+}
+
+impl ConfiguredRules {
+    /// These rules and, after them, the MCP configuration's (`mcp-1`, `mcp-2`, ...).
+    pub fn with_mcp_rules(self, mcp_rules: Vec<Rule>) -> Self {
+        let rules = self
+            .rules
+            .iter()
+            .cloned()
+            .chain(mcp_rules.into_iter().enumerate().map(|(i, rule)| BookRule {
+                id: RuleId::parse(format!("mcp-{}", i + 1)).expect("mcp-N is a valid id"),
+                origin: RuleOrigin::Mcp,
+                added_at: None,
+                added_by: None,
+                rule,
+            }))
+            .collect();
+        Self { rules }
+    }
+}
+
+impl RuleBook for ConfiguredRules {
+    fn rules(&self) -> Arc<[BookRule]> {
+        Arc::clone(&self.rules)
+    }
+}
+
+/// The id of an added rule: made from its text, so that the same rule added twice (by two people at once, or on
+/// two instances) is one row.
+pub fn added_rule_id(rule: &Rule) -> RuleId {
+    let digest = Sha256::digest(rule.to_string().as_bytes());
+    RuleId::parse(format!("rule_{}", &hex::encode(digest)[..16])).expect("rule_<hex> is a valid id")
+}
+
+/// The configured rules and the rules people added, which the store keeps.
+///
+/// The policy reads a copy held in memory. Every change made here updates it; with a store that several
+/// instances share, [`StoredRuleBook::refresh`] reads the store again (the harness does before each part of a run),
+/// so that a rule one instance added applies on the others too. A store only one process uses (memory, SQLite)
+/// has no other writer, so its copy is always current.
+pub struct StoredRuleBook {
+    configured: Arc<[BookRule]>,
+    store: Arc<dyn Store>,
+    in_force: RwLock<Arc<[BookRule]>>,
+    /// One change at a time in this process: the check for a rule already in force and its write do not
+    /// interleave with another change's.
+    changing: tokio::sync::Mutex<()>,
+}
+
+impl fmt::Debug for StoredRuleBook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoredRuleBook")
+            .field("in_force", &self.in_force.read().len())
+            .field("store", &self.store.kind())
+            .finish()
+    }
+}
+
+impl RuleBook for StoredRuleBook {
+    fn rules(&self) -> Arc<[BookRule]> {
+        Arc::clone(&self.in_force.read())
+    }
+}
+
+impl StoredRuleBook {
+    /// A book of `configured` rules over a store that keeps no added rules yet (a new memory store).
+    pub fn new(configured: Arc<[BookRule]>, store: Arc<dyn Store>) -> Self {
+        Self {
+            in_force: RwLock::new(Arc::clone(&configured)),
+            configured,
+            store,
+            changing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// A book of `configured` rules and the added rules `store` keeps now. A kept rule that does not read as a
+    /// rule is an error: a book that silently missed it could allow what it denies.
+    pub async fn open(
+        configured: Arc<[BookRule]>,
+        store: Arc<dyn Store>,
+    ) -> Result<Self, RuleBookError> {
+        let book = Self::new(configured, store);
+        book.refresh().await?;
+        Ok(book)
+    }
+
+    /// Reads the added rules again; the rules in force are unchanged when that fails.
+    pub async fn refresh(&self) -> Result<Arc<[BookRule]>, RuleBookError> {
+        let stored = self.store.rules().await?;
+        let mut added = Vec::with_capacity(stored.len());
+        for row in stored {
+            let rule = Rule::parse(&row.rule).map_err(|error| RuleBookError::Stored {
+                id: row.id.clone(),
+                error,
+            })?;
+            let id = RuleId::parse(row.id.as_str()).map_err(|error| RuleBookError::Stored {
+                id: row.id.clone(),
+                error: RuleError {
+                    rule: format!("{:?}", row.rule),
+                    problem: RuleProblem::Entry(format!("its id is not valid: {error}")),
+                },
+            })?;
+            added.push(BookRule {
+                id,
+                origin: RuleOrigin::Added,
+                added_at: Some(row.created_at),
+                added_by: row.created_by,
+                rule,
+            });
+        }
+        Ok(self.put_in_force(added))
+    }
+
+    fn put_in_force(&self, added: Vec<BookRule>) -> Arc<[BookRule]> {
+        let in_force: Arc<[BookRule]> = self.configured.iter().cloned().chain(added).collect();
+        *self.in_force.write() = Arc::clone(&in_force);
+        in_force
+    }
+
+    fn added(in_force: &[BookRule]) -> Vec<BookRule> {
+        in_force
+            .iter()
+            .filter(|rule| rule.origin == RuleOrigin::Added)
+            .cloned()
+            .collect()
+    }
+
+    /// Adds a rule a person confirmed, by `actor`. Kept, with its audit entry, before it is in force.
+    pub async fn add(&self, rule: Rule, actor: &str) -> Result<BookRule, RuleBookError> {
+        let _one_at_a_time = self.changing.lock().await;
+        let in_force = self.refresh().await?;
+        if let Some(present) = in_force.iter().find(|held| held.rule == rule) {
+            return Err(RuleBookError::AlreadyPresent {
+                id: present.id.clone(),
+                rule: rule.to_string(),
+            });
+        }
+        let entry = BookRule {
+            id: added_rule_id(&rule),
+            origin: RuleOrigin::Added,
+            added_at: Some(now_ms()),
+            added_by: Some(actor.to_owned()),
+            rule,
+        };
+        let stored = StoredRule {
+            id: entry.id.as_str().to_owned(),
+            rule: entry.rule.to_string(),
+            created_at: entry.added_at.unwrap_or_default(),
+            created_by: entry.added_by.clone(),
+        };
+        self.store
+            .add_rule(stored, rule_audit(&entry, "added", actor))
+            .await?;
+        let mut added = Self::added(&in_force);
+        added.push(entry.clone());
+        self.put_in_force(added);
+        Ok(entry)
+    }
+
+    /// Removes a rule a person added, by `actor`. Configured rules are refused.
+    pub async fn remove(&self, id: &RuleId, actor: &str) -> Result<BookRule, RuleBookError> {
+        if let Some(configured) = self.configured.iter().find(|rule| &rule.id == id) {
+            return Err(RuleBookError::NotRemovable {
+                id: id.clone(),
+                rule: configured.rule.to_string(),
+                origin: configured.origin,
+            });
+        }
+        let _one_at_a_time = self.changing.lock().await;
+        let in_force = self.refresh().await?;
+        let mut added = Self::added(&in_force);
+        let index = added
+            .iter()
+            .position(|rule| &rule.id == id)
+            .ok_or_else(|| RuleBookError::NotFound(id.clone()))?;
+        let removed = added.remove(index);
+        let existed = self
+            .store
+            .remove_rule(id.as_str(), rule_audit(&removed, "removed", actor))
+            .await?;
+        self.put_in_force(added);
+        if existed {
+            Ok(removed)
+        } else {
+            // Another instance removed it between the read and the write.
+            Err(RuleBookError::NotFound(id.clone()))
+        }
+    }
+}
+
+/// The audit entry of a rule added or removed: the rule's text as its reason.
+fn rule_audit(rule: &BookRule, outcome: &str, actor: &str) -> AuditEntry {
+    AuditEntry {
+        id: 0,
+        at: now_ms(),
+        kind: AuditKind::RuleChanged,
+        session_id: None,
+        run_id: None,
+        tool_call_id: None,
+        tool: Some(rule.rule.tool_pattern().to_owned()),
+        arguments_digest: None,
+        edited_digest: None,
+        outcome: outcome.to_owned(),
+        source: Some("user".to_owned()),
+        scope: None,
+        reason: Some(rule.rule.to_string()),
+        actor: Some(actor.to_owned()),
+    }
+}
+
+/// Why a rules file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesFileError {
+    #[error("cannot read the rules file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the rules file {path} is not valid: {message}")]
+    Syntax { path: String, message: String },
+    #[error("the rules file {path}: {which}: {problem}")]
+    Rule {
+        path: String,
+        /// Which entry, for example `[[rule]] 3 (tool = "read_file")`.
+        which: String,
+        problem: RuleProblem,
+    },
+}
+
+/// The rules of a TOML table: its `rule` array of tables, in the [`RuleEntry`] shape. The MCP configuration's
+/// per-tool rules use the same shape. `origin` names the table in errors.
+pub fn parse_rules_table(table: &toml::Table, origin: &str) -> Result<Vec<Rule>, RulesFileError> {
+    let entries = match table.get("rule") {
+        None => Vec::new(),
+        Some(value) => value
+            .clone()
+            .try_into::<Vec<RuleEntry>>()
+            .map_err(|error| RulesFileError::Syntax {
+                path: origin.to_owned(),
+                message: format!("[[rule]]: {}", error.message()),
+            })?,
+    };
+    parse_rule_entries(&entries, origin)
+}
+
+/// Rules from entries already read (for a configuration that embeds `Vec<RuleEntry>`).
+pub fn parse_rule_entries(
+    entries: &[RuleEntry],
+    origin: &str,
+) -> Result<Vec<Rule>, RulesFileError> {
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, entry)| {
+            Rule::from_entry(entry).map_err(|problem| RulesFileError::Rule {
+                path: origin.to_owned(),
+                which: format!("[[rule]] {} (tool = {:?})", i + 1, entry.tool),
+                problem,
+            })
+        })
+        .collect()
+}
+
+/// The whole file: `[[rule]]` entries a person writes. toolgate never writes it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileShape {
+    #[serde(default)]
+    rule: Vec<RuleEntry>,
+}
+
+/// A TOML rules file, read once at startup.
+#[derive(Clone, Debug)]
+pub struct RulesFile {
+    path: PathBuf,
+}
+
+impl RulesFile {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn load(&self) -> Result<Vec<Rule>, RulesFileError> {
+        let shown = self.path.display().to_string();
+        let text = std::fs::read_to_string(&self.path).map_err(|source| RulesFileError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::parse(&text, &shown)
+    }
+
+    /// Reads a rules file's text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Vec<Rule>, RulesFileError> {
+        let shape: FileShape = toml::from_str(text).map_err(|error| RulesFileError::Syntax {
+            path: origin.to_owned(),
+            message: error.message().to_owned(),
+        })?;
+        parse_rule_entries(&shape.rule, origin)
+    }
+}
+
+/// How many rules come from where, for a compact log line.
+pub fn summary(rules: &[BookRule]) -> String {
+    let mut by_origin: BTreeMap<&str, usize> = BTreeMap::new();
+    for rule in rules {
+        *by_origin.entry(rule.origin.describe()).or_default() += 1;
+    }
+    if by_origin.is_empty() {
+        return "none".to_owned();
+    }
+    by_origin
+        .iter()
+        .map(|(origin, count)| format!("{count} from {origin}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::AuditQuery;
+    use crate::store::memory::MemoryStore;
+
+    fn rule(text: &str) -> Rule {
+        Rule::parse(text).unwrap()
+    }
+
+    #[test]
+    fn the_flag_separates_rules_at_commas_outside_parentheses_and_quotes() {
+        let set: RuleSet =
+            "run_command(git status)=allow, read_file({.env,.envrc})=deny,x(a=\"1,2\")=ask:\"no, never\""
+                .parse()
+                .unwrap();
+        let written: Vec<String> = set.rules().iter().map(Rule::to_string).collect();
+        assert_eq!(
+            written,
+            [
+                "run_command(git status)=allow",
+                "read_file({.env,.envrc})=deny",
+                "x(a=\"1,2\")=ask:\"no, never\""
+            ]
+        );
+        assert_eq!("".parse::<RuleSet>().unwrap(), RuleSet::new());
+        let error = "a=allow,b(=deny".parse::<RuleSet>().unwrap_err();
+        assert_eq!(error.problem, RuleProblem::Unbalanced);
+        let error = "a=allow,b=maybe".parse::<RuleSet>().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "rule \"b=maybe\": unknown action \"maybe\": expected allow, ask or deny"
+        );
+    }
+
+    fn book(flags: &str, store: &Arc<dyn Store>) -> StoredRuleBook {
+        let configured = ConfiguredRules::new(flags.parse().unwrap(), Vec::new());
+        StoredRuleBook::new(configured.rules(), Arc::clone(store))
+    }
+
+    #[tokio::test]
+    async fn configured_rules_cannot_be_removed_and_added_ones_can_with_an_audit_entry_each() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let book = book("delete_file=deny", &store);
+        let flag_id = book.list()[0].id.clone();
+        let error = book.remove(&flag_id, "local").await.unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "Rule flag-1 (delete_file=deny) comes from --rules; it can only be removed there, and the server restarted."
+        );
+        let added = book
+            .add(rule("run_command(ls $)=allow"), "token")
+            .await
+            .unwrap();
+        assert_eq!(added.id, added_rule_id(&rule("run_command(ls $)=allow")));
+        assert_eq!(added.added_by.as_deref(), Some("token"));
+        assert_eq!(book.rules().len(), 2);
+        assert_eq!(
+            store.rules().await.unwrap()[0].rule,
+            "run_command(ls $)=allow"
+        );
+        assert!(matches!(
+            book.add(rule("run_command(ls $)=allow"), "token").await,
+            Err(RuleBookError::AlreadyPresent { .. })
+        ));
+        assert_eq!(book.remove(&added.id, "login").await.unwrap().id, added.id);
+        assert!(matches!(
+            book.remove(&added.id, "login").await,
+            Err(RuleBookError::NotFound(_))
+        ));
+        assert_eq!(book.rules().len(), 1);
+        assert!(store.rules().await.unwrap().is_empty());
+
+        let audit = store
+            .audit_log(AuditQuery {
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let seen: Vec<(AuditKind, &str, Option<&str>, Option<&str>)> = audit
+            .iter()
+            .map(|entry| {
+                (
+                    entry.kind,
+                    entry.outcome.as_str(),
+                    entry.reason.as_deref(),
+                    entry.actor.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (
+                    AuditKind::RuleChanged,
+                    "added",
+                    Some("run_command(ls $)=allow"),
+                    Some("token")
+                ),
+                (
+                    AuditKind::RuleChanged,
+                    "removed",
+                    Some("run_command(ls $)=allow"),
+                    Some("login")
+                ),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_book_reads_the_rules_the_store_keeps_and_refuses_one_it_cannot_read() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let first = book("", &store);
+        first
+            .add(rule("write_file(notes.txt)=allow"), "local")
+            .await
+            .unwrap();
+        // Another instance on the same store, or this one after a restart.
+        let configured = ConfiguredRules::new(RuleSet::new(), Vec::new()).rules();
+        let second = StoredRuleBook::open(configured.clone(), Arc::clone(&store))
+            .await
+            .unwrap();
+        assert_eq!(second.list()[0].rule, "write_file(notes.txt)=allow");
+        assert_eq!(second.list()[0].origin, RuleOrigin::Added);
+
+        let unreadable = StoredRule {
+            id: "rule_future".into(),
+            rule: "write_file(notes.txt)=maybe".into(),
+            created_at: 1,
+            created_by: None,
+        };
+        let audit = rule_audit(&second.rules()[0], "added", "local");
+        store.add_rule(unreadable, audit).await.unwrap();
+        let error = StoredRuleBook::open(configured, Arc::clone(&store))
+            .await
+            .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("the rule rule_future kept in the database cannot be read"),
+            "{error}"
+        );
+        assert!(second.refresh().await.is_err());
+        assert_eq!(second.rules().len(), 1, "a failed refresh changes nothing");
+    }
+
+    #[test]
+    fn a_bad_rules_file_names_the_entry_and_the_problem() {
+        let error = RulesFile::parse(
+            "[[rule]]\ntool = \"run_command\"\naction = \"allow\"\n[[rule]]\ntool = \"read_file\"\npath = \"../x\"\naction = \"deny\"\n",
+            "rules.toml",
+        )
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "the rules file rules.toml: [[rule]] 2 (tool = \"read_file\"): the path glob \"../x\" leaves the workspace; paths are relative to it (no leading /, no ..)"
+        );
+        let error = RulesFile::parse("[[rule]]\ntool = \"x\"\nactoin = \"deny\"\n", "rules.toml")
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("unknown field `actoin`"),
+            "{error}"
+        );
+        let error = RulesFile::parse("[[rules]]\ntool = \"x\"\n", "rules.toml").unwrap_err();
+        assert!(
+            error.to_string().contains("unknown field `rules`"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_table_of_rules_parses_on_its_own() {
+        let table: toml::Table = toml::from_str(
+            "[[rule]]\ntool = \"create_issue\"\narguments = { repo = \"acme/*\" }\naction = \"allow\"\n",
+        )
+        .unwrap();
+        let rules = parse_rules_table(&table, "mcp.github").unwrap();
+        assert_eq!(rules[0].to_string(), "create_issue(repo=acme/*)=allow");
+    }
+}

@@ -1,0 +1,465 @@
+//! What an argument matcher looks at: a `run_command` call's argv, a file tool's path as it resolves inside the
+//! workspace, a named argument's value; and the globs that match them.
+//!
+//! Every matcher reads *candidates*: the values a call stands for. A path that goes through a symlink stands for
+//! two (the path as written, normalised, and where the link leads); an array argument stands for each element. A
+//! `deny` or `ask` rule matches when its glob matches **any** candidate, an `allow` rule only when it matches
+//! **every** candidate: whichever way a call could be read, it never slips past a deny and never rides an allow it
+//! does not fully fit.
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::OnceLock;
+
+use globset::{Glob, GlobBuilder, GlobMatcher};
+use serde_json::Value;
+
+/// The built-in tool that runs programs; its matcher is a prefix of the argv.
+pub const COMMAND_TOOL: &str = "run_command";
+
+/// The built-in tools whose `path` argument names a file or directory in the workspace.
+pub const FILE_TOOLS: [&str; 4] = ["list_files", "read_file", "write_file", "delete_file"];
+
+/// Programs that run other programs: shells, interpreters and wrappers. A prefix rule that does not name one
+/// never matches a call of it (the argv's first word must equal the rule's), a session grant never covers one
+/// with "any arguments", and while a `deny` rule restricts `run_command`, a call of one of these asks, because
+/// what it runs cannot be read from its argv.
+pub const PROGRAM_RUNNERS: &[&str] = &[
+    // Shells.
+    "sh",
+    "bash",
+    "dash",
+    "zsh",
+    "ksh",
+    "mksh",
+    "ash",
+    "fish",
+    "csh",
+    "tcsh",
+    "busybox",
+    "rbash",
+    // Wrappers that run the rest of their argv.
+    "env",
+    "nice",
+    "nohup",
+    "timeout",
+    "stdbuf",
+    "xargs",
+    "sudo",
+    "doas",
+    "su",
+    "setsid",
+    "chroot",
+    "unshare",
+    "nsenter",
+    "flock",
+    "ionice",
+    "chrt",
+    "taskset",
+    "time",
+    "watch",
+    "script",
+    "exec",
+    "command",
+    "builtin",
+    "eval",
+    "parallel",
+    "strace",
+    "ltrace",
+    "gdb",
+    "firejail",
+    // Interpreters that run code given as an argument.
+    "python",
+    "python2",
+    "python3",
+    "perl",
+    "ruby",
+    "node",
+    "nodejs",
+    "deno",
+    "bun",
+    "php",
+    "lua",
+    "tclsh",
+    "awk",
+    "gawk",
+    "mawk",
+    "nawk",
+    "osascript",
+    "pwsh",
+    "powershell",
+];
+
+/// The kind of arguments a tool takes, as far as rules are concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolKind {
+    /// `run_command`: a program and its arguments.
+    Command,
+    /// A built-in file tool: a `path` inside the workspace.
+    WorkspaceFile,
+    /// Anything else, MCP tools included: named arguments only.
+    Other,
+}
+
+impl ToolKind {
+    pub fn of(tool_name: &str) -> Self {
+        if tool_name == COMMAND_TOOL {
+            Self::Command
+        } else if FILE_TOOLS.contains(&tool_name) {
+            Self::WorkspaceFile
+        } else {
+            Self::Other
+        }
+    }
+}
+
+/// The last component of a program path: `rm` for `/bin/rm`.
+pub fn basename(program: &str) -> &str {
+    program.rsplit('/').next().unwrap_or(program)
+}
+
+/// True when `program` (by its name, whatever its directory) runs other programs.
+pub fn is_program_runner(program: &str) -> bool {
+    let name = basename(program);
+    // `python3.12`, `perl5.36`: versioned interpreters are interpreters too.
+    let unversioned = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    PROGRAM_RUNNERS.contains(&name) || PROGRAM_RUNNERS.contains(&unversioned)
+}
+
+/// The argv of a `run_command` input: the program, then its arguments. `None` when the input does not have that
+/// shape (such a call is refused by the tool's schema before anything runs).
+pub fn argv(input: &Value) -> Option<Vec<&str>> {
+    let command = input.get("command")?.as_str()?;
+    let mut argv = vec![command];
+    match input.get("args") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(args)) => {
+            for arg in args {
+                argv.push(arg.as_str()?);
+            }
+        }
+        Some(_) => return None,
+    }
+    Some(argv)
+}
+
+/// A path relative to the workspace, normalised lexically: `.` dropped, `..` applied, `/`-separated, `""` for the
+/// workspace itself. `None` for an absolute path, one that climbs above the workspace, or one with a NUL byte:
+/// the file tools refuse those before anything runs.
+pub fn normalize_relative(path: &str) -> Option<String> {
+    if path.contains('\0') {
+        return None;
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for component in Path::new(path).components() {
+        match component {
+            Component::Prefix(_) | Component::RootDir => return None,
+            Component::CurDir => {}
+            Component::ParentDir => {
+                parts.pop()?;
+            }
+            Component::Normal(part) => parts.push(part.to_str()?),
+        }
+    }
+    Some(parts.join("/"))
+}
+
+/// How paths are read for rules: lexically only, or also through the workspace's symlinks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PathContext {
+    /// The canonical workspace directory, when there is one to look into.
+    root: Option<PathBuf>,
+    /// True when the workspace's file system ignores case: path globs then ignore it too, so `.ENV` is `.env`.
+    case_insensitive: bool,
+}
+
+impl PathContext {
+    /// Paths are matched as written, normalised; no file system is consulted.
+    pub fn lexical() -> Self {
+        Self::default()
+    }
+
+    /// Paths are also followed through the symlinks of the workspace at `root`, and matched ignoring case when
+    /// the workspace's file system does. Probing the case writes and removes one empty file in the workspace.
+    pub fn for_workspace(root: &Path) -> std::io::Result<Self> {
+        let root = root.canonicalize()?;
+        let case_insensitive = probe_case_insensitive(&root)?;
+        Ok(Self {
+            root: Some(root),
+            case_insensitive,
+        })
+    }
+
+    /// The same, with case sensitivity given rather than probed (for tests).
+    pub fn with_root(root: &Path, case_insensitive: bool) -> std::io::Result<Self> {
+        Ok(Self {
+            root: Some(root.canonicalize()?),
+            case_insensitive,
+        })
+    }
+
+    pub fn root(&self) -> Option<&Path> {
+        self.root.as_deref()
+    }
+
+    pub fn case_insensitive(&self) -> bool {
+        self.case_insensitive
+    }
+
+    /// What a file tool's path stands for: the path normalised, and, when it goes through a symlink inside the
+    /// workspace, where that leads (relative to the workspace). Empty when the path leaves the workspace either
+    /// way: the tool refuses it, and no path glob matches it.
+    pub fn candidates(&self, raw: &str) -> Vec<String> {
+        let Some(lexical) = normalize_relative(raw) else {
+            return Vec::new();
+        };
+        let Some(root) = &self.root else {
+            return vec![lexical];
+        };
+        match resolve_in(root, &lexical) {
+            Some(resolved) if resolved != lexical => vec![lexical, resolved],
+            Some(_) => vec![lexical],
+            None => Vec::new(),
+        }
+    }
+}
+
+/// Follows `relative` through the symlinks that exist under `root`; the part that does not exist yet is taken
+/// as written. `None` when that leads outside `root`.
+fn resolve_in(root: &Path, relative: &str) -> Option<String> {
+    let full = root.join(relative);
+    let mut existing = full.as_path();
+    let mut missing: Vec<&std::ffi::OsStr> = Vec::new();
+    let canonical = loop {
+        match existing.canonicalize() {
+            Ok(canonical) => break canonical,
+            Err(_) => {
+                missing.push(existing.file_name()?);
+                existing = existing.parent()?;
+                if !existing.starts_with(root) {
+                    return None;
+                }
+            }
+        }
+    };
+    let mut resolved = canonical;
+    for part in missing.iter().rev() {
+        resolved.push(part);
+    }
+    let inside = resolved.strip_prefix(root).ok()?;
+    normalize_relative(inside.to_str()?)
+}
+
+/// Writes an empty file with a lower-case name and looks for it under the upper-case name.
+fn probe_case_insensitive(root: &Path) -> std::io::Result<bool> {
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let probe = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!(".toolgate-case-probe-{}-{probe}", std::process::id());
+    let lower = root.join(&name);
+    let upper = root.join(name.to_uppercase());
+    std::fs::write(&lower, b"")?;
+    let insensitive = std::fs::symlink_metadata(&upper).is_ok();
+    std::fs::remove_file(&lower)?;
+    Ok(insensitive)
+}
+
+/// A glob as written in a rule. A glob without wildcards is compared as text (the narrowest rules, "Always
+/// allow" makes them, are all literals); the others compile once, and their case-insensitive form only when a
+/// file system ignores case.
+#[derive(Clone, Debug)]
+pub struct RuleGlob {
+    pattern: String,
+    compiled: Option<CompiledGlob>,
+}
+
+#[derive(Clone, Debug)]
+struct CompiledGlob {
+    exact_case: GlobMatcher,
+    any_case: OnceLock<GlobMatcher>,
+}
+
+impl PartialEq for RuleGlob {
+    fn eq(&self, other: &Self) -> bool {
+        self.pattern == other.pattern
+    }
+}
+
+impl Eq for RuleGlob {}
+
+fn build_glob(pattern: &str, case_insensitive: bool) -> Result<GlobMatcher, globset::Error> {
+    GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .case_insensitive(case_insensitive)
+        .build()
+        .map(|glob| glob.compile_matcher())
+}
+
+impl RuleGlob {
+    /// A glob where `*` and `?` stay within one path segment and `**` crosses segments, as in `.gitignore`;
+    /// `\` escapes the character after it.
+    pub fn new(pattern: &str) -> Result<Self, globset::Error> {
+        let literal = !pattern.contains(['*', '?', '[', ']', '{', '}', '\\']);
+        let compiled = if literal {
+            None
+        } else {
+            Some(CompiledGlob {
+                exact_case: build_glob(pattern, false)?,
+                any_case: OnceLock::new(),
+            })
+        };
+        Ok(Self {
+            pattern: pattern.to_owned(),
+            compiled,
+        })
+    }
+
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    pub fn is_match(&self, candidate: &str, case_insensitive: bool) -> bool {
+        match (&self.compiled, case_insensitive) {
+            (None, false) => candidate == self.pattern,
+            (None, true) => candidate.to_lowercase() == self.pattern.to_lowercase(),
+            (Some(compiled), false) => compiled.exact_case.is_match(candidate),
+            (Some(compiled), true) => compiled
+                .any_case
+                .get_or_init(|| {
+                    // The same pattern compiled once already; ignoring case cannot make it invalid.
+                    build_glob(&self.pattern, true).unwrap_or_else(|_| compiled.exact_case.clone())
+                })
+                .is_match(candidate),
+        }
+    }
+
+    /// Characters that match only themselves: how specific the glob is.
+    pub fn literal_len(&self) -> usize {
+        literal_len(&self.pattern)
+    }
+}
+
+/// A glob over tool names, where `*` matches any run of characters: `mcp__github__*`.
+pub fn tool_glob(pattern: &str) -> Result<GlobMatcher, globset::Error> {
+    Glob::new(pattern).map(|glob| glob.compile_matcher())
+}
+
+/// The characters of a glob outside its wildcards, classes and alternations.
+pub fn literal_len(pattern: &str) -> usize {
+    let mut count = 0;
+    let mut depth = 0usize;
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                let escaped = chars.next();
+                count += usize::from(escaped.is_some() && depth == 0);
+            }
+            '[' | '{' => depth += 1,
+            ']' | '}' => depth = depth.saturating_sub(1),
+            '*' | '?' => {}
+            _ if depth == 0 => count += 1,
+            _ => {}
+        }
+    }
+    count
+}
+
+/// Escapes a literal so that it is a glob matching exactly itself.
+pub fn escape_glob(literal: &str) -> String {
+    globset::escape(literal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn paths_normalise_inside_the_workspace_or_not_at_all() {
+        assert_eq!(normalize_relative("./src/../.env").as_deref(), Some(".env"));
+        assert_eq!(normalize_relative("src//a/./b").as_deref(), Some("src/a/b"));
+        assert_eq!(normalize_relative("").as_deref(), Some(""));
+        assert_eq!(normalize_relative(".").as_deref(), Some(""));
+        assert_eq!(normalize_relative("../x"), None);
+        assert_eq!(normalize_relative("a/../../x"), None);
+        assert_eq!(normalize_relative("/etc/passwd"), None);
+        assert_eq!(normalize_relative("a\0b"), None);
+    }
+
+    #[test]
+    fn the_argv_is_the_program_then_its_arguments() {
+        assert_eq!(
+            argv(&json!({"command": "git", "args": ["status", "--short"]})),
+            Some(vec!["git", "status", "--short"])
+        );
+        assert_eq!(argv(&json!({"command": "ls"})), Some(vec!["ls"]));
+        assert_eq!(argv(&json!({"command": "ls", "args": [1]})), None);
+        assert_eq!(argv(&json!({"args": ["x"]})), None);
+    }
+
+    #[test]
+    fn shells_interpreters_and_wrappers_are_known_by_name_wherever_they_live() {
+        for program in [
+            "sh",
+            "/bin/bash",
+            "env",
+            "python3",
+            "python3.12",
+            "/usr/bin/xargs",
+        ] {
+            assert!(is_program_runner(program), "{program}");
+        }
+        for program in ["git", "ls", "rm", "shred", "environment"] {
+            assert!(!is_program_runner(program), "{program}");
+        }
+    }
+
+    #[test]
+    fn star_stays_in_one_segment_and_double_star_crosses() {
+        let glob = RuleGlob::new("src/*").unwrap();
+        assert!(glob.is_match("src/a.rs", false));
+        assert!(!glob.is_match("src/a/b.rs", false));
+        let glob = RuleGlob::new("src/**").unwrap();
+        assert!(glob.is_match("src/a/b.rs", false));
+        let glob = RuleGlob::new("**/.env*").unwrap();
+        assert!(glob.is_match(".env", false));
+        assert!(glob.is_match("deep/er/.env.local", false));
+        assert!(!glob.is_match(".ENV", false));
+        assert!(glob.is_match(".ENV", true));
+        let literal = RuleGlob::new("src/a.rs").unwrap();
+        assert!(literal.is_match("src/a.rs", false));
+        assert!(!literal.is_match("src/A.rs", false));
+        assert!(literal.is_match("src/A.rs", true));
+        assert!(!literal.is_match("src/a.rsx", true));
+        let escaped = RuleGlob::new(&escape_glob("a*b")).unwrap();
+        assert!(escaped.is_match("a*b", false));
+        assert!(!escaped.is_match("axb", false));
+    }
+
+    #[test]
+    fn symlinks_inside_the_workspace_add_where_they_lead() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir(root.join("src")).unwrap();
+        std::fs::write(root.join(".env"), "secret").unwrap();
+        std::os::unix::fs::symlink(root.join(".env"), root.join("src/config")).unwrap();
+        std::os::unix::fs::symlink(root.join("src"), root.join("code")).unwrap();
+        let paths = PathContext::with_root(root, false).unwrap();
+        assert_eq!(paths.candidates("src/config"), ["src/config", ".env"]);
+        assert_eq!(
+            paths.candidates("code/new.txt"),
+            ["code/new.txt", "src/new.txt"]
+        );
+        assert_eq!(paths.candidates("src/plain.txt"), ["src/plain.txt"]);
+        std::os::unix::fs::symlink("/etc", root.join("out")).unwrap();
+        assert!(paths.candidates("out/passwd").is_empty());
+        assert!(paths.candidates("../x").is_empty());
+    }
+
+    #[test]
+    fn literal_length_counts_what_only_matches_itself() {
+        assert_eq!(literal_len("src/**"), 4);
+        assert_eq!(literal_len("**/.env*"), 5);
+        assert_eq!(literal_len("a[bc]{d,e}\\*"), 2);
+    }
+}

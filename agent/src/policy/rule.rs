@@ -1,0 +1,1017 @@
+//! One permission rule: a tool pattern, an optional argument matcher, an action and an optional reason.
+//!
+//! The written form (`--rules`, the API, rules people added as the store keeps them):
+//!
+//! ```text
+//! rule     = tool [ "(" matcher ")" ] "=" action [ ":" reason ]
+//! tool     = an exact tool name (run_command) or a glob over names (mcp__github__*)
+//! action   = allow | ask | deny
+//! reason   = text to the end of the rule, or a "double-quoted" string (\" and \\ escape)
+//! matcher  = for run_command:   words of the argv prefix, split like a shell (quotes, backslashes); a last
+//!                               unquoted word `$` means the argv must end there
+//!            for any tool:      name=glob, name=glob, ... (globs on named arguments; all must match)
+//!            for other tools:   a glob on the `path` argument (short for path=glob)
+//! ```
+//!
+//! Inside parentheses and quotes, commas, `=` and parentheses belong to the matcher; `--rules` separates rules at
+//! the other commas only. A glob may be double-quoted when it holds a comma outside `{}`/`[]` or an unbalanced
+//! parenthesis.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use globset::GlobMatcher;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::matcher::{
+    COMMAND_TOOL, FILE_TOOLS, PathContext, RuleGlob, ToolKind, argv, basename, tool_glob,
+};
+use crate::permissions::shell_words;
+use crate::wire::RuleAction;
+
+/// What is wrong with a rule.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RuleProblem {
+    #[error("it is not of the form tool=allow|ask|deny or tool(matcher)=allow|ask|deny")]
+    Shape,
+    #[error("it names no tool")]
+    NoTool,
+    #[error(
+        "{0:?} is not a tool name or a glob over tool names (letters, digits, _ - . : and the wildcards * ?)"
+    )]
+    ToolPattern(String),
+    #[error("unknown action {0:?}: expected allow, ask or deny")]
+    Action(String),
+    #[error("a parenthesis or a quote is not closed")]
+    Unbalanced,
+    #[error("text follows the closing parenthesis: {0:?}")]
+    TrailingText(String),
+    #[error("the parentheses are empty; leave them out to match every call of the tool")]
+    EmptyMatcher,
+    #[error(
+        "the command prefix cannot be split into words (an open quote or a trailing backslash)"
+    )]
+    CommandWords,
+    #[error("the command prefix names no program")]
+    NoProgram,
+    #[error(
+        "a command prefix applies to run_command only; other tools take name=glob or a path glob"
+    )]
+    CommandNotForTool,
+    #[error("{0:?} is not an argument name")]
+    ArgumentName(String),
+    #[error("the argument {0:?} is named twice")]
+    DuplicateArgument(String),
+    #[error("{glob:?} is not a valid glob: {message}")]
+    Glob { glob: String, message: String },
+    #[error(
+        "the path glob {0:?} leaves the workspace; paths are relative to it (no leading /, no ..)"
+    )]
+    PathOutside(String),
+    #[error("the reason is empty")]
+    EmptyReason,
+    #[error("{0}")]
+    Entry(String),
+}
+
+/// A rule that could not be read: the rule as written, and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("rule {rule}: {problem}")]
+pub struct RuleError {
+    /// The rule as written (or where it is, for a rules file).
+    pub rule: String,
+    pub problem: RuleProblem,
+}
+
+/// Which tools a rule is about.
+#[derive(Clone, Debug)]
+enum ToolPattern {
+    Exact(String),
+    Glob {
+        pattern: String,
+        matcher: GlobMatcher,
+    },
+}
+
+impl ToolPattern {
+    fn parse(text: &str) -> Result<Self, RuleProblem> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(RuleProblem::NoTool);
+        }
+        let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
+        if !text.chars().all(|c| allowed(c) || matches!(c, '*' | '?')) {
+            return Err(RuleProblem::ToolPattern(text.to_owned()));
+        }
+        if text.chars().all(allowed) {
+            return Ok(Self::Exact(text.to_owned()));
+        }
+        let matcher = tool_glob(text).map_err(|error| RuleProblem::Glob {
+            glob: text.to_owned(),
+            message: error.kind().to_string(),
+        })?;
+        Ok(Self::Glob {
+            pattern: text.to_owned(),
+            matcher,
+        })
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            Self::Exact(name) => name,
+            Self::Glob { pattern, .. } => pattern,
+        }
+    }
+
+    fn matches(&self, tool_name: &str) -> bool {
+        match self {
+            Self::Exact(name) => name == tool_name,
+            Self::Glob { matcher, .. } => matcher.is_match(tool_name),
+        }
+    }
+
+    /// The kind of tool this pattern names, when it names exactly one.
+    fn kind(&self) -> Option<ToolKind> {
+        match self {
+            Self::Exact(name) => Some(ToolKind::of(name)),
+            Self::Glob { .. } => None,
+        }
+    }
+}
+
+/// A prefix of a `run_command` argv, or the whole argv when `exact`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct CommandPrefix {
+    words: Vec<String>,
+    exact: bool,
+}
+
+impl CommandPrefix {
+    /// Whether the call's argv starts with (or, exact, is) these words. The program is compared by its exact
+    /// text, except that a `deny` or `ask` rule also catches it by name from any directory (`rm` catches
+    /// `/bin/rm`): that reading can only make a call stricter.
+    fn matches(&self, argv: &[&str], lenient_program: bool) -> bool {
+        if argv.len() < self.words.len() || (self.exact && argv.len() != self.words.len()) {
+            return false;
+        }
+        self.words
+            .iter()
+            .zip(argv)
+            .enumerate()
+            .all(|(i, (word, arg))| {
+                word.as_str() == *arg
+                    || (i == 0 && lenient_program && basename(arg) == word.as_str())
+            })
+    }
+}
+
+/// A glob on one named argument.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ArgumentGlob {
+    name: String,
+    glob: RuleGlob,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum ArgumentMatcher {
+    Command(CommandPrefix),
+    /// Globs on named arguments; all must match. A file tool's `path` is matched as it resolves inside the
+    /// workspace.
+    Named(Vec<ArgumentGlob>),
+}
+
+/// How specific a rule is; the most specific matching rule of the winning action names the reason. Compared
+/// field by field: the matcher's literal characters, then an exact tool name over a glob, then the tool
+/// pattern's literal characters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Specificity {
+    matcher_literals: usize,
+    exact_tool: bool,
+    tool_literals: usize,
+}
+
+/// One permission rule.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    tool: ToolPattern,
+    matcher: Option<ArgumentMatcher>,
+    action: RuleAction,
+    reason: Option<String>,
+}
+
+impl PartialEq for Rule {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for Rule {}
+
+/// The facts about one call that rules read.
+pub struct CallFacts<'a> {
+    pub tool_name: &'a str,
+    pub input: &'a Value,
+    pub paths: &'a PathContext,
+}
+
+impl Rule {
+    /// Parses one rule in the written form.
+    pub fn parse(text: &str) -> Result<Self, RuleError> {
+        Self::parse_inner(text).map_err(|problem| RuleError {
+            rule: format!("{:?}", text.trim()),
+            problem,
+        })
+    }
+
+    fn parse_inner(text: &str) -> Result<Self, RuleProblem> {
+        let text = text.trim();
+        let equals = find_top_level(text, '=')?.ok_or(RuleProblem::Shape)?;
+        let (head, tail) = (&text[..equals], &text[equals + 1..]);
+        let (action, reason) = match tail.split_once(':') {
+            Some((action, reason)) => (action, Some(parse_reason(reason)?)),
+            None => (tail, None),
+        };
+        let action = action
+            .trim()
+            .parse::<RuleAction>()
+            .map_err(|_| RuleProblem::Action(action.trim().to_owned()))?;
+        let (tool, matcher) = match find_top_level(head, '(')? {
+            None => (ToolPattern::parse(head)?, None),
+            Some(open) => {
+                let tool = ToolPattern::parse(&head[..open])?;
+                let close = closing_paren(head, open)?;
+                let after = head[close + 1..].trim();
+                if !after.is_empty() {
+                    return Err(RuleProblem::TrailingText(after.to_owned()));
+                }
+                let matcher = parse_matcher(&tool, &head[open + 1..close])?;
+                (tool, Some(matcher))
+            }
+        };
+        Ok(Self {
+            tool,
+            matcher,
+            action,
+            reason,
+        })
+    }
+
+    /// Parses one rule written for tools under other names: `rename` turns the tool part as written (an exact name
+    /// or a glob) into the tool pattern the rule is for. The MCP configuration's rules name a server's tools by
+    /// their own names; `rename` gives the names the model sees. Errors quote the rule as written.
+    pub fn parse_renamed(text: &str, rename: impl Fn(&str) -> String) -> Result<Self, RuleError> {
+        let written = text.trim();
+        let error = |problem| RuleError {
+            rule: format!("{written:?}"),
+            problem,
+        };
+        let equals = find_top_level(written, '=')
+            .map_err(error)?
+            .ok_or_else(|| error(RuleProblem::Shape))?;
+        let head = &written[..equals];
+        let tool_end = find_top_level(head, '(')
+            .map_err(error)?
+            .unwrap_or(head.len());
+        let tool = head[..tool_end].trim();
+        if tool.is_empty() {
+            return Err(error(RuleProblem::NoTool));
+        }
+        let renamed = format!("{}{}", rename(tool), &written[tool_end..]);
+        Self::parse_inner(&renamed).map_err(error)
+    }
+
+    /// A rule for every call of `tool` (exact name or glob).
+    pub fn for_tool(tool: &str, action: RuleAction) -> Result<Self, RuleError> {
+        let wrap = |problem| RuleError {
+            rule: format!("{tool:?}"),
+            problem,
+        };
+        Ok(Self {
+            tool: ToolPattern::parse(tool).map_err(wrap)?,
+            matcher: None,
+            action,
+            reason: None,
+        })
+    }
+
+    /// The narrowest rule allowing exactly this `run_command` argv.
+    pub fn allow_exact_command(argv: &[&str]) -> Option<Self> {
+        let (program, args) = argv.split_first()?;
+        if program.is_empty() {
+            return None;
+        }
+        Some(Self {
+            tool: ToolPattern::Exact(COMMAND_TOOL.to_owned()),
+            matcher: Some(ArgumentMatcher::Command(CommandPrefix {
+                words: std::iter::once(*program)
+                    .chain(args.iter().copied())
+                    .map(str::to_owned)
+                    .collect(),
+                exact: true,
+            })),
+            action: RuleAction::Allow,
+            reason: None,
+        })
+    }
+
+    /// The narrowest rule allowing `tool` with exactly these argument values (globs escaped to match only
+    /// themselves).
+    pub fn allow_exact_arguments(tool: &str, arguments: &[(&str, &str)]) -> Option<Self> {
+        let mut globs = Vec::with_capacity(arguments.len());
+        for (name, value) in arguments {
+            let glob = RuleGlob::new(&super::matcher::escape_glob(value)).ok()?;
+            globs.push(ArgumentGlob {
+                name: (*name).to_owned(),
+                glob,
+            });
+        }
+        Some(Self {
+            tool: ToolPattern::Exact(tool.to_owned()),
+            matcher: Some(ArgumentMatcher::Named(globs)),
+            action: RuleAction::Allow,
+            reason: None,
+        })
+    }
+
+    pub fn action(&self) -> RuleAction {
+        self.action
+    }
+
+    pub fn reason(&self) -> Option<&str> {
+        self.reason.as_deref()
+    }
+
+    pub fn tool_pattern(&self) -> &str {
+        self.tool.as_str()
+    }
+
+    /// True for a rule without an argument matcher.
+    pub fn is_tool_wide(&self) -> bool {
+        self.matcher.is_none()
+    }
+
+    /// True for a `deny` with a command prefix: it restricts what `run_command` may run.
+    pub fn denies_commands(&self) -> bool {
+        self.action == RuleAction::Deny
+            && self.tool.matches(COMMAND_TOOL)
+            && matches!(self.matcher, Some(ArgumentMatcher::Command(_)))
+    }
+
+    pub fn specificity(&self) -> Specificity {
+        let matcher_literals = match &self.matcher {
+            None => 0,
+            Some(ArgumentMatcher::Command(prefix)) => {
+                prefix
+                    .words
+                    .iter()
+                    .map(|w| w.chars().count() + 1)
+                    .sum::<usize>()
+                    + usize::from(prefix.exact)
+            }
+            Some(ArgumentMatcher::Named(globs)) => globs
+                .iter()
+                .map(|g| g.name.len() + 1 + g.glob.literal_len())
+                .sum(),
+        };
+        Specificity {
+            matcher_literals,
+            exact_tool: matches!(self.tool, ToolPattern::Exact(_)),
+            tool_literals: super::matcher::literal_len(self.tool.as_str()),
+        }
+    }
+
+    /// Whether the rule applies to a call. A `deny` or `ask` rule reads a call every way it could be read
+    /// (matching any candidate); an `allow` rule must fit every reading.
+    pub fn matches(&self, call: &CallFacts<'_>) -> bool {
+        if !self.tool.matches(call.tool_name) {
+            return false;
+        }
+        let strict_reading = self.action == RuleAction::Allow;
+        match &self.matcher {
+            None => true,
+            Some(ArgumentMatcher::Command(prefix)) => {
+                argv(call.input).is_some_and(|argv| prefix.matches(&argv, !strict_reading))
+            }
+            Some(ArgumentMatcher::Named(globs)) => globs.iter().all(|argument| {
+                let candidates = argument_candidates(call, &argument.name);
+                let case_insensitive = is_workspace_path(call.tool_name, &argument.name)
+                    && call.paths.case_insensitive();
+                let hit = |candidate: &String| argument.glob.is_match(candidate, case_insensitive);
+                if strict_reading {
+                    !candidates.is_empty() && candidates.iter().all(hit)
+                } else {
+                    candidates.iter().any(hit)
+                }
+            }),
+        }
+    }
+
+    /// The rule as it is written on the command line and stored; parsing it gives the same rule back.
+    fn write_matcher(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.matcher {
+            None => Ok(()),
+            Some(ArgumentMatcher::Command(prefix)) => {
+                let (program, args) = prefix
+                    .words
+                    .split_first()
+                    .map_or(("", &[][..]), |(program, args)| (program.as_str(), args));
+                write!(f, "({}", shell_words(program, args))?;
+                if prefix.exact {
+                    f.write_str(" $")?;
+                }
+                f.write_str(")")
+            }
+            Some(ArgumentMatcher::Named(globs)) => {
+                let bare_path = globs.len() == 1
+                    && globs[0].name == "path"
+                    && self.tool.kind() != Some(ToolKind::Command);
+                let written: Vec<String> = globs
+                    .iter()
+                    .map(|argument| {
+                        let glob = quote_if_needed(argument.glob.pattern());
+                        if bare_path {
+                            glob
+                        } else {
+                            format!("{}={glob}", argument.name)
+                        }
+                    })
+                    .collect();
+                write!(f, "({})", written.join(", "))
+            }
+        }
+    }
+
+    /// The rule in the rules file's table form.
+    pub fn to_entry(&self) -> RuleEntry {
+        let mut entry = RuleEntry {
+            tool: self.tool.as_str().to_owned(),
+            command: None,
+            exact: false,
+            path: None,
+            arguments: BTreeMap::new(),
+            action: self.action,
+            reason: self.reason.clone(),
+        };
+        match &self.matcher {
+            None => {}
+            Some(ArgumentMatcher::Command(prefix)) => {
+                entry.command = Some(CommandWords::Words(prefix.words.clone()));
+                entry.exact = prefix.exact;
+            }
+            Some(ArgumentMatcher::Named(globs)) => {
+                for argument in globs {
+                    if argument.name == "path" && self.tool.kind() != Some(ToolKind::Command) {
+                        entry.path = Some(argument.glob.pattern().to_owned());
+                    } else {
+                        entry
+                            .arguments
+                            .insert(argument.name.clone(), argument.glob.pattern().to_owned());
+                    }
+                }
+            }
+        }
+        entry
+    }
+
+    /// Reads one rule of a rules file (or of any TOML table in this shape).
+    pub fn from_entry(entry: &RuleEntry) -> Result<Self, RuleProblem> {
+        let tool = ToolPattern::parse(&entry.tool)?;
+        if let Some(reason) = &entry.reason
+            && reason.trim().is_empty()
+        {
+            return Err(RuleProblem::EmptyReason);
+        }
+        let matcher = match (&entry.command, &entry.path, entry.arguments.is_empty()) {
+            (None, None, true) => {
+                if entry.exact {
+                    return Err(RuleProblem::Entry(
+                        "exact = true needs a command".to_owned(),
+                    ));
+                }
+                None
+            }
+            (Some(command), None, true) => {
+                if tool.kind() != Some(ToolKind::Command) {
+                    return Err(RuleProblem::CommandNotForTool);
+                }
+                let words = match command {
+                    CommandWords::Line(line) => {
+                        shlex::split(line).ok_or(RuleProblem::CommandWords)?
+                    }
+                    CommandWords::Words(words) => words.clone(),
+                };
+                Some(ArgumentMatcher::Command(command_prefix(
+                    words,
+                    entry.exact,
+                )?))
+            }
+            (None, path, _) => {
+                if entry.exact {
+                    return Err(RuleProblem::Entry(
+                        "exact = true needs a command".to_owned(),
+                    ));
+                }
+                let mut globs = Vec::new();
+                if let Some(path) = path {
+                    globs.push(argument_glob(&tool, "path", path)?);
+                }
+                for (name, glob) in &entry.arguments {
+                    if name == "path" && path.is_some() {
+                        return Err(RuleProblem::DuplicateArgument(name.clone()));
+                    }
+                    check_argument_name(name)?;
+                    globs.push(argument_glob(&tool, name, glob)?);
+                }
+                Some(ArgumentMatcher::Named(globs))
+            }
+            (Some(_), _, _) => {
+                return Err(RuleProblem::Entry(
+                    "a rule has either a command, or a path and arguments, not both".to_owned(),
+                ));
+            }
+        };
+        Ok(Self {
+            tool,
+            matcher,
+            action: entry.action,
+            reason: entry.reason.as_ref().map(|r| r.trim().to_owned()),
+        })
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.tool.as_str())?;
+        self.write_matcher(f)?;
+        write!(f, "={}", self.action)?;
+        if let Some(reason) = &self.reason {
+            write!(f, ":{}", quote(reason))?;
+        }
+        Ok(())
+    }
+}
+
+/// A rule in table form, as the rules file (and the MCP configuration's per-tool rules) write it:
+///
+/// ```toml
+/// [[rule]]
+/// tool = "run_command"          # an exact tool name or a glob over names
+/// command = "git status"        # run_command only: the argv prefix, as shell words or as ["git", "status"]
+/// exact = false                 # with command: true when the argv must be exactly that
+/// path = "src/**"               # a glob on the path argument (resolved in the workspace for the file tools)
+/// arguments = { repo = "acme/*" }  # globs on named arguments; all must match
+/// action = "allow"              # allow, ask or deny
+/// reason = "Reading the status is harmless."  # optional: shown on the card or to the model
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleEntry {
+    pub tool: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<CommandWords>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exact: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub arguments: BTreeMap<String, String>,
+    pub action: RuleAction,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A command prefix in a table: one string of shell words, or the words as an array.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CommandWords {
+    Line(String),
+    Words(Vec<String>),
+}
+
+fn parse_matcher(tool: &ToolPattern, text: &str) -> Result<ArgumentMatcher, RuleProblem> {
+    if text.trim().is_empty() {
+        return Err(RuleProblem::EmptyMatcher);
+    }
+    if starts_with_argument_name(text) {
+        let mut globs: Vec<ArgumentGlob> = Vec::new();
+        for part in split_top_level(text, ',')? {
+            let Some((name, glob)) = part.split_once('=') else {
+                return Err(RuleProblem::ArgumentName(part.trim().to_owned()));
+            };
+            let name = name.trim();
+            check_argument_name(name)?;
+            if globs.iter().any(|g| g.name == name) {
+                return Err(RuleProblem::DuplicateArgument(name.to_owned()));
+            }
+            globs.push(argument_glob(tool, name, &unquote(glob.trim())?)?);
+        }
+        return Ok(ArgumentMatcher::Named(globs));
+    }
+    if tool.kind() == Some(ToolKind::Command) {
+        let trimmed = text.trim();
+        let words = shlex::split(trimmed).ok_or(RuleProblem::CommandWords)?;
+        // A last word `$` written bare (not quoted) anchors the end.
+        let anchored = words.last().is_some_and(|w| w == "$")
+            && trimmed.ends_with('$')
+            && trimmed[..trimmed.len() - 1].ends_with(char::is_whitespace);
+        let mut words = words;
+        if anchored {
+            words.pop();
+        }
+        return Ok(ArgumentMatcher::Command(command_prefix(words, anchored)?));
+    }
+    Ok(ArgumentMatcher::Named(vec![argument_glob(
+        tool,
+        "path",
+        &unquote(text.trim())?,
+    )?]))
+}
+
+fn command_prefix(words: Vec<String>, exact: bool) -> Result<CommandPrefix, RuleProblem> {
+    match words.first() {
+        None => Err(RuleProblem::NoProgram),
+        Some(program) if program.is_empty() => Err(RuleProblem::NoProgram),
+        Some(_) => Ok(CommandPrefix { words, exact }),
+    }
+}
+
+/// True when `tool`'s argument `name` is a path inside the workspace.
+fn is_workspace_path(tool_name: &str, name: &str) -> bool {
+    name == "path" && FILE_TOOLS.contains(&tool_name)
+}
+
+fn argument_glob(tool: &ToolPattern, name: &str, glob: &str) -> Result<ArgumentGlob, RuleProblem> {
+    let mut glob = glob.trim();
+    if name == "path" && tool.kind() == Some(ToolKind::WorkspaceFile) {
+        while let Some(rest) = glob.strip_prefix("./") {
+            glob = rest;
+        }
+        if glob.starts_with('/') || glob.split('/').any(|part| part == "..") {
+            return Err(RuleProblem::PathOutside(glob.to_owned()));
+        }
+    }
+    if glob.is_empty() {
+        return Err(RuleProblem::Glob {
+            glob: glob.to_owned(),
+            message: "it is empty".to_owned(),
+        });
+    }
+    let compiled = RuleGlob::new(glob).map_err(|error| RuleProblem::Glob {
+        glob: glob.to_owned(),
+        message: error.kind().to_string(),
+    })?;
+    Ok(ArgumentGlob {
+        name: name.to_owned(),
+        glob: compiled,
+    })
+}
+
+fn check_argument_name(name: &str) -> Result<(), RuleProblem> {
+    let mut chars = name.chars();
+    let valid = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
+    if valid {
+        Ok(())
+    } else {
+        Err(RuleProblem::ArgumentName(name.to_owned()))
+    }
+}
+
+fn starts_with_argument_name(text: &str) -> bool {
+    text.split_once('=')
+        .is_some_and(|(name, _)| check_argument_name(name.trim()).is_ok())
+}
+
+/// What a named argument stands for: a file tool's path as it resolves, each element of an array, a scalar as
+/// its text. A missing argument stands for nothing, so no glob matches it.
+fn argument_candidates(call: &CallFacts<'_>, name: &str) -> Vec<String> {
+    let scalar = |value: &Value| match value {
+        Value::String(text) => Some(text.clone()),
+        Value::Number(number) => Some(number.to_string()),
+        Value::Bool(flag) => Some(flag.to_string()),
+        _ => None,
+    };
+    match call.input.get(name) {
+        None | Some(Value::Null) => {
+            // A file tool without a path works on the workspace itself.
+            if is_workspace_path(call.tool_name, name) {
+                call.paths.candidates("")
+            } else {
+                Vec::new()
+            }
+        }
+        Some(Value::String(path)) if is_workspace_path(call.tool_name, name) => {
+            call.paths.candidates(path)
+        }
+        Some(Value::Array(items)) => items.iter().filter_map(scalar).collect(),
+        Some(value) => scalar(value).into_iter().collect(),
+    }
+}
+
+/// Finds `wanted` outside parentheses, quotes and backslash escapes.
+fn find_top_level(text: &str, wanted: char) -> Result<Option<usize>, RuleProblem> {
+    let mut depth = 0usize;
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (i, c) in text.char_indices() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match (quote, c) {
+            (_, '\\') => escaped = true,
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, c) if c == wanted && depth == 0 => return Ok(Some(i)),
+            (None, '(') => depth += 1,
+            (None, ')') => depth = depth.checked_sub(1).ok_or(RuleProblem::Unbalanced)?,
+            (None, _) => {}
+        }
+    }
+    if depth != 0 || quote.is_some() {
+        return Err(RuleProblem::Unbalanced);
+    }
+    Ok(None)
+}
+
+/// The index of the parenthesis that closes the one at `open`.
+fn closing_paren(text: &str, open: usize) -> Result<usize, RuleProblem> {
+    let inner = &text[open + 1..];
+    find_top_level(inner, ')')?
+        .map(|close| open + 1 + close)
+        .ok_or(RuleProblem::Unbalanced)
+}
+
+/// Splits at `separator` outside parentheses, braces, brackets, quotes and escapes.
+pub(crate) fn split_top_level(text: &str, separator: char) -> Result<Vec<&str>, RuleProblem> {
+    let mut parts = Vec::new();
+    let mut depth = 0usize;
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    let mut start = 0;
+    for (i, c) in text.char_indices() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match (quote, c) {
+            (_, '\\') => escaped = true,
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '(' | '{' | '[') => depth += 1,
+            (None, ')' | '}' | ']') => {
+                depth = depth.checked_sub(1).ok_or(RuleProblem::Unbalanced)?;
+            }
+            (None, c) if c == separator && depth == 0 => {
+                parts.push(&text[start..i]);
+                start = i + c.len_utf8();
+            }
+            (None, _) => {}
+        }
+    }
+    if depth != 0 || quote.is_some() || escaped {
+        return Err(RuleProblem::Unbalanced);
+    }
+    parts.push(&text[start..]);
+    Ok(parts)
+}
+
+fn parse_reason(text: &str) -> Result<String, RuleProblem> {
+    let reason = unquote(text.trim())?;
+    if reason.trim().is_empty() {
+        return Err(RuleProblem::EmptyReason);
+    }
+    Ok(reason.trim().to_owned())
+}
+
+/// A double-quoted string with `\"` and `\\` escapes, or the text as it is.
+fn unquote(text: &str) -> Result<String, RuleProblem> {
+    let Some(inner) = text.strip_prefix('"') else {
+        return Ok(text.to_owned());
+    };
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.push(chars.next().ok_or(RuleProblem::Unbalanced)?),
+            '"' => {
+                return if chars.as_str().trim().is_empty() {
+                    Ok(out)
+                } else {
+                    Err(RuleProblem::TrailingText(chars.as_str().trim().to_owned()))
+                };
+            }
+            c => out.push(c),
+        }
+    }
+    Err(RuleProblem::Unbalanced)
+}
+
+fn quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        if matches!(c, '"' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// A glob written bare when that reads back the same, quoted otherwise.
+fn quote_if_needed(glob: &str) -> String {
+    let plain = !glob.starts_with('"')
+        && !glob.contains(['\'', '"'])
+        && glob.trim() == glob
+        && split_top_level(glob, ',').is_ok_and(|parts| parts.len() == 1)
+        && find_top_level(glob, ')').is_ok_and(|found| found.is_none())
+        && find_top_level(glob, '(').is_ok_and(|found| found.is_none());
+    if plain { glob.to_owned() } else { quote(glob) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rule(text: &str) -> Rule {
+        Rule::parse(text).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    fn problem(text: &str) -> RuleProblem {
+        Rule::parse(text).unwrap_err().problem
+    }
+
+    fn matches(rule_text: &str, tool: &str, input: Value) -> bool {
+        let paths = PathContext::lexical();
+        rule(rule_text).matches(&CallFacts {
+            tool_name: tool,
+            input: &input,
+            paths: &paths,
+        })
+    }
+
+    #[test]
+    fn the_written_forms_parse_and_print_back_the_same() {
+        for text in [
+            "delete_file=deny",
+            "mcp__github__*=ask",
+            "run_command(git status)=allow",
+            "run_command(git commit -m 'fix it')=ask",
+            "run_command(ls -la $)=allow",
+            "run_command(echo '$')=allow",
+            "read_file(**/.env*)=deny",
+            "write_file(src/**)=allow",
+            "mcp__github__create_issue(repo=acme/*)=allow",
+            "mcp__github__create_issue(repo=acme/*, title=\"a, b\")=allow",
+            "*_file(\"odd(name\")=deny",
+            "read_file(**/.env*)=deny:\"Secrets stay on this machine.\"",
+            "read_file({a,b}/*)=deny",
+        ] {
+            let parsed = rule(text);
+            assert_eq!(parsed.to_string(), text);
+            assert_eq!(Rule::parse(&parsed.to_string()).unwrap(), parsed);
+        }
+        assert_eq!(
+            rule(" run_command( git   status ) = allow : harmless ").to_string(),
+            "run_command(git status)=allow:\"harmless\""
+        );
+        assert_eq!(
+            rule("read_file(./src/**)=deny").to_string(),
+            "read_file(src/**)=deny"
+        );
+    }
+
+    #[test]
+    fn bad_rules_say_what_is_wrong() {
+        assert_eq!(problem("delete_file"), RuleProblem::Shape);
+        assert_eq!(problem("=deny"), RuleProblem::NoTool);
+        assert_eq!(
+            problem("delete_file=maybe"),
+            RuleProblem::Action("maybe".into())
+        );
+        assert_eq!(problem("run_command(git=deny"), RuleProblem::Unbalanced);
+        assert_eq!(problem("run_command()=deny"), RuleProblem::EmptyMatcher);
+        assert_eq!(problem("run_command(\"git)=deny"), RuleProblem::Unbalanced);
+        assert_eq!(
+            problem("read_file(../x)=deny"),
+            RuleProblem::PathOutside("../x".into())
+        );
+        assert_eq!(
+            problem("read_file(/etc/**)=deny"),
+            RuleProblem::PathOutside("/etc/**".into())
+        );
+        assert!(matches!(
+            problem("read_file(a[)=deny"),
+            RuleProblem::Glob { .. }
+        ));
+        assert_eq!(
+            problem("read file=deny"),
+            RuleProblem::ToolPattern("read file".into())
+        );
+        assert_eq!(
+            problem("x(a=1, a=2)=deny"),
+            RuleProblem::DuplicateArgument("a".into())
+        );
+        assert_eq!(problem("x=deny:"), RuleProblem::EmptyReason);
+        assert_eq!(
+            problem("run_command(a) b=deny"),
+            RuleProblem::TrailingText("b".into())
+        );
+        let error = Rule::parse("read_file(../x)=deny").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "rule \"read_file(../x)=deny\": the path glob \"../x\" leaves the workspace; paths are relative to it (no leading /, no ..)"
+        );
+    }
+
+    #[test]
+    fn a_command_prefix_matches_whole_words_from_the_start() {
+        let status = "run_command(git status)=allow";
+        assert!(matches(
+            status,
+            "run_command",
+            json!({"command": "git", "args": ["status"]})
+        ));
+        assert!(matches(
+            status,
+            "run_command",
+            json!({"command": "git", "args": ["status", "--short"]})
+        ));
+        assert!(!matches(
+            status,
+            "run_command",
+            json!({"command": "git", "args": ["statusx"]})
+        ));
+        assert!(!matches(status, "run_command", json!({"command": "git"})));
+        assert!(!matches(
+            status,
+            "run_command",
+            json!({"command": "sh", "args": ["-c", "git status"]})
+        ));
+        assert!(!matches(
+            status,
+            "run_command",
+            json!({"command": "/usr/bin/git", "args": ["status"]})
+        ));
+        let exact = "run_command(ls -la $)=allow";
+        assert!(matches(
+            exact,
+            "run_command",
+            json!({"command": "ls", "args": ["-la"]})
+        ));
+        assert!(!matches(
+            exact,
+            "run_command",
+            json!({"command": "ls", "args": ["-la", ".."]})
+        ));
+        // A deny catches the program by name from any directory; an allow does not.
+        assert!(matches(
+            "run_command(rm)=deny",
+            "run_command",
+            json!({"command": "/bin/rm"})
+        ));
+    }
+
+    #[test]
+    fn a_table_entry_is_the_same_rule_as_its_written_form() {
+        let entry: RuleEntry = toml::from_str(
+            r#"
+            tool = "run_command"
+            command = "git commit -m 'fix it'"
+            action = "ask"
+            reason = "Commits change history."
+            "#,
+        )
+        .unwrap();
+        let from_entry = Rule::from_entry(&entry).unwrap();
+        assert_eq!(
+            from_entry.to_string(),
+            "run_command(git commit -m 'fix it')=ask:\"Commits change history.\""
+        );
+        assert_eq!(
+            Rule::from_entry(&from_entry.to_entry()).unwrap(),
+            from_entry
+        );
+        let entry = RuleEntry {
+            tool: "read_file".into(),
+            command: Some(CommandWords::Line("cat".into())),
+            exact: false,
+            path: None,
+            arguments: BTreeMap::new(),
+            action: RuleAction::Deny,
+            reason: None,
+        };
+        assert_eq!(
+            Rule::from_entry(&entry).unwrap_err(),
+            RuleProblem::CommandNotForTool
+        );
+    }
+}

@@ -1,0 +1,747 @@
+//! The policy's contract as tables: which source decides, and what no rule, grant or path trick can get past.
+
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::ids::{RunId, ToolCallId};
+use crate::wire::{McpToolOrigin, McpTrust, ToolAnnotations};
+
+fn tool(name: &str, annotations: ToolAnnotations) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        description: format!("the {name} tool"),
+        input_schema: json!({"type": "object"}),
+        annotations,
+        mcp: None,
+    }
+}
+
+const READ_ONLY: ToolAnnotations = ToolAnnotations {
+    read_only: Some(true),
+    destructive: Some(false),
+    idempotent: Some(true),
+    open_world: Some(false),
+};
+
+const DESTRUCTIVE: ToolAnnotations = ToolAnnotations {
+    read_only: Some(false),
+    destructive: Some(true),
+    idempotent: Some(true),
+    open_world: Some(false),
+};
+
+const HARMLESS: ToolAnnotations = ToolAnnotations {
+    read_only: Some(false),
+    destructive: Some(false),
+    idempotent: Some(false),
+    open_world: Some(false),
+};
+
+fn run_command() -> ToolSpec {
+    tool(
+        "run_command",
+        ToolAnnotations {
+            open_world: Some(true),
+            ..DESTRUCTIVE
+        },
+    )
+}
+
+fn policy(policy: ApprovalPolicy, rules: &str) -> PermissionPolicy {
+    PermissionPolicy::new(policy, rules.parse().unwrap_or_else(|e| panic!("{e}")))
+}
+
+fn verdict_kind(decision: &PermissionDecision) -> &'static str {
+    match decision {
+        PermissionDecision::Allow { .. } => "allow",
+        PermissionDecision::Ask { .. } => "ask",
+        PermissionDecision::Deny { .. } => "deny",
+    }
+}
+
+fn command(line: &str) -> Value {
+    let words = shlex::split(line).unwrap();
+    json!({"command": words[0], "args": &words[1..]})
+}
+
+/// Grants of one session, made the way an approval makes them.
+fn granted(spec: &ToolSpec, input: &Value, scope: DecisionScope) -> SessionGrants {
+    let mut grants = SessionGrants::new();
+    let grant = grant::grant_for(spec, input, scope).unwrap();
+    grants.insert(grant::session_grant(
+        grant,
+        RunId::parse("run").unwrap(),
+        ToolCallId::parse("call").unwrap(),
+    ));
+    grants
+}
+
+#[test]
+fn precedence_deny_then_ask_then_allow_then_grants_then_the_default() {
+    let ls = command("ls -la");
+    let grant = granted(&run_command(), &ls, DecisionScope::Session);
+    let none = SessionGrants::new();
+    // (server policy, rules, grants, expected decision, what decided)
+    let table: &[(ApprovalPolicy, &str, &SessionGrants, &str, &str)] = &[
+        (ApprovalPolicy::OnRequest, "", &none, "ask", "policy"),
+        (ApprovalPolicy::OnRequest, "", &grant, "allow", "grant"),
+        (
+            ApprovalPolicy::OnRequest,
+            "run_command(ls)=allow",
+            &none,
+            "allow",
+            "rule",
+        ),
+        (
+            ApprovalPolicy::OnRequest,
+            "run_command(ls)=allow",
+            &grant,
+            "allow",
+            "rule",
+        ),
+        (
+            ApprovalPolicy::OnRequest,
+            "run_command(ls)=ask",
+            &grant,
+            "ask",
+            "rule",
+        ),
+        (
+            ApprovalPolicy::OnRequest,
+            "run_command(ls)=ask,run_command(ls -la)=allow",
+            &grant,
+            "ask",
+            "rule",
+        ),
+        (
+            ApprovalPolicy::OnRequest,
+            "run_command(ls)=deny,run_command(ls -la)=ask",
+            &grant,
+            "deny",
+            "rule",
+        ),
+        (
+            ApprovalPolicy::OnRequest,
+            "run_command=allow,run_command(ls)=deny",
+            &grant,
+            "deny",
+            "rule",
+        ),
+        (
+            ApprovalPolicy::Trusted,
+            "run_command(ls -la)=deny",
+            &none,
+            "deny",
+            "rule",
+        ),
+        (
+            ApprovalPolicy::Trusted,
+            "run_command(ls)=ask",
+            &none,
+            "ask",
+            "rule",
+        ),
+        (ApprovalPolicy::Trusted, "", &none, "allow", "policy"),
+        (ApprovalPolicy::Strict, "", &grant, "ask", "policy"),
+        (
+            ApprovalPolicy::Strict,
+            "run_command(ls)=allow",
+            &grant,
+            "allow",
+            "rule",
+        ),
+        (
+            ApprovalPolicy::OnRequest,
+            "run_command(git)=allow",
+            &grant,
+            "allow",
+            "grant",
+        ),
+        (
+            ApprovalPolicy::OnRequest,
+            "read_file=deny",
+            &grant,
+            "allow",
+            "grant",
+        ),
+    ];
+    for (server, rules, grants, expected, by) in table {
+        let verdict = policy(*server, rules).explain(&run_command(), &ls, grants);
+        let source = match verdict.decided_by {
+            DecidedBy::Rule { .. } => "rule",
+            DecidedBy::Grant(_) => "grant",
+            DecidedBy::Policy(_) => "policy",
+            DecidedBy::ProgramRunner { .. } => "runner",
+        };
+        assert_eq!(
+            (verdict_kind(&verdict.decision), source),
+            (*expected, *by),
+            "{server} with {rules:?}: {verdict:?}"
+        );
+    }
+}
+
+#[test]
+fn the_policy_default_reads_the_annotations() {
+    let none = SessionGrants::new();
+    let input = json!({});
+    // (policy, annotations, expected)
+    let table: &[(ApprovalPolicy, ToolAnnotations, &str)] = &[
+        (ApprovalPolicy::OnRequest, READ_ONLY, "allow"),
+        (ApprovalPolicy::OnRequest, HARMLESS, "allow"),
+        (ApprovalPolicy::OnRequest, DESTRUCTIVE, "ask"),
+        (ApprovalPolicy::OnRequest, ToolAnnotations::default(), "ask"),
+        (ApprovalPolicy::Strict, READ_ONLY, "ask"),
+        (ApprovalPolicy::Strict, HARMLESS, "ask"),
+        (ApprovalPolicy::Trusted, DESTRUCTIVE, "allow"),
+        (ApprovalPolicy::Trusted, ToolAnnotations::default(), "allow"),
+    ];
+    for (server, annotations, expected) in table {
+        let decision = policy(*server, "").decide(&tool("t", *annotations), &input, &none);
+        assert_eq!(
+            verdict_kind(&decision),
+            *expected,
+            "{server} {annotations:?}"
+        );
+    }
+    let decision = policy(ApprovalPolicy::OnRequest, "").decide(
+        &tool("delete_file", DESTRUCTIVE),
+        &input,
+        &none,
+    );
+    assert_eq!(decision.reason(), "delete_file is destructive.");
+}
+
+fn from_mcp(mut spec: ToolSpec, trust: McpTrust) -> ToolSpec {
+    spec.mcp = Some(McpToolOrigin {
+        server: "fs".into(),
+        tool: spec.name.clone(),
+        trust,
+    });
+    spec
+}
+
+#[test]
+fn an_untrusted_servers_claims_never_let_a_call_run_without_asking() {
+    let on_request = PermissionPolicy::default();
+    let none = SessionGrants::new();
+    let input = json!({});
+    for annotations in [READ_ONLY, HARMLESS, DESTRUCTIVE, ToolAnnotations::default()] {
+        let spec = from_mcp(tool("read_text_file", annotations), McpTrust::Untrusted);
+        let decision = on_request.decide(&spec, &input, &none);
+        assert_eq!(verdict_kind(&decision), "ask", "{annotations:?}");
+        assert!(
+            decision
+                .reason()
+                .contains("the MCP server fs, which is not trusted"),
+            "{}",
+            decision.reason()
+        );
+    }
+    let decision = on_request.decide(
+        &from_mcp(tool("read_text_file", READ_ONLY), McpTrust::Untrusted),
+        &input,
+        &none,
+    );
+    assert_eq!(
+        decision.reason(),
+        "read_text_file belongs to the MCP server fs, which is not trusted, so every call asks (it claims to be read-only, not destructive, idempotent, not open-world, unverified)."
+    );
+    // Trusted, its annotations decide as a built-in's do.
+    let trusted = |annotations| {
+        verdict_kind(&on_request.decide(
+            &from_mcp(tool("read_text_file", annotations), McpTrust::Annotations),
+            &input,
+            &none,
+        ))
+    };
+    assert_eq!(trusted(READ_ONLY), "allow");
+    assert_eq!(trusted(DESTRUCTIVE), "ask");
+    // A rule still allows it; a rule on an argument allows only what it names; deny beats everything.
+    let rules = policy(
+        ApprovalPolicy::OnRequest,
+        "mcp__gh__create_issue(repo=acme/*)=allow,mcp__fs__*=allow,mcp__fs__move_file=deny",
+    );
+    let untrusted = |name: &str, input: Value| {
+        verdict_kind(&rules.decide(
+            &from_mcp(tool(name, ToolAnnotations::default()), McpTrust::Untrusted),
+            &input,
+            &none,
+        ))
+    };
+    assert_eq!(untrusted("mcp__fs__read_text_file", json!({})), "allow");
+    assert_eq!(
+        untrusted("mcp__gh__create_issue", json!({"repo": "acme/widgets"})),
+        "allow"
+    );
+    assert_eq!(
+        untrusted("mcp__gh__create_issue", json!({"repo": "evil/widgets"})),
+        "ask"
+    );
+    assert_eq!(untrusted("mcp__gh__create_issue", json!({})), "ask");
+    assert_eq!(untrusted("mcp__fs__move_file", json!({})), "deny");
+    // The strict policy still asks.
+    let strict = policy(ApprovalPolicy::Strict, "");
+    assert_eq!(
+        verdict_kind(&strict.decide(
+            &from_mcp(tool("read_text_file", READ_ONLY), McpTrust::Annotations),
+            &input,
+            &none,
+        )),
+        "ask"
+    );
+}
+
+#[test]
+fn a_read_only_tool_that_reaches_outside_asks_under_on_request() {
+    let spec = tool(
+        "fetch",
+        ToolAnnotations {
+            open_world: Some(true),
+            ..READ_ONLY
+        },
+    );
+    let decision = PermissionPolicy::default().decide(&spec, &json!({}), &SessionGrants::new());
+    assert_eq!(verdict_kind(&decision), "ask");
+    assert!(
+        decision.reason().contains("outside the workspace"),
+        "{}",
+        decision.reason()
+    );
+}
+
+#[test]
+fn a_session_grant_covers_the_tool_as_it_was_approved() {
+    let on_request = policy(ApprovalPolicy::OnRequest, "");
+    let before = from_mcp(tool("mcp__fs__delete", DESTRUCTIVE), McpTrust::Annotations);
+    let input = json!({"path": "a"});
+    let grants = granted(&before, &input, DecisionScope::Session);
+    assert_eq!(
+        verdict_kind(&on_request.decide(&before, &input, &grants)),
+        "allow"
+    );
+    let mut changed = before.clone();
+    changed.description = "Deletes a file, and more.".into();
+    assert_eq!(
+        verdict_kind(&on_request.decide(&changed, &input, &grants)),
+        "ask"
+    );
+    let mut changed = before.clone();
+    changed.input_schema = json!({"type": "object", "properties": {"path": {}}});
+    assert_eq!(
+        verdict_kind(&on_request.decide(&changed, &input, &grants)),
+        "ask"
+    );
+    let mut changed = before.clone();
+    changed.mcp = Some(McpToolOrigin {
+        server: "other".into(),
+        tool: "delete".into(),
+        trust: McpTrust::Annotations,
+    });
+    assert_eq!(
+        verdict_kind(&on_request.decide(&changed, &input, &grants)),
+        "ask"
+    );
+    // A deny rule beats the grant.
+    let deny = policy(ApprovalPolicy::OnRequest, "mcp__fs__*=deny");
+    assert_eq!(verdict_kind(&deny.decide(&before, &input, &grants)), "deny");
+}
+
+#[test]
+fn tool_wide_rules_name_the_strictest_action_for_a_tool() {
+    let rules = policy(
+        ApprovalPolicy::OnRequest,
+        "mcp__fs__*=ask,mcp__fs__move_file=deny,mcp__gh__create_issue(repo=acme/*)=allow,read_file=allow",
+    );
+    assert_eq!(
+        rules.tool_rule("mcp__fs__move_file"),
+        Some(RuleAction::Deny)
+    );
+    assert_eq!(rules.tool_rule("mcp__fs__read"), Some(RuleAction::Ask));
+    assert_eq!(rules.tool_rule("mcp__gh__create_issue"), None);
+    assert_eq!(rules.tool_rule("read_file"), Some(RuleAction::Allow));
+    assert_eq!(rules.tool_rule("write_file"), None);
+}
+
+#[test]
+fn the_most_specific_matching_rule_names_the_reason() {
+    let none = SessionGrants::new();
+    let push = command("git push origin main");
+    // (rules, expected reason)
+    let table: &[(&str, &str)] = &[
+        (
+            "run_command=deny:whole tool,run_command(git)=deny:git",
+            "git",
+        ),
+        (
+            "run_command(git)=deny:git,run_command(git push)=deny:push",
+            "push",
+        ),
+        (
+            "run_command(git push)=deny:push,run_command(git push origin main $)=deny:exact",
+            "exact",
+        ),
+        ("*=deny:any tool,run_command=deny:this tool", "this tool"),
+        ("run_*=deny:glob,run_command=deny:exact name", "exact name"),
+        (
+            "run_command(git)=deny:first,run_command(git)=deny:second",
+            "first",
+        ),
+        // A less specific deny still beats a more specific allow: the action decides first.
+        (
+            "run_command(git push origin)=allow:allow,run_command(git)=deny:deny",
+            "deny",
+        ),
+    ];
+    for (rules, expected) in table {
+        let decision =
+            policy(ApprovalPolicy::OnRequest, rules).decide(&run_command(), &push, &none);
+        assert_eq!(decision.reason(), *expected, "{rules}");
+    }
+    let decision = policy(ApprovalPolicy::OnRequest, "run_command(git push)=ask").decide(
+        &run_command(),
+        &push,
+        &none,
+    );
+    assert_eq!(
+        decision.reason(),
+        "The rule run_command(git push)=ask asks before this call runs."
+    );
+}
+
+#[test]
+fn approving_ls_for_the_session_never_lets_another_command_through() {
+    let grants = granted(&run_command(), &command("ls"), DecisionScope::Session);
+    let policy = policy(ApprovalPolicy::OnRequest, "");
+    assert!(matches!(
+        policy.decide(&run_command(), &command("ls"), &grants),
+        PermissionDecision::Allow { .. }
+    ));
+    for other in ["rm -rf x", "ls -la", "ls ..", "sh -c ls"] {
+        let decision = policy.decide(&run_command(), &command(other), &grants);
+        assert!(
+            matches!(decision, PermissionDecision::Ask { .. }),
+            "{other}: {decision:?}"
+        );
+    }
+}
+
+#[test]
+fn a_shell_asks_while_a_deny_rule_restricts_commands() {
+    let none = SessionGrants::new();
+    let rules = "run_command(rm)=deny,run_command(sh)=allow,run_command(git status)=allow";
+    let policy = policy(ApprovalPolicy::OnRequest, rules);
+    // (command, expected)
+    let table: &[(&str, &str)] = &[
+        ("rm -rf x", "deny"),
+        ("/bin/rm -rf x", "deny"),
+        ("sh -c 'rm -rf x'", "ask"),
+        ("env rm -rf x", "ask"),
+        ("python3 -c 'import shutil'", "ask"),
+        ("git status", "allow"),
+        ("git statusx", "ask"),
+    ];
+    for (line, expected) in table {
+        let decision = policy.decide(&run_command(), &command(line), &none);
+        assert_eq!(verdict_kind(&decision), *expected, "{line}: {decision:?}");
+    }
+    // Without a deny rule on commands, a shell the person allowed by name runs.
+    let relaxed = super::tests::policy(ApprovalPolicy::OnRequest, "run_command(sh)=allow");
+    assert_eq!(
+        verdict_kind(&relaxed.decide(&run_command(), &command("sh -c ls"), &none)),
+        "allow"
+    );
+}
+
+#[test]
+fn path_rules_read_the_path_as_it_resolves() {
+    let none = SessionGrants::new();
+    let policy = policy(
+        ApprovalPolicy::OnRequest,
+        "read_file(**/.env*)=deny:secrets,write_file(src/**)=allow",
+    );
+    let read = tool("read_file", READ_ONLY);
+    let write = tool("write_file", DESTRUCTIVE);
+    // (tool, path, expected)
+    let table: &[(&ToolSpec, &str, &str)] = &[
+        (&read, ".env", "deny"),
+        (&read, "./src/../.env", "deny"),
+        (&read, "config/.env.local", "deny"),
+        (&read, "src//./../.env", "deny"),
+        (&read, "notes.txt", "allow"),
+        (&write, "src/main.rs", "allow"),
+        (&write, "./src/a/b.rs", "allow"),
+        (&write, "src/../.env", "ask"),
+        (&write, "src/../../x", "ask"),
+        (&write, "srcx/a", "ask"),
+    ];
+    for (spec, path, expected) in table {
+        let decision = policy.decide(spec, &json!({"path": path}), &none);
+        assert_eq!(
+            verdict_kind(&decision),
+            *expected,
+            "{} {path}: {decision:?}",
+            spec.name
+        );
+    }
+    let decision = policy.decide(&read, &json!({"path": ".env"}), &none);
+    assert_eq!(decision.reason(), "secrets");
+}
+
+#[test]
+fn a_symlink_inside_the_workspace_cannot_carry_a_path_past_a_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir(root.join("src")).unwrap();
+    std::fs::write(root.join(".env"), "secret").unwrap();
+    std::os::unix::fs::symlink(root.join(".env"), root.join("src/settings")).unwrap();
+    let paths = PathContext::with_root(root, false).unwrap();
+    let policy = policy(
+        ApprovalPolicy::OnRequest,
+        "read_file(**/.env*)=deny,write_file(src/**)=allow",
+    )
+    .with_paths(paths);
+    let none = SessionGrants::new();
+    let read = policy.decide(
+        &tool("read_file", READ_ONLY),
+        &json!({"path": "src/settings"}),
+        &none,
+    );
+    assert_eq!(
+        verdict_kind(&read),
+        "deny",
+        "the deny sees where the link leads"
+    );
+    let write = policy.decide(
+        &tool("write_file", DESTRUCTIVE),
+        &json!({"path": "src/settings"}),
+        &none,
+    );
+    assert_eq!(
+        verdict_kind(&write),
+        "ask",
+        "the allow must fit where the link leads too"
+    );
+}
+
+#[test]
+fn case_counts_only_where_the_file_system_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let none = SessionGrants::new();
+    let read = tool("read_file", READ_ONLY);
+    let input = json!({"path": ".ENV"});
+    let sensitive = policy(ApprovalPolicy::OnRequest, "read_file(**/.env*)=deny")
+        .with_paths(PathContext::with_root(dir.path(), false).unwrap());
+    assert_eq!(
+        verdict_kind(&sensitive.decide(&read, &input, &none)),
+        "allow"
+    );
+    let insensitive = policy(ApprovalPolicy::OnRequest, "read_file(**/.env*)=deny")
+        .with_paths(PathContext::with_root(dir.path(), true).unwrap());
+    assert_eq!(
+        verdict_kind(&insensitive.decide(&read, &input, &none)),
+        "deny"
+    );
+    // This machine's temporary directory is probed, not assumed.
+    let probed = PathContext::for_workspace(dir.path()).unwrap();
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "the probe cleans up"
+    );
+    let _ = probed.case_insensitive();
+}
+
+#[test]
+fn named_argument_globs_apply_to_any_tool() {
+    let none = SessionGrants::new();
+    let issue = tool("mcp__github__create_issue", ToolAnnotations::default());
+    let policy = policy(
+        ApprovalPolicy::OnRequest,
+        "mcp__github__create_issue(repo=acme/*)=allow,mcp__github__*(repo=acme/secret)=deny",
+    );
+    // (arguments, expected)
+    let table: &[(Value, &str)] = &[
+        (json!({"repo": "acme/widgets", "title": "x"}), "allow"),
+        (json!({"repo": "acme/secret"}), "deny"),
+        (json!({"repo": "acme/a/b"}), "ask"),
+        (json!({"repo": "other/widgets"}), "ask"),
+        (json!({"title": "no repo"}), "ask"),
+        (json!({"repo": ["acme/widgets", "evil/x"]}), "ask"),
+        (json!({"repo": ["acme/widgets", "acme/secret"]}), "deny"),
+    ];
+    for (input, expected) in table {
+        assert_eq!(
+            verdict_kind(&policy.decide(&issue, input, &none)),
+            *expected,
+            "{input}"
+        );
+    }
+}
+
+#[test]
+fn a_card_offers_the_exact_grants_and_the_narrowest_rule() {
+    let none = SessionGrants::new();
+    let on_request = policy(ApprovalPolicy::OnRequest, "");
+    let choices = on_request.approval_choices(&run_command(), &command("ls -la"), &none);
+    assert_eq!(
+        choices.always_allow.as_deref(),
+        Some("run_command(ls -la $)=allow")
+    );
+    assert_eq!(choices.session.len(), 2);
+    assert_eq!(
+        choices.session[0].grant,
+        on_request
+            .grant_for(&run_command(), &command("ls -la"), DecisionScope::Session)
+            .unwrap()
+    );
+    assert!(
+        choices.session[0].covers.contains("“ls -la”"),
+        "{}",
+        choices.session[0].covers
+    );
+
+    let write = tool("write_file", DESTRUCTIVE);
+    let choices = on_request.approval_choices(
+        &write,
+        &json!({"path": "./notes/../a b.txt", "content": "x"}),
+        &none,
+    );
+    assert_eq!(
+        choices.always_allow.as_deref(),
+        Some("write_file(a b.txt)=allow")
+    );
+    assert!(
+        choices.session[0]
+            .covers
+            .contains("any path in the workspace")
+    );
+
+    let strict = policy(ApprovalPolicy::Strict, "");
+    let choices = strict.approval_choices(&write, &json!({"path": "a.txt"}), &none);
+    assert!(choices.session.is_empty());
+    assert!(choices.session_note.as_deref().unwrap().contains("strict"));
+    assert!(!choices.offers(DecisionScope::Session));
+
+    let asked_by_rule = policy(ApprovalPolicy::OnRequest, "write_file=ask");
+    let choices = asked_by_rule.approval_choices(&write, &json!({"path": "a.txt"}), &none);
+    assert_eq!(choices.always_allow, None);
+    assert!(
+        choices
+            .always_allow_note
+            .unwrap()
+            .contains("write_file=ask")
+    );
+
+    let issue = tool("mcp__github__create_issue", ToolAnnotations::default());
+    let choices = on_request.approval_choices(&issue, &json!({"repo": "acme/*", "n": 3}), &none);
+    assert_eq!(
+        choices.always_allow.as_deref(),
+        Some("mcp__github__create_issue(n=3, repo=acme/[*])=allow")
+    );
+}
+
+#[tokio::test]
+async fn an_always_allow_rule_runs_the_same_call_and_asks_for_others() {
+    let none = SessionGrants::new();
+    let configured = policy(ApprovalPolicy::OnRequest, "");
+    let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::memory::MemoryStore::new());
+    let book = Arc::new(StoredRuleBook::new(configured.rule_book().rules(), store));
+    let base = configured.with_rule_book(Arc::clone(&book) as Arc<dyn RuleBook>);
+    let ls = command("ls -la");
+    let rule = base.narrowest_allow_rule(&run_command(), &ls).unwrap();
+    book.add(rule, "local").await.unwrap();
+    assert_eq!(
+        verdict_kind(&base.decide(&run_command(), &ls, &none)),
+        "allow"
+    );
+    for other in ["ls -la ..", "ls", "rm -rf x"] {
+        assert_eq!(
+            verdict_kind(&base.decide(&run_command(), &command(other), &none)),
+            "ask",
+            "{other}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A prefix matches exactly the argvs that start with its words, compared word by word.
+    #[test]
+    fn prefixes_match_on_whole_words(
+        rule_words in prop::collection::vec("[a-z-]{1,4}", 1..4),
+        argv in prop::collection::vec("[a-z-]{1,5}", 1..6),
+    ) {
+        let text = format!("run_command({})=allow", shell_words(&rule_words[0], &rule_words[1..]));
+        let rule = Rule::parse(&text).unwrap();
+        let input = json!({"command": argv[0], "args": &argv[1..]});
+        let paths = PathContext::lexical();
+        let call = CallFacts { tool_name: "run_command", input: &input, paths: &paths };
+        let expected = argv.len() >= rule_words.len() && argv[..rule_words.len()] == rule_words[..];
+        prop_assert_eq!(rule.matches(&call), expected);
+    }
+
+    /// Any word, however quoted, reads back as itself: quoting can neither widen nor narrow a prefix.
+    #[test]
+    fn quoted_words_read_back_as_themselves(words in prop::collection::vec("[ -~]{0,6}", 1..4)) {
+        prop_assume!(!words[0].is_empty());
+        let text = format!("run_command({})=deny", shell_words(&words[0], &words[1..]));
+        let rule = Rule::parse(&text).unwrap();
+        prop_assert_eq!(Rule::parse(&rule.to_string()).unwrap(), rule.clone());
+        let input = json!({"command": words[0], "args": &words[1..]});
+        let paths = PathContext::lexical();
+        let call = CallFacts { tool_name: "run_command", input: &input, paths: &paths };
+        prop_assert!(rule.matches(&call), "{}", text);
+    }
+
+    /// No arrangement of `.`, `..` and extra slashes gets a path that lands on a denied file past the deny, and
+    /// none makes a path that lands outside `src/` fit `src/**`.
+    #[test]
+    fn dot_dot_never_bypasses_a_path_rule(
+        segments in prop::collection::vec(prop_oneof!["src", "docs", "\\.", "\\.\\.", "", "\\.env", "a"], 1..8),
+    ) {
+        let raw = segments.join("/");
+        let none = SessionGrants::new();
+        let policy = policy(ApprovalPolicy::OnRequest, "read_file(**/.env)=deny,write_file(src/**)=allow");
+        let landed = matcher::normalize_relative(&raw);
+        let read = policy.decide(&tool("read_file", READ_ONLY), &json!({"path": raw}), &none);
+        let lands_on_env = landed.as_deref().is_some_and(|p| p == ".env" || p.ends_with("/.env"));
+        prop_assert_eq!(matches!(read, PermissionDecision::Deny { .. }), lands_on_env, "{} -> {:?}", raw, landed);
+        let write = policy.decide(&tool("write_file", DESTRUCTIVE), &json!({"path": raw}), &none);
+        let lands_in_src = landed.as_deref().is_some_and(|p| p.starts_with("src/"));
+        prop_assert_eq!(matches!(write, PermissionDecision::Allow { .. }), lands_in_src, "{} -> {:?}", raw, landed);
+    }
+
+    /// Case: on a case-sensitive file system `.ENV` is another file and the rule for `.env` does not see it; on a
+    /// case-insensitive one every spelling is caught.
+    #[test]
+    fn every_spelling_of_a_denied_name_is_caught_where_case_does_not_count(upper in prop::collection::vec(any::<bool>(), 4)) {
+        let name: String = ".env".chars().zip(std::iter::once(false).chain(upper)).map(|(c, up)| if up { c.to_ascii_uppercase() } else { c }).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let none = SessionGrants::new();
+        let read = tool("read_file", READ_ONLY);
+        let insensitive = policy(ApprovalPolicy::OnRequest, "read_file(.env)=deny")
+            .with_paths(PathContext::with_root(dir.path(), true).unwrap());
+        let input = json!({"path": name});
+        let denied = matches!(insensitive.decide(&read, &input, &none), PermissionDecision::Deny { .. });
+        prop_assert!(denied, "{}", name);
+        let sensitive = policy(ApprovalPolicy::OnRequest, "read_file(.env)=deny")
+            .with_paths(PathContext::with_root(dir.path(), false).unwrap());
+        let denied = matches!(sensitive.decide(&read, &json!({"path": name}), &none), PermissionDecision::Deny { .. });
+        prop_assert_eq!(denied, name == ".env");
+    }
+
+    /// A grant for one exact command covers that command and nothing else.
+    #[test]
+    fn an_exact_grant_covers_only_its_own_argv(
+        granted_argv in prop::collection::vec("[a-z]{1,3}", 1..4),
+        other in prop::collection::vec("[a-z]{1,3}", 1..4),
+    ) {
+        let spec = run_command();
+        let input = |argv: &[String]| json!({"command": argv[0], "args": &argv[1..]});
+        let grants = granted(&spec, &input(&granted_argv), DecisionScope::Session);
+        prop_assert_eq!(grants.covering(&spec, &input(&other)).is_some(), other == granted_argv);
+    }
+}

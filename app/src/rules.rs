@@ -1,0 +1,338 @@
+//! Rules and session grants in the page: on a card, the session scopes the server offers and "Always allow" with
+//! its confirmation; at the top, the panel that lists the session's grants and the rules in force, with a way to
+//! remove what a person added. The card keeps its own layout; it places these parts.
+
+use agent::ids::{GrantId, RuleId, RunId, ToolCallId};
+use agent::permissions::{ApprovalChoices, ListedRule, SessionGrant};
+use agent::view::SessionView;
+use agent::wire::{DecisionScope, Resolution};
+use leptos::prelude::*;
+use leptos::task::spawn_local;
+use serde::{Deserialize, Serialize};
+
+use crate::api::Choice;
+use crate::state::{ApprovalKey, Ui};
+
+/// What the panel shows.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RulesAndGrants {
+    pub rules: Vec<ListedRule>,
+    /// The caller's session's grants.
+    pub grants: Vec<SessionGrant>,
+}
+
+#[server(prefix = "/api/fn", endpoint = "rules")]
+pub async fn load_rules_and_grants() -> Result<RulesAndGrants, ServerFnError> {
+    let harness = crate::api::ssr::harness()?;
+    let session = crate::api::ssr::session()?;
+    let failed = |error: String| ServerFnError::new(error);
+    Ok(RulesAndGrants {
+        rules: harness
+            .rules()
+            .await
+            .map_err(|error| failed(error.to_string()))?,
+        grants: harness
+            .grants(&session)
+            .await
+            .map_err(|error| failed(error.to_string()))?
+            .list()
+            .to_vec(),
+    })
+}
+
+/// Adds the rule the card offered for this pending call, then approves the call once. `rule` is the text the
+/// person confirmed; it must be the one offered, so what was confirmed is what is added.
+#[server(prefix = "/api/fn", endpoint = "always_allow")]
+pub async fn always_allow(
+    run_id: RunId,
+    tool_call_id: ToolCallId,
+    rule: String,
+) -> Result<(), ServerFnError> {
+    use agent::approvals::ApprovalNotFound;
+    use agent::policy::{Rule, RuleBookError};
+    use agent::wire::Decision;
+
+    use crate::api::ssr;
+
+    let harness = ssr::harness()?;
+    let session = ssr::session()?;
+    let actor = ssr::actor()?;
+    let gone = || {
+        ssr::not_found(
+            ApprovalNotFound {
+                run_id: run_id.clone(),
+                tool_call_id: tool_call_id.clone(),
+            }
+            .to_string(),
+        )
+    };
+    if ssr::own_run(&harness, &session, &run_id).await?.is_none() {
+        return Err(gone());
+    }
+    let pending = harness
+        .pending(Some(&run_id))
+        .await
+        .map_err(|error| ServerFnError::new(error.to_string()))?
+        .into_iter()
+        .find(|request| request.tool_call_id == tool_call_id)
+        .ok_or_else(gone)?;
+    let offered = pending
+        .choices
+        .always_allow
+        .ok_or_else(|| ServerFnError::new("This approval offers no rule to always allow it."))?;
+    if offered != rule {
+        return Err(ServerFnError::new(format!(
+            "The rule confirmed ({rule}) is not the one offered ({offered}); nothing was added."
+        )));
+    }
+    let parsed = Rule::parse(&offered).map_err(|error| ServerFnError::new(error.to_string()))?;
+    match harness.add_rule(parsed, &actor).await {
+        // Another card, tab or person added the same rule first: what was confirmed is in force.
+        Ok(_) | Err(RuleBookError::AlreadyPresent { .. }) => {}
+        Err(error) => return Err(ServerFnError::new(error.to_string())),
+    }
+    harness
+        .decide(&run_id, &tool_call_id, Decision::approve(), &actor)
+        .await
+        .map(|_| ())
+        .map_err(|error| {
+            ServerFnError::new(format!(
+                "The rule was added, but the call was not approved: {error}"
+            ))
+        })
+}
+
+#[server(prefix = "/api/fn", endpoint = "remove_rule")]
+pub async fn remove_rule(rule_id: RuleId) -> Result<(), ServerFnError> {
+    let harness = crate::api::ssr::harness()?;
+    let actor = crate::api::ssr::actor()?;
+    harness
+        .remove_rule(&rule_id, &actor)
+        .await
+        .map(|_| ())
+        .map_err(|error| ServerFnError::new(error.to_string()))
+}
+
+/// Revokes a grant of the caller's own session.
+#[server(prefix = "/api/fn", endpoint = "revoke_grant")]
+pub async fn revoke_grant(grant_id: GrantId) -> Result<(), ServerFnError> {
+    let harness = crate::api::ssr::harness()?;
+    let session = crate::api::ssr::session()?;
+    let actor = crate::api::ssr::actor()?;
+    harness
+        .revoke_grant(&session, &grant_id, &actor)
+        .await
+        .map(|_| ())
+        .map_err(|error| crate::api::ssr::not_found(error.to_string()))
+}
+
+/// One button per session scope the server offers, with what it covers as its title: the card never promises
+/// more than the grant. `decide` sends the choice.
+pub fn session_buttons(
+    choices: &ApprovalChoices,
+    decide: impl Fn(Choice) + Clone + Send + Sync + 'static,
+    in_flight: Memo<bool>,
+) -> impl IntoView {
+    choices
+        .session
+        .iter()
+        .filter_map(|choice| {
+            let (class, pick) = match choice.scope {
+                DecisionScope::Session => ("approve-session", Choice::ApproveForSession),
+                DecisionScope::SessionProgram => {
+                    ("approve-session-program", Choice::ApproveProgramForSession)
+                }
+                DecisionScope::Once => return None,
+            };
+            let decide = decide.clone();
+            Some(view! {
+                <button
+                    type="button"
+                    class=class
+                    title=choice.covers.clone()
+                    on:click=move |_| decide(pick)
+                    disabled=move || in_flight.get()
+                >
+                    {choice.label.clone()}
+                </button>
+            })
+        })
+        .collect_view()
+}
+
+/// What each session scope covers, and why one is not offered.
+pub fn scope_notes(choices: &ApprovalChoices) -> impl IntoView {
+    let notes: Vec<String> = choices
+        .session
+        .iter()
+        .map(|choice| format!("{}: {}", choice.label, choice.covers))
+        .chain(choices.session_note.clone())
+        .collect();
+    (!notes.is_empty()).then(|| {
+        let items = notes
+            .into_iter()
+            .map(|note| view! { <li>{note}</li> })
+            .collect_view();
+        view! { <ul class="scope-notes">{items}</ul> }
+    })
+}
+
+/// "Always allow…": shows the rule it would add and adds it only once the person confirms, then approves the call.
+#[component]
+pub fn AlwaysAllow(key: ApprovalKey, rule: String, in_flight: Memo<bool>) -> impl IntoView {
+    let ui = expect_context::<Ui>();
+    let confirming = RwSignal::new(false);
+    let rule = StoredValue::new(rule);
+    let confirm = move |_| {
+        let key = key.clone();
+        let rule = rule.get_value();
+        ui.deciding.update(|deciding| {
+            deciding.insert(key.clone());
+        });
+        spawn_local(async move {
+            // The card leaves when `approvalResolved` arrives, as for any decision.
+            match always_allow(key.0.clone(), key.1.clone(), rule).await {
+                Ok(()) => ui.rules_changed.update(|n| *n += 1),
+                Err(error) => {
+                    ui.error
+                        .set(Some(format!("The rule was not added: {error}")));
+                    ui.deciding.update(|deciding| {
+                        deciding.remove(&key);
+                    });
+                }
+            }
+        });
+    };
+    view! {
+        <div class="always-allow">
+            <button
+                type="button"
+                class="link always-allow-open"
+                aria-expanded=move || confirming.get().to_string()
+                on:click=move |_| confirming.set(true)
+                disabled=move || in_flight.get()
+            >
+                "Always allow…"
+            </button>
+            <Show when=move || confirming.get()>
+                <div class="confirm" role="group" aria-label="Confirm the rule">
+                    <span>"Add this rule? Calls it covers run without asking, in every session, until it is removed:"</span>
+                    <code class="rule-text">{rule.get_value()}</code>
+                    <button type="button" class="approve always-allow-confirm" on:click=confirm.clone() disabled=move || in_flight.get()>
+                        "Add rule and approve"
+                    </button>
+                    <button type="button" class="always-allow-cancel" on:click=move |_| confirming.set(false)>
+                        "Cancel"
+                    </button>
+                </div>
+            </Show>
+        </div>
+    }
+    .into_any()
+}
+
+/// How many calls of the session were approved for the session: when it changes, the grants did.
+fn session_approvals(session: &SessionView) -> usize {
+    session
+        .runs
+        .iter()
+        .flat_map(|run| &run.steps)
+        .flat_map(|step| &step.tool_calls)
+        .filter(|call| {
+            matches!(
+                call.resolution,
+                Some(Resolution::Approved { scope, .. }) if scope != DecisionScope::Once
+            )
+        })
+        .count()
+}
+
+/// The session's grants and the rules in force, each with a way to remove it where that is possible.
+#[component]
+pub fn RulesPanel() -> impl IntoView {
+    let ui = expect_context::<Ui>();
+    let panel = RwSignal::new(None::<RulesAndGrants>);
+    let approvals = Memo::new(move |_| ui.session.with(session_approvals));
+    // Effects run in the browser only: the server renders the panel closed and empty.
+    Effect::new(move |_| {
+        ui.rules_changed.track();
+        approvals.track();
+        spawn_local(async move {
+            match load_rules_and_grants().await {
+                Ok(state) => panel.set(Some(state)),
+                Err(error) => ui.error.set(Some(format!(
+                    "The rules and grants could not be loaded: {error}"
+                ))),
+            }
+        });
+    });
+    let after = move |result: Result<(), ServerFnError>, what: &'static str| {
+        if let Err(error) = result {
+            ui.error.set(Some(format!("{what}: {error}")));
+        }
+        ui.rules_changed.update(|n| *n += 1);
+    };
+    let count = move || {
+        panel.with(|state| {
+            state
+                .as_ref()
+                .map_or(0, |state| state.rules.len() + state.grants.len())
+        })
+    };
+
+    view! {
+        <details class="rules-panel">
+            <summary>"Rules and grants (" {count} ")"</summary>
+            {move || panel.get().map(|state| {
+                let grants = if state.grants.is_empty() {
+                    view! { <p class="empty-list">"Nothing is approved for this session."</p> }.into_any()
+                } else {
+                    let items = state.grants.into_iter().map(|grant| {
+                        let id = grant.id.clone();
+                        view! {
+                            <li class="grant" data-grant-id=grant.id.to_string()>
+                                <span>{grant.grant.describe()}</span>
+                                " "
+                                <button type="button" class="link revoke-grant" on:click=move |_| {
+                                    let id = id.clone();
+                                    spawn_local(async move { after(revoke_grant(id).await, "The grant was not revoked") });
+                                }>"Revoke"</button>
+                            </li>
+                        }
+                    }).collect_view();
+                    view! { <ul class="grants">{items}</ul> }.into_any()
+                };
+                let rules = if state.rules.is_empty() {
+                    view! { <p class="empty-list">"No rules: the policy decides alone."</p> }.into_any()
+                } else {
+                    let items = state.rules.into_iter().map(|rule| {
+                        let removable = rule.removable();
+                        let id = rule.id.clone();
+                        view! {
+                            <li class="rule" data-rule-id=rule.id.to_string()>
+                                <code>{rule.rule.clone()}</code>
+                                " "
+                                <span class="origin">{rule.origin.describe()}</span>
+                                {removable.then(|| view! {
+                                    " "
+                                    <button type="button" class="link remove-rule" on:click=move |_| {
+                                        let id = id.clone();
+                                        spawn_local(async move { after(remove_rule(id).await, "The rule was not removed") });
+                                    }>"Remove"</button>
+                                })}
+                            </li>
+                        }
+                    }).collect_view();
+                    view! { <ul class="rules">{items}</ul> }.into_any()
+                };
+                view! {
+                    <h3>"Approved for this session"</h3>
+                    {grants}
+                    <h3>"Rules"</h3>
+                    {rules}
+                }
+            })}
+        </details>
+    }
+    .into_any()
+}

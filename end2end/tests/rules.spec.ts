@@ -1,0 +1,72 @@
+import { expect, test } from "@playwright/test";
+import { card, openPage, screenshot, send } from "./helpers";
+
+/** A file name no other test uses: the rule this test adds covers only it, so parallel tests are unaffected. */
+function unique(name: string) {
+  return `${name}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 6)}.txt`;
+}
+
+test("Always allow shows the rule, adds it only once confirmed, and the same call then runs without a card", async ({
+  page,
+}, testInfo) => {
+  await openPage(page);
+  const file = unique("always");
+  await send(page, `write ${file}: one`);
+  const pending = card(page, "write_file");
+  await expect(pending).toBeVisible();
+  await expect(pending.locator(".scope-notes")).toContainText(
+    "For the rest of this session, write_file runs without asking on any path in the workspace.",
+  );
+
+  // The confirmation shows the exact rule; cancelling adds nothing and leaves the card pending.
+  await pending.getByRole("button", { name: "Always allow…" }).click();
+  const confirm = pending.getByRole("group", { name: "Confirm the rule" });
+  await expect(confirm.locator(".rule-text")).toHaveText(`write_file(${file})=allow`);
+  await screenshot(page, testInfo, "always-allow-confirm");
+  await confirm.getByRole("button", { name: "Cancel" }).click();
+  await expect(confirm).toHaveCount(0);
+  await expect(pending).toBeVisible();
+  const rules = await (await page.request.get("/api/rules")).json();
+  expect(rules.rules.map((r: { rule: string }) => r.rule)).not.toContain(`write_file(${file})=allow`);
+
+  // Confirming adds the rule and approves the call.
+  await pending.getByRole("button", { name: "Always allow…" }).click();
+  await pending.getByRole("button", { name: "Add rule and approve" }).click();
+  await expect(pending).toHaveCount(0);
+  await expect(page.locator(".turn.assistant").last()).toHaveText(`write_file wrote 3 bytes to ${file}.`);
+
+  // The same call runs without a card.
+  await send(page, `write ${file}: again`);
+  await expect(page.locator(".turn.assistant").last()).toHaveText(`write_file wrote 5 bytes to ${file}.`);
+  await expect(page.locator(".approval-card")).toHaveCount(0);
+
+  // The panel lists the rule as added, and removing it makes the call ask again.
+  await page.locator(".rules-panel summary").click();
+  const rule = page.locator(".rules-panel .rule", { hasText: `write_file(${file})=allow` });
+  await expect(rule.locator(".origin")).toHaveText("added by a person");
+  await screenshot(page, testInfo, "rules-panel");
+  await rule.getByRole("button", { name: "Remove" }).click();
+  await expect(rule).toHaveCount(0);
+  await send(page, `write ${file}: three`);
+  await expect(card(page, "write_file")).toBeVisible();
+  await card(page, "write_file").getByRole("button", { name: "Deny" }).click();
+  await expect(card(page, "write_file")).toHaveCount(0);
+});
+
+test("a command's card names what each session scope covers, in plain words", async ({ page }, testInfo) => {
+  await openPage(page);
+  const word = unique("scope").replace(/\.txt$/, "");
+  await send(page, `run echo ${word}`);
+  const pending = card(page, "run_command");
+  await expect(pending).toBeVisible();
+  await expect(pending.getByRole("button", { name: "Approve for session" })).toBeVisible();
+  await expect(pending.getByRole("button", { name: "Approve “echo” with any arguments for session" })).toBeVisible();
+  await expect(pending.locator(".scope-notes")).toContainText(
+    `For the rest of this session, “echo ${word}” runs again without asking: the same program with the same arguments. Any other command still asks.`,
+  );
+  // The texts are for people: no markup shows through.
+  expect(await pending.innerText()).not.toContain("`");
+  await screenshot(page, testInfo, "command-scopes");
+  await pending.getByRole("button", { name: "Deny" }).click();
+  await expect(pending).toHaveCount(0);
+});
