@@ -912,6 +912,53 @@ async fn grants_rules_and_the_audit_log_are_kept_and_filtered(kind: Kind) {
     assert_eq!(by_tool.len(), 1);
 }
 
+/// A decision (a denial, which settles the batch) and the run's own attempt to claim its batch, at the same moment,
+/// on many runs: every decision succeeds and every batch is claimed after it, never a store error. (A decision that locked the call before
+/// the run, beside a claim that locked the run before its calls, deadlocked on PostgreSQL, which failed one.)
+async fn a_decision_and_a_claim_at_once_never_fail_on_locks(kind: Kind) {
+    let backend = open(kind).await;
+    let store = Arc::clone(&backend.store);
+    let runs: Vec<String> = (0..40).map(|i| format!("r{i}")).collect();
+    for run in &runs {
+        store
+            .start_run(new_run(run, &format!("s-{run}")))
+            .await
+            .unwrap()
+            .unwrap();
+        open_waiting(&*store, run, &[("a", u64::MAX)], &[]).await;
+    }
+    let races = runs.iter().map(|run| {
+        let store = Arc::clone(&store);
+        let run = run.clone();
+        tokio::spawn(async move {
+            let (decided, claimed) = tokio::join!(
+                store.decide(
+                    &run_id(&run),
+                    &call_id("a"),
+                    Box::new(|r| Ok(deny(r, DenialSource::User)))
+                ),
+                store.claim_batch(&run_id(&run)),
+            );
+            let decided = decided.map(|d| d.is_ok());
+            // The claim may come before the decision (nothing to claim yet) or after it (the batch).
+            let claimed = match claimed {
+                Ok(Some(_)) => Ok(true),
+                Ok(None) => store.claim_batch(&run_id(&run)).await.map(|c| c.is_some()),
+                Err(error) => Err(error),
+            };
+            (run, decided, claimed)
+        })
+    });
+    for race in futures::future::join_all(races).await {
+        let (run, decided, claimed) = race.unwrap();
+        assert!(
+            matches!(decided, Ok(true)),
+            "{run}: the decision: {decided:?}"
+        );
+        assert!(matches!(claimed, Ok(true)), "{run}: the claim: {claimed:?}");
+    }
+}
+
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
         mod memory {
@@ -940,6 +987,7 @@ conformance!(
     a_suspension_is_taken_once_and_a_replay_is_told_who_took_it,
     retention_forgets_old_runs_and_keeps_open_suspensions,
     grants_rules_and_the_audit_log_are_kept_and_filtered,
+    a_decision_and_a_claim_at_once_never_fail_on_locks,
 );
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -189,8 +189,10 @@ mod tests {
 
     #[test]
     fn cpu_time_is_utime_plus_stime_even_with_spaces_in_the_name() {
-        let stat =
-            "4242 (tool gate) S 1 4242 4242 0 -1 4194560 500 0 0 0 150 50 0 0 20 0 9 0 100 0 0\n";
+        // A whole line as Linux writes it (every field procfs reads), with a space in the command's name.
+        let stat = "4242 (tool gate) S 1 4242 4242 0 -1 4194560 500 0 0 0 150 50 0 0 20 0 9 0 100 \
+                    1290240000 6000 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 \
+                    0 0 0 0 0 0 0 0 0\n";
         let stat = procfs::process::Stat::from_read(stat.as_bytes()).unwrap();
         let cpu = CpuTime::from_stat(&stat, 100);
         assert_eq!(cpu.user, Duration::from_millis(1500));

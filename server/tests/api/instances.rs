@@ -397,3 +397,57 @@ async fn a_graceful_shutdown_hands_waiting_runs_over_instead_of_denying_them() {
     b.signal(libc::SIGTERM);
     b.exit(EXIT_WITHIN).await;
 }
+
+/// A hundred round trips of the approval API in a row on one instance, then as many eight at a time: every one
+/// ends `done` with its tool run once. (A decision locked the call's row and then its run's, while the run's own
+/// task, woken by events written meanwhile, locked the run's row and then its calls': PostgreSQL found the
+/// deadlock and failed one of them, and the decision answered 503, a few trips in a hundred.)
+#[tokio::test]
+async fn round_trips_never_fail_on_locks() {
+    let mut cluster = Cluster::new();
+    let server = cluster.start(&[]).await;
+    let trip = |i: usize| {
+        let (server, cluster) = (&server, &cluster);
+        async move {
+            let name = format!("trip-{i}.txt");
+            // A streamed run in a session of its own, as a client of the approval API starts one.
+            let response = client()
+                .post(server.url("/api/agent/stream"))
+                .json(&json!({"message": format!("write {name}: {i}"), "sessionId": format!("trip-{i}")}))
+                .send()
+                .await
+                .unwrap();
+            let mut stream = SseStream::new(response);
+            let asked = stream.until("approvalRequired").await;
+            let run_id = asked.data["request"]["runId"].as_str().unwrap().to_owned();
+            let call_id = asked.data["request"]["toolCallId"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let decided = decide(server, &run_id, &call_id, "approve").await;
+            assert_eq!(
+                decided.status(),
+                200,
+                "trip {i}: {:?}",
+                decided.text().await
+            );
+            let rest = stream.rest().await;
+            let names: Vec<&str> = rest.iter().map(|e| e.name.as_str()).collect();
+            assert_eq!(names.last(), Some(&"done"), "trip {i}: {names:?}");
+            assert_eq!(
+                rest.iter().filter(|e| e.name == "toolResult").count(),
+                1,
+                "trip {i}: {names:?}"
+            );
+            assert!(cluster.file(&name).exists(), "{name} was written");
+        }
+    };
+    for i in 0..100 {
+        trip(i).await;
+    }
+    for round in 0..12 {
+        futures::future::join_all((0..8).map(|i| trip(100 + round * 8 + i))).await;
+    }
+    server.signal(libc::SIGTERM);
+    server.exit(EXIT_WITHIN).await;
+}

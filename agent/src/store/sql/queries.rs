@@ -163,6 +163,20 @@ impl SqlStore {
     }
 }
 
+/// Locks a run's row before its calls' rows (PostgreSQL; SQLite's one writer needs no lock). Every transaction
+/// that changes both takes the run first, so two of them never hold one each and wait for the other (a deadlock,
+/// which PostgreSQL breaks by failing one of them).
+async fn lock_run_in(dialect: super::Dialect, connection: &mut Tx, run_id: &RunId) -> Db<()> {
+    if dialect == super::Dialect::Sqlite {
+        return Ok(());
+    }
+    query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+        .bind(run_id.as_str())
+        .fetch_optional(&mut *connection)
+        .await?;
+    Ok(())
+}
+
 /// The newest sequence number of a run, for notifications after a change that appended nothing.
 async fn last_seq_in(connection: &mut Tx, run_id: &RunId) -> Db<u64> {
     let row = query("SELECT last_seq FROM runs WHERE id = $1")
@@ -432,6 +446,9 @@ impl SqlStore {
         pick: &[CallStatus],
         settle: &(dyn Fn(&CallRecord) -> Settlement + Send + Sync),
     ) -> StoreResult<(Vec<CallRecord>, Vec<AuditEntry>, Option<u64>)> {
+        lock_run_in(self.dialect, &mut *connection, run_id)
+            .await
+            .map_err(unavailable)?;
         let rows = query(format!(
             "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
             self.dialect.for_update()
@@ -527,6 +544,9 @@ impl Store for SqlStore {
         let call_id = call_id.clone();
         async move {
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            lock_run_in(self.dialect, &mut tx, &run_id)
+                .await
+                .map_err(unavailable)?;
             let row = query(format!(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 AND status = 'pending'{}",
                 self.dialect.for_update()
@@ -585,6 +605,9 @@ impl Store for SqlStore {
             for row in due {
                 let run_id = run_id(row.try_get(0).map_err(unavailable)?)?;
                 let mut tx = self.writer.begin().await.map_err(unavailable)?;
+                lock_run_in(self.dialect, &mut tx, &run_id)
+                    .await
+                    .map_err(unavailable)?;
                 let rows = query(format!(
                     "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND status = 'pending' \
                      AND expires_at <= $2 ORDER BY idx{}",
@@ -712,6 +735,9 @@ impl Store for SqlStore {
                     Some(record)
                 }
                 None => {
+                    lock_run_in(self.dialect, &mut tx, &run_id)
+                        .await
+                        .map_err(unavailable)?;
                     let row = query(format!(
                         "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
                          AND status IN ('allowed', 'approved'){}",
@@ -755,6 +781,9 @@ impl Store for SqlStore {
         async move {
             self.flush_appends().await;
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            lock_run_in(self.dialect, &mut tx, &result.run_id)
+                .await
+                .map_err(unavailable)?;
             let row = query(format!(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
                  AND status = 'executing' AND executing_on = $3{}",
