@@ -319,6 +319,14 @@ impl SqlStore {
         let appender = Arc::downgrade(&store);
         let wake = Arc::clone(&store.appended);
         tokio::spawn(async move { append_forever(appender, wake).await });
+        if let DatabaseUrl::Sqlite(path) = url {
+            let connection = sqlite_connection(path, false).map_err(|e| connect_error(&e))?;
+            let weak = Arc::downgrade(&store);
+            std::thread::Builder::new()
+                .name("toolgate-checkpoint".to_owned())
+                .spawn(move || checkpoint_forever(connection, weak))
+                .map_err(|e| connect_error(&e))?;
+        }
         if let DatabaseUrl::Postgres(url) = url {
             let mut listener = sqlx::postgres::PgListener::connect(url)
                 .await
@@ -572,7 +580,10 @@ fn postgres_pool(connections: u32) -> PgPoolOptions {
 
 /// Opens a SQLite connection as the store uses it. WAL: the reader never waits for the writer. NORMAL: a commit
 /// survives a crash of the process (the WAL is written); only a crash of the machine may lose the last commits.
-/// busy_timeout: a reader that meets a checkpoint waits instead of failing.
+/// busy_timeout: a reader that meets a checkpoint waits instead of failing. No automatic checkpoints: a commit that
+/// crossed the threshold would copy the WAL into the database and wait for the disk (fsync) on the task that
+/// committed, holding the writer; [`checkpoint_forever`] does it on a thread of its own instead. Memory-mapped
+/// reads: a read of a page is a memory access, not a system call.
 fn sqlite_connection(path: &Path, read_only: bool) -> rusqlite::Result<rusqlite::Connection> {
     use rusqlite::OpenFlags;
     let flags = if read_only {
@@ -584,12 +595,32 @@ fn sqlite_connection(path: &Path, read_only: bool) -> rusqlite::Result<rusqlite:
     connection.busy_timeout(Duration::from_secs(5))?;
     if !read_only {
         connection.execute_batch(
-            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;
+             PRAGMA wal_autocheckpoint = 0;",
         )?;
     }
+    connection.execute_batch("PRAGMA mmap_size = 268435456;")?;
     // Every statement the store runs, prepared once.
     connection.set_prepared_statement_cache_capacity(256);
     Ok(connection)
+}
+
+/// How often the checkpointer copies the WAL into the database.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+
+/// Copies what the WAL holds into the database file, as long as the store lives, on its own thread and connection
+/// (it waits for the disk). PASSIVE: it never blocks the writer or a reader; what it could not copy it copies next
+/// time, and once all is copied the next commit starts the WAL from its beginning again, so the file stays small.
+fn checkpoint_forever(connection: rusqlite::Connection, store: std::sync::Weak<SqlStore>) {
+    loop {
+        std::thread::sleep(CHECKPOINT_EVERY);
+        if store.strong_count() == 0 {
+            return;
+        }
+        if let Err(error) = connection.execute_batch("PRAGMA wal_checkpoint(PASSIVE);") {
+            tracing::warn!(%error, "cannot checkpoint the database's WAL");
+        }
+    }
 }
 
 /// How often readers re-read what they follow even without a doorbell: notifications can be lost (a listener's
