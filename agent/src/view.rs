@@ -388,6 +388,7 @@ mod tests {
             reason: "destructive".into(),
             requested_at: 1,
             expires_at: 2,
+            preview: None,
         };
         let list = [
             StreamEvent::RunStarted {

@@ -126,6 +126,7 @@ mod tests {
             reason: "destructive".into(),
             requested_at: 0,
             expires_at: 1,
+            preview: None,
         });
         assert_eq!(call_status(&waiting).1, "waiting for approval");
 

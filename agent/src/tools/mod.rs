@@ -4,6 +4,7 @@
 //! before anything runs; invalid input is a recoverable output for the model, never a crash.
 
 mod builtin;
+pub mod preview;
 mod process_tree;
 mod workspace;
 
@@ -15,7 +16,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::ids::RunId;
-use crate::wire::{ToolErrorCode, ToolOutput, ToolSpec};
+use crate::wire::{ApprovalPreview, ToolErrorCode, ToolOutput, ToolSpec};
 
 pub use builtin::{
     CommandLimits, DeleteFile, ListFiles, ReadFile, RunCommand, WriteFile, workspace_tools,
@@ -70,6 +71,13 @@ pub trait Tool: Send + Sync {
 
     /// Runs the tool with input that already satisfies its schema.
     fn execute<'a>(&'a self, input: Value, context: &'a ToolContext) -> ToolFuture<'a>;
+
+    /// What a call with this input (which satisfies the schema) would do, for the person asked to approve it:
+    /// worked out once, when the call asks, and sent with the approval request. It must be quick and bounded, and
+    /// touch only what the tool itself may (see [`preview`]). `None`: the arguments say it all.
+    fn preview(&self, _input: &Value) -> Option<ApprovalPreview> {
+        None
+    }
 }
 
 /// Why a tool cannot join a toolbox.
