@@ -1,14 +1,13 @@
-//! The page's parts: the transcript, the ApprovalBar, the composer and the debug console.
+//! The page's parts: the transcript, the composer and the debug console (the ApprovalBar is in `card`).
 
 use agent::view::{RunStatus, RunView, ToolCallView};
-use agent::wire::ApprovalRequest;
 use leptos::html;
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 
-use crate::api::{Choice, cancel_run, decide_approval, start_run};
-use crate::format::{call_status, clock, countdown, output_text, permission_label, pretty_json};
-use crate::state::{Connection, Ui, key_of};
+use crate::api::{cancel_run, start_run};
+use crate::format::{call_status, clock, output_text, permission_label, pretty_json};
+use crate::state::{Connection, Ui};
 
 fn ui() -> Ui {
     expect_context::<Ui>()
@@ -37,10 +36,21 @@ pub fn ErrorBanner() -> impl IntoView {
 pub fn ConnectionNote() -> impl IntoView {
     let ui = ui();
     move || match ui.connection.get() {
-        Connection::Reconnecting => Some(view! {
-            <p class="connection" role="status">"Connection lost; reconnecting…"</p>
-        }),
-        _ => None,
+        Connection::Reconnecting => Some(
+            view! {
+                <p class="connection" role="status">"Connection lost; reconnecting…"</p>
+            }
+            .into_any(),
+        ),
+        Connection::Lost { retry_in_secs } => Some(
+            view! {
+                <p class="connection" role="status">
+                    {format!("The server does not answer; trying again in {retry_in_secs} s…")}
+                </p>
+            }
+            .into_any(),
+        ),
+        Connection::Live => None,
     }
 }
 
@@ -144,116 +154,6 @@ pub fn Transcript() -> impl IntoView {
     .into_any()
 }
 
-#[component]
-fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
-    let ui = ui();
-    let key = key_of(&request);
-    let card = NodeRef::<html::Article>::new();
-    let reason_input = NodeRef::<html::Input>::new();
-    let dom_id = format!("approval-{}-{}", request.run_id, request.tool_call_id);
-    let title_id = format!("{dom_id}-title");
-    let labelled_by = title_id.clone();
-    let reason_id = format!("{dom_id}-reason");
-    let reason_for = reason_id.clone();
-    let expires_at = request.expires_at;
-    // The page's clock ticks once a second: never show more time than the approval was given.
-    let requested_at = request.requested_at;
-
-    // A new card takes the focus (the card, not a button: a stray Enter must not approve anything).
-    Effect::new(move |_| {
-        if let Some(card) = card.get() {
-            let _ = card.focus();
-        }
-    });
-
-    let in_flight = {
-        let key = key.clone();
-        Memo::new(move |_| ui.deciding.with(|deciding| deciding.contains(&key)))
-    };
-    let decide = move |choice: Choice| {
-        let key = key.clone();
-        let reason = reason_input
-            .get()
-            .map(|input| input.value())
-            .filter(|reason| !reason.trim().is_empty());
-        ui.deciding.update(|deciding| {
-            deciding.insert(key.clone());
-        });
-        spawn_local(async move {
-            // The card leaves when `approvalResolved` arrives on the stream, never on this call's success.
-            if let Err(error) = decide_approval(key.0.clone(), key.1.clone(), choice, reason).await
-            {
-                ui.error.set(Some(format!(
-                    "The decision did not reach the server: {error}"
-                )));
-                ui.deciding.update(|deciding| {
-                    deciding.remove(&key);
-                });
-            }
-        });
-    };
-    let approve = {
-        let decide = decide.clone();
-        move |_| decide(Choice::Approve)
-    };
-    let approve_session = {
-        let decide = decide.clone();
-        move |_| decide(Choice::ApproveForSession)
-    };
-    let deny = move |_| decide(Choice::Deny);
-
-    view! {
-        <article
-            class="approval-card"
-            id=dom_id
-            tabindex="-1"
-            aria-labelledby=labelled_by
-            data-tool-call-id=request.tool_call_id.to_string()
-            node_ref=card
-        >
-            <header>
-                <h3 id=title_id>"Run " <code>{request.tool_name.clone()}</code> "?"</h3>
-                <span class="countdown">{move || countdown(expires_at, ui.now_ms.get().max(requested_at))}</span>
-            </header>
-            <p class="reason">{request.reason.clone()}</p>
-            <pre class="arguments" aria-label="Arguments">{pretty_json(&request.arguments)}</pre>
-            <div class="actions">
-                <button type="button" class="approve" on:click=approve disabled=move || in_flight.get()>
-                    "Approve"
-                </button>
-                <button type="button" class="approve-session" on:click=approve_session disabled=move || in_flight.get()>
-                    "Approve for session"
-                </button>
-                <label class="deny-reason" for=reason_for>
-                    <span>"Reason (optional)"</span>
-                    <input type="text" id=reason_id node_ref=reason_input maxlength="2000" disabled=move || in_flight.get()/>
-                </label>
-                <button type="button" class="deny" on:click=deny disabled=move || in_flight.get()>
-                    "Deny"
-                </button>
-            </div>
-        </article>
-    }
-    .into_any()
-}
-
-/// One card per pending approval. A card leaves only when its `approvalResolved` event arrives.
-#[component]
-pub fn ApprovalBar() -> impl IntoView {
-    let ui = ui();
-    let pending = Memo::new(move |_| ui.pending());
-    view! {
-        <section class="approval-bar" aria-label="Pending approvals" hidden=move || pending.with(Vec::is_empty)>
-            <For
-                each=move || pending.get()
-                key=key_of
-                children=move |request| view! { <ApprovalCard request/> }
-            />
-        </section>
-    }
-    .into_any()
-}
-
 /// The message box. Disabled, with the reason shown, while an approval waits or a run is going.
 #[component]
 pub fn Composer() -> impl IntoView {
@@ -291,8 +191,9 @@ pub fn Composer() -> impl IntoView {
             return;
         }
         ui.sending.set(true);
+        let session = ui.session_id();
         spawn_local(async move {
-            match start_run(message).await {
+            match start_run(message, Some(session)).await {
                 // The session's stream brings the new run's events.
                 Ok(_run_id) => {
                     if let Some(area) = textarea.get_untracked() {
@@ -318,8 +219,9 @@ pub fn Composer() -> impl IntoView {
     };
     let cancel = move |_| {
         if let Some(run_id) = active_run.get_untracked() {
+            let session = ui.session_id();
             spawn_local(async move {
-                if let Err(error) = cancel_run(run_id).await {
+                if let Err(error) = cancel_run(run_id, Some(session)).await {
                     ui.error
                         .set(Some(format!("The run could not be cancelled: {error}")));
                 }

@@ -25,7 +25,7 @@ use crate::body::{MAX_BODY_BYTES, limit_body};
 use crate::config::{Config, ModelKind};
 use crate::error::ApiError;
 use crate::security::{Security, SecurityError, SecuritySettings};
-use crate::session_cookie::ensure_session;
+use crate::session_cookie::{SessionCookies, ensure_session};
 use crate::state::AppState;
 use crate::streams::StreamLimit;
 
@@ -208,7 +208,10 @@ fn router(state: AppState, security: &Security) -> Router {
             },
         )
         .layer(axum::middleware::from_fn_with_state(
-            security.cookie_policy(),
+            SessionCookies {
+                cookies: security.cookie_policy(),
+                logins: security.has_logins(),
+            },
             ensure_session,
         ));
     let routes = match security.routes() {
