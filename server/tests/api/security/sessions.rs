@@ -354,7 +354,7 @@ async fn a_new_conversation_is_listed_and_a_listed_one_becomes_current() {
         "{cookies:?}"
     );
     assert!(
-        cookies.contains(&format!("toolgate_sessions={id}|first")),
+        cookies.contains(&format!("toolgate_sessions={id}%7Cfirst")),
         "{cookies:?}"
     );
 
@@ -363,7 +363,7 @@ async fn a_new_conversation_is_listed_and_a_listed_one_becomes_current() {
         .get(app.url("/?session=first"))
         .header(
             "cookie",
-            format!("toolgate_session={id}; toolgate_sessions={id}|first"),
+            format!("toolgate_session={id}; toolgate_sessions={id}%7Cfirst"),
         )
         .send()
         .await
@@ -375,7 +375,7 @@ async fn a_new_conversation_is_listed_and_a_listed_one_becomes_current() {
         "{cookies:?}"
     );
     assert!(
-        cookies.contains(&format!("toolgate_sessions=first|{id}")),
+        cookies.contains(&format!("toolgate_sessions=first%7C{id}")),
         "{cookies:?}"
     );
 }
