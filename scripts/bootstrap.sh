@@ -53,7 +53,15 @@ if [ ! -x /usr/bin/chromium ]; then
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
 fi
 
-# 6. The end-to-end test packages, exactly as locked.
+# 6. PostgreSQL's server binaries, for the tests of the PostgreSQL store and of several instances (the tests start
+#    their own throwaway server from them; nothing is left running). The machine image usually has them.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  say "installing PostgreSQL from Debian"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql postgresql-client
+fi
+
+# 7. The end-to-end test packages, exactly as locked.
 if [ ! -d end2end/node_modules/@playwright/test ] || [ end2end/package-lock.json -nt end2end/node_modules/.package-lock.json ]; then
   say "installing the end-to-end test packages"
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix end2end --no-audit --no-fund

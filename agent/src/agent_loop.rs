@@ -31,6 +31,9 @@ pub struct LoopLimits {
     pub max_identical_calls: usize,
     /// Blocked repeats tolerated before the run ends.
     pub repeat_strikes: usize,
+    /// Bytes (of the messages' JSON) the earlier conversation may take in what the model is sent; past it the
+    /// oldest turns are left out. The run's own messages are always sent.
+    pub context_bytes: usize,
 }
 
 impl Default for LoopLimits {
@@ -39,8 +42,36 @@ impl Default for LoopLimits {
             max_steps: 12,
             max_identical_calls: 2,
             repeat_strikes: 2,
+            context_bytes: 256 * 1024,
         }
     }
+}
+
+/// Where what the model is sent starts: the oldest whole turns of the earlier conversation (`messages[..prior]`)
+/// are left out until it fits `budget` bytes. A turn is a user message and everything after it up to the next one,
+/// so a call and its result are always left out together. Returns the index of the first message sent.
+pub fn context_start(messages: &[Message], prior: usize, budget: usize) -> usize {
+    let prior = prior.min(messages.len());
+    let sizes: Vec<usize> = messages[..prior]
+        .iter()
+        .map(|message| serde_json::to_string(message).map_or(0, |json| json.len()))
+        .collect();
+    let mut earlier: usize = sizes.iter().sum();
+    let mut start = 0;
+    while earlier > budget {
+        // The next turn starts at the next user message after `start`.
+        let Some(next) = messages[start + 1..prior]
+            .iter()
+            .position(|message| matches!(message, Message::User { .. }))
+            .map(|offset| start + 1 + offset)
+        else {
+            // The earlier conversation is one turn: leave it all out.
+            return prior;
+        };
+        earlier -= sizes[start..next].iter().sum::<usize>();
+        start = next;
+    }
+    start
 }
 
 /// A call of an interrupted batch that waits for a person.
@@ -346,11 +377,10 @@ fn emit_started(context: &RunContext, user_message: &str, parent_run_id: Option<
 /// Runs a call of a batch this run holds, recorded as it begins; the model's call id must be new in the run.
 async fn run_inline(context: &RunContext, record: CallRecord) -> Result<ToolOutput, RunError> {
     let call_id = record.call.id.clone();
-    match execute(context, &call_id, Some(record)).await? {
+    match execute(context, &call_id, Some((record, context.epoch))).await? {
         Some(output) => Ok(output),
-        None => Err(RunError::Model(format!(
-            "the model reused the tool call id {call_id} within one run"
-        ))),
+        // Not this run's owner any more, or the model gave two calls of one batch the same id.
+        None => Err(RunError::Lost),
     }
 }
 
@@ -387,7 +417,9 @@ async fn sample(
     first_step: u32,
 ) -> (RunEnd, u32) {
     let tools = context.toolbox.specs();
+    let prior = conversation.prior;
     let messages = &mut conversation.messages;
+    let mut trimmed_reported = false;
     let aborted = || {
         RunEnd::Failed(RunError::Aborted {
             reason: context.abort.reason(),
@@ -399,10 +431,19 @@ async fn sample(
             return (aborted(), step - 1);
         }
         context.emit(AgentEvent::StepStarted { step });
+        let start = context_start(messages, prior, limits.context_bytes);
+        if start > 0 && !trimmed_reported {
+            trimmed_reported = true;
+            context.emit(AgentEvent::ContextTrimmed {
+                step,
+                omitted_messages: u32::try_from(start).unwrap_or(u32::MAX),
+            });
+        }
+        let sent = &messages[start..];
         context.emit(AgentEvent::ModelRequested {
             step,
             model: model.name().to_owned(),
-            messages: messages.len(),
+            messages: sent.len(),
             tools: tools.len(),
         });
         let started = Instant::now();
@@ -413,7 +454,7 @@ async fn sample(
         {
             let mut stream = model.stream(ModelRequest {
                 run_id: &context.run_id,
-                messages,
+                messages: sent,
                 tools: &tools,
             });
             loop {
@@ -449,6 +490,15 @@ async fn sample(
         });
         if calls.is_empty() {
             return (RunEnd::Answer(text), step);
+        }
+        let mut ids = std::collections::HashSet::with_capacity(calls.len());
+        if let Some(twice) = calls.iter().find(|call| !ids.insert(&call.id)) {
+            let error = RunError::Model(format!(
+                "the model gave two calls of one step the same id ({})",
+                twice.id
+            ));
+            answer_unfinished(messages, &calls, &error);
+            return (RunEnd::Failed(error), step);
         }
 
         // Prepare the whole batch before any of it runs.
@@ -615,5 +665,68 @@ pub fn answer_unfinished(messages: &mut Vec<Message>, calls: &[ToolCall], error:
                 ),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(text: &str) -> Message {
+        Message::User {
+            content: text.to_owned(),
+        }
+    }
+
+    fn assistant(text: &str) -> Message {
+        Message::Assistant {
+            content: text.to_owned(),
+            tool_calls: Vec::new(),
+        }
+    }
+
+    fn size(messages: &[Message]) -> usize {
+        messages
+            .iter()
+            .map(|m| serde_json::to_string(m).unwrap().len())
+            .sum()
+    }
+
+    #[test]
+    fn the_oldest_whole_turns_go_first_and_the_runs_own_messages_always_stay() {
+        let turns: Vec<Message> = (0..4)
+            .flat_map(|i| {
+                [
+                    user(&format!("question {i}")),
+                    assistant(&format!("answer {i}")),
+                ]
+            })
+            .collect();
+        let mut messages = turns.clone();
+        messages.push(user("the question of this run"));
+        let prior = turns.len();
+        assert_eq!(
+            context_start(&messages, prior, usize::MAX),
+            0,
+            "everything fits"
+        );
+        // Room for the last two turns of the earlier conversation only.
+        let budget = size(&turns[4..]);
+        assert_eq!(context_start(&messages, prior, budget), 4);
+        assert!(
+            matches!(messages[4], Message::User { .. }),
+            "a turn starts the window"
+        );
+        assert_eq!(context_start(&messages, prior, budget - 1), 6);
+        assert_eq!(
+            context_start(&messages, prior, 0),
+            prior,
+            "with no room, only the run's own messages are sent"
+        );
+        assert_eq!(
+            context_start(&messages, 0, 0),
+            0,
+            "a run's own messages are never cut"
+        );
     }
 }

@@ -66,6 +66,10 @@ pub enum AgentEvent {
         tool_name: String,
         times: usize,
     },
+    ContextTrimmed {
+        step: u32,
+        omitted_messages: u32,
+    },
     ToolFinished {
         tool_call_id: ToolCallId,
         tool_name: String,
@@ -223,6 +227,14 @@ impl AgentEvent {
                 ),
                 None,
             )],
+            AgentEvent::ContextTrimmed {
+                step,
+                omitted_messages,
+            } => vec![StreamEvent::ContextTrimmed {
+                run_id,
+                step,
+                omitted_messages,
+            }],
             AgentEvent::ToolFinished {
                 tool_call_id,
                 tool_name,

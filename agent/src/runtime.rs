@@ -171,6 +171,8 @@ pub struct RunContext {
     /// Where the run's streaming events go (the store's log of the run, through its owner's epoch).
     pub events: Arc<dyn EventSink>,
     pub store: Arc<dyn Store>,
+    /// The claim this process holds on the run while it samples (0 when it only runs a waiting run's calls).
+    pub epoch: Epoch,
 }
 
 impl RunContext {
@@ -325,7 +327,7 @@ pub const EDITED_NOTE: &str = "A person edited the arguments of this call before
 pub async fn execute(
     context: &RunContext,
     call_id: &crate::ids::ToolCallId,
-    inline: Option<CallRecord>,
+    inline: Option<(CallRecord, Epoch)>,
 ) -> Result<Option<ToolOutput>, RunError> {
     let begun = context
         .store

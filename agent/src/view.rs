@@ -130,6 +130,9 @@ pub struct RunView {
     pub error: Option<RunFailure>,
     /// The sequence number of the last event applied: a subscriber resumes after it.
     pub last_seq: u64,
+    /// How many of the conversation's oldest messages the model was not sent, when a long conversation was bounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub omitted_messages: Option<u32>,
     #[serde(default)]
     pub debug: Vec<DebugEntry>,
 }
@@ -157,6 +160,7 @@ impl RunView {
                 answer: None,
                 error: None,
                 last_seq: event.seq,
+                omitted_messages: None,
                 debug: Vec::new(),
             }),
             _ => None,
@@ -282,6 +286,11 @@ impl RunView {
                     data: data.clone(),
                 });
             }
+            StreamEvent::ContextTrimmed {
+                omitted_messages, ..
+            } => {
+                self.omitted_messages = Some(*omitted_messages);
+            }
             StreamEvent::Done { answer, .. } => {
                 self.status = RunStatus::Done;
                 self.answer = Some(answer.clone());
@@ -358,6 +367,7 @@ pub fn event_run_id(event: &StreamEvent) -> &RunId {
         | StreamEvent::ApprovalResolved { run_id, .. }
         | StreamEvent::ToolResult { run_id, .. }
         | StreamEvent::Debug { run_id, .. }
+        | StreamEvent::ContextTrimmed { run_id, .. }
         | StreamEvent::Done { run_id, .. }
         | StreamEvent::Interrupted { run_id, .. }
         | StreamEvent::Error { run_id, .. } => run_id,

@@ -607,6 +607,15 @@ pub enum StreamEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         data: Option<Value>,
     },
+    /// What the model is sent was bounded: the oldest turns of the conversation were left out of it (they stay in
+    /// the session).
+    #[serde(rename_all = "camelCase")]
+    ContextTrimmed {
+        run_id: RunId,
+        step: u32,
+        /// Messages left out, the oldest ones.
+        omitted_messages: u32,
+    },
     /// The run ended with a final answer.
     #[serde(rename_all = "camelCase")]
     Done {
@@ -641,6 +650,7 @@ impl StreamEvent {
             Self::ApprovalResolved { .. } => "approvalResolved",
             Self::ToolResult { .. } => "toolResult",
             Self::Debug { .. } => "debug",
+            Self::ContextTrimmed { .. } => "contextTrimmed",
             Self::Done { .. } => "done",
             Self::Interrupted { .. } => "interrupted",
             Self::Error { .. } => "error",
@@ -648,7 +658,7 @@ impl StreamEvent {
     }
 
     /// Every event name, for clients that subscribe by name (EventSource).
-    pub const KINDS: [&'static str; 11] = [
+    pub const KINDS: [&'static str; 12] = [
         "runStarted",
         "step",
         "assistantDelta",
@@ -657,6 +667,7 @@ impl StreamEvent {
         "approvalResolved",
         "toolResult",
         "debug",
+        "contextTrimmed",
         "done",
         "interrupted",
         "error",

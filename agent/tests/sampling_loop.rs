@@ -311,3 +311,79 @@ async fn a_model_error_ends_the_run_with_its_message() {
     assert_eq!(code, RunErrorCode::Model);
     assert!(message.contains("reset by peer"));
 }
+
+#[tokio::test]
+async fn a_long_conversation_sends_the_model_its_newest_turns_and_says_so() {
+    let fx = fixture_with(
+        ApprovalPolicy::OnRequest,
+        rules(""),
+        LoopLimits {
+            context_bytes: 400,
+            ..LoopLimits::default()
+        },
+        (0..6)
+            .map(|i| text_step(&format!("answer number {i}, {}", "x".repeat(60))))
+            .collect(),
+    );
+    let session: agent::ids::SessionId = "long".parse().unwrap();
+    let mut last = Vec::new();
+    for i in 0..6 {
+        let run = fx
+            .harness
+            .start(agent::harness::StartRun {
+                message: format!("question number {i}"),
+                session_id: Some(session.clone()),
+                policy: None,
+                mode: ApprovalMode::Interactive,
+                run_id: None,
+                source: agent::harness::RunSource::Session,
+            })
+            .await
+            .unwrap();
+        last = all_events(&run).await;
+        assert!(
+            answer(&last).is_some(),
+            "run {i} answers whatever the conversation's length"
+        );
+    }
+    let sent = fx.model.requests().last().unwrap().clone();
+    assert!(
+        matches!(&sent[0], Message::User { .. }),
+        "the window starts at a turn: {sent:?}"
+    );
+    assert_eq!(
+        sent.last(),
+        Some(&Message::User {
+            content: "question number 5".into()
+        }),
+        "the run's own message is always sent"
+    );
+    let history = fx.harness.store().history(&session).await.unwrap();
+    assert_eq!(history.len(), 12, "the session keeps every message");
+    let omitted = last
+        .iter()
+        .find_map(|event| match event {
+            StreamEvent::ContextTrimmed {
+                omitted_messages, ..
+            } => Some(*omitted_messages as usize),
+            _ => None,
+        })
+        .expect("the transcript says some turns were left out");
+    // The last run's earlier conversation: the five runs before it, a question and an answer each.
+    assert_eq!(omitted + sent.len() - 1, 10);
+    assert!(omitted > 0);
+    let view = fx
+        .harness
+        .run_view(&last_run_id(&last))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.omitted_messages, Some(omitted as u32));
+}
+
+fn last_run_id(events: &[StreamEvent]) -> agent::ids::RunId {
+    match &events[0] {
+        StreamEvent::RunStarted { run_id, .. } => run_id.clone(),
+        other => panic!("{other:?}"),
+    }
+}

@@ -114,9 +114,15 @@ fn RunEntry(run: RunView) -> impl IntoView {
             view! { {text} {calls} }
         })
         .collect_view();
+    let omitted = run.omitted_messages.map(|omitted| {
+        format!(
+            "The conversation is long: its {omitted} oldest messages were left out of what the model was sent."
+        )
+    });
     view! {
         <li class="run" data-run-id=run.run_id.to_string()>
             <div class="turn user"><p>{run.message}</p></div>
+            {omitted.map(|note| view! { <p class="note context-note" role="note">{note}</p> })}
             {steps}
             {thinking.then(|| view! { <p class="thinking" role="status">"Working…"</p> })}
             {failure.map(|failure| view! {

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use procfs::Current;
 use procfs::process::{LimitValue, Process};
-use procfs::{Current, FromRead};
 
 /// Clock ticks per second, the unit of `utime` and `stime` in /proc/PID/stat (`getconf CLK_TCK`).
 pub fn clock_ticks() -> u64 {
@@ -185,6 +185,7 @@ impl Machine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use procfs::FromRead;
 
     #[test]
     fn cpu_time_is_utime_plus_stime_even_with_spaces_in_the_name() {

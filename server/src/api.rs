@@ -10,7 +10,6 @@ use std::time::Duration;
 use agent::harness::{Actor, Harness, RunHandle, StartRun};
 use agent::ids::{RunId, SessionId, ToolCallId};
 use agent::request_body::StartRunInput;
-use agent::runtime::AbortReason;
 use agent::store::EncodedEvent;
 use agent::view::RunView;
 use agent::wire::{ApprovalMode, Decision, RunErrorCode};
@@ -57,7 +56,7 @@ impl Drop for AbortOnDrop {
         if let Some(run) = self.run.take()
             && !self.ended.load(Ordering::Acquire)
         {
-            run.abort(AbortReason::Disconnected);
+            run.client_gone();
         }
     }
 }
@@ -129,8 +128,14 @@ async fn start_run(
     Ok(state.harness.start(StartRun::new(input, mode)).await?)
 }
 
-pub async fn healthz() -> &'static str {
-    "ok"
+/// `GET /healthz`: `ok` while the server accepts requests, with this instance's id (one per process start; several
+/// instances on one PostgreSQL each have their own) and the store it runs on.
+pub async fn healthz(State(state): State<AppState>) -> String {
+    format!(
+        "ok\ninstance: {}\nstore: {}\n",
+        state.harness.store().instance(),
+        state.harness.store_kind().as_str()
+    )
 }
 
 /// The HTTP status for a run that ended in an error.
@@ -383,4 +388,72 @@ pub async fn decide(
         "resolution": resolved.resolution,
     }))
     .into_response())
+}
+
+/// The most audit entries one page holds.
+const AUDIT_PAGE_MAX: usize = 1_000;
+
+/// `GET /api/audit?sessionId=&runId=&tool=&outcome=&since=&until=&after=&limit=`: the audit log, oldest first,
+/// a page at a time; `next` is the `after` of the next page (none at the end).
+pub async fn audit_log(
+    State(state): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let known = [
+        "sessionId",
+        "runId",
+        "tool",
+        "outcome",
+        "since",
+        "until",
+        "after",
+        "limit",
+    ];
+    if let Some(unknown) = query.keys().find(|key| !known.contains(&key.as_str())) {
+        return Err(ApiError::field(
+            unknown,
+            format!("Unknown filter; the filters are {}", known.join(", ")),
+        ));
+    }
+    let time = |field: &str| {
+        query
+            .get(field)
+            .map(|raw| {
+                crate::config::parse_time(raw).map_err(|error| ApiError::field(field, error))
+            })
+            .transpose()
+    };
+    let number = |field: &str| {
+        query
+            .get(field)
+            .map(|raw| {
+                raw.parse::<u64>()
+                    .map_err(|_| ApiError::field(field, "Expected a non-negative integer"))
+            })
+            .transpose()
+    };
+    let limit = number("limit")?
+        .map_or(100, |limit| limit as usize)
+        .clamp(1, AUDIT_PAGE_MAX);
+    let filter = agent::store::AuditQuery {
+        session_id: query
+            .get("sessionId")
+            .map(|raw| SessionId::parse(raw.as_str()).map_err(|e| ApiError::bad_id("sessionId", e)))
+            .transpose()?,
+        run_id: query
+            .get("runId")
+            .map(|raw| parse_run_id(raw))
+            .transpose()?,
+        tool: query.get("tool").cloned(),
+        outcome: query.get("outcome").cloned(),
+        since: time("since")?,
+        until: time("until")?,
+        after_id: number("after")?,
+        limit,
+    };
+    let entries = state.harness.audit_log(filter).await?;
+    let next = (entries.len() == limit)
+        .then(|| entries.last().map(|entry| entry.id))
+        .flatten();
+    Ok(Json(json!({"ok": true, "entries": entries, "next": next})).into_response())
 }

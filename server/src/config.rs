@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agent::policy::ToolRules;
+use agent::store::sql::DatabaseUrl;
 use agent::wire::ApprovalPolicy;
-use clap::{Parser, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::security::{AccessToken, PublicOrigin};
 
@@ -19,6 +20,75 @@ pub enum ModelKind {
     Openai,
 }
 
+/// Where toolgate keeps its state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Database {
+    /// In this process only: a restart loses everything, and what was pending counts as denied.
+    Memory,
+    /// SQLite or PostgreSQL.
+    Sql(DatabaseUrl),
+}
+
+impl Database {
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value.trim() {
+            "memory" => Ok(Self::Memory),
+            other => DatabaseUrl::parse(other).map(Self::Sql),
+        }
+    }
+}
+
+/// What the binary can do besides serving.
+#[derive(Clone, Debug, Subcommand)]
+pub enum Command {
+    /// Prints the audit log as JSON lines, oldest first (reads the database; the server may keep running).
+    Audit(AuditArgs),
+}
+
+/// Which audit entries `toolgate audit` prints.
+#[derive(Clone, Debug, Args)]
+pub struct AuditArgs {
+    /// Only this session's entries.
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Only this run's entries.
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Only this tool's entries.
+    #[arg(long)]
+    pub tool: Option<String>,
+    /// Only entries with this outcome (requested, approved, approved_with_edits, denied, timed_out, aborted, ...).
+    #[arg(long)]
+    pub outcome: Option<String>,
+    /// From this time on: RFC 3339 (2026-11-30T10:00:00Z) or milliseconds since the Unix epoch.
+    #[arg(long, value_parser = parse_time)]
+    pub since: Option<u64>,
+    /// Before this time: RFC 3339 or milliseconds since the Unix epoch.
+    #[arg(long, value_parser = parse_time)]
+    pub until: Option<u64>,
+    /// At most this many entries.
+    #[arg(long, default_value_t = 10_000)]
+    pub limit: usize,
+}
+
+/// A time as RFC 3339 or as milliseconds since the Unix epoch.
+pub fn parse_time(value: &str) -> Result<u64, String> {
+    if let Ok(ms) = value.parse::<u64>() {
+        return Ok(ms);
+    }
+    humantime::parse_rfc3339_weak(value)
+        .map_err(|error| {
+            format!(
+                "{value:?} is not a time ({error}): use RFC 3339 or milliseconds since the epoch"
+            )
+        })
+        .and_then(|time| {
+            time.duration_since(std::time::UNIX_EPOCH)
+                .map(|since| since.as_millis() as u64)
+                .map_err(|_| format!("{value:?} is before 1970"))
+        })
+}
+
 /// toolgate: an LLM agent whose every tool call passes a permission policy, with a person in the loop.
 #[derive(Clone, Debug, Parser)]
 #[command(
@@ -28,6 +98,37 @@ pub enum ModelKind {
     long_about = None
 )]
 pub struct Config {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Where toolgate keeps sessions, runs, approvals, grants and the audit log: `sqlite://PATH` (a file, created
+    /// when missing; one toolgate process per file), `postgres://USER:PASSWORD@HOST:PORT/DATABASE` (several
+    /// instances may share it), or `memory` (nothing survives the process).
+    #[arg(long, env = "TOOLGATE_DATABASE_URL", default_value = "sqlite://toolgate.db", value_parser = Database::parse, hide_env_values = true)]
+    pub database_url: Database,
+
+    /// With PostgreSQL: seconds an instance may go without a heartbeat (sent every fifth of it) before the others
+    /// take its work over. Measured on the database's clock.
+    #[arg(long, env = "TOOLGATE_LEASE_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub lease_secs: u64,
+
+    /// Runs not ended (sampling, or waiting for people) the server may hold; past it a new run gets 503
+    /// `SERVER_FULL` and the runs it holds go on.
+    #[arg(long, env = "TOOLGATE_MAX_ACTIVE_RUNS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_active_runs: u64,
+
+    /// Sessions the server may hold; past it a run in a new session gets 503 `SERVER_FULL`.
+    #[arg(long, env = "TOOLGATE_MAX_SESSIONS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_sessions: u64,
+
+    /// Days a finished run (its events and transcript) is kept.
+    #[arg(long, env = "TOOLGATE_RETENTION_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=36_500))]
+    pub retention_days: u64,
+
+    /// MiB of event log kept over all runs; past it the oldest finished runs go first.
+    #[arg(long, env = "TOOLGATE_EVENT_LOG_MIB", default_value_t = 1_024, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub event_log_mib: u64,
+
     /// Address to listen on.
     #[arg(long, env = "TOOLGATE_ADDR", default_value = "127.0.0.1:3000")]
     pub addr: SocketAddr,
@@ -94,6 +195,11 @@ pub struct Config {
     #[arg(long, env = "TOOLGATE_COMMAND_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3_600))]
     pub command_timeout_secs: u64,
 
+    /// KiB of the earlier conversation a model step may be sent (the messages' JSON); past it the oldest turns are
+    /// left out, and the transcript says so. A run's own messages are always sent.
+    #[arg(long, env = "TOOLGATE_CONTEXT_KIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub context_kib: u64,
+
     /// Model steps a run may take before it stops without an answer.
     #[arg(long, env = "TOOLGATE_MAX_STEPS", default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=1_000))]
     pub max_steps: u32,
@@ -129,11 +235,13 @@ impl Config {
         Duration::from_secs(self.approval_timeout_secs)
     }
 
-    /// A configuration for tests: port 0 on loopback, scripted model, the given workspace.
+    /// A configuration for tests: port 0 on loopback, scripted model, the given workspace, a memory store (tests
+    /// of the durable stores say so).
     pub fn for_tests(workspace: impl Into<PathBuf>) -> Self {
         let mut config = Self::parse_from(["toolgate"]);
         config.addr = SocketAddr::from(([127, 0, 0, 1], 0));
         config.workspace = workspace.into();
+        config.database_url = Database::Memory;
         config
     }
 }
@@ -154,6 +262,52 @@ mod tests {
         assert_eq!(config.openai_model, "gpt-4o-mini");
         assert_eq!(config.openai_timeout_secs, 120);
         assert_eq!(config.max_streams_per_client, 1_000);
+        assert_eq!(
+            config.database_url,
+            Database::Sql(DatabaseUrl::Sqlite(PathBuf::from("toolgate.db"))),
+            "durable by default, a file beside where toolgate runs"
+        );
+        assert_eq!(config.retention_days, 30);
+    }
+
+    #[test]
+    fn databases_are_named_by_url_and_bad_ones_are_refused() {
+        let parse = |url: &str| Config::try_parse_from(["toolgate", "--database-url", url]);
+        assert_eq!(parse("memory").unwrap().database_url, Database::Memory);
+        assert_eq!(
+            parse("sqlite:///var/lib/toolgate/state.db")
+                .unwrap()
+                .database_url,
+            Database::Sql(DatabaseUrl::Sqlite(PathBuf::from(
+                "/var/lib/toolgate/state.db"
+            )))
+        );
+        assert_eq!(
+            parse("postgres://tg:secret@db:5432/toolgate")
+                .unwrap()
+                .database_url,
+            Database::Sql(DatabaseUrl::Postgres(
+                "postgres://tg:secret@db:5432/toolgate".into()
+            ))
+        );
+        let error = parse("mysql://x").unwrap_err().to_string();
+        assert!(
+            error.contains("use sqlite://PATH, postgres://..., or memory"),
+            "{error}"
+        );
+        let printed = format!("{:?}", parse("postgres://tg:secret@db/x").unwrap());
+        assert!(
+            !printed.contains("secret"),
+            "a password is never printed: {printed}"
+        );
+        assert!(printed.contains("postgres://tg:***@db/x"), "{printed}");
+    }
+
+    #[test]
+    fn audit_times_are_rfc3339_or_milliseconds() {
+        assert_eq!(parse_time("1700000000000"), Ok(1_700_000_000_000));
+        assert_eq!(parse_time("2026-11-30T10:00:00Z"), Ok(1_796_032_800_000));
+        assert!(parse_time("yesterday").unwrap_err().contains("RFC 3339"));
     }
 
     #[test]

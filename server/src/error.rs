@@ -77,6 +77,7 @@ fn start_refusal(error: &StartError) -> (StatusCode, &'static str) {
         StartError::PolicyTooLoose { .. } => (StatusCode::FORBIDDEN, "POLICY_TOO_LOOSE"),
         StartError::RunIdTaken(_) => (StatusCode::CONFLICT, "RUN_ID_TAKEN"),
         StartError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "STORE_UNAVAILABLE"),
+        StartError::Full { .. } => (StatusCode::SERVICE_UNAVAILABLE, "SERVER_FULL"),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The `toolgate` binary: parse the configuration, start the server, stop cleanly on SIGINT or SIGTERM.
 
 use clap::Parser;
-use server::config::Config;
+use server::config::{AuditArgs, Command, Config, Database};
 use server::startup::{build, shutdown_signal};
 use tracing_subscriber::EnvFilter;
 
@@ -21,6 +21,9 @@ fn main() -> std::process::ExitCode {
 
 async fn run() -> std::process::ExitCode {
     let config = Config::parse();
+    if let Some(Command::Audit(args)) = &config.command {
+        return print_audit(&config.database_url, args).await;
+    }
     let filter = EnvFilter::try_new(&config.log).unwrap_or_else(|error| {
         eprintln!(
             "toolgate: ignoring the log filter {:?}: {error}",
@@ -47,4 +50,78 @@ async fn run() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `toolgate audit`: the audit log as JSON lines, oldest first.
+async fn print_audit(database: &Database, args: &AuditArgs) -> std::process::ExitCode {
+    use std::io::Write;
+
+    let Database::Sql(url) = database else {
+        eprintln!(
+            "toolgate: the memory store keeps no audit log beyond its process; name the database with --database-url"
+        );
+        return std::process::ExitCode::FAILURE;
+    };
+    let store = match agent::store::sql::SqlStore::read_only(url).await {
+        Ok(store) => store,
+        Err(error) => {
+            eprintln!("toolgate: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let parse = |what: &str, raw: &Option<String>| -> Result<Option<String>, String> {
+        match raw {
+            Some(id) if id.is_empty() => Err(format!("--{what} names nothing")),
+            other => Ok(other.clone()),
+        }
+    };
+    let query = (|| -> Result<agent::store::AuditQuery, String> {
+        Ok(agent::store::AuditQuery {
+            session_id: parse("session", &args.session)?
+                .map(agent::ids::SessionId::parse)
+                .transpose()
+                .map_err(|error| format!("--session: {error}"))?,
+            run_id: parse("run", &args.run)?
+                .map(agent::ids::RunId::parse)
+                .transpose()
+                .map_err(|error| format!("--run: {error}"))?,
+            tool: args.tool.clone(),
+            outcome: args.outcome.clone(),
+            since: args.since,
+            until: args.until,
+            after_id: None,
+            limit: args.limit,
+        })
+    })();
+    let mut query = match query {
+        Ok(query) => query,
+        Err(error) => {
+            eprintln!("toolgate: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let mut left = args.limit;
+    while left > 0 {
+        query.limit = left.min(1_000);
+        let entries = match agent::store::Store::audit_log(&*store, query.clone()).await {
+            Ok(entries) => entries,
+            Err(error) => {
+                eprintln!("toolgate: cannot read the audit log: {error}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        for entry in &entries {
+            if writeln!(out, "{}", serde_json::to_string(entry).unwrap_or_default()).is_err() {
+                // The reader went away (`toolgate audit | head`): that is not an error.
+                return std::process::ExitCode::SUCCESS;
+            }
+        }
+        left -= entries.len();
+        match entries.last() {
+            Some(last) if entries.len() == query.limit => query.after_id = Some(last.id),
+            _ => break,
+        }
+    }
+    std::process::ExitCode::SUCCESS
 }

@@ -5,9 +5,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::harness::{Harness, HarnessConfig};
+use agent::harness::{Harness, HarnessConfig, Retention};
 use agent::model::{ApiKey, Model, OpenAiConfig, OpenAiModel, ScriptedModel};
 use agent::policy::PermissionPolicy;
+use agent::store::Store;
+use agent::store::memory::MemoryStore;
+use agent::store::sql::{OpenError, SqlStore};
 use agent::tools::{CommandLimits, Workspace, workspace_tools};
 use app::api::ssr::LoginRequired;
 use axum::Router;
@@ -22,7 +25,7 @@ use crate::agui;
 use crate::api;
 use crate::assets;
 use crate::body::{MAX_BODY_BYTES, limit_body};
-use crate::config::{Config, ModelKind};
+use crate::config::{Config, Database, ModelKind};
 use crate::error::ApiError;
 use crate::security::{Security, SecurityError, SecuritySettings};
 use crate::session_cookie::{SessionCookies, ensure_session};
@@ -48,6 +51,10 @@ pub enum StartupError {
     Config(String),
     #[error(transparent)]
     Security(#[from] SecurityError),
+    #[error(transparent)]
+    Store(#[from] OpenError),
+    #[error("cannot recover what a stopped toolgate left in the database: {0}")]
+    Recover(String),
 }
 
 /// A built application, bound to its address, not yet serving.
@@ -134,7 +141,20 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         config.approval_timeout(),
     );
     harness_config.limits.max_steps = config.max_steps;
-    let harness = Harness::new(harness_config, model(&config)?, toolbox);
+    harness_config.limits.context_bytes =
+        usize::try_from(config.context_kib * 1024).unwrap_or(usize::MAX);
+    harness_config.retention = Retention {
+        finished_ttl: Duration::from_secs(config.retention_days * 24 * 60 * 60),
+        event_log_bytes: config.event_log_mib * 1024 * 1024,
+        max_unfinished_runs: config.max_active_runs,
+        max_sessions: config.max_sessions,
+        ..Retention::default()
+    };
+    harness_config.takeover_every = Duration::from_secs(config.lease_secs).div_f64(2.0);
+    let store = open_store(&config.database_url, Duration::from_secs(config.lease_secs)).await?;
+    let harness = Harness::open(harness_config, model(&config)?, toolbox, store)
+        .await
+        .map_err(|error| StartupError::Recover(error.to_string()))?;
 
     let listener = TcpListener::bind(config.addr)
         .await
@@ -158,6 +178,9 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         %addr,
         workspace = %workspace.root().display(),
         model = harness.model_name(),
+        store = harness.store_kind().as_str(),
+        database = %describe_database(&config.database_url),
+        instance = %harness.store().instance(),
         policy = %config.policy,
         rules = %config.rules,
         assets = assets::file_count(),
@@ -169,6 +192,24 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         router: security.protect(router(state, &security)),
         harness,
     })
+}
+
+/// Opens the store the configuration names.
+pub async fn open_store(
+    database: &Database,
+    lease: Duration,
+) -> Result<Arc<dyn Store>, StartupError> {
+    Ok(match database {
+        Database::Memory => Arc::new(MemoryStore::new()),
+        Database::Sql(url) => SqlStore::open_with_lease(url, lease).await?,
+    })
+}
+
+fn describe_database(database: &Database) -> String {
+    match database {
+        Database::Memory => "memory (nothing survives the process)".to_owned(),
+        Database::Sql(url) => url.to_string(),
+    }
 }
 
 fn router(state: AppState, security: &Security) -> Router {
@@ -190,6 +231,7 @@ fn router(state: AppState, security: &Security) -> Router {
             post(api::decide),
         )
         .route("/api/agui", post(agui::run))
+        .route("/api/audit", get(api::audit_log))
         .route("/api/{*rest}", any(api_not_found));
 
     let harness = state.harness.clone();

@@ -9,12 +9,13 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::task::Poll;
 
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use futures::{Stream, StreamExt};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::error::ApiError;
 
@@ -40,7 +41,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
 type OpenCounts = Arc<Mutex<HashMap<IpAddr, usize>>>;
 
 fn lock(open: &OpenCounts) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
-    open.lock().unwrap_or_else(PoisonError::into_inner)
+    open.lock()
 }
 
 /// The open streams of every client, and how many one client may have.

@@ -45,6 +45,7 @@ impl Harness {
                     self.inner.config.permissions.policy,
                     local.abort.clone(),
                     Arc::new(NoEvents),
+                    0,
                 )
                 .await;
             let results = futures::future::join_all(

@@ -76,6 +76,7 @@ impl Harness {
         policy: ApprovalPolicy,
         abort: RunAbort,
         events: Arc<dyn EventSink>,
+        epoch: Epoch,
     ) -> RunContext {
         let inner = &self.inner;
         let grants = match self.grants(&info.session_id).await {
@@ -97,6 +98,7 @@ impl Harness {
             abort,
             events,
             store: Arc::clone(&inner.store),
+            epoch,
         }
     }
 
@@ -127,7 +129,7 @@ impl Harness {
                 _ => policy,
             };
             let context = harness
-                .context(&info, policy, local.abort.clone(), Arc::new(events))
+                .context(&info, policy, local.abort.clone(), Arc::new(events), epoch)
                 .await;
             let model = Arc::clone(&harness.inner.model);
             let limits = harness.inner.config.limits;

@@ -51,13 +51,15 @@ use crate::tools::Toolbox;
 use crate::view::{RunView, SessionView};
 use crate::wire::ApprovalRequest;
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct HarnessConfig {
     /// The server's policy and rules. A run may ask for a stricter policy, never a looser one.
     pub permissions: PermissionPolicy,
     pub approval_timeout: Duration,
     pub limits: LoopLimits,
     pub retention: Retention,
+    /// How often an instance on a shared database looks for stopped instances to take over from.
+    pub takeover_every: Duration,
 }
 
 impl HarnessConfig {
@@ -67,6 +69,7 @@ impl HarnessConfig {
             approval_timeout,
             limits: LoopLimits::default(),
             retention: Retention::default(),
+            takeover_every: Duration::from_secs(2),
         }
     }
 }
@@ -346,7 +349,7 @@ impl Harness {
         let ended = tokio::time::timeout(grace, self.inner.tasks.wait())
             .await
             .is_ok();
-        let flushed = tokio::time::timeout(grace, self.inner.store.flush()).await;
+        let flushed = tokio::time::timeout(grace, self.inner.store.close()).await;
         self.inner.closed.cancel();
         ended && matches!(flushed, Ok(Ok(()))) && self.inner.local.is_empty()
     }
@@ -359,6 +362,56 @@ impl Harness {
         runtime.spawn(async move { sweeper.sweep_expired_forever().await });
         let pruner = self.clone();
         runtime.spawn(async move { pruner.prune_forever().await });
+        let listener = self.clone();
+        runtime.spawn(async move { listener.stop_what_others_abort().await });
+        if self.inner.store.kind() == StoreKind::Postgres {
+            let watcher = self.clone();
+            runtime.spawn(async move { watcher.take_over_from_the_dead_forever().await });
+        }
+    }
+
+    /// Stops this process's tasks and tools of runs another instance aborted.
+    async fn stop_what_others_abort(self) {
+        let mut aborts = self.inner.store.remote_aborts();
+        loop {
+            tokio::select! {
+                () = self.inner.closed.cancelled() => return,
+                aborted = aborts.recv() => match aborted {
+                    Ok((run_id, reason)) => self.inner.local.abort(&run_id, reason),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+    }
+
+    /// Several instances on one database: now and then, take over the work of instances whose heartbeat stopped
+    /// (their sampling runs end `RESTARTED`, their running calls are interrupted), and pick up waiting runs with
+    /// work nobody does.
+    async fn take_over_from_the_dead_forever(self) {
+        let every = self.inner.config.takeover_every;
+        loop {
+            tokio::select! {
+                () = self.inner.closing.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            match self.inner.store.recover(finish::recovery_events()).await {
+                Ok(recovered) => {
+                    if !recovered.failed_runs.is_empty() || !recovered.interrupted_calls.is_empty()
+                    {
+                        tracing::warn!(
+                            failed_runs = recovered.failed_runs.len(),
+                            interrupted_calls = recovered.interrupted_calls.len(),
+                            "took over the work of an instance that stopped"
+                        );
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "cannot look for stopped instances"),
+            }
+            if let Err(error) = self.kick_stalled().await {
+                tracing::warn!(%error, "cannot look for waiting runs with work to do");
+            }
+        }
     }
 
     /// Forgets finished runs past the retention limits now. Returns how many went.

@@ -16,6 +16,10 @@ pub struct Retention {
     pub event_bytes_per_run: usize,
     /// How many of a session's newest runs a page shows.
     pub runs_shown: usize,
+    /// Runs not ended (sampling or waiting) the store may hold; past it a new run is refused.
+    pub max_unfinished_runs: u64,
+    /// Sessions the store may hold; past it a run in a new session is refused.
+    pub max_sessions: u64,
     /// How often old runs are pruned.
     pub prune_every: Duration,
 }
@@ -28,6 +32,8 @@ impl Default for Retention {
             events_per_run: 50_000,
             event_bytes_per_run: 32 * 1024 * 1024,
             runs_shown: 200,
+            max_unfinished_runs: 100_000,
+            max_sessions: 100_000,
             prune_every: Duration::from_secs(60),
         }
     }

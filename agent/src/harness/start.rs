@@ -74,6 +74,11 @@ pub enum StartError {
     /// The store could not record the run; nothing started.
     #[error("The run could not be recorded, so it did not start: {0}")]
     Unavailable(String),
+    /// The server holds as much as it may; the runs it holds go on.
+    #[error(
+        "The server holds {held} {what}, the most it may; finish or cancel some, or wait for old ones to be pruned. Nothing was started."
+    )]
+    Full { what: &'static str, held: u64 },
 }
 
 impl Harness {
@@ -94,6 +99,7 @@ impl Harness {
             Some(requested) => requested,
             None => configured,
         };
+        self.check_room(request.session_id.as_ref()).await?;
         let session_id = request.session_id.unwrap_or_else(SessionId::generate);
         let run_id = request.run_id.unwrap_or_else(RunId::generate);
         let parent_run_id = match &request.source {
@@ -150,5 +156,43 @@ impl Harness {
         };
         self.spawn_segment(info.clone(), policy, epoch, segment);
         Ok(RunHandle::new(self.clone(), info))
+    }
+}
+
+impl Harness {
+    /// Refuses a new run when the store holds as many unfinished runs (or, for a new session, sessions) as it may.
+    async fn check_room(&self, session: Option<&SessionId>) -> Result<(), StartError> {
+        let retention = self.inner.config.retention;
+        let counts = self
+            .inner
+            .store
+            .counts()
+            .await
+            .map_err(|error| StartError::Unavailable(error.to_string()))?;
+        if counts.unfinished_runs >= retention.max_unfinished_runs {
+            return Err(StartError::Full {
+                what: "runs that have not ended",
+                held: counts.unfinished_runs,
+            });
+        }
+        if counts.sessions >= retention.max_sessions {
+            let known = match session {
+                Some(session) => !self
+                    .inner
+                    .store
+                    .session_runs(session, 1)
+                    .await
+                    .map_err(|error| StartError::Unavailable(error.to_string()))?
+                    .is_empty(),
+                None => false,
+            };
+            if !known {
+                return Err(StartError::Full {
+                    what: "sessions",
+                    held: counts.sessions,
+                });
+            }
+        }
+        Ok(())
     }
 }

@@ -113,6 +113,14 @@ impl RunHandle {
         });
     }
 
+    /// The client of a streamed run went away: the run is aborted, unless the harness itself is closing (then the
+    /// server ended the stream, not the client, and a durable run stays as it is for after the restart).
+    pub fn client_gone(&self) {
+        if !self.harness.is_closing() {
+            self.abort(AbortReason::Disconnected);
+        }
+    }
+
     /// The run's whole conversation, once it ended, for runs whose client owns the conversation.
     pub async fn conversation(&self) -> Result<Option<Vec<Message>>, Unavailable> {
         Ok(self

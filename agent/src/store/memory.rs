@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use super::watches::Watches;
 use super::*;
 use crate::clock::now_ms;
+use crate::runtime::AbortReason;
 
 struct SessionRow {
     title: String,
@@ -88,6 +89,8 @@ struct Tables {
     runs: HashMap<RunId, RunRow>,
     /// Finished runs, oldest first, for retention.
     finished: VecDeque<RunId>,
+    /// How many runs have not ended.
+    unfinished: u64,
     audit: Vec<AuditEntry>,
     rules: Vec<StoredRule>,
 }
@@ -110,6 +113,8 @@ impl Tables {
 /// The store of a single process's memory.
 pub struct MemoryStore {
     instance: InstanceId,
+    /// Never sent to: there is no other instance.
+    aborts: tokio::sync::broadcast::Sender<(RunId, AbortReason)>,
     tables: Mutex<Tables>,
     runs: Watches<RunId>,
     sessions: Watches<SessionId>,
@@ -125,6 +130,7 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self {
             instance: InstanceId::generate(),
+            aborts: tokio::sync::broadcast::channel(1).0,
             tables: Mutex::new(Tables::default()),
             runs: Watches::default(),
             sessions: Watches::default(),
@@ -201,6 +207,7 @@ impl Store for MemoryStore {
                         row.append(run.events);
                         let seq = row.info.last_seq;
                         tables.runs.insert(run.run_id.clone(), row);
+                        tables.unfinished += 1;
                         Ok((seq, runs_in_session))
                     }
                 }
@@ -231,6 +238,15 @@ impl Store for MemoryStore {
 
     fn flush(&self) -> StoreFuture<'_, ()> {
         Self::ready(())
+    }
+
+    fn close(&self) -> StoreFuture<'_, ()> {
+        Self::ready(())
+    }
+
+    fn remote_aborts(&self) -> tokio::sync::broadcast::Receiver<(RunId, AbortReason)> {
+        // One process: every abort is local.
+        self.aborts.subscribe()
     }
 
     fn open_batch(&self, batch: OpenBatch) -> StoreFuture<'_, Result<(), Fenced>> {
@@ -342,11 +358,12 @@ impl Store for MemoryStore {
         &self,
         run_id: &RunId,
         call_id: &ToolCallId,
-        inline: Option<CallRecord>,
+        inline: Option<(CallRecord, Epoch)>,
     ) -> StoreFuture<'_, Option<CallRecord>> {
         let mut tables = self.tables.lock();
         let begun = tables.runs.get_mut(run_id).and_then(|row| {
-            if let Some(mut record) = inline {
+            if let Some((mut record, epoch)) = inline {
+                row.owned_by(&self.instance, epoch).ok()?;
                 // A call of an earlier batch may have had the same id (the id is the model's); one of this
                 // batch may not.
                 if row
@@ -479,6 +496,7 @@ impl Store for MemoryStore {
                 }
             };
             outcome.map(|(seq, entries)| {
+                tables.unfinished = tables.unfinished.saturating_sub(1);
                 tables.audit(entries);
                 seq
             })
@@ -727,6 +745,15 @@ impl Store for MemoryStore {
         Self::ready(runs)
     }
 
+    fn counts(&self) -> StoreFuture<'_, Counts> {
+        let tables = self.tables.lock();
+        let counts = Counts {
+            unfinished_runs: tables.unfinished,
+            sessions: tables.sessions.len() as u64,
+        };
+        Self::ready(counts)
+    }
+
     fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>> {
         let tables = self.tables.lock();
         let stalled = tables
@@ -856,14 +883,4 @@ impl Store for MemoryStore {
         tables.finished = kept;
         Self::ready(pruned)
     }
-}
-
-/// A session's title: its first message, on one line, shortened.
-pub fn title_of(message: &str) -> String {
-    let line = message.lines().next().unwrap_or_default().trim();
-    let mut title: String = line.chars().take(80).collect();
-    if line.chars().count() > 80 {
-        title.push('…');
-    }
-    title
 }

@@ -22,6 +22,8 @@
 //! - `done` and `failed`: ended, with a terminal event as the last of the log.
 
 pub mod memory;
+#[cfg(feature = "sql")]
+pub mod sql;
 mod watches;
 
 use std::fmt;
@@ -304,7 +306,8 @@ impl CallStatus {
 }
 
 /// One tool call of a batch, as stored.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct CallRecord {
     pub run_id: RunId,
     pub call: ToolCall,
@@ -475,10 +478,13 @@ pub struct Recovered {
     pub interrupted_calls: Vec<(RunId, ToolCallId)>,
 }
 
+/// Makes the terminal events of a run that was sampling when its process died.
+pub type RunFailedEvents = Box<dyn Fn(&RunInfo) -> Vec<NewEvent> + Send + Sync>;
+
 /// How recovery words what it records.
 pub struct RecoveryEvents {
     /// The terminal event of a run that was sampling.
-    pub run_failed: Box<dyn Fn(&RunInfo) -> Vec<NewEvent> + Send + Sync>,
+    pub run_failed: RunFailedEvents,
     /// The output, events and audit of a call that was running.
     pub call_interrupted: Box<dyn Fn(&CallRecord) -> Settlement + Send + Sync>,
 }
@@ -530,8 +536,6 @@ pub enum AuditKind {
     ApprovalResolved,
     /// A call that was running when its process died: its effect is unknown.
     CallInterrupted,
-    /// A pending approval of a run that a restart ended.
-    ApprovalLost,
     /// An AG-UI resume was refused.
     ResumeRefused,
     /// A session grant was revoked.
@@ -546,7 +550,6 @@ impl AuditKind {
             Self::ApprovalRequested => "approval_requested",
             Self::ApprovalResolved => "approval_resolved",
             Self::CallInterrupted => "call_interrupted",
-            Self::ApprovalLost => "approval_lost",
             Self::ResumeRefused => "resume_refused",
             Self::GrantRevoked => "grant_revoked",
             Self::RuleChanged => "rule_changed",
@@ -558,7 +561,6 @@ impl AuditKind {
             "approval_requested" => Self::ApprovalRequested,
             "approval_resolved" => Self::ApprovalResolved,
             "call_interrupted" => Self::CallInterrupted,
-            "approval_lost" => Self::ApprovalLost,
             "resume_refused" => Self::ResumeRefused,
             "grant_revoked" => Self::GrantRevoked,
             "rule_changed" => Self::RuleChanged,
@@ -601,6 +603,23 @@ impl AuditQuery {
             && self.until.is_none_or(|until| entry.at < until)
             && self.after_id.is_none_or(|after| entry.id > after)
     }
+}
+
+/// A session's title: its first message, on one line, shortened.
+pub fn title_of(message: &str) -> String {
+    let line = message.lines().next().unwrap_or_default().trim();
+    let mut title: String = line.chars().take(80).collect();
+    if line.chars().count() > 80 {
+        title.push('…');
+    }
+    title
+}
+
+/// How much a store holds, for the bounds on what clients can make it hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub unfinished_runs: u64,
+    pub sessions: u64,
 }
 
 /// A session, as listed.
@@ -676,6 +695,12 @@ pub trait Store: Send + Sync + 'static {
     /// Waits until everything appended so far is durable (or dropped as fenced).
     fn flush(&self) -> StoreFuture<'_, ()>;
 
+    /// Flushes, and tells other instances this one is gone (so that they take its work over at once).
+    fn close(&self) -> StoreFuture<'_, ()>;
+
+    /// Runs other instances aborted that this one may be working on (its tasks and tools stop).
+    fn remote_aborts(&self) -> tokio::sync::broadcast::Receiver<(RunId, AbortReason)>;
+
     /// Opens a batch: the run becomes `waiting`, its calls and their approvals are stored with their events.
     fn open_batch(&self, batch: OpenBatch) -> StoreFuture<'_, Result<(), Fenced>>;
 
@@ -693,15 +718,17 @@ pub trait Store: Send + Sync + 'static {
     /// The earliest expiry among pending approvals, to know when to look again.
     fn next_expiry(&self) -> StoreFuture<'_, Option<u64>>;
 
-    /// Takes a call to run on this instance: allowed or approved, not started. `None` when someone else took it
-    /// or it is no longer to run. A call of a running run's own batch (`inline`) is inserted as it begins; it
+    /// Takes a call to run on this instance: allowed or approved, not started. `None` when someone else took it,
+    /// it is no longer to run, or this instance's lease ran out (another may have taken its work over). A call of a
+    /// running run's own batch (`inline`) is inserted as it begins, only while this instance holds the run at that
+    /// epoch (checked in the same transaction: a partitioned old owner never runs a call of a run taken over); it
     /// replaces a finished call of an earlier batch with the same id (ids are the model's), never one of its own
     /// batch.
     fn begin_call(
         &self,
         run_id: &RunId,
         call_id: &ToolCallId,
-        inline: Option<CallRecord>,
+        inline: Option<(CallRecord, Epoch)>,
     ) -> StoreFuture<'_, Option<CallRecord>>;
 
     /// Records a call's output, if this instance still runs it (recovery may have declared it interrupted).
@@ -723,7 +750,8 @@ pub trait Store: Send + Sync + 'static {
         settle: SettleExpired,
     ) -> StoreFuture<'_, Option<Aborted>>;
 
-    /// Fails the runs and interrupts the calls of dead instances (for SQLite at start: every other instance).
+    /// Fails the runs and interrupts the calls of dead instances: for SQLite, whoever held the file before this
+    /// process; for PostgreSQL, instances whose heartbeat stopped (on the database's clock).
     fn recover(&self, events: RecoveryEvents) -> StoreFuture<'_, Recovered>;
 
     // ---- AG-UI suspensions
@@ -779,6 +807,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Runs that have not ended.
     fn unfinished_runs(&self) -> StoreFuture<'_, Vec<RunId>>;
+
+    /// How much the store holds: runs not ended, and sessions.
+    fn counts(&self) -> StoreFuture<'_, Counts>;
 
     /// Waiting runs that have work no instance is doing: calls to run, or a settled batch to claim.
     fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>>;

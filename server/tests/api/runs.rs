@@ -264,3 +264,63 @@ async fn shutdown_aborts_pending_runs_ends_their_streams_and_exits_quickly() {
         "shutdown took {took:?}"
     );
 }
+
+#[tokio::test]
+async fn once_a_cancel_answered_no_decision_succeeds_and_every_call_of_the_run_has_its_end() {
+    let app = spawn_app().await;
+    let run_id = app
+        .create_run(json!({"message": "write a.txt: one and write b.txt: two"}))
+        .await;
+    let mut events = app.events(&run_id, None).await;
+    let first = events.until("approvalRequired").await;
+    let second = events.until("approvalRequired").await;
+    let call = |event: &crate::helpers::SseEvent| {
+        event.data["request"]["toolCallId"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (first, second) = (call(&first), call(&second));
+    // One approved, then the run cancelled before the other is decided.
+    assert_eq!(
+        app.decide(&run_id, &first, json!({"decision": "approve"}))
+            .await
+            .status(),
+        200
+    );
+    let cancelled = app
+        .post_json(&format!("/api/agent/runs/{run_id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(cancelled.status(), 200);
+    let late = app
+        .decide(&run_id, &second, json!({"decision": "approve"}))
+        .await;
+    assert_eq!(
+        late.status(),
+        404,
+        "no decision succeeds once the cancel answered"
+    );
+
+    let rest = events.rest().await;
+    assert_eq!(rest.last().unwrap().data["code"], "ABORTED");
+    let run: Value = app
+        .get(&format!("/api/agent/runs/{run_id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let calls: Vec<&Value> = run["run"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|step| step["toolCalls"].as_array().unwrap())
+        .collect();
+    assert_eq!(calls.len(), 2);
+    for call in calls {
+        assert!(
+            call["output"].is_object(),
+            "every call has its end, none is left running: {call}"
+        );
+    }
+    assert!(!app.file("b.txt").exists(), "the undecided call never ran");
+}

@@ -2,165 +2,17 @@
 //! nothing left running), it refuses to listen beyond loopback without a token, it never prints the token, and the
 //! commands it runs never see the model's key.
 
-use std::net::SocketAddr;
-use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
 
 use crate::helpers::{PATIENCE, SseStream};
+use crate::process::{EXIT_WITHIN, Server, toolgate};
 
-/// How long a signalled server may take to exit: "within a few seconds", as the README promises.
-const EXIT_WITHIN: Duration = Duration::from_secs(5);
-
-/// The binary with a clean environment of its own: no `TOOLGATE_*` of whoever runs the tests.
-fn toolgate(args: &[&str], envs: &[(&str, &str)]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
-    for (name, _) in std::env::vars() {
-        if name.starts_with("TOOLGATE_") || name == "OPENAI_API_KEY" {
-            command.env_remove(name);
-        }
-    }
-    command
-        .args(args)
-        .envs(envs.iter().copied())
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    command
-}
-
-/// Sends each line the process prints (stdout and stderr) to `lines`.
-fn forward(
-    output: Option<impl AsyncRead + Unpin + Send + 'static>,
-    lines: mpsc::UnboundedSender<String>,
-) {
-    if let Some(output) = output {
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(output).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                let _ = lines.send(line);
-            }
-        });
-    }
-}
-
-/// Removes terminal colour codes, in case the log is coloured anyway.
-fn plain(line: &str) -> String {
-    let mut out = String::new();
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    lines: mpsc::UnboundedReceiver<String>,
-    /// Everything it printed so far.
-    log: String,
-    workspace: tempfile::TempDir,
-}
-
-impl Server {
-    /// Starts the binary on a free loopback port (unless `args` name an address) and waits until it is ready.
-    async fn start(args: &[&str], envs: &[(&str, &str)]) -> Self {
-        agent::model::install_crypto_provider();
-        let workspace = tempfile::tempdir().unwrap();
-        let workspace_path = workspace.path().to_str().unwrap().to_owned();
-        let mut all_args = vec!["--workspace", workspace_path.as_str()];
-        if !args.contains(&"--addr") {
-            all_args.extend(["--addr", "127.0.0.1:0"]);
-        }
-        all_args.extend_from_slice(args);
-        let mut child = toolgate(&all_args, envs)
-            .spawn()
-            .expect("the binary starts");
-        let (send, lines) = mpsc::unbounded_channel();
-        forward(child.stdout.take(), send.clone());
-        forward(child.stderr.take(), send);
-        let mut server = Self {
-            child,
-            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-            lines,
-            log: String::new(),
-            workspace,
-        };
-        let ready = server.line_containing("toolgate is ready").await;
-        let addr = ready
-            .split_whitespace()
-            .find_map(|field| field.strip_prefix("addr="))
-            .expect("the ready line names the address");
-        let mut addr: SocketAddr = addr.parse().unwrap();
-        if addr.ip().is_unspecified() {
-            addr.set_ip([127, 0, 0, 1].into());
-        }
-        server.addr = addr;
-        server
-    }
-
-    async fn line_containing(&mut self, needle: &str) -> String {
-        loop {
-            let line = tokio::time::timeout(PATIENCE, self.lines.recv())
-                .await
-                .unwrap_or_else(|_| panic!("no {needle:?} in time; the log so far:\n{}", self.log))
-                .unwrap_or_else(|| panic!("the server ended before {needle:?}:\n{}", self.log));
-            let line = plain(&line);
-            self.log.push_str(&line);
-            self.log.push('\n');
-            if line.contains(needle) {
-                return line;
-            }
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    /// The workspace directory, as the server sees it (canonical).
-    fn workspace(&self) -> std::path::PathBuf {
-        self.workspace.path().canonicalize().unwrap()
-    }
-
-    fn signal(&self, signal: libc::c_int) {
-        let pid = self.child.id().expect("still running");
-        let pid = libc::pid_t::try_from(pid).unwrap();
-        // SAFETY: kill has no memory-safety preconditions; the pid is our own child, which has not been reaped.
-        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
-    }
-
-    /// Waits for the process to exit (it must within `within`) and collects the rest of what it printed.
-    async fn exit(mut self, within: Duration) -> (ExitStatus, String) {
-        let status = tokio::time::timeout(within, self.child.wait())
-            .await
-            .unwrap_or_else(|_| panic!("the server did not exit within {within:?}:\n{}", self.log))
-            .unwrap();
-        while let Ok(Some(line)) = tokio::time::timeout(PATIENCE, self.lines.recv()).await {
-            self.log.push_str(&plain(&line));
-            self.log.push('\n');
-        }
-        (status, self.log)
-    }
-}
-
+/// With a memory store nothing can outlive the process: a signal ends every run, its approvals resolved as
+/// aborted, and the streams say why.
 async fn a_signal_ends_open_streams_and_the_process(signal: libc::c_int) {
-    let server = Server::start(&[], &[]).await;
+    let server = Server::start(&["--database-url", "memory"], &[]).await;
     let client = reqwest::Client::new();
     let response = client
         .post(server.url("/api/agent/stream"))
@@ -274,7 +126,7 @@ async fn the_binary_refuses_a_public_origin_beyond_loopback_without_a_token() {
     // A loopback public origin (an SSH tunnel, a proxy on the same machine for local use) needs no token.
     let server = Server::start(&["--public-origin", "http://localhost:8080"], &[]).await;
     let health = reqwest::get(server.url("/healthz")).await.unwrap();
-    assert_eq!(health.text().await.unwrap(), "ok");
+    assert_eq!(health.text().await.unwrap().lines().next(), Some("ok"));
     server.signal(libc::SIGTERM);
     assert!(server.exit(EXIT_WITHIN).await.0.success());
 }

@@ -95,3 +95,89 @@ async fn past_its_stream_bound_a_client_gets_429_and_its_open_streams_go_on() {
     assert_eq!(again.status(), 200);
     drop(session_stream);
 }
+
+/// A start past a bound: 503 with the API's error body, code `SERVER_FULL`.
+async fn full(response: reqwest::Response, what: &str) {
+    assert_eq!(response.status(), 503);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["code"], "SERVER_FULL", "{body}");
+    assert!(body["error"].as_str().unwrap().contains(what), "{body}");
+}
+
+#[tokio::test]
+async fn past_the_bound_on_runs_not_ended_a_new_run_is_refused_and_the_waiting_ones_go_on() {
+    let app = spawn_app_with(|config| config.max_active_runs = 2).await;
+    let mut waiting = Vec::new();
+    for file in ["a.txt", "b.txt"] {
+        let run_id = app
+            .create_run(json!({"message": format!("delete {file}")}))
+            .await;
+        let required = app
+            .events(&run_id, None)
+            .await
+            .until("approvalRequired")
+            .await;
+        waiting.push((
+            run_id,
+            required.data["request"]["toolCallId"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        ));
+    }
+    full(
+        app.post_json("/api/agent/runs", &json!({"message": "delete c.txt"}))
+            .await,
+        "runs that have not ended",
+    )
+    .await;
+    let (run_id, call_id) = &waiting[0];
+    assert_eq!(
+        app.decide(run_id, call_id, json!({"decision": "deny"}))
+            .await
+            .status(),
+        200,
+        "nothing is lost for the runs held"
+    );
+    app.events(run_id, None).await.until("done").await;
+    assert_eq!(
+        app.post_json("/api/agent/runs", &json!({"message": "list files"}))
+            .await
+            .status(),
+        201,
+        "room again"
+    );
+}
+
+#[tokio::test]
+async fn past_the_bound_on_sessions_only_known_sessions_start_runs() {
+    let app = spawn_app_with(|config| config.max_sessions = 1).await;
+    let run_id = app
+        .create_run(json!({"message": "list files", "sessionId": "known"}))
+        .await;
+    app.events(&run_id, None).await.until("done").await;
+    full(
+        app.post_json(
+            "/api/agent/runs",
+            &json!({"message": "list files", "sessionId": "new"}),
+        )
+        .await,
+        "sessions",
+    )
+    .await;
+    full(
+        app.post_json("/api/agent/runs", &json!({"message": "list files"}))
+            .await,
+        "sessions",
+    )
+    .await;
+    assert_eq!(
+        app.post_json(
+            "/api/agent/runs",
+            &json!({"message": "list files", "sessionId": "known"})
+        )
+        .await
+        .status(),
+        201
+    );
+}

@@ -1,0 +1,663 @@
+//! The durable stores: SQLite, the embedded default (a file beside toolgate, no server to start), and PostgreSQL,
+//! on which several toolgate instances serve as one. One implementation over sqlx's `Any` driver: the SQL is
+//! written once with `$n` parameters (both databases take them), and [`Dialect`] holds the few places where the
+//! two differ. The schema comes with the binary, one migration set per dialect.
+//!
+//! Every state change is one transaction. SQLite has one writer connection, so this process's state changes never
+//! race each other there; PostgreSQL serialises them with row locks and conditional updates, which is also what
+//! makes a decision or a claim exactly once across instances. Events a running run appends are queued and
+//! committed in batches by a background task (group commit): they are durable before anyone can read them, and a
+//! state change waits for the queue to be written first, so a run's log keeps its order.
+
+mod queries;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use sqlx::any::{AnyPoolOptions, install_default_drivers};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AnyConnection, AnyPool, Executor, Row};
+use tokio::sync::{Notify, broadcast, watch};
+
+use super::watches::Watches;
+use super::{InstanceId, NewEvent, StoreError, StoreKind};
+use crate::ids::{RunId, SessionId};
+use crate::runtime::AbortReason;
+
+/// The channel instances ring each other on (PostgreSQL `LISTEN/NOTIFY`): a doorbell only; readers re-read rows.
+const CHANNEL: &str = "toolgate";
+
+/// How long an instance may go without a heartbeat before the others take its work over, by default.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+/// Where the two databases differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+impl Dialect {
+    /// Locks the rows a transaction reads before it changes them (SQLite's one writer needs none).
+    fn for_update(self) -> &'static str {
+        match self {
+            Self::Sqlite => "",
+            Self::Postgres => " FOR UPDATE",
+        }
+    }
+}
+
+/// What the configuration names as the database. Its `Debug` hides a password.
+#[derive(Clone, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    /// A SQLite file, created when missing.
+    Sqlite(PathBuf),
+    /// A PostgreSQL server: `postgres://user:password@host:port/database`.
+    Postgres(String),
+}
+
+impl DatabaseUrl {
+    /// Reads `sqlite://PATH`, `sqlite:PATH`, `postgres://...` or `postgresql://...`.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let url = url.trim();
+        if let Some(rest) = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+        {
+            let path = rest.split('?').next().unwrap_or_default();
+            if path.is_empty() {
+                return Err(format!("{url:?} names no SQLite file"));
+            }
+            return Ok(Self::Sqlite(PathBuf::from(path)));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Self::Postgres(url.to_owned()));
+        }
+        Err(format!(
+            "{url:?} is not a database URL: use sqlite://PATH, postgres://..., or memory"
+        ))
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
+            Self::Postgres(url) => f.debug_tuple("Postgres").field(&redact(url)).finish(),
+        }
+    }
+}
+
+impl std::fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
+            Self::Postgres(url) => f.write_str(&redact(url)),
+        }
+    }
+}
+
+fn unavailable(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(error.to_string())
+}
+
+/// Why the store could not open.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(
+        "another toolgate process is using the database {path} (its lock file {lock} is held{holder}); stop it first, or give this one its own file with --database-url"
+    )]
+    Locked {
+        path: String,
+        lock: String,
+        holder: String,
+    },
+    #[error("cannot open the database {what}: {source}")]
+    Connect { what: String, source: sqlx::Error },
+    #[error("cannot prepare the database {what}: {message}")]
+    Migrate { what: String, message: String },
+    #[error("cannot create {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Holds the lock that keeps a second toolgate off a SQLite file: an exclusive `flock` on `<file>.lock`, with the
+/// holder's process id inside for the message the second one prints.
+struct FileLock {
+    _file: std::fs::File,
+}
+
+impl FileLock {
+    fn acquire(database: &Path) -> Result<Self, OpenError> {
+        use std::io::{Read, Seek, Write};
+
+        let lock = PathBuf::from(format!("{}.lock", database.display()));
+        let io = |source| OpenError::Io {
+            path: lock.display().to_string(),
+            source,
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim();
+                return Err(OpenError::Locked {
+                    path: database.display().to_string(),
+                    lock: lock.display().to_string(),
+                    holder: if holder.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" by process {holder}")
+                    },
+                });
+            }
+            Err(std::fs::TryLockError::Error(error)) => return Err(io(error)),
+        }
+        file.set_len(0).map_err(io)?;
+        file.rewind().map_err(io)?;
+        write!(file, "{}", std::process::id()).map_err(io)?;
+        Ok(Self { _file: file })
+    }
+}
+
+fn migrator(dialect: Dialect) -> Migrator {
+    let sql = match dialect {
+        Dialect::Sqlite => include_str!("migrations/sqlite/0001_init.sql"),
+        Dialect::Postgres => include_str!("migrations/postgres/0001_init.sql"),
+    };
+    Migrator::with_migrations(vec![Migration::new(
+        1,
+        "init".into(),
+        MigrationType::Simple,
+        sqlx::SqlSafeStr::into_sql_str(sql),
+        false,
+    )])
+}
+
+/// Events appended by running runs, waiting for the next group commit.
+#[derive(Default)]
+struct Appends {
+    queue: Vec<(RunId, super::Epoch, Vec<NewEvent>)>,
+    /// How many appends were ever queued.
+    queued: u64,
+}
+
+/// A SQLite or PostgreSQL store.
+pub struct SqlStore {
+    dialect: Dialect,
+    instance: InstanceId,
+    /// State changes: one connection for SQLite, a few for PostgreSQL.
+    writer: AnyPool,
+    /// Reads: WAL lets SQLite readers go on beside the writer.
+    reader: AnyPool,
+    appends: Mutex<Appends>,
+    /// Wakes the appender (which holds only this and a weak reference to the store, so that the store, and its
+    /// file lock, go as soon as its last user lets go).
+    appended: Arc<Notify>,
+    /// How many queued appends are written.
+    written: watch::Sender<u64>,
+    runs: Watches<RunId>,
+    sessions: Watches<SessionId>,
+    /// Runs another instance aborted (its doorbell), for this one's tasks and tools.
+    aborts: broadcast::Sender<(RunId, AbortReason)>,
+    /// How long this instance's heartbeat holds its work (PostgreSQL).
+    lease: Duration,
+    _lock: Option<FileLock>,
+}
+
+impl std::fmt::Debug for SqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("dialect", &self.dialect)
+            .field("instance", &self.instance)
+            .finish()
+    }
+}
+
+impl SqlStore {
+    /// Opens (and creates, and migrates) the database the URL names, with the default lease. A SQLite file is
+    /// locked against a second toolgate process; WAL lets readers go on beside the one writer.
+    pub async fn open(url: &DatabaseUrl) -> Result<Arc<Self>, OpenError> {
+        Self::open_with_lease(url, DEFAULT_LEASE).await
+    }
+
+    /// Opens the database; with PostgreSQL, this instance's work is held by a heartbeat every fifth of `lease`, and
+    /// taken over by the others once the heartbeat is `lease` old on the database's clock.
+    pub async fn open_with_lease(
+        url: &DatabaseUrl,
+        lease: Duration,
+    ) -> Result<Arc<Self>, OpenError> {
+        install_default_drivers();
+        let (dialect, lock, connect, what) = match url {
+            DatabaseUrl::Sqlite(path) => {
+                if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(parent).map_err(|source| OpenError::Io {
+                        path: parent.display().to_string(),
+                        source,
+                    })?;
+                }
+                let lock = FileLock::acquire(path)?;
+                (
+                    Dialect::Sqlite,
+                    Some(lock),
+                    format!("sqlite://{}?mode=rwc", path.display()),
+                    path.display().to_string(),
+                )
+            }
+            DatabaseUrl::Postgres(url) => (Dialect::Postgres, None, url.clone(), redact(url)),
+        };
+        let connect_error = |source| OpenError::Connect {
+            what: what.clone(),
+            source,
+        };
+        let writer_connections = match dialect {
+            Dialect::Sqlite => 1,
+            Dialect::Postgres => 4,
+        };
+        let writer = pool(dialect, writer_connections)
+            .connect(&connect)
+            .await
+            .map_err(connect_error)?;
+        migrator(dialect)
+            .run(&writer)
+            .await
+            .map_err(|error| OpenError::Migrate {
+                what: what.clone(),
+                message: error.to_string(),
+            })?;
+        let reader = pool(dialect, 4)
+            .connect(&connect)
+            .await
+            .map_err(connect_error)?;
+        let store = Arc::new(Self {
+            dialect,
+            instance: InstanceId::generate(),
+            writer,
+            reader,
+            appends: Mutex::new(Appends::default()),
+            appended: Arc::new(Notify::new()),
+            written: watch::channel(0).0,
+            runs: Watches::default(),
+            sessions: Watches::default(),
+            aborts: broadcast::channel(256).0,
+            lease,
+            _lock: lock,
+        });
+        store
+            .register_instance()
+            .await
+            .map_err(|error| OpenError::Migrate {
+                what: what.clone(),
+                message: error.to_string(),
+            })?;
+        let appender = Arc::downgrade(&store);
+        let wake = Arc::clone(&store.appended);
+        tokio::spawn(async move { append_forever(appender, wake).await });
+        if dialect == Dialect::Postgres {
+            let mut listener = sqlx::postgres::PgListener::connect(&connect)
+                .await
+                .map_err(connect_error)?;
+            listener.listen(CHANNEL).await.map_err(connect_error)?;
+            let weak = Arc::downgrade(&store);
+            tokio::spawn(async move { listen_forever(listener, weak).await });
+            let weak = Arc::downgrade(&store);
+            tokio::spawn(async move { heartbeat_forever(weak, lease).await });
+        }
+        Ok(store)
+    }
+
+    /// Opens an existing database to read it beside a running server (`toolgate audit`): no lock, no changes.
+    pub async fn read_only(url: &DatabaseUrl) -> Result<Arc<Self>, OpenError> {
+        install_default_drivers();
+        let (dialect, connect, what) = match url {
+            DatabaseUrl::Sqlite(path) => {
+                if !path.exists() {
+                    return Err(OpenError::Io {
+                        path: path.display().to_string(),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            "no database there (toolgate creates it at its first start)",
+                        ),
+                    });
+                }
+                (
+                    Dialect::Sqlite,
+                    format!("sqlite://{}?mode=ro", path.display()),
+                    path.display().to_string(),
+                )
+            }
+            DatabaseUrl::Postgres(url) => (Dialect::Postgres, url.clone(), redact(url)),
+        };
+        let reader = pool(dialect, 1)
+            .connect(&connect)
+            .await
+            .map_err(|source| OpenError::Connect { what, source })?;
+        Ok(Arc::new(Self {
+            dialect,
+            instance: InstanceId::generate(),
+            writer: reader.clone(),
+            reader,
+            appends: Mutex::new(Appends::default()),
+            appended: Arc::new(Notify::new()),
+            written: watch::channel(0).0,
+            runs: Watches::default(),
+            sessions: Watches::default(),
+            aborts: broadcast::channel(1).0,
+            lease: DEFAULT_LEASE,
+            _lock: None,
+        }))
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    fn store_kind(&self) -> StoreKind {
+        match self.dialect {
+            Dialect::Sqlite => StoreKind::Sqlite,
+            Dialect::Postgres => StoreKind::Postgres,
+        }
+    }
+
+    /// The database's clock, in milliseconds since the Unix epoch, as SQL that takes this process's clock as `$2`:
+    /// leases are measured on the database's clock, so that instances whose clocks disagree still agree on who is
+    /// alive. (SQLite has one process: its clock is the one.)
+    fn now_sql(&self) -> &'static str {
+        match self.dialect {
+            Dialect::Sqlite => "CAST($2 AS BIGINT)",
+            Dialect::Postgres => {
+                "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + 0 * CAST($2 AS BIGINT)"
+            }
+        }
+    }
+
+    async fn register_instance(&self) -> Result<(), StoreError> {
+        let now = self.now_sql();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO instances (id, started_at, heartbeat_at) VALUES ($1, {now}, {now})"
+        )))
+        .bind(self.instance.as_str())
+        .bind(crate::clock::now_ms() as i64)
+        .execute(&self.writer)
+        .await
+        .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Says this instance is alive; puts its row back if others had declared it dead (its old work is theirs now,
+    /// and fenced against it).
+    async fn heartbeat(&self) -> Result<(), StoreError> {
+        let now = self.now_sql();
+        let changed = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE instances SET heartbeat_at = {now} WHERE id = $1"
+        )))
+        .bind(self.instance.as_str())
+        .bind(crate::clock::now_ms() as i64)
+        .execute(&self.writer)
+        .await
+        .map_err(unavailable)?;
+        if changed.rows_affected() == 0 {
+            tracing::warn!(instance = %self.instance, "this instance was taken for dead; it serves on");
+            self.register_instance().await?;
+        }
+        Ok(())
+    }
+
+    /// The instances whose heartbeat is fresh (this one always).
+    pub(super) async fn live_instances(&self) -> Result<Vec<String>, StoreError> {
+        let mut live = vec![self.instance.as_str().to_owned()];
+        if self.dialect == Dialect::Postgres {
+            let rows = sqlx::query(
+                "SELECT id FROM instances WHERE heartbeat_at >= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - $1",
+            )
+            .bind(self.lease.as_millis() as i64)
+            .fetch_all(&self.writer)
+            .await
+            .map_err(unavailable)?;
+            for row in rows {
+                live.push(row.try_get(0).map_err(unavailable)?);
+            }
+        }
+        Ok(live)
+    }
+
+    /// Forgets instances that are not live, once their work is taken over.
+    pub(super) async fn forget_dead_instances(&self, live: &[String]) -> Result<(), StoreError> {
+        let rows = sqlx::query("SELECT id FROM instances")
+            .fetch_all(&self.writer)
+            .await
+            .map_err(unavailable)?;
+        for row in rows {
+            let id: String = row.try_get(0).map_err(unavailable)?;
+            if !live.contains(&id) {
+                sqlx::query("DELETE FROM instances WHERE id = $1")
+                    .bind(id)
+                    .execute(&self.writer)
+                    .await
+                    .map_err(unavailable)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this instance's lease still holds, inside a transaction (PostgreSQL; SQLite has one process).
+    pub(super) async fn alive_in(
+        &self,
+        connection: &mut AnyConnection,
+    ) -> Result<bool, StoreError> {
+        if self.dialect == Dialect::Sqlite {
+            return Ok(true);
+        }
+        let row = sqlx::query(
+            "SELECT 1 FROM instances WHERE id = $1 AND heartbeat_at >= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - $2",
+        )
+        .bind(self.instance.as_str())
+        .bind(self.lease.as_millis() as i64)
+        .fetch_optional(&mut *connection)
+        .await
+        .map_err(unavailable)?;
+        Ok(row.is_some())
+    }
+
+    /// Tells the other instances this one is gone, so that they take its work over at once.
+    pub(super) async fn retire(&self) -> Result<(), StoreError> {
+        if self.dialect == Dialect::Postgres {
+            sqlx::query("DELETE FROM instances WHERE id = $1")
+                .bind(self.instance.as_str())
+                .execute(&self.writer)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    /// Rings the other instances' doorbell in `connection`'s transaction: they hear it once it commits.
+    pub(super) async fn doorbell(
+        &self,
+        connection: &mut AnyConnection,
+        message: &str,
+    ) -> Result<(), sqlx::Error> {
+        if self.dialect == Dialect::Postgres {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(CHANNEL)
+                .bind(message)
+                .execute(&mut *connection)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// What another instance's doorbell says: wake this process's readers, or stop what it runs of a run.
+    fn heard(&self, message: &str) {
+        let mut parts = message.split(' ');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("run"), Some(run), Some(seq)) => {
+                if let (Ok(run), Ok(seq)) = (RunId::parse(run), seq.parse()) {
+                    self.runs.notify(&run, seq);
+                }
+            }
+            (Some("session"), Some(session), Some(count)) => {
+                if let (Ok(session), Ok(count)) = (SessionId::parse(session), count.parse()) {
+                    self.sessions.notify(&session, count);
+                }
+            }
+            (Some("abort"), Some(run), Some(reason)) => {
+                if let (Ok(run), Some(reason)) = (RunId::parse(run), AbortReason::parse(reason)) {
+                    let _ = self.aborts.send((run, reason));
+                }
+            }
+            _ => tracing::debug!(message, "an unknown doorbell"),
+        }
+    }
+
+    /// Wakes this process's readers of a run and a session.
+    fn touched(&self, run_id: &RunId, seq: u64) {
+        self.runs.notify(run_id, seq);
+    }
+}
+
+impl Drop for SqlStore {
+    fn drop(&mut self) {
+        // The appender sees the store gone and ends.
+        self.appended.notify_one();
+    }
+}
+
+/// A database URL as logs may show it: without its password.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+fn pool(dialect: Dialect, connections: u32) -> AnyPoolOptions {
+    let options = AnyPoolOptions::new()
+        .max_connections(connections)
+        .acquire_timeout(Duration::from_secs(10));
+    match dialect {
+        Dialect::Sqlite => options.after_connect(|connection, _| {
+            Box::pin(async move {
+                // WAL: readers never wait for the writer. NORMAL: a commit survives a crash of the process (the
+                // WAL is written); only a crash of the machine may lose the last commits. busy_timeout: a reader
+                // that meets a checkpoint waits instead of failing.
+                connection
+                    .execute(
+                        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = ON;",
+                    )
+                    .await?;
+                Ok(())
+            })
+        }),
+        Dialect::Postgres => options,
+    }
+}
+
+/// How often readers re-read what they follow even without a doorbell: notifications can be lost (a listener's
+/// reconnect), rows cannot.
+const REREAD_EVERY: Duration = Duration::from_secs(10);
+
+/// Hears the other instances' doorbells, as long as the store lives.
+async fn listen_forever(
+    mut listener: sqlx::postgres::PgListener,
+    store: std::sync::Weak<SqlStore>,
+) {
+    loop {
+        let heard = tokio::time::timeout(REREAD_EVERY, listener.try_recv()).await;
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        match heard {
+            Ok(Ok(Some(notification))) => store.heard(notification.payload()),
+            // The connection was lost (and is back): what rang meanwhile is lost, so every reader re-reads.
+            Ok(Ok(None)) => {
+                tracing::warn!("the database connection for notifications was lost; reading again");
+                store.runs.notify_all();
+                store.sessions.notify_all();
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "cannot hear other instances; trying again");
+                drop(store);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            // Quiet for a while: re-read anyway.
+            Err(_) => {
+                store.runs.notify_all();
+                store.sessions.notify_all();
+            }
+        }
+    }
+}
+
+/// Keeps this instance's lease, as long as the store lives.
+async fn heartbeat_forever(store: std::sync::Weak<SqlStore>, lease: Duration) {
+    let every = lease / 5;
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        if let Err(error) = store.heartbeat().await {
+            tracing::warn!(%error, "cannot renew this instance's lease");
+        }
+    }
+}
+
+/// Writes queued appends in batches, as long as the store lives.
+async fn append_forever(store: std::sync::Weak<SqlStore>, wake: Arc<Notify>) {
+    loop {
+        let Some(strong) = store.upgrade() else {
+            return;
+        };
+        let (batch, through) = {
+            let mut appends = strong.appends.lock();
+            (std::mem::take(&mut appends.queue), appends.queued)
+        };
+        if batch.is_empty() {
+            strong.written.send_replace(through);
+            drop(strong);
+            // Woken by the next append, or by the store's end.
+            wake.notified().await;
+            continue;
+        }
+        let mut attempt = 0;
+        loop {
+            match queries::write_appends(&strong, &batch).await {
+                Ok(touched) => {
+                    for (run_id, seq) in touched {
+                        strong.touched(&run_id, seq);
+                    }
+                    break;
+                }
+                Err(error) if attempt < 5 => {
+                    attempt += 1;
+                    tracing::warn!(%error, attempt, "cannot write events; trying again");
+                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                }
+                Err(error) => {
+                    tracing::error!(%error, events = batch.len(), "cannot write events; they are lost");
+                    break;
+                }
+            }
+        }
+        strong.written.send_replace(through);
+    }
+}

@@ -1,0 +1,1770 @@
+//! The store's state changes and reads, in SQL. Each state change is one transaction.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row};
+use tokio::sync::watch;
+
+use super::{SqlStore, unavailable};
+use crate::clock::now_ms;
+use crate::ids::{RunId, SessionId, ToolCallId};
+use crate::interrupts::Suspension;
+use crate::runtime::AbortReason;
+use crate::store::*;
+use crate::wire::{ApprovalMode, ApprovalRequest, Message};
+
+type Db<T> = Result<T, sqlx::Error>;
+
+fn json<T: Serialize>(value: &T) -> String {
+    // Our own types always serialise; a failure would be a bug, and an empty object keeps the row readable.
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
+}
+
+fn parse<T: DeserializeOwned>(text: &str, what: &str) -> StoreResult<T> {
+    serde_json::from_str(text)
+        .map_err(|error| StoreError::Corrupt(format!("{what} cannot be read: {error}")))
+}
+
+fn mode_str(mode: ApprovalMode) -> &'static str {
+    match mode {
+        ApprovalMode::FailClosed => "fail_closed",
+        ApprovalMode::Interactive => "interactive",
+        ApprovalMode::Interrupt => "interrupt",
+    }
+}
+
+fn parse_mode(value: &str) -> StoreResult<ApprovalMode> {
+    Ok(match value {
+        "fail_closed" => ApprovalMode::FailClosed,
+        "interactive" => ApprovalMode::Interactive,
+        "interrupt" => ApprovalMode::Interrupt,
+        other => {
+            return Err(StoreError::Corrupt(format!(
+                "unknown approval mode {other:?}"
+            )));
+        }
+    })
+}
+
+fn run_id(value: String) -> StoreResult<RunId> {
+    RunId::parse(value).map_err(|error| StoreError::Corrupt(format!("a stored run id: {error}")))
+}
+
+fn session_id(value: String) -> StoreResult<SessionId> {
+    SessionId::parse(value)
+        .map_err(|error| StoreError::Corrupt(format!("a stored session id: {error}")))
+}
+
+const RUN_COLUMNS: &str = "id, session_id, parent_run_id, mode, state, last_seq, abort, created_at";
+
+fn run_info(row: &AnyRow) -> StoreResult<RunInfo> {
+    let get = |error: sqlx::Error| StoreError::Corrupt(error.to_string());
+    let state: String = row.try_get("state").map_err(get)?;
+    let abort: Option<String> = row.try_get("abort").map_err(get)?;
+    Ok(RunInfo {
+        run_id: run_id(row.try_get("id").map_err(get)?)?,
+        session_id: session_id(row.try_get("session_id").map_err(get)?)?,
+        parent_run_id: row
+            .try_get::<Option<String>, _>("parent_run_id")
+            .map_err(get)?
+            .map(run_id)
+            .transpose()?,
+        mode: parse_mode(&row.try_get::<String, _>("mode").map_err(get)?)?,
+        state: RunState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown run state {state:?}")))?,
+        last_seq: row.try_get::<i64, _>("last_seq").map_err(get)? as u64,
+        abort: abort.as_deref().and_then(AbortReason::parse),
+        created_at: row.try_get::<i64, _>("created_at").map_err(get)? as u64,
+    })
+}
+
+fn call_record(row: &AnyRow) -> StoreResult<CallRecord> {
+    let get = |error: sqlx::Error| StoreError::Corrupt(error.to_string());
+    let mut record: CallRecord =
+        parse(&row.try_get::<String, _>("record").map_err(get)?, "a call")?;
+    let status: String = row.try_get("status").map_err(get)?;
+    record.status = CallStatus::parse(&status)
+        .ok_or_else(|| StoreError::Corrupt(format!("unknown call status {status:?}")))?;
+    record.executing_on = row
+        .try_get::<Option<String>, _>("executing_on")
+        .map_err(get)?
+        .map(InstanceId::from_stored);
+    Ok(record)
+}
+
+impl SqlStore {
+    /// Appends events to a run's log and returns its newest sequence number, or `None` when the run is not there or
+    /// (with `fence`) not this writer's any more. Rings the other instances' doorbell for the run.
+    async fn append_in(
+        &self,
+        connection: &mut AnyConnection,
+        run_id: &RunId,
+        events: &[NewEvent],
+        fence: Option<(&InstanceId, Epoch)>,
+    ) -> Db<Option<u64>> {
+        let count = events.len() as i64;
+        let bytes: i64 = events.iter().map(|event| event.json.len() as i64).sum();
+        let row = match fence {
+        Some((owner, epoch)) => {
+            sqlx::query(
+                "UPDATE runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
+                 WHERE id = $1 AND state = 'running' AND owner = $4 AND epoch = $5 RETURNING last_seq",
+            )
+            .bind(run_id.as_str())
+            .bind(count)
+            .bind(bytes)
+            .bind(owner.as_str())
+            .bind(epoch as i64)
+            .fetch_optional(&mut *connection)
+            .await?
+        }
+        None => {
+            sqlx::query(
+                "UPDATE runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
+                 WHERE id = $1 RETURNING last_seq",
+            )
+            .bind(run_id.as_str())
+            .bind(count)
+            .bind(bytes)
+            .fetch_optional(&mut *connection)
+            .await?
+        }
+    };
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let last: i64 = row.try_get(0)?;
+        let first = last - count + 1;
+        // Several rows per statement, within both databases' limits on parameters.
+        for (chunk_index, chunk) in events.chunks(256).enumerate() {
+            let mut sql = String::from("INSERT INTO events (run_id, seq, kind, json) VALUES ");
+            for i in 0..chunk.len() {
+                let p = i * 4;
+                if i > 0 {
+                    sql.push(',');
+                }
+                sql.push_str(&format!("(${}, ${}, ${}, ${})", p + 1, p + 2, p + 3, p + 4));
+            }
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (i, event) in chunk.iter().enumerate() {
+                let seq = first + (chunk_index * 256 + i) as i64;
+                query = query
+                    .bind(run_id.as_str())
+                    .bind(seq)
+                    .bind(event.kind)
+                    .bind(&*event.json);
+            }
+            query.execute(&mut *connection).await?;
+        }
+        self.doorbell(&mut *connection, &format!("run {run_id} {last}"))
+            .await?;
+        Ok(Some(last as u64))
+    }
+}
+
+/// The newest sequence number of a run, for notifications after a change that appended nothing.
+async fn last_seq_in(connection: &mut AnyConnection, run_id: &RunId) -> Db<u64> {
+    let row = sqlx::query("SELECT last_seq FROM runs WHERE id = $1")
+        .bind(run_id.as_str())
+        .fetch_optional(&mut *connection)
+        .await?;
+    Ok(match row {
+        Some(row) => row.try_get::<i64, _>(0)? as u64,
+        None => 0,
+    })
+}
+
+async fn audit_in(connection: &mut AnyConnection, entries: &[AuditEntry]) -> Db<()> {
+    for entry in entries {
+        // An entry about a run names the run's session.
+        let session = match (&entry.session_id, &entry.run_id) {
+            (Some(session), _) => Some(session.as_str().to_owned()),
+            (None, Some(run)) => sqlx::query("SELECT session_id FROM runs WHERE id = $1")
+                .bind(run.as_str())
+                .fetch_optional(&mut *connection)
+                .await?
+                .map(|row| row.try_get::<String, _>(0))
+                .transpose()?,
+            (None, None) => None,
+        };
+        sqlx::query(
+            "INSERT INTO audit (at, kind, session_id, run_id, tool_call_id, tool, arguments_digest, edited_digest, \
+             outcome, source, scope, reason, actor) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        )
+        .bind(entry.at as i64)
+        .bind(entry.kind.as_str())
+        .bind(session)
+        .bind(entry.run_id.as_ref().map(|r| r.as_str().to_owned()))
+        .bind(entry.tool_call_id.as_ref().map(|c| c.as_str().to_owned()))
+        .bind(entry.tool.clone())
+        .bind(entry.arguments_digest.clone())
+        .bind(entry.edited_digest.clone())
+        .bind(entry.outcome.clone())
+        .bind(entry.source.clone())
+        .bind(entry.scope.clone())
+        .bind(entry.reason.clone())
+        .bind(entry.actor.clone())
+        .execute(&mut *connection)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Writes a call's new state (its row), keyed by run and call id.
+async fn save_call(connection: &mut AnyConnection, record: &CallRecord) -> Db<()> {
+    sqlx::query(
+        "UPDATE calls SET status = $3, record = $4, executing_on = $5 WHERE run_id = $1 AND call_id = $2",
+    )
+    .bind(record.run_id.as_str())
+    .bind(record.call.id.as_str())
+    .bind(record.status.as_str())
+    .bind(json(record))
+    .bind(record.executing_on.as_ref().map(|i| i.as_str().to_owned()))
+    .execute(&mut *connection)
+    .await?;
+    Ok(())
+}
+
+fn apply(record: &mut CallRecord, settlement: Settlement) -> (Vec<NewEvent>, Vec<AuditEntry>) {
+    record.status = settlement.status;
+    record.resolution = Some(settlement.resolution);
+    record.edited_arguments = settlement.edited_arguments;
+    if settlement.output.is_some() {
+        record.output = settlement.output;
+    }
+    (settlement.events, settlement.audit)
+}
+
+/// Writes the appends of a group commit: one transaction, each run's events after its earlier ones. Returns each
+/// run's newest sequence number, for its readers.
+pub(super) async fn write_appends(
+    store: &SqlStore,
+    batch: &[(RunId, Epoch, Vec<NewEvent>)],
+) -> StoreResult<Vec<(RunId, u64)>> {
+    let mut tx = store.writer.begin().await.map_err(unavailable)?;
+    let mut touched = Vec::new();
+    for (run_id, epoch, events) in batch {
+        if events.is_empty() {
+            continue;
+        }
+        // A writer that lost the run appends nothing: its events are dropped here, not written late.
+        if let Some(seq) = store
+            .append_in(&mut tx, run_id, events, Some((&store.instance, *epoch)))
+            .await
+            .map_err(unavailable)?
+        {
+            touched.push((run_id.clone(), seq));
+        }
+    }
+    tx.commit().await.map_err(unavailable)?;
+    Ok(touched)
+}
+
+impl SqlStore {
+    /// Waits until every append queued so far is written.
+    async fn flush_appends(&self) {
+        let target = self.appends.lock().queued;
+        let mut written = self.written.subscribe();
+        if *written.borrow_and_update() >= target {
+            return;
+        }
+        self.appended.notify_one();
+        while *written.borrow_and_update() < target {
+            if written.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn start_run_tx(&self, run: NewRun) -> StoreResult<Result<Epoch, StartConflict>> {
+        let mut tx = self.writer.begin().await.map_err(unavailable)?;
+        let taken = sqlx::query("SELECT 1 FROM runs WHERE id = $1")
+            .bind(run.run_id.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        if taken.is_some() {
+            return Ok(Err(StartConflict::RunIdTaken(run.run_id)));
+        }
+        sqlx::query(
+            "INSERT INTO sessions (id, title, created_at, updated_at, run_count) VALUES ($1, $2, $3, $3, 0) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(run.session_id.as_str())
+        .bind(title_of(&run.message))
+        .bind(run.at as i64)
+        .execute(&mut *tx)
+        .await
+        .map_err(unavailable)?;
+        let claimed = sqlx::query(
+            "UPDATE sessions SET active_run = $2, run_count = run_count + 1, updated_at = $3, \
+             title = CASE WHEN title = '' THEN $4 ELSE title END \
+             WHERE id = $1 AND active_run IS NULL RETURNING run_count",
+        )
+        .bind(run.session_id.as_str())
+        .bind(run.run_id.as_str())
+        .bind(run.at as i64)
+        .bind(title_of(&run.message))
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(unavailable)?;
+        let Some(claimed) = claimed else {
+            let active: Option<String> =
+                sqlx::query("SELECT active_run FROM sessions WHERE id = $1")
+                    .bind(run.session_id.as_str())
+                    .fetch_one(&mut *tx)
+                    .await
+                    .and_then(|row| row.try_get(0))
+                    .map_err(unavailable)?;
+            return Ok(Err(StartConflict::SessionBusy {
+                session_id: run.session_id,
+                active: run_id(active.unwrap_or_default())?,
+            }));
+        };
+        let ordinal: i64 = claimed.try_get(0).map_err(unavailable)?;
+        sqlx::query(
+            "INSERT INTO runs (id, session_id, ordinal, parent_run_id, mode, state, owner, epoch, last_seq, \
+             event_bytes, message, created_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, 1, 0, 0, $7, $8)",
+        )
+        .bind(run.run_id.as_str())
+        .bind(run.session_id.as_str())
+        .bind(ordinal)
+        .bind(run.parent_run_id.as_ref().map(|r| r.as_str().to_owned()))
+        .bind(mode_str(run.mode))
+        .bind(self.instance.as_str())
+        .bind(run.message.clone())
+        .bind(run.at as i64)
+        .execute(&mut *tx)
+        .await
+        .map_err(unavailable)?;
+        let seq = if run.events.is_empty() {
+            0
+        } else {
+            self.append_in(&mut tx, &run.run_id, &run.events, None)
+                .await
+                .map_err(unavailable)?
+                .unwrap_or(0)
+        };
+        self.doorbell(&mut tx, &format!("session {} {ordinal}", run.session_id))
+            .await
+            .map_err(unavailable)?;
+        tx.commit().await.map_err(unavailable)?;
+        self.touched(&run.run_id, seq);
+        self.sessions.notify(&run.session_id, ordinal as u64);
+        Ok(Ok(1))
+    }
+
+    async fn open_batch_tx(&self, batch: OpenBatch) -> StoreResult<Result<(), Fenced>> {
+        self.flush_appends().await;
+        let mut tx = self.writer.begin().await.map_err(unavailable)?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT state, owner, epoch, abort FROM runs WHERE id = $1{}",
+            self.dialect.for_update()
+        )))
+        .bind(batch.run_id.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(unavailable)?;
+        let Some(row) = row else {
+            return Ok(Err(Fenced::Lost));
+        };
+        let state: String = row.try_get("state").map_err(unavailable)?;
+        let owner: Option<String> = row.try_get("owner").map_err(unavailable)?;
+        let epoch: i64 = row.try_get("epoch").map_err(unavailable)?;
+        let abort: Option<String> = row.try_get("abort").map_err(unavailable)?;
+        if state != "running"
+            || owner.as_deref() != Some(self.instance.as_str())
+            || epoch as u64 != batch.epoch
+        {
+            return Ok(Err(Fenced::Lost));
+        }
+        if let Some(reason) = abort.as_deref().and_then(AbortReason::parse) {
+            return Ok(Err(Fenced::Aborted(reason)));
+        }
+        sqlx::query("UPDATE runs SET state = 'waiting', owner = NULL, batch = $2 WHERE id = $1")
+            .bind(batch.run_id.as_str())
+            .bind(json(&batch.batch))
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        sqlx::query("DELETE FROM calls WHERE run_id = $1")
+            .bind(batch.run_id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        for (index, record) in batch.calls.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO calls (run_id, call_id, idx, status, record, requested_at, expires_at, executing_on) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, NULL)",
+            )
+            .bind(batch.run_id.as_str())
+            .bind(record.call.id.as_str())
+            .bind(index as i64)
+            .bind(record.status.as_str())
+            .bind(json(record))
+            .bind(record.approval.as_ref().map(|a| a.requested_at as i64))
+            .bind(record.approval.as_ref().map(|a| a.expires_at as i64))
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        }
+        let seq = match self
+            .append_in(&mut tx, &batch.run_id, &batch.events, None)
+            .await
+            .map_err(unavailable)?
+        {
+            Some(seq) => seq,
+            None => last_seq_in(&mut tx, &batch.run_id)
+                .await
+                .map_err(unavailable)?,
+        };
+        audit_in(&mut tx, &batch.audit).await.map_err(unavailable)?;
+        tx.commit().await.map_err(unavailable)?;
+        self.touched(&batch.run_id, seq);
+        Ok(Ok(()))
+    }
+
+    /// Settles calls of one run with `settle`, the ones `pick` picks, inside `tx`; appends their events.
+    async fn settle_calls_in(
+        &self,
+        connection: &mut AnyConnection,
+        run_id: &RunId,
+        pick: &[CallStatus],
+        settle: &(dyn Fn(&CallRecord) -> Settlement + Send + Sync),
+    ) -> StoreResult<(Vec<CallRecord>, Vec<AuditEntry>, Option<u64>)> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
+            self.dialect.for_update()
+        )))
+        .bind(run_id.as_str())
+        .fetch_all(&mut *connection)
+        .await
+        .map_err(unavailable)?;
+        let mut settled = Vec::new();
+        let mut events = Vec::new();
+        let mut audit = Vec::new();
+        for row in &rows {
+            let mut record = call_record(row)?;
+            if !pick.contains(&record.status) {
+                continue;
+            }
+            let settlement = settle(&record);
+            let (mut record_events, mut record_audit) = apply(&mut record, settlement);
+            save_call(&mut *connection, &record)
+                .await
+                .map_err(unavailable)?;
+            events.append(&mut record_events);
+            audit.append(&mut record_audit);
+            settled.push(record);
+        }
+        let seq = if events.is_empty() {
+            None
+        } else {
+            self.append_in(&mut *connection, run_id, &events, None)
+                .await
+                .map_err(unavailable)?
+        };
+        Ok((settled, audit, seq))
+    }
+}
+
+impl Store for SqlStore {
+    fn kind(&self) -> StoreKind {
+        self.store_kind()
+    }
+
+    fn instance(&self) -> &InstanceId {
+        &self.instance
+    }
+
+    fn start_run(&self, run: NewRun) -> StoreFuture<'_, Result<Epoch, StartConflict>> {
+        self.start_run_tx(run).boxed()
+    }
+
+    fn append(&self, run_id: &RunId, epoch: Epoch, events: Vec<NewEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        {
+            let mut appends = self.appends.lock();
+            appends.queue.push((run_id.clone(), epoch, events));
+            appends.queued += 1;
+        }
+        self.appended.notify_one();
+    }
+
+    fn flush(&self) -> StoreFuture<'_, ()> {
+        async move {
+            self.flush_appends().await;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn close(&self) -> StoreFuture<'_, ()> {
+        async move {
+            self.flush_appends().await;
+            self.retire().await
+        }
+        .boxed()
+    }
+
+    fn remote_aborts(&self) -> tokio::sync::broadcast::Receiver<(RunId, AbortReason)> {
+        self.aborts.subscribe()
+    }
+
+    fn open_batch(&self, batch: OpenBatch) -> StoreFuture<'_, Result<(), Fenced>> {
+        self.open_batch_tx(batch).boxed()
+    }
+
+    fn decide(
+        &self,
+        run_id: &RunId,
+        call_id: &ToolCallId,
+        settle: Settle,
+    ) -> StoreFuture<'_, Result<CallRecord, DecideFailure>> {
+        let run_id = run_id.clone();
+        let call_id = call_id.clone();
+        async move {
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 AND status = 'pending'{}",
+                self.dialect.for_update()
+            )))
+            .bind(run_id.as_str())
+            .bind(call_id.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            let Some(row) = row else {
+                return Ok(Err(DecideFailure::NotPending));
+            };
+            let mut record = call_record(&row)?;
+            let settlement = match settle(&record) {
+                Ok(settlement) => settlement,
+                Err(refused) => return Ok(Err(DecideFailure::Refused(refused))),
+            };
+            let (events, audit) = apply(&mut record, settlement);
+            // Only a pending call passes: exactly one decision wins, in this process or another.
+            let changed = sqlx::query(
+                "UPDATE calls SET status = $3, record = $4 WHERE run_id = $1 AND call_id = $2 AND status = 'pending'",
+            )
+            .bind(run_id.as_str())
+            .bind(call_id.as_str())
+            .bind(record.status.as_str())
+            .bind(json(&record))
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            if changed.rows_affected() != 1 {
+                return Ok(Err(DecideFailure::NotPending));
+            }
+            let seq = self.append_in(&mut tx, &run_id, &events, None)
+                .await
+                .map_err(unavailable)?;
+            audit_in(&mut tx, &audit).await.map_err(unavailable)?;
+            tx.commit().await.map_err(unavailable)?;
+            if let Some(seq) = seq {
+                self.touched(&run_id, seq);
+            }
+            Ok(Ok(record))
+        }
+        .boxed()
+    }
+
+    fn expire(&self, now_ms: u64, settle: SettleExpired) -> StoreFuture<'_, Vec<CallRecord>> {
+        async move {
+            let due = sqlx::query(
+                "SELECT DISTINCT run_id FROM calls WHERE status = 'pending' AND expires_at <= $1",
+            )
+            .bind(now_ms as i64)
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            let mut expired = Vec::new();
+            for row in due {
+                let run_id = run_id(row.try_get(0).map_err(unavailable)?)?;
+                let mut tx = self.writer.begin().await.map_err(unavailable)?;
+                let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND status = 'pending' \
+                     AND expires_at <= $2 ORDER BY idx{}",
+                    self.dialect.for_update()
+                )))
+                .bind(run_id.as_str())
+                .bind(now_ms as i64)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(unavailable)?;
+                let mut events = Vec::new();
+                let mut audit = Vec::new();
+                for row in &rows {
+                    let mut record = call_record(row)?;
+                    let settlement = settle(&record);
+                    let (mut e, mut a) = apply(&mut record, settlement);
+                    let changed = sqlx::query(
+                        "UPDATE calls SET status = $3, record = $4 WHERE run_id = $1 AND call_id = $2 AND status = 'pending'",
+                    )
+                    .bind(run_id.as_str())
+                    .bind(record.call.id.as_str())
+                    .bind(record.status.as_str())
+                    .bind(json(&record))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                    if changed.rows_affected() == 1 {
+                        events.append(&mut e);
+                        audit.append(&mut a);
+                        expired.push(record);
+                    }
+                }
+                let seq = self.append_in(&mut tx, &run_id, &events, None)
+                    .await
+                    .map_err(unavailable)?;
+                audit_in(&mut tx, &audit).await.map_err(unavailable)?;
+                tx.commit().await.map_err(unavailable)?;
+                if let Some(seq) = seq {
+                    self.touched(&run_id, seq);
+                }
+            }
+            Ok(expired)
+        }
+        .boxed()
+    }
+
+    fn next_expiry(&self) -> StoreFuture<'_, Option<u64>> {
+        async move {
+            let row = sqlx::query("SELECT MIN(expires_at) FROM calls WHERE status = 'pending'")
+                .fetch_one(&self.reader)
+                .await
+                .map_err(unavailable)?;
+            Ok(row
+                .try_get::<Option<i64>, _>(0)
+                .map_err(unavailable)?
+                .map(|at| at as u64))
+        }
+        .boxed()
+    }
+
+    fn begin_call(
+        &self,
+        run_id: &RunId,
+        call_id: &ToolCallId,
+        inline: Option<(CallRecord, Epoch)>,
+    ) -> StoreFuture<'_, Option<CallRecord>> {
+        let run_id = run_id.clone();
+        let call_id = call_id.clone();
+        async move {
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            if !self.alive_in(&mut tx).await? {
+                // This instance's lease ran out: another may be taking its work over. It starts nothing.
+                return Ok(None);
+            }
+            let begun = match inline {
+                Some((mut record, epoch)) => {
+                    // The run must still be this instance's, at this epoch, in this very transaction.
+                    let held = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "SELECT 1 FROM runs WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3{}",
+                        self.dialect.for_update()
+                    )))
+                    .bind(run_id.as_str())
+                    .bind(self.instance.as_str())
+                    .bind(epoch as i64)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                    if held.is_none() {
+                        return Ok(None);
+                    }
+                    record.status = CallStatus::Executing;
+                    record.executing_on = Some(self.instance.clone());
+                    let existing = sqlx::query("SELECT status FROM calls WHERE run_id = $1 AND call_id = $2")
+                        .bind(run_id.as_str())
+                        .bind(call_id.as_str())
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(unavailable)?;
+                    if let Some(row) = existing {
+                        let status: String = row.try_get(0).map_err(unavailable)?;
+                        // A call of an earlier batch with the same id (ids are the model's) gives way; one of
+                        // this batch does not.
+                        if !CallStatus::parse(&status).is_some_and(CallStatus::is_final) {
+                            return Ok(None);
+                        }
+                        sqlx::query("DELETE FROM calls WHERE run_id = $1 AND call_id = $2")
+                            .bind(run_id.as_str())
+                            .bind(call_id.as_str())
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(unavailable)?;
+                    }
+                    sqlx::query(
+                        "INSERT INTO calls (run_id, call_id, idx, status, record, executing_on) \
+                         VALUES ($1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5)",
+                    )
+                    .bind(run_id.as_str())
+                    .bind(call_id.as_str())
+                    .bind(record.status.as_str())
+                    .bind(json(&record))
+                    .bind(self.instance.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                    Some(record)
+                }
+                None => {
+                    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
+                         AND status IN ('allowed', 'approved'){}",
+                        self.dialect.for_update()
+                    )))
+                    .bind(run_id.as_str())
+                    .bind(call_id.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                    match row {
+                        None => None,
+                        Some(row) => {
+                            let mut record = call_record(&row)?;
+                            record.status = CallStatus::Executing;
+                            record.executing_on = Some(self.instance.clone());
+                            // Only a call not yet taken passes: a call runs once.
+                            let changed = sqlx::query(
+                                "UPDATE calls SET status = 'executing', record = $3, executing_on = $4 \
+                                 WHERE run_id = $1 AND call_id = $2 AND status IN ('allowed', 'approved')",
+                            )
+                            .bind(run_id.as_str())
+                            .bind(call_id.as_str())
+                            .bind(json(&record))
+                            .bind(self.instance.as_str())
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(unavailable)?;
+                            (changed.rows_affected() == 1).then_some(record)
+                        }
+                    }
+                }
+            };
+            tx.commit().await.map_err(unavailable)?;
+            Ok(begun)
+        }
+        .boxed()
+    }
+
+    fn settle_call(&self, result: CallResult) -> StoreFuture<'_, bool> {
+        async move {
+            self.flush_appends().await;
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
+                 AND status = 'executing' AND executing_on = $3{}",
+                self.dialect.for_update()
+            )))
+            .bind(result.run_id.as_str())
+            .bind(result.call_id.as_str())
+            .bind(self.instance.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            let Some(row) = row else {
+                return Ok(false);
+            };
+            let mut record = call_record(&row)?;
+            record.status = CallStatus::Settled;
+            record.executing_on = None;
+            record.output = Some(result.output);
+            let changed = sqlx::query(
+                "UPDATE calls SET status = 'settled', record = $3, executing_on = NULL \
+                 WHERE run_id = $1 AND call_id = $2 AND status = 'executing' AND executing_on = $4",
+            )
+            .bind(result.run_id.as_str())
+            .bind(result.call_id.as_str())
+            .bind(json(&record))
+            .bind(self.instance.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            if changed.rows_affected() != 1 {
+                return Ok(false);
+            }
+            let seq = self
+                .append_in(&mut tx, &result.run_id, &result.events, None)
+                .await
+                .map_err(unavailable)?;
+            audit_in(&mut tx, &result.audit)
+                .await
+                .map_err(unavailable)?;
+            tx.commit().await.map_err(unavailable)?;
+            if let Some(seq) = seq {
+                self.touched(&result.run_id, seq);
+            }
+            Ok(true)
+        }
+        .boxed()
+    }
+
+    fn claim_batch(&self, run_id: &RunId) -> StoreFuture<'_, Option<Claimed>> {
+        let run_id = run_id.clone();
+        async move {
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT state, batch, abort, epoch FROM runs WHERE id = $1{}",
+                self.dialect.for_update()
+            )))
+            .bind(run_id.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            let state: String = row.try_get("state").map_err(unavailable)?;
+            let batch: Option<String> = row.try_get("batch").map_err(unavailable)?;
+            let (Some(batch), "waiting") = (batch, state.as_str()) else {
+                return Ok(None);
+            };
+            let abort: Option<String> = row.try_get("abort").map_err(unavailable)?;
+            let epoch: i64 = row.try_get("epoch").map_err(unavailable)?;
+            let calls = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
+                self.dialect.for_update()
+            )))
+            .bind(run_id.as_str())
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            let mut outputs = Vec::with_capacity(calls.len());
+            for row in &calls {
+                let record = call_record(row)?;
+                if !record.status.is_final() {
+                    return Ok(None);
+                }
+                if let Some(output) = record.output {
+                    outputs.push((record.call, output));
+                }
+            }
+            let epoch = epoch as u64 + 1;
+            let changed = sqlx::query(
+                "UPDATE runs SET state = 'running', owner = $2, epoch = $3, batch = NULL WHERE id = $1 AND state = 'waiting'",
+            )
+            .bind(run_id.as_str())
+            .bind(self.instance.as_str())
+            .bind(epoch as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            if changed.rows_affected() != 1 {
+                return Ok(None);
+            }
+            sqlx::query("DELETE FROM calls WHERE run_id = $1")
+                .bind(run_id.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(unavailable)?;
+            tx.commit().await.map_err(unavailable)?;
+            Ok(Some(Claimed {
+                epoch,
+                batch: parse(&batch, "a waiting run's batch")?,
+                outputs,
+                abort: abort.as_deref().and_then(AbortReason::parse),
+            }))
+        }
+        .boxed()
+    }
+
+    fn finish_run(&self, finish: FinishRun) -> StoreFuture<'_, Result<(), Fenced>> {
+        async move {
+            self.flush_appends().await;
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT state, owner, epoch, session_id FROM runs WHERE id = $1{}",
+                self.dialect.for_update()
+            )))
+            .bind(finish.run_id.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            let Some(row) = row else {
+                return Ok(Err(Fenced::Lost));
+            };
+            let state: String = row.try_get("state").map_err(unavailable)?;
+            let owner: Option<String> = row.try_get("owner").map_err(unavailable)?;
+            let epoch: i64 = row.try_get("epoch").map_err(unavailable)?;
+            let session: String = row.try_get("session_id").map_err(unavailable)?;
+            let state = RunState::parse(&state)
+                .ok_or_else(|| StoreError::Corrupt(format!("unknown run state {state:?}")))?;
+            let fenced = match finish.epoch {
+                Some(expected) => {
+                    state != RunState::Running
+                        || owner.as_deref() != Some(self.instance.as_str())
+                        || epoch as u64 != expected
+                }
+                None => state.is_finished(),
+            };
+            if fenced {
+                return Ok(Err(Fenced::Lost));
+            }
+            let mut audit = finish.audit;
+            if let Some(settle) = &finish.settle_pending {
+                let (_, mut settled_audit, _) = self
+                    .settle_calls_in(&mut tx, &finish.run_id, &[CallStatus::Pending], &**settle)
+                    .await?;
+                audit.append(&mut settled_audit);
+            }
+            let now = now_ms() as i64;
+            sqlx::query(
+                "UPDATE runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, suspension_expires_at = $4, \
+                 conversation = $5, finished_at = $6 WHERE id = $1",
+            )
+            .bind(finish.run_id.as_str())
+            .bind(finish.state.as_str())
+            .bind(finish.suspension.as_ref().map(json))
+            .bind(finish.suspension.as_ref().map(|s| s.expires_at() as i64))
+            .bind(finish.conversation.as_ref().map(json))
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            sqlx::query("DELETE FROM calls WHERE run_id = $1")
+                .bind(finish.run_id.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(unavailable)?;
+            let seq = self.append_in(&mut tx, &finish.run_id, &finish.events, None)
+                .await
+                .map_err(unavailable)?
+                .unwrap_or(0);
+            if !finish.history.is_empty() {
+                let next: i64 = sqlx::query(
+                    "SELECT COALESCE(MAX(idx), -1) + 1 FROM session_messages WHERE session_id = $1",
+                )
+                .bind(&session)
+                .fetch_one(&mut *tx)
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(unavailable)?;
+                for (offset, message) in finish.history.iter().enumerate() {
+                    sqlx::query(
+                        "INSERT INTO session_messages (session_id, idx, message) VALUES ($1, $2, $3)",
+                    )
+                    .bind(&session)
+                    .bind(next + offset as i64)
+                    .bind(json(message))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                }
+            }
+            sqlx::query(
+                "UPDATE sessions SET active_run = CASE WHEN active_run = $2 THEN NULL ELSE active_run END, \
+                 updated_at = $3 WHERE id = $1",
+            )
+            .bind(&session)
+            .bind(finish.run_id.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            audit_in(&mut tx, &audit).await.map_err(unavailable)?;
+            tx.commit().await.map_err(unavailable)?;
+            self.touched(&finish.run_id, seq);
+            Ok(Ok(()))
+        }
+        .boxed()
+    }
+
+    fn abort_run(
+        &self,
+        run_id: &RunId,
+        reason: AbortReason,
+        settle: SettleExpired,
+    ) -> StoreFuture<'_, Option<Aborted>> {
+        let run_id = run_id.clone();
+        async move {
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT {RUN_COLUMNS}, owner FROM runs WHERE id = $1{}",
+                self.dialect.for_update()
+            )))
+            .bind(run_id.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            let mut info = run_info(&row)?;
+            let owner: Option<String> = row.try_get("owner").map_err(unavailable)?;
+            if !info.state.is_finished() && info.abort.is_none() {
+                sqlx::query("UPDATE runs SET abort = $2 WHERE id = $1 AND abort IS NULL")
+                    .bind(run_id.as_str())
+                    .bind(reason.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                info.abort = Some(reason);
+            }
+            let (_, audit, seq) = self
+                .settle_calls_in(
+                    &mut tx,
+                    &run_id,
+                    &[CallStatus::Pending, CallStatus::Allowed, CallStatus::Approved],
+                    &*settle,
+                )
+                .await?;
+            let executing = sqlx::query(
+                "SELECT call_id, executing_on FROM calls WHERE run_id = $1 AND status = 'executing'",
+            )
+            .bind(run_id.as_str())
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(unavailable)?
+            .iter()
+            .filter_map(|row| {
+                let call: String = row.try_get(0).ok()?;
+                let on: Option<String> = row.try_get(1).ok()?;
+                Some((ToolCallId::parse(call).ok()?, InstanceId::from_stored(on?)))
+            })
+            .collect();
+            audit_in(&mut tx, &audit).await.map_err(unavailable)?;
+            // Other instances stop what they run of it.
+            self.doorbell(&mut tx, &format!("abort {run_id} {}", reason.as_str()))
+                .await
+                .map_err(unavailable)?;
+            tx.commit().await.map_err(unavailable)?;
+            if let Some(seq) = seq {
+                info.last_seq = seq;
+                self.touched(&run_id, seq);
+            }
+            Ok(Some(Aborted {
+                running_on: (info.state == RunState::Running)
+                    .then(|| owner.map(InstanceId::from_stored))
+                    .flatten(),
+                run: info,
+                executing,
+            }))
+        }
+        .boxed()
+    }
+
+    fn recover(&self, events: RecoveryEvents) -> StoreFuture<'_, Recovered> {
+        async move {
+            let mut recovered = Recovered::default();
+            // With SQLite, the file lock makes this process the only one: whatever another instance left
+            // running is a dead process's. With PostgreSQL, the dead are those whose heartbeat stopped.
+            let live = self.live_instances().await?;
+            let is_dead = |owner: &Option<String>| owner.as_ref().is_none_or(|owner| !live.contains(owner));
+            let running = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT {RUN_COLUMNS}, owner FROM runs WHERE state = 'running'"
+            )))
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            let mut dead_runs = Vec::new();
+            for row in &running {
+                let owner: Option<String> = row.try_get("owner").map_err(unavailable)?;
+                if is_dead(&owner) {
+                    dead_runs.push(run_info(row)?);
+                }
+            }
+            let executing = sqlx::query(
+                "SELECT record, status, executing_on FROM calls WHERE status = 'executing'",
+            )
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            for row in &executing {
+                let mut record = call_record(row)?;
+                let Some(dead) = record.executing_on.clone() else {
+                    continue;
+                };
+                if !is_dead(&Some(dead.as_str().to_owned())) {
+                    continue;
+                }
+                let mut tx = self.writer.begin().await.map_err(unavailable)?;
+                let settlement = (events.call_interrupted)(&record);
+                let (call_events, audit) = apply(&mut record, settlement);
+                record.executing_on = None;
+                let changed = sqlx::query(
+                    "UPDATE calls SET status = $3, record = $4, executing_on = NULL \
+                     WHERE run_id = $1 AND call_id = $2 AND status = 'executing' AND executing_on = $5",
+                )
+                .bind(record.run_id.as_str())
+                .bind(record.call.id.as_str())
+                .bind(record.status.as_str())
+                .bind(json(&record))
+                .bind(dead.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(unavailable)?;
+                if changed.rows_affected() == 1 {
+                    let seq = self.append_in(&mut tx, &record.run_id, &call_events, None)
+                        .await
+                        .map_err(unavailable)?;
+                    audit_in(&mut tx, &audit).await.map_err(unavailable)?;
+                    tx.commit().await.map_err(unavailable)?;
+                    if let Some(seq) = seq {
+                        self.touched(&record.run_id, seq);
+                    }
+                    recovered
+                        .interrupted_calls
+                        .push((record.run_id.clone(), record.call.id.clone()));
+                }
+            }
+            for info in dead_runs {
+                let finish = FinishRun {
+                    run_id: info.run_id.clone(),
+                    epoch: None,
+                    state: RunState::Failed,
+                    history: Vec::new(),
+                    conversation: None,
+                    suspension: None,
+                    events: (events.run_failed)(&info),
+                    audit: Vec::new(),
+                    settle_pending: None,
+                };
+                if self.finish_run(finish).await?.is_ok() {
+                    recovered.failed_runs.push(info.run_id);
+                }
+            }
+            self.forget_dead_instances(&live).await?;
+            Ok(recovered)
+        }
+        .boxed()
+    }
+
+    fn interrupt(&self, parent: &RunId) -> StoreFuture<'_, Option<(Suspension, Option<RunId>)>> {
+        let parent = parent.clone();
+        async move {
+            let row = sqlx::query(
+                "SELECT suspension, resumed_by FROM runs WHERE id = $1 AND suspension IS NOT NULL",
+            )
+            .bind(parent.as_str())
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            let suspension: String = row.try_get(0).map_err(unavailable)?;
+            let resumed_by: Option<String> = row.try_get(1).map_err(unavailable)?;
+            Ok(Some((
+                parse(&suspension, "a suspension")?,
+                resumed_by.map(run_id).transpose()?,
+            )))
+        }
+        .boxed()
+    }
+
+    fn take_interrupt(&self, parent: &RunId, by: &RunId) -> StoreFuture<'_, Result<(), TakeError>> {
+        let parent = parent.clone();
+        let by = by.clone();
+        async move {
+            let changed = sqlx::query(
+                "UPDATE runs SET resumed_by = $2 WHERE id = $1 AND suspension IS NOT NULL AND resumed_by IS NULL",
+            )
+            .bind(parent.as_str())
+            .bind(by.as_str())
+            .execute(&self.writer)
+            .await
+            .map_err(unavailable)?;
+            if changed.rows_affected() == 1 {
+                return Ok(Ok(()));
+            }
+            let row = sqlx::query(
+                "SELECT resumed_by FROM runs WHERE id = $1 AND suspension IS NOT NULL",
+            )
+            .bind(parent.as_str())
+            .fetch_optional(&self.writer)
+            .await
+            .map_err(unavailable)?;
+            Ok(Err(match row {
+                None => TakeError::UnknownParent(parent),
+                Some(row) => {
+                    let used: Option<String> = row.try_get(0).map_err(unavailable)?;
+                    TakeError::AlreadyUsed {
+                        parent,
+                        by: run_id(used.unwrap_or_default())?,
+                    }
+                }
+            }))
+        }
+        .boxed()
+    }
+
+    fn restore_interrupt(&self, parent: &RunId) -> StoreFuture<'_, ()> {
+        let parent = parent.clone();
+        async move {
+            sqlx::query("UPDATE runs SET resumed_by = NULL WHERE id = $1")
+                .bind(parent.as_str())
+                .execute(&self.writer)
+                .await
+                .map_err(unavailable)?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn open_interrupt(&self, session_id: &SessionId) -> StoreFuture<'_, Option<(RunId, u64)>> {
+        let session_id = session_id.clone();
+        async move {
+            let row = sqlx::query(
+                "SELECT id, suspension_expires_at FROM runs WHERE session_id = $1 AND suspension IS NOT NULL \
+                 AND resumed_by IS NULL ORDER BY ordinal DESC LIMIT 1",
+            )
+            .bind(session_id.as_str())
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            row.map(|row| {
+                let id: String = row.try_get(0).map_err(unavailable)?;
+                let expires: Option<i64> = row.try_get(1).map_err(unavailable)?;
+                Ok((run_id(id)?, expires.unwrap_or(0) as u64))
+            })
+            .transpose()
+        }
+        .boxed()
+    }
+
+    fn run(&self, run_id: &RunId) -> StoreFuture<'_, Option<RunInfo>> {
+        let run_id = run_id.clone();
+        async move {
+            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"
+            )))
+            .bind(run_id.as_str())
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            row.as_ref().map(run_info).transpose()
+        }
+        .boxed()
+    }
+
+    fn events_after(
+        &self,
+        run_id: &RunId,
+        after: u64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Arc<EncodedEvent>>> {
+        let run_id = run_id.clone();
+        async move {
+            let rows = sqlx::query(
+                "SELECT seq, kind, json FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            )
+            .bind(run_id.as_str())
+            .bind(after as i64)
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            rows.iter()
+                .map(|row| {
+                    let kind: String = row.try_get(1).map_err(unavailable)?;
+                    Ok(Arc::new(EncodedEvent {
+                        seq: row.try_get::<i64, _>(0).map_err(unavailable)? as u64,
+                        kind: event_kind(&kind).ok_or_else(|| {
+                            StoreError::Corrupt(format!("unknown event type {kind:?}"))
+                        })?,
+                        json: row
+                            .try_get::<String, _>(2)
+                            .map_err(unavailable)?
+                            .into_boxed_str(),
+                    }))
+                })
+                .collect()
+        }
+        .boxed()
+    }
+
+    fn watch_run(&self, run_id: &RunId) -> watch::Receiver<u64> {
+        self.runs.watch(run_id)
+    }
+
+    fn watch_session(&self, session_id: &SessionId) -> watch::Receiver<u64> {
+        self.sessions.watch(session_id)
+    }
+
+    fn session_runs(&self, session_id: &SessionId, limit: usize) -> StoreFuture<'_, Vec<RunId>> {
+        let session_id = session_id.clone();
+        async move {
+            let rows = sqlx::query(
+                "SELECT id FROM runs WHERE session_id = $1 ORDER BY ordinal DESC LIMIT $2",
+            )
+            .bind(session_id.as_str())
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            let mut runs = rows
+                .into_iter()
+                .map(|row| run_id(row.try_get(0).map_err(unavailable)?))
+                .collect::<StoreResult<Vec<_>>>()?;
+            runs.reverse();
+            Ok(runs)
+        }
+        .boxed()
+    }
+
+    fn history(&self, session_id: &SessionId) -> StoreFuture<'_, Vec<Message>> {
+        let session_id = session_id.clone();
+        async move {
+            let rows = sqlx::query(
+                "SELECT message FROM session_messages WHERE session_id = $1 ORDER BY idx",
+            )
+            .bind(session_id.as_str())
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            rows.iter()
+                .map(|row| {
+                    parse(
+                        &row.try_get::<String, _>(0).map_err(unavailable)?,
+                        "a message",
+                    )
+                })
+                .collect()
+        }
+        .boxed()
+    }
+
+    fn sessions(&self, limit: usize) -> StoreFuture<'_, Vec<SessionSummary>> {
+        async move {
+            let rows = sqlx::query(
+                "SELECT id, title, created_at, updated_at, run_count FROM sessions \
+                 ORDER BY updated_at DESC, id DESC LIMIT $1",
+            )
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            rows.iter()
+                .map(|row| {
+                    Ok(SessionSummary {
+                        session_id: session_id(row.try_get(0).map_err(unavailable)?)?,
+                        title: row.try_get(1).map_err(unavailable)?,
+                        created_at: row.try_get::<i64, _>(2).map_err(unavailable)? as u64,
+                        updated_at: row.try_get::<i64, _>(3).map_err(unavailable)? as u64,
+                        runs: row.try_get::<i64, _>(4).map_err(unavailable)? as u64,
+                    })
+                })
+                .collect()
+        }
+        .boxed()
+    }
+
+    fn pending(&self, run_id: Option<&RunId>) -> StoreFuture<'_, Vec<ApprovalRequest>> {
+        let run_id = run_id.cloned();
+        async move {
+            let rows = match &run_id {
+                Some(run_id) => sqlx::query(
+                    "SELECT record, status, executing_on FROM calls WHERE status = 'pending' AND run_id = $1 \
+                     ORDER BY requested_at, run_id, call_id",
+                )
+                .bind(run_id.as_str())
+                .fetch_all(&self.reader)
+                .await,
+                None => sqlx::query(
+                    "SELECT record, status, executing_on FROM calls WHERE status = 'pending' \
+                     ORDER BY requested_at, run_id, call_id",
+                )
+                .fetch_all(&self.reader)
+                .await,
+            }
+            .map_err(unavailable)?;
+            let mut pending = Vec::with_capacity(rows.len());
+            for row in &rows {
+                if let Some(approval) = call_record(row)?.approval {
+                    pending.push(approval);
+                }
+            }
+            Ok(pending)
+        }
+        .boxed()
+    }
+
+    fn call(&self, run_id: &RunId, call_id: &ToolCallId) -> StoreFuture<'_, Option<CallRecord>> {
+        let run_id = run_id.clone();
+        let call_id = call_id.clone();
+        async move {
+            let row = sqlx::query(
+                "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2",
+            )
+            .bind(run_id.as_str())
+            .bind(call_id.as_str())
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            row.as_ref().map(call_record).transpose()
+        }
+        .boxed()
+    }
+
+    fn calls(&self, run_id: &RunId) -> StoreFuture<'_, Vec<CallRecord>> {
+        let run_id = run_id.clone();
+        async move {
+            let rows = sqlx::query(
+                "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx",
+            )
+            .bind(run_id.as_str())
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            rows.iter().map(call_record).collect()
+        }
+        .boxed()
+    }
+
+    fn unfinished_runs(&self) -> StoreFuture<'_, Vec<RunId>> {
+        async move {
+            let rows = sqlx::query("SELECT id FROM runs WHERE state IN ('running', 'waiting')")
+                .fetch_all(&self.reader)
+                .await
+                .map_err(unavailable)?;
+            rows.into_iter()
+                .map(|row| run_id(row.try_get(0).map_err(unavailable)?))
+                .collect()
+        }
+        .boxed()
+    }
+
+    fn counts(&self) -> StoreFuture<'_, Counts> {
+        async move {
+            let row = sqlx::query(
+                "SELECT (SELECT COUNT(*) FROM runs WHERE state IN ('running', 'waiting')), \
+                 (SELECT COUNT(*) FROM sessions)",
+            )
+            .fetch_one(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            Ok(Counts {
+                unfinished_runs: row.try_get::<i64, _>(0).map_err(unavailable)? as u64,
+                sessions: row.try_get::<i64, _>(1).map_err(unavailable)? as u64,
+            })
+        }
+        .boxed()
+    }
+
+    fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>> {
+        async move {
+            let rows = sqlx::query(
+                "SELECT id FROM runs r WHERE state = 'waiting' AND ( \
+                   EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id AND c.status IN ('allowed', 'approved')) \
+                   OR NOT EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id \
+                     AND c.status NOT IN ('refused', 'denied', 'settled', 'interrupted')))",
+            )
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            rows.into_iter()
+                .map(|row| run_id(row.try_get(0).map_err(unavailable)?))
+                .collect()
+        }
+        .boxed()
+    }
+
+    fn conversation(&self, run_id: &RunId) -> StoreFuture<'_, Option<Vec<Message>>> {
+        let run_id = run_id.clone();
+        async move {
+            let row = sqlx::query("SELECT conversation FROM runs WHERE id = $1")
+                .bind(run_id.as_str())
+                .fetch_optional(&self.reader)
+                .await
+                .map_err(unavailable)?;
+            match row.map(|row| row.try_get::<Option<String>, _>(0)) {
+                Some(Ok(Some(text))) => Ok(Some(parse(&text, "a conversation")?)),
+                Some(Err(error)) => Err(unavailable(error)),
+                _ => Ok(None),
+            }
+        }
+        .boxed()
+    }
+
+    fn grants(&self, session_id: &SessionId) -> StoreFuture<'_, Vec<StoredGrant>> {
+        let session_id = session_id.clone();
+        async move {
+            let rows = sqlx::query(
+                "SELECT id, grant_json, created_at FROM grants WHERE session_id = $1 ORDER BY created_at, id",
+            )
+            .bind(session_id.as_str())
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            rows.iter()
+                .map(|row| {
+                    Ok(StoredGrant {
+                        id: row.try_get(0).map_err(unavailable)?,
+                        grant: parse(&row.try_get::<String, _>(1).map_err(unavailable)?, "a grant")?,
+                        created_at: row.try_get::<i64, _>(2).map_err(unavailable)? as u64,
+                    })
+                })
+                .collect()
+        }
+        .boxed()
+    }
+
+    fn add_grant(&self, session_id: &SessionId, grant: StoredGrant) -> StoreFuture<'_, ()> {
+        let session_id = session_id.clone();
+        async move {
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            sqlx::query("DELETE FROM grants WHERE session_id = $1 AND id = $2")
+                .bind(session_id.as_str())
+                .bind(grant.id.clone())
+                .execute(&mut *tx)
+                .await
+                .map_err(unavailable)?;
+            sqlx::query(
+                "INSERT INTO grants (session_id, id, grant_json, created_at) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(session_id.as_str())
+            .bind(grant.id.clone())
+            .bind(json(&grant.grant))
+            .bind(grant.created_at as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            tx.commit().await.map_err(unavailable)?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn revoke_grant(
+        &self,
+        session_id: &SessionId,
+        grant_id: &str,
+        audit: AuditEntry,
+    ) -> StoreFuture<'_, bool> {
+        let session_id = session_id.clone();
+        let grant_id = grant_id.to_owned();
+        async move {
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let changed = sqlx::query("DELETE FROM grants WHERE session_id = $1 AND id = $2")
+                .bind(session_id.as_str())
+                .bind(grant_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(unavailable)?;
+            let revoked = changed.rows_affected() > 0;
+            if revoked {
+                audit_in(&mut tx, &[audit]).await.map_err(unavailable)?;
+            }
+            tx.commit().await.map_err(unavailable)?;
+            Ok(revoked)
+        }
+        .boxed()
+    }
+
+    fn rules(&self) -> StoreFuture<'_, Vec<StoredRule>> {
+        async move {
+            let rows = sqlx::query(
+                "SELECT id, rule, created_at, created_by FROM rules ORDER BY created_at, id",
+            )
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            rows.iter()
+                .map(|row| {
+                    Ok(StoredRule {
+                        id: row.try_get(0).map_err(unavailable)?,
+                        rule: row.try_get(1).map_err(unavailable)?,
+                        created_at: row.try_get::<i64, _>(2).map_err(unavailable)? as u64,
+                        created_by: row.try_get(3).map_err(unavailable)?,
+                    })
+                })
+                .collect()
+        }
+        .boxed()
+    }
+
+    fn add_rule(&self, rule: StoredRule, audit: AuditEntry) -> StoreFuture<'_, ()> {
+        async move {
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            sqlx::query("DELETE FROM rules WHERE id = $1")
+                .bind(rule.id.clone())
+                .execute(&mut *tx)
+                .await
+                .map_err(unavailable)?;
+            sqlx::query(
+                "INSERT INTO rules (id, rule, created_at, created_by) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(rule.id.clone())
+            .bind(rule.rule.clone())
+            .bind(rule.created_at as i64)
+            .bind(rule.created_by.clone())
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            audit_in(&mut tx, &[audit]).await.map_err(unavailable)?;
+            tx.commit().await.map_err(unavailable)?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn remove_rule(&self, rule_id: &str, audit: AuditEntry) -> StoreFuture<'_, bool> {
+        let rule_id = rule_id.to_owned();
+        async move {
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let changed = sqlx::query("DELETE FROM rules WHERE id = $1")
+                .bind(rule_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(unavailable)?;
+            let removed = changed.rows_affected() > 0;
+            if removed {
+                audit_in(&mut tx, &[audit]).await.map_err(unavailable)?;
+            }
+            tx.commit().await.map_err(unavailable)?;
+            Ok(removed)
+        }
+        .boxed()
+    }
+
+    fn audit(&self, entry: AuditEntry) -> StoreFuture<'_, ()> {
+        async move {
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            audit_in(&mut tx, &[entry]).await.map_err(unavailable)?;
+            tx.commit().await.map_err(unavailable)?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn audit_log(&self, query: AuditQuery) -> StoreFuture<'_, Vec<AuditEntry>> {
+        async move {
+            let mut sql = String::from(
+                "SELECT id, at, kind, session_id, run_id, tool_call_id, tool, arguments_digest, edited_digest, \
+                 outcome, source, scope, reason, actor FROM audit WHERE 1 = 1",
+            );
+            let mut texts: Vec<String> = Vec::new();
+            let mut numbers: Vec<(usize, i64)> = Vec::new();
+            let mut next = 1;
+            let mut text_filter = |column: &str, value: Option<String>, sql: &mut String| {
+                if let Some(value) = value {
+                    sql.push_str(&format!(" AND {column} = ${next}"));
+                    next += 1;
+                    texts.push(value);
+                }
+            };
+            text_filter(
+                "session_id",
+                query.session_id.as_ref().map(|s| s.as_str().to_owned()),
+                &mut sql,
+            );
+            text_filter("run_id", query.run_id.as_ref().map(|r| r.as_str().to_owned()), &mut sql);
+            text_filter("tool", query.tool.clone(), &mut sql);
+            text_filter("outcome", query.outcome.clone(), &mut sql);
+            for (column, op, value) in [
+                ("at", ">=", query.since),
+                ("at", "<", query.until),
+                ("id", ">", query.after_id),
+            ] {
+                if let Some(value) = value {
+                    sql.push_str(&format!(" AND {column} {op} ${next}"));
+                    numbers.push((next, value as i64));
+                    next += 1;
+                }
+            }
+            sql.push_str(&format!(" ORDER BY id LIMIT ${next}"));
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for text in texts {
+                q = q.bind(text);
+            }
+            for (_, number) in numbers {
+                q = q.bind(number);
+            }
+            q = q.bind(query.limit.min(i64::MAX as usize) as i64);
+            let rows = q.fetch_all(&self.reader).await.map_err(unavailable)?;
+            rows.iter()
+                .map(|row| {
+                    let kind: String = row.try_get(2).map_err(unavailable)?;
+                    Ok(AuditEntry {
+                        id: row.try_get::<i64, _>(0).map_err(unavailable)? as u64,
+                        at: row.try_get::<i64, _>(1).map_err(unavailable)? as u64,
+                        kind: AuditKind::parse(&kind).ok_or_else(|| {
+                            StoreError::Corrupt(format!("unknown audit kind {kind:?}"))
+                        })?,
+                        session_id: row
+                            .try_get::<Option<String>, _>(3)
+                            .map_err(unavailable)?
+                            .map(session_id)
+                            .transpose()?,
+                        run_id: row
+                            .try_get::<Option<String>, _>(4)
+                            .map_err(unavailable)?
+                            .map(run_id)
+                            .transpose()?,
+                        tool_call_id: row
+                            .try_get::<Option<String>, _>(5)
+                            .map_err(unavailable)?
+                            .and_then(|id| ToolCallId::parse(id).ok()),
+                        tool: row.try_get(6).map_err(unavailable)?,
+                        arguments_digest: row.try_get(7).map_err(unavailable)?,
+                        edited_digest: row.try_get(8).map_err(unavailable)?,
+                        outcome: row.try_get(9).map_err(unavailable)?,
+                        source: row.try_get(10).map_err(unavailable)?,
+                        scope: row.try_get(11).map_err(unavailable)?,
+                        reason: row.try_get(12).map_err(unavailable)?,
+                        actor: row.try_get(13).map_err(unavailable)?,
+                    })
+                })
+                .collect()
+        }
+        .boxed()
+    }
+
+    fn prune(&self, limits: RetentionLimits, now_ms: u64) -> StoreFuture<'_, usize> {
+        async move {
+            let total: i64 =
+                sqlx::query("SELECT CAST(COALESCE(SUM(event_bytes), 0) AS BIGINT) FROM runs")
+                    .fetch_one(&self.reader)
+                    .await
+                    .and_then(|row| row.try_get(0))
+                    .map_err(unavailable)?;
+            let finished = sqlx::query(
+                "SELECT id, finished_at, event_bytes, suspension_expires_at, resumed_by FROM runs \
+                 WHERE finished_at IS NOT NULL ORDER BY finished_at, id",
+            )
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            let mut total = total.max(0) as u64;
+            let mut pruned = 0;
+            for row in &finished {
+                let id: String = row.try_get(0).map_err(unavailable)?;
+                let finished_at: i64 = row.try_get(1).map_err(unavailable)?;
+                let bytes: i64 = row.try_get(2).map_err(unavailable)?;
+                let expires: Option<i64> = row.try_get(3).map_err(unavailable)?;
+                let resumed: Option<String> = row.try_get(4).map_err(unavailable)?;
+                // An open suspension is kept until it is resumed or expires: a person may still answer it.
+                let open = expires.is_some_and(|at| at as u64 > now_ms) && resumed.is_none();
+                let old = now_ms.saturating_sub(finished_at as u64) >= limits.max_age_ms;
+                if open || !(old || total > limits.max_event_bytes) {
+                    continue;
+                }
+                let mut tx = self.writer.begin().await.map_err(unavailable)?;
+                for sql in [
+                    "DELETE FROM events WHERE run_id = $1",
+                    "DELETE FROM calls WHERE run_id = $1",
+                    "DELETE FROM runs WHERE id = $1",
+                ] {
+                    sqlx::query(sql)
+                        .bind(&id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(unavailable)?;
+                }
+                tx.commit().await.map_err(unavailable)?;
+                total = total.saturating_sub(bytes.max(0) as u64);
+                pruned += 1;
+            }
+            Ok(pruned)
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,1080 @@
+//! What every store promises, checked against each of them: the memory store, SQLite in a temporary directory, and
+//! PostgreSQL started from the machine's own packages. A state change happens whole or not at all; a conditional
+//! one (a decision, a claim, a take) has exactly one winner however many race for it; what a reader sees is
+//! committed and in order.
+
+#[path = "support/postgres.rs"]
+mod postgres;
+
+use std::sync::Arc;
+
+use agent::agent_loop::{Interruption, PendingCall};
+use agent::ids::{RunId, SessionId, ToolCallId};
+use agent::interrupts::{IssuedInterrupt, Suspension, arguments_digest};
+use agent::runtime::AbortReason;
+use agent::store::memory::MemoryStore;
+use agent::store::sql::{DatabaseUrl, OpenError, SqlStore};
+use agent::store::*;
+use agent::wire::{
+    ApprovalMode, ApprovalPolicy, ApprovalRequest, ApprovalSource, DecisionScope, DenialSource,
+    InterruptRequest, Message, Resolution, StreamEvent, ToolCall, ToolErrorCode, ToolOutput,
+};
+use serde_json::json;
+
+/// A store under test, and what must live as long as it.
+struct Backend {
+    store: Arc<dyn Store>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Memory,
+    Sqlite,
+    Postgres,
+}
+
+async fn open(kind: Kind) -> Backend {
+    match kind {
+        Kind::Memory => Backend {
+            store: Arc::new(MemoryStore::new()),
+            _dir: None,
+        },
+        Kind::Sqlite => {
+            let dir = tempfile::tempdir().unwrap();
+            let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+            Backend {
+                store: SqlStore::open(&url).await.expect("SQLite opens"),
+                _dir: Some(dir),
+            }
+        }
+        Kind::Postgres => {
+            let url = DatabaseUrl::Postgres(postgres::database());
+            Backend {
+                store: SqlStore::open(&url).await.expect("PostgreSQL opens"),
+                _dir: None,
+            }
+        }
+    }
+}
+
+fn run_id(id: &str) -> RunId {
+    RunId::parse(id).unwrap()
+}
+
+fn session(id: &str) -> SessionId {
+    SessionId::parse(id).unwrap()
+}
+
+fn call_id(id: &str) -> ToolCallId {
+    ToolCallId::parse(id).unwrap()
+}
+
+fn step_event(run: &str, step: u32) -> NewEvent {
+    NewEvent::encode(&StreamEvent::Step {
+        run_id: run_id(run),
+        step,
+    })
+    .unwrap()
+}
+
+fn new_run(run: &str, session_id: &str) -> NewRun {
+    NewRun {
+        run_id: run_id(run),
+        session_id: session(session_id),
+        parent_run_id: None,
+        mode: ApprovalMode::Interactive,
+        message: format!("the message of {run}"),
+        events: vec![step_event(run, 1)],
+        at: 1_000,
+    }
+}
+
+fn tool_call(id: &str) -> ToolCall {
+    ToolCall {
+        id: call_id(id),
+        name: "delete_file".into(),
+        arguments: json!({"path": id}).to_string(),
+    }
+}
+
+fn pending_call(run: &str, id: &str, expires_at: u64) -> CallRecord {
+    let mut record = CallRecord::new(
+        run_id(run),
+        tool_call(id),
+        json!({"path": id}),
+        CallStatus::Pending,
+    );
+    record.approval = Some(ApprovalRequest {
+        run_id: run_id(run),
+        tool_call_id: call_id(id),
+        tool_name: "delete_file".into(),
+        arguments: json!({"path": id}),
+        reason: "delete_file is destructive.".into(),
+        requested_at: 1_000,
+        expires_at,
+    });
+    record
+}
+
+fn saved_batch(calls: &[&str]) -> SavedBatch {
+    SavedBatch {
+        history: vec![Message::User {
+            content: "go".into(),
+        }],
+        prior: 0,
+        owned_by_session: true,
+        policy: ApprovalPolicy::OnRequest,
+        step: 1,
+        calls: calls.iter().map(|id| tool_call(id)).collect(),
+        repeat: RepeatCounts::default(),
+    }
+}
+
+fn request_audit(run: &str, call: &str) -> AuditEntry {
+    AuditEntry {
+        id: 0,
+        at: 1_000,
+        kind: AuditKind::ApprovalRequested,
+        session_id: None,
+        run_id: Some(run_id(run)),
+        tool_call_id: Some(call_id(call)),
+        tool: Some("delete_file".into()),
+        arguments_digest: Some(arguments_digest(&json!({"path": call}))),
+        edited_digest: None,
+        outcome: "requested".into(),
+        source: None,
+        scope: None,
+        reason: Some("delete_file is destructive.".into()),
+        actor: None,
+    }
+}
+
+/// Opens a batch of the given calls in a run started just before: `pending` ask, the rest are allowed.
+async fn open_waiting(store: &dyn Store, run: &str, pending: &[(&str, u64)], allowed: &[&str]) {
+    let mut calls: Vec<CallRecord> = pending
+        .iter()
+        .map(|(id, expires)| pending_call(run, id, *expires))
+        .collect();
+    calls.extend(allowed.iter().map(|id| {
+        CallRecord::new(
+            run_id(run),
+            tool_call(id),
+            json!({"path": id}),
+            CallStatus::Allowed,
+        )
+    }));
+    let ids: Vec<&str> = pending
+        .iter()
+        .map(|(id, _)| *id)
+        .chain(allowed.iter().copied())
+        .collect();
+    store
+        .open_batch(OpenBatch {
+            run_id: run_id(run),
+            epoch: 1,
+            batch: saved_batch(&ids),
+            calls,
+            events: vec![step_event(run, 2)],
+            audit: pending
+                .iter()
+                .map(|(id, _)| request_audit(run, id))
+                .collect(),
+        })
+        .await
+        .unwrap()
+        .expect("the run's owner opens its batch");
+}
+
+fn approve(record: &CallRecord) -> Settlement {
+    Settlement {
+        resolution: Resolution::Approved {
+            source: ApprovalSource::User,
+            scope: DecisionScope::Once,
+            reason: None,
+            edited_arguments: None,
+        },
+        status: CallStatus::Approved,
+        edited_arguments: None,
+        output: None,
+        events: vec![step_event(record.run_id.as_str(), 99)],
+        audit: vec![AuditEntry {
+            kind: AuditKind::ApprovalResolved,
+            outcome: "approved".into(),
+            actor: Some("local".into()),
+            ..request_audit(record.run_id.as_str(), record.call.id.as_str())
+        }],
+    }
+}
+
+fn deny(record: &CallRecord, source: DenialSource) -> Settlement {
+    Settlement {
+        resolution: Resolution::Denied {
+            source,
+            reason: "no".into(),
+        },
+        status: CallStatus::Denied,
+        edited_arguments: None,
+        output: Some(ToolOutput::error(ToolErrorCode::ApprovalDenied, "no")),
+        events: vec![step_event(record.run_id.as_str(), 98)],
+        audit: vec![],
+    }
+}
+
+async fn kinds(store: &dyn Store, run: &str) -> Vec<u64> {
+    store
+        .events_after(&run_id(run), 0, 10_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|event| event.seq)
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The promises
+// ---------------------------------------------------------------------------------------------------------------
+
+async fn a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    assert_eq!(store.start_run(new_run("r1", "s")).await.unwrap(), Ok(1));
+    assert_eq!(
+        store.start_run(new_run("r1", "other")).await.unwrap(),
+        Err(StartConflict::RunIdTaken(run_id("r1"))),
+        "a run id is inserted if absent, never twice"
+    );
+    assert_eq!(
+        store.start_run(new_run("r2", "s")).await.unwrap(),
+        Err(StartConflict::SessionBusy {
+            session_id: session("s"),
+            active: run_id("r1")
+        })
+    );
+    assert!(
+        store.run(&run_id("r2")).await.unwrap().is_none(),
+        "nothing of the refused run was written"
+    );
+    store
+        .finish_run(FinishRun {
+            run_id: run_id("r1"),
+            epoch: Some(1),
+            state: RunState::Done,
+            history: vec![Message::User {
+                content: "hello".into(),
+            }],
+            conversation: None,
+            suspension: None,
+            events: vec![step_event("r1", 9)],
+            audit: vec![],
+            settle_pending: None,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.start_run(new_run("r2", "s")).await.unwrap(), Ok(1));
+    assert_eq!(
+        store.session_runs(&session("s"), 10).await.unwrap(),
+        vec![run_id("r1"), run_id("r2")]
+    );
+    assert_eq!(store.history(&session("s")).await.unwrap().len(), 1);
+    let sessions = store.sessions(10).await.unwrap();
+    assert_eq!(sessions.len(), 1);
+    assert_eq!(sessions[0].title, "the message of r1");
+    assert_eq!(sessions[0].runs, 2);
+}
+
+async fn appended_events_are_read_back_in_order_once_durable(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    let mut watch = store.watch_run(&run_id("r"));
+    for step in 2..=600 {
+        store.append(&run_id("r"), 1, vec![step_event("r", step)]);
+    }
+    store.flush().await.unwrap();
+    assert!(watch.has_changed().unwrap(), "readers are woken");
+    watch.borrow_and_update();
+    let seqs = kinds(store, "r").await;
+    assert_eq!(seqs, (1..=600).collect::<Vec<u64>>());
+    let page = store.events_after(&run_id("r"), 100, 50).await.unwrap();
+    assert_eq!(page.first().unwrap().seq, 101);
+    assert_eq!(page.len(), 50);
+    let json: serde_json::Value = serde_json::from_str(&page[0].json).unwrap();
+    assert_eq!(json, json!({"type": "step", "runId": "r", "step": 101}));
+    assert_eq!(page[0].kind, "step");
+    assert_eq!(
+        store.run(&run_id("r")).await.unwrap().unwrap().last_seq,
+        600
+    );
+}
+
+async fn a_writer_that_lost_its_claim_appends_nothing(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    store.append(&run_id("r"), 7, vec![step_event("r", 2)]);
+    store.flush().await.unwrap();
+    assert_eq!(
+        kinds(store, "r").await,
+        vec![1],
+        "a wrong epoch writes nothing"
+    );
+    open_waiting(store, "r", &[], &[]).await;
+    store.append(&run_id("r"), 1, vec![step_event("r", 3)]);
+    store.flush().await.unwrap();
+    assert_eq!(
+        kinds(store, "r").await,
+        vec![1, 2],
+        "a run that is waiting has no writer"
+    );
+    let claimed = store.claim_batch(&run_id("r")).await.unwrap().unwrap();
+    assert_eq!(claimed.epoch, 2);
+    store.append(&run_id("r"), 1, vec![step_event("r", 4)]);
+    store.append(&run_id("r"), 2, vec![step_event("r", 5)]);
+    store.flush().await.unwrap();
+    assert_eq!(kinds(store, "r").await, vec![1, 2, 3]);
+    let fenced = store
+        .finish_run(FinishRun {
+            run_id: run_id("r"),
+            epoch: Some(1),
+            state: RunState::Done,
+            history: vec![],
+            conversation: None,
+            suspension: None,
+            events: vec![step_event("r", 6)],
+            audit: vec![],
+            settle_pending: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(fenced, Err(Fenced::Lost));
+    assert_eq!(
+        store.run(&run_id("r")).await.unwrap().unwrap().state,
+        RunState::Running
+    );
+}
+
+async fn an_open_batch_is_stored_whole_with_its_events_and_audit(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    let wrong_epoch = store
+        .open_batch(OpenBatch {
+            run_id: run_id("r"),
+            epoch: 2,
+            batch: saved_batch(&["a"]),
+            calls: vec![pending_call("r", "a", u64::MAX)],
+            events: vec![step_event("r", 2)],
+            audit: vec![request_audit("r", "a")],
+        })
+        .await
+        .unwrap();
+    assert_eq!(wrong_epoch, Err(Fenced::Lost));
+    assert!(
+        store.pending(None).await.unwrap().is_empty(),
+        "a refused batch writes nothing"
+    );
+    assert_eq!(kinds(store, "r").await, vec![1]);
+
+    open_waiting(store, "r", &[("a", u64::MAX)], &["b"]).await;
+    let pending = store.pending(None).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].tool_call_id, call_id("a"));
+    assert_eq!(kinds(store, "r").await, vec![1, 2]);
+    let info = store.run(&run_id("r")).await.unwrap().unwrap();
+    assert_eq!(info.state, RunState::Waiting);
+    let calls = store.calls(&run_id("r")).await.unwrap();
+    let statuses: Vec<CallStatus> = calls.iter().map(|c| c.status).collect();
+    assert_eq!(statuses, [CallStatus::Pending, CallStatus::Allowed]);
+    let audit = store
+        .audit_log(AuditQuery {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(
+        audit[0].session_id,
+        Some(session("s")),
+        "an entry about a run names its session"
+    );
+    assert_eq!(
+        store.stalled_runs().await.unwrap(),
+        vec![run_id("r")],
+        "an allowed call waits to run"
+    );
+}
+
+async fn concurrent_decisions_have_exactly_one_winner(kind: Kind) {
+    let backend = open(kind).await;
+    let store = Arc::clone(&backend.store);
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(&*store, "r", &[("a", u64::MAX)], &[]).await;
+    let decisions = (0..24).map(|i| {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            let settle: Settle = if i % 2 == 0 {
+                Box::new(|record| Ok(approve(record)))
+            } else {
+                Box::new(|record| Ok(deny(record, DenialSource::User)))
+            };
+            store
+                .decide(&run_id("r"), &call_id("a"), settle)
+                .await
+                .unwrap()
+        })
+    });
+    let results = futures::future::join_all(decisions).await;
+    let winners: Vec<_> = results
+        .iter()
+        .filter(|result| result.as_ref().unwrap().is_ok())
+        .collect();
+    assert_eq!(winners.len(), 1, "one decision wins");
+    assert!(
+        results
+            .iter()
+            .filter(|r| r.as_ref().unwrap().is_err())
+            .all(|r| r.as_ref().unwrap().as_ref().unwrap_err() == &DecideFailure::NotPending)
+    );
+    let resolutions = store
+        .events_after(&run_id("r"), 0, 100)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.json.contains("\"step\":99") || e.json.contains("\"step\":98"))
+        .count();
+    assert_eq!(resolutions, 1, "one resolution's events");
+    assert!(store.pending(None).await.unwrap().is_empty());
+    let audit = store
+        .audit_log(AuditQuery {
+            outcome: Some("approved".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(audit.len() <= 1);
+}
+
+async fn a_refused_decision_leaves_the_approval_pending(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(store, "r", &[("a", u64::MAX)], &[]).await;
+    let refused = store
+        .decide(
+            &run_id("r"),
+            &call_id("a"),
+            Box::new(|_| Err(Refused("the edited path is not a string".into()))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        refused,
+        Err(DecideFailure::Refused(Refused(
+            "the edited path is not a string".into()
+        )))
+    );
+    assert_eq!(store.pending(None).await.unwrap().len(), 1);
+    assert_eq!(kinds(store, "r").await, vec![1, 2]);
+    let unknown = store
+        .decide(&run_id("r"), &call_id("nope"), Box::new(|r| Ok(approve(r))))
+        .await
+        .unwrap();
+    assert_eq!(unknown, Err(DecideFailure::NotPending));
+}
+
+async fn expiry_settles_only_what_is_due(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(store, "r", &[("soon", 5_000), ("later", 9_000)], &[]).await;
+    assert_eq!(store.next_expiry().await.unwrap(), Some(5_000));
+    let settle: SettleExpired = Box::new(|record| deny(record, DenialSource::Timeout));
+    assert!(store.expire(4_999, settle).await.unwrap().is_empty());
+    let settle: SettleExpired = Box::new(|record| deny(record, DenialSource::Timeout));
+    let expired = store.expire(5_000, settle).await.unwrap();
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0].call.id, call_id("soon"));
+    assert_eq!(expired[0].status, CallStatus::Denied);
+    assert_eq!(store.next_expiry().await.unwrap(), Some(9_000));
+    let late = store
+        .decide(&run_id("r"), &call_id("soon"), Box::new(|r| Ok(approve(r))))
+        .await
+        .unwrap();
+    assert_eq!(
+        late,
+        Err(DecideFailure::NotPending),
+        "a timed-out approval cannot be decided"
+    );
+}
+
+async fn a_call_runs_once_and_only_its_runner_settles_it(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(store, "r", &[("asked", u64::MAX)], &["free"]).await;
+    assert!(
+        store
+            .begin_call(&run_id("r"), &call_id("asked"), None)
+            .await
+            .unwrap()
+            .is_none(),
+        "a pending call does not run"
+    );
+    let begun = store
+        .begin_call(&run_id("r"), &call_id("free"), None)
+        .await
+        .unwrap();
+    assert_eq!(begun.unwrap().status, CallStatus::Executing);
+    assert!(
+        store
+            .begin_call(&run_id("r"), &call_id("free"), None)
+            .await
+            .unwrap()
+            .is_none(),
+        "a call is taken once"
+    );
+    let result = |output: ToolOutput| CallResult {
+        run_id: run_id("r"),
+        call_id: call_id("free"),
+        output,
+        events: vec![step_event("r", 50)],
+        audit: vec![],
+    };
+    let ok = ToolOutput::Ok {
+        content: json!("done"),
+    };
+    assert!(store.settle_call(result(ok.clone())).await.unwrap());
+    assert!(
+        !store.settle_call(result(ok)).await.unwrap(),
+        "settled once"
+    );
+    let free = store
+        .call(&run_id("r"), &call_id("free"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(free.status, CallStatus::Settled);
+    assert!(free.output.unwrap().is_ok());
+}
+
+async fn a_settled_batch_is_claimed_once(kind: Kind) {
+    let backend = open(kind).await;
+    let store = Arc::clone(&backend.store);
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(&*store, "r", &[("a", u64::MAX)], &[]).await;
+    assert!(
+        store.claim_batch(&run_id("r")).await.unwrap().is_none(),
+        "not while a call waits"
+    );
+    store
+        .decide(
+            &run_id("r"),
+            &call_id("a"),
+            Box::new(|r| Ok(deny(r, DenialSource::User))),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.stalled_runs().await.unwrap(), vec![run_id("r")]);
+    let claims = (0..8).map(|_| {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move { store.claim_batch(&run_id("r")).await.unwrap() })
+    });
+    let claims: Vec<Claimed> = futures::future::join_all(claims)
+        .await
+        .into_iter()
+        .filter_map(|claim| claim.unwrap())
+        .collect();
+    assert_eq!(claims.len(), 1, "one claim");
+    let claimed = &claims[0];
+    assert_eq!(claimed.epoch, 2);
+    assert_eq!(claimed.batch, saved_batch(&["a"]));
+    assert_eq!(claimed.outputs.len(), 1);
+    assert!(!claimed.outputs[0].1.is_ok());
+    let info = store.run(&run_id("r")).await.unwrap().unwrap();
+    assert_eq!(info.state, RunState::Running);
+    assert!(store.stalled_runs().await.unwrap().is_empty());
+}
+
+async fn finishing_a_run_frees_its_session_and_leaves_nothing_pending(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(store, "r", &[("a", u64::MAX)], &[]).await;
+    let claimed = store
+        .abort_run(
+            &run_id("r"),
+            AbortReason::Cancelled,
+            Box::new(|r| deny(r, DenialSource::Abort)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.run.abort, Some(AbortReason::Cancelled));
+    assert!(
+        store.pending(None).await.unwrap().is_empty(),
+        "an abort leaves nothing pending"
+    );
+    let claimed = store.claim_batch(&run_id("r")).await.unwrap().unwrap();
+    assert_eq!(claimed.abort, Some(AbortReason::Cancelled));
+    store
+        .finish_run(FinishRun {
+            run_id: run_id("r"),
+            epoch: Some(claimed.epoch),
+            state: RunState::Failed,
+            history: vec![],
+            conversation: Some(vec![Message::User {
+                content: "kept".into(),
+            }]),
+            suspension: None,
+            events: vec![step_event("r", 100)],
+            audit: vec![],
+            settle_pending: Some(Box::new(|r| deny(r, DenialSource::Abort))),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let info = store.run(&run_id("r")).await.unwrap().unwrap();
+    assert_eq!(info.state, RunState::Failed);
+    assert_eq!(
+        store
+            .conversation(&run_id("r"))
+            .await
+            .unwrap()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(store.unfinished_runs().await.unwrap().is_empty());
+    assert_eq!(
+        store.start_run(new_run("r2", "s")).await.unwrap(),
+        Ok(1),
+        "the session is free"
+    );
+}
+
+async fn a_suspension_is_taken_once_and_a_replay_is_told_who_took_it(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r1", "t")).await.unwrap().unwrap();
+    let suspension = Suspension {
+        run_id: run_id("r1"),
+        session_id: session("t"),
+        history: vec![],
+        interruption: Interruption {
+            step: 1,
+            calls: vec![tool_call("c")],
+            settled: vec![],
+            pending: vec![PendingCall {
+                call: tool_call("c"),
+                input: json!({"path": "c"}),
+                reason: "destructive".into(),
+            }],
+        },
+        interrupts: vec![IssuedInterrupt {
+            request: InterruptRequest {
+                id: "int-1".into(),
+                tool_call_id: call_id("c"),
+                tool_name: "delete_file".into(),
+                arguments: json!({"path": "c"}),
+                reason: "destructive".into(),
+                expires_at: 50_000,
+            },
+            digest: arguments_digest(&json!({"path": "c"})),
+        }],
+    };
+    store
+        .finish_run(FinishRun {
+            run_id: run_id("r1"),
+            epoch: Some(1),
+            state: RunState::Interrupted,
+            history: vec![],
+            conversation: Some(vec![]),
+            suspension: Some(suspension.clone()),
+            events: vec![step_event("r1", 2)],
+            audit: vec![],
+            settle_pending: None,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store.open_interrupt(&session("t")).await.unwrap(),
+        Some((run_id("r1"), 50_000))
+    );
+    let (read, used) = store.interrupt(&run_id("r1")).await.unwrap().unwrap();
+    assert_eq!(read, suspension, "what was issued reads back exactly");
+    assert_eq!(used, None);
+    assert_eq!(
+        store
+            .take_interrupt(&run_id("nope"), &run_id("r9"))
+            .await
+            .unwrap(),
+        Err(TakeError::UnknownParent(run_id("nope")))
+    );
+    assert_eq!(
+        store
+            .take_interrupt(&run_id("r1"), &run_id("r2"))
+            .await
+            .unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        store
+            .take_interrupt(&run_id("r1"), &run_id("r3"))
+            .await
+            .unwrap(),
+        Err(TakeError::AlreadyUsed {
+            parent: run_id("r1"),
+            by: run_id("r2")
+        }),
+        "a replay is refused and told who resumed it"
+    );
+    assert_eq!(store.open_interrupt(&session("t")).await.unwrap(), None);
+    store.restore_interrupt(&run_id("r1")).await.unwrap();
+    assert_eq!(
+        store
+            .take_interrupt(&run_id("r1"), &run_id("r3"))
+            .await
+            .unwrap(),
+        Ok(())
+    );
+}
+
+async fn retention_forgets_old_runs_and_keeps_open_suspensions(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    for (run, session_id) in [("old", "s1"), ("waiting", "s2")] {
+        store
+            .start_run(new_run(run, session_id))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    store
+        .finish_run(FinishRun {
+            run_id: run_id("old"),
+            epoch: Some(1),
+            state: RunState::Done,
+            history: vec![],
+            conversation: None,
+            suspension: None,
+            events: vec![step_event("old", 2)],
+            audit: vec![request_audit("old", "x")],
+            settle_pending: None,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    open_waiting(store, "waiting", &[("a", u64::MAX)], &[]).await;
+    let limits = RetentionLimits {
+        max_age_ms: 0,
+        max_event_bytes: u64::MAX,
+    };
+    assert_eq!(
+        store
+            .prune(limits, agent::clock::now_ms() + 1)
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(store.run(&run_id("old")).await.unwrap().is_none());
+    assert!(
+        store
+            .events_after(&run_id("old"), 0, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store.run(&run_id("waiting")).await.unwrap().is_some(),
+        "a run going is never pruned"
+    );
+    assert_eq!(
+        store
+            .audit_log(AuditQuery {
+                run_id: Some(run_id("old")),
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "the audit log outlives the runs"
+    );
+}
+
+async fn grants_rules_and_the_audit_log_are_kept_and_filtered(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    let grant = StoredGrant {
+        id: "g1".into(),
+        grant: json!({"tool": "delete_file"}),
+        created_at: 5,
+    };
+    store.add_grant(&session("s"), grant.clone()).await.unwrap();
+    assert_eq!(store.grants(&session("s")).await.unwrap(), vec![grant]);
+    let revoke = AuditEntry {
+        kind: AuditKind::GrantRevoked,
+        outcome: "revoked".into(),
+        at: 10,
+        ..request_audit("r", "c")
+    };
+    assert!(
+        store
+            .revoke_grant(&session("s"), "g1", revoke.clone())
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .revoke_grant(&session("s"), "g1", revoke)
+            .await
+            .unwrap()
+    );
+    assert!(store.grants(&session("s")).await.unwrap().is_empty());
+
+    let rule = StoredRule {
+        id: "rule-1".into(),
+        rule: "run_command(git status)=allow".into(),
+        created_at: 20,
+        created_by: Some("local".into()),
+    };
+    let changed = AuditEntry {
+        kind: AuditKind::RuleChanged,
+        outcome: "added".into(),
+        at: 20,
+        ..request_audit("r", "c")
+    };
+    store.add_rule(rule.clone(), changed.clone()).await.unwrap();
+    assert_eq!(store.rules().await.unwrap(), vec![rule]);
+    assert!(store.remove_rule("rule-1", changed.clone()).await.unwrap());
+    assert!(!store.remove_rule("rule-1", changed).await.unwrap());
+
+    for at in [30, 40, 50] {
+        store
+            .audit(AuditEntry {
+                at,
+                tool: Some(format!("tool{at}")),
+                ..request_audit("r", "c")
+            })
+            .await
+            .unwrap();
+    }
+    let all = store
+        .audit_log(AuditQuery {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // The revoked grant, the added and the removed rule, and the three entries just written.
+    assert_eq!(all.len(), 6);
+    assert!(all.windows(2).all(|w| w[0].id < w[1].id), "oldest first");
+    let window = store
+        .audit_log(AuditQuery {
+            since: Some(30),
+            until: Some(50),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(window.iter().map(|e| e.at).collect::<Vec<_>>(), [30, 40]);
+    let page = store
+        .audit_log(AuditQuery {
+            after_id: Some(all[1].id),
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        page.iter().map(|e| e.id).collect::<Vec<_>>(),
+        [all[2].id, all[3].id]
+    );
+    let by_tool = store
+        .audit_log(AuditQuery {
+            tool: Some("tool40".into()),
+            session_id: Some(session("s")),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_tool.len(), 1);
+}
+
+macro_rules! conformance {
+    ($($test:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test] async fn $test() { super::$test(super::Kind::Memory).await })*
+        }
+        mod sqlite {
+            $(#[tokio::test] async fn $test() { super::$test(super::Kind::Sqlite).await })*
+        }
+        mod postgres_store {
+            $(#[tokio::test] async fn $test() { super::$test(super::Kind::Postgres).await })*
+        }
+    };
+}
+
+conformance!(
+    a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time,
+    appended_events_are_read_back_in_order_once_durable,
+    a_writer_that_lost_its_claim_appends_nothing,
+    an_open_batch_is_stored_whole_with_its_events_and_audit,
+    concurrent_decisions_have_exactly_one_winner,
+    a_refused_decision_leaves_the_approval_pending,
+    expiry_settles_only_what_is_due,
+    a_call_runs_once_and_only_its_runner_settles_it,
+    a_settled_batch_is_claimed_once,
+    finishing_a_run_frees_its_session_and_leaves_nothing_pending,
+    a_suspension_is_taken_once_and_a_replay_is_told_who_took_it,
+    retention_forgets_old_runs_and_keeps_open_suspensions,
+    grants_rules_and_the_audit_log_are_kept_and_filtered,
+);
+
+// ---------------------------------------------------------------------------------------------------------------
+// What only a durable store promises
+// ---------------------------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_second_process_on_a_sqlite_file_is_refused_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    let first = SqlStore::open(&url).await.unwrap();
+    let error = SqlStore::open(&url).await.unwrap_err();
+    assert!(matches!(error, OpenError::Locked { .. }), "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("another toolgate process is using the database"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("by process {}", std::process::id())),
+        "{message}"
+    );
+    drop(first);
+    SqlStore::open(&url)
+        .await
+        .expect("free again once the first is gone");
+}
+
+#[tokio::test]
+async fn what_a_sqlite_store_holds_survives_the_process_and_recovery_marks_what_it_was_doing() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    {
+        let store = SqlStore::open(&url).await.unwrap();
+        store
+            .start_run(new_run("sampling", "s1"))
+            .await
+            .unwrap()
+            .unwrap();
+        store
+            .start_run(new_run("waiting", "s2"))
+            .await
+            .unwrap()
+            .unwrap();
+        open_waiting(&*store, "waiting", &[("asked", u64::MAX)], &["running"]).await;
+        store
+            .begin_call(&run_id("waiting"), &call_id("running"), None)
+            .await
+            .unwrap()
+            .unwrap();
+        store.flush().await.unwrap();
+        // The process dies here: nothing more is written.
+    }
+    let store = SqlStore::open(&url).await.unwrap();
+    let recovered = store
+        .recover(RecoveryEvents {
+            run_failed: Box::new(|info| vec![step_event(info.run_id.as_str(), 77)]),
+            call_interrupted: Box::new(|record| Settlement {
+                status: CallStatus::Interrupted,
+                output: Some(ToolOutput::error(ToolErrorCode::ToolFailed, "interrupted")),
+                ..deny(record, DenialSource::Abort)
+            }),
+        })
+        .await
+        .unwrap();
+    assert_eq!(recovered.failed_runs, vec![run_id("sampling")]);
+    assert_eq!(
+        recovered.interrupted_calls,
+        vec![(run_id("waiting"), call_id("running"))]
+    );
+    assert_eq!(
+        store.run(&run_id("sampling")).await.unwrap().unwrap().state,
+        RunState::Failed
+    );
+    let pending = store.pending(None).await.unwrap();
+    assert_eq!(
+        pending.len(),
+        1,
+        "the approval still waits, with its expiry"
+    );
+    assert_eq!(pending[0].tool_call_id, call_id("asked"));
+    let running = store
+        .call(&run_id("waiting"), &call_id("running"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(running.status, CallStatus::Interrupted);
+    assert!(
+        store
+            .begin_call(&run_id("waiting"), &call_id("running"), None)
+            .await
+            .unwrap()
+            .is_none(),
+        "an interrupted call never runs again"
+    );
+}
+
+#[tokio::test]
+async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
+    use sqlx::Executor;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("toolgate.db");
+    let store = SqlStore::open(&DatabaseUrl::Sqlite(path.clone()))
+        .await
+        .unwrap();
+    store.audit(request_audit("r", "c")).await.unwrap();
+    let mut raw = <sqlx::SqliteConnection as sqlx::Connection>::connect(&format!(
+        "sqlite://{}",
+        path.display()
+    ))
+    .await
+    .unwrap();
+    for statement in ["UPDATE audit SET outcome = 'approved'", "DELETE FROM audit"] {
+        let error = raw.execute(statement).await.unwrap_err();
+        assert!(error.to_string().contains("append-only"), "{error}");
+    }
+
+    let url = postgres::database();
+    let store = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    store.audit(request_audit("r", "c")).await.unwrap();
+    for statement in [
+        "UPDATE audit SET outcome = 'approved'",
+        "DELETE FROM audit",
+        "TRUNCATE audit",
+    ] {
+        let output = std::process::Command::new("psql")
+            .args(["-X", "-v", "ON_ERROR_STOP=1", &url, "-c", statement])
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{statement} was allowed");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("append-only"),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}

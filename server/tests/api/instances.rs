@@ -1,0 +1,399 @@
+//! Several toolgate processes on one PostgreSQL serve as one: any request may land on any instance. The database
+//! is a real PostgreSQL the tests start from the machine's own packages; the instances are the real binary, each in
+//! a home of its own, sharing one workspace (as instances behind a load balancer share what their tools work on).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::{PATIENCE, SseEvent, SseStream};
+use crate::postgres;
+use crate::process::{EXIT_WITHIN, Home, Server};
+
+/// A lease short enough that a dead instance's work is taken over within the tests' patience.
+const LEASE_SECS: &str = "2";
+
+struct Cluster {
+    url: String,
+    workspace: tempfile::TempDir,
+    homes: Vec<Home>,
+}
+
+impl Cluster {
+    fn new() -> Self {
+        Self {
+            url: postgres::database(),
+            workspace: tempfile::tempdir().unwrap(),
+            homes: Vec::new(),
+        }
+    }
+
+    async fn start(&mut self, extra: &[&str]) -> Server {
+        let home = Home::new();
+        let workspace = self.workspace.path().to_str().unwrap().to_owned();
+        let mut args = vec![
+            "--database-url",
+            self.url.as_str(),
+            "--lease-secs",
+            LEASE_SECS,
+            "--workspace",
+            workspace.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        let server = Server::start_in(&home, &args, &[]).await;
+        self.homes.push(home);
+        server
+    }
+
+    fn file(&self, name: &str) -> std::path::PathBuf {
+        self.workspace.path().join(name)
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::new()
+}
+
+async fn create_run(server: &Server, body: Value) -> String {
+    let response = client()
+        .post(server.url("/api/agent/runs"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let body: Value = response.json().await.unwrap();
+    body["runId"].as_str().unwrap().to_owned()
+}
+
+async fn events(server: &Server, run_id: &str, after: Option<u64>) -> SseStream {
+    let mut request = client().get(server.url(&format!("/api/agent/runs/{run_id}/events")));
+    if let Some(after) = after {
+        request = request.header("Last-Event-ID", after.to_string());
+    }
+    SseStream::new(request.send().await.unwrap())
+}
+
+async fn pending(server: &Server) -> Vec<Value> {
+    let body: Value = client()
+        .get(server.url("/api/agent/approvals"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["pending"].as_array().unwrap().clone()
+}
+
+async fn decide(server: &Server, run_id: &str, call_id: &str, decision: &str) -> reqwest::Response {
+    client()
+        .post(server.url(&format!("/api/agent/approvals/{run_id}/{call_id}")))
+        .json(&json!({ "decision": decision }))
+        .send()
+        .await
+        .unwrap()
+}
+
+fn ids(events: &[SseEvent]) -> Vec<u64> {
+    events.iter().map(|e| e.id).collect()
+}
+
+/// Waits until `check` holds, reading again every few milliseconds (another process acts in its own time).
+async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} did not happen in time"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_run_started_on_one_instance_is_followed_listed_and_decided_on_others() {
+    let mut cluster = Cluster::new();
+    let a = cluster.start(&[]).await;
+    let b = cluster.start(&[]).await;
+    let c = cluster.start(&[]).await;
+    let health = |server: &Server| {
+        let url = server.url("/healthz");
+        async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+    };
+    let (ha, hb) = (health(&a).await, health(&b).await);
+    assert!(
+        ha.contains("store: postgres") && hb.contains("store: postgres"),
+        "{ha}"
+    );
+    assert_ne!(
+        ha.lines().nth(1),
+        hb.lines().nth(1),
+        "each instance has its own id"
+    );
+
+    let run_id = create_run(&a, json!({"message": "write shared.txt: one"})).await;
+    let mut on_a = events(&a, &run_id, None).await;
+    let mut on_b = events(&b, &run_id, None).await;
+    on_b.until("approvalRequired").await;
+    let listed = pending(&c).await;
+    assert_eq!(
+        listed.len(),
+        1,
+        "every instance lists every pending approval"
+    );
+    let call_id = listed[0]["toolCallId"].as_str().unwrap().to_owned();
+    assert_eq!(decide(&c, &run_id, &call_id, "approve").await.status(), 200);
+
+    let rest_a = on_a.rest().await;
+    let rest_b = on_b.rest().await;
+    assert_eq!(rest_a.last().unwrap().name, "done");
+    // Every subscriber sees the same ids, with no gap and no duplicate.
+    let all = ids(&rest_a);
+    assert_eq!(all, (1..=all.len() as u64).collect::<Vec<_>>());
+    let from_b: Vec<u64> = ids(&rest_b);
+    assert_eq!(from_b, all[all.len() - from_b.len()..].to_vec());
+    let on_c = events(&c, &run_id, None).await.rest().await;
+    assert_eq!(ids(&on_c), all);
+    assert_eq!(
+        on_c.iter().map(|e| e.data.to_string()).collect::<Vec<_>>(),
+        rest_a
+            .iter()
+            .map(|e| e.data.to_string())
+            .collect::<Vec<_>>(),
+        "the same events on every instance"
+    );
+    let results = rest_a.iter().filter(|e| e.name == "toolResult").count();
+    assert_eq!(results, 1, "the tool ran once");
+    assert_eq!(
+        std::fs::read_to_string(cluster.file("shared.txt")).unwrap(),
+        "one"
+    );
+    let late = decide(&a, &run_id, &call_id, "approve").await;
+    assert_eq!(late.status(), 404);
+    let text = late.text().await.unwrap();
+    assert!(
+        text.contains(&format!(
+            "No pending approval found for run {run_id} and tool call {call_id}. It may have already been resolved or timed out."
+        )),
+        "{text}"
+    );
+    for server in [a, b, c] {
+        server.signal(libc::SIGTERM);
+        server.exit(EXIT_WITHIN).await;
+    }
+}
+
+#[tokio::test]
+async fn fifty_concurrent_decisions_over_three_instances_have_one_winner() {
+    let mut cluster = Cluster::new();
+    let servers = vec![
+        cluster.start(&[]).await,
+        cluster.start(&[]).await,
+        cluster.start(&[]).await,
+    ];
+    std::fs::write(cluster.file("once.txt"), "").unwrap();
+    let run_id = create_run(
+        &servers[0],
+        json!({"message": "run sh -c 'echo ran >> once.txt'"}),
+    )
+    .await;
+    events(&servers[1], &run_id, None)
+        .await
+        .until("approvalRequired")
+        .await;
+    let call_id = pending(&servers[2]).await[0]["toolCallId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let decisions = (0..50).map(|i| {
+        let url = servers[i % 3].url(&format!("/api/agent/approvals/{run_id}/{call_id}"));
+        tokio::spawn(async move {
+            client()
+                .post(url)
+                .json(&json!({"decision": "approve"}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    });
+    let statuses: Vec<u16> = futures::future::join_all(decisions)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 404).count(),
+        49,
+        "{statuses:?}"
+    );
+    let rest = events(&servers[0], &run_id, None).await.rest().await;
+    assert_eq!(rest.last().unwrap().name, "done");
+    assert_eq!(
+        std::fs::read_to_string(cluster.file("once.txt")).unwrap(),
+        "ran\n",
+        "the tool ran once"
+    );
+    for server in servers {
+        server.signal(libc::SIGTERM);
+        server.exit(EXIT_WITHIN).await;
+    }
+}
+
+#[tokio::test]
+async fn a_decision_reaches_a_follower_whose_notification_connection_was_killed() {
+    let mut cluster = Cluster::new();
+    let a = cluster.start(&[]).await;
+    let b = cluster.start(&[]).await;
+    let run_id = create_run(&a, json!({"message": "write lost.txt: found"})).await;
+    let mut on_b = events(&b, &run_id, None).await;
+    on_b.until("approvalRequired").await;
+    // Every instance's LISTEN connection goes: notifications sent meanwhile are lost.
+    let killed = postgres::psql(
+        &cluster.url,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'",
+    );
+    assert_ne!(killed, "0", "the listeners were found and killed");
+    let call_id = pending(&a).await[0]["toolCallId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(decide(&a, &run_id, &call_id, "approve").await.status(), 200);
+    let rest = on_b.rest().await;
+    assert_eq!(
+        rest.iter()
+            .map(|e| e.name.as_str())
+            .filter(|n| ["approvalResolved", "toolResult", "done"].contains(n))
+            .collect::<Vec<_>>(),
+        ["approvalResolved", "toolResult", "done"],
+        "delivered all the same"
+    );
+    for server in [a, b] {
+        server.signal(libc::SIGTERM);
+        server.exit(EXIT_WITHIN).await;
+    }
+}
+
+#[tokio::test]
+async fn a_waiting_run_of_a_killed_instance_is_decided_and_finished_on_another() {
+    let mut cluster = Cluster::new();
+    let a = cluster.start(&[]).await;
+    let b = cluster.start(&[]).await;
+    let run_id = create_run(&a, json!({"message": "write after.txt: survived"})).await;
+    events(&a, &run_id, None)
+        .await
+        .until("approvalRequired")
+        .await;
+    a.kill9().await;
+
+    let call_id = pending(&b).await[0]["toolCallId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(decide(&b, &run_id, &call_id, "approve").await.status(), 200);
+    let rest = events(&b, &run_id, None).await.rest().await;
+    assert_eq!(rest.last().unwrap().name, "done");
+    assert_eq!(rest.iter().filter(|e| e.name == "toolResult").count(), 1);
+    assert_eq!(
+        std::fs::read_to_string(cluster.file("after.txt")).unwrap(),
+        "survived"
+    );
+    b.signal(libc::SIGTERM);
+    b.exit(EXIT_WITHIN).await;
+}
+
+#[tokio::test]
+async fn a_call_running_on_a_killed_instance_is_interrupted_by_another_and_never_run_again() {
+    let mut cluster = Cluster::new();
+    let a = cluster.start(&["--policy", "trusted"]).await;
+    let b = cluster.start(&["--policy", "trusted"]).await;
+    let run_id = create_run(
+        &a,
+        json!({"message": "run sh -c 'echo ran >> killed.txt; sleep 38'"}),
+    )
+    .await;
+    let file = cluster.file("killed.txt");
+    eventually("the command to start", async || {
+        std::fs::read_to_string(&file).ok()
+    })
+    .await;
+    a.kill9().await;
+    let _ = std::process::Command::new("pkill")
+        .args(["-fx", "sleep 38"])
+        .status();
+
+    // Within about a lease, the other instance notices and takes over.
+    let ended = eventually("the take-over", async || {
+        let rest = events(&b, &run_id, None).await.rest().await;
+        (rest.last()?.name == "error").then_some(rest)
+    })
+    .await;
+    assert_eq!(ended.last().unwrap().data["code"], "RESTARTED");
+    let result = ended
+        .iter()
+        .find(|e| e.name == "toolResult")
+        .expect("the interrupted call has a result");
+    assert!(
+        result.data["output"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("its effect is unknown")
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        std::fs::read_to_string(cluster.file("killed.txt")).unwrap(),
+        "ran\n",
+        "never run again"
+    );
+    b.signal(libc::SIGTERM);
+    b.exit(EXIT_WITHIN).await;
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_hands_waiting_runs_over_instead_of_denying_them() {
+    let mut cluster = Cluster::new();
+    let a = cluster.start(&[]).await;
+    let b = cluster.start(&[]).await;
+    let runs: HashSet<String> = [
+        create_run(&a, json!({"message": "write x1.txt: a"})).await,
+        create_run(&a, json!({"message": "write x2.txt: b"})).await,
+    ]
+    .into();
+    for run in &runs {
+        events(&a, run, None).await.until("approvalRequired").await;
+    }
+    a.signal(libc::SIGTERM);
+    let (status, _) = a.exit(EXIT_WITHIN).await;
+    assert!(status.success());
+    let waiting = pending(&b).await;
+    assert_eq!(waiting.len(), 2, "nothing was denied");
+    for approval in &waiting {
+        let run = approval["runId"].as_str().unwrap();
+        let call = approval["toolCallId"].as_str().unwrap();
+        assert_eq!(decide(&b, run, call, "approve").await.status(), 200);
+        assert_eq!(
+            events(&b, run, None)
+                .await
+                .rest()
+                .await
+                .last()
+                .unwrap()
+                .name,
+            "done"
+        );
+    }
+    assert!(cluster.file("x1.txt").exists() && cluster.file("x2.txt").exists());
+    b.signal(libc::SIGTERM);
+    b.exit(EXIT_WITHIN).await;
+}
