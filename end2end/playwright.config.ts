@@ -2,13 +2,15 @@ import { defineConfig } from "@playwright/test";
 import { CHROMIUM, CHROMIUM_ARGS } from "./chromium.mjs";
 
 // The binary under test: the release build by default, the one `make test` builds.
-const binary = process.env.TOOLGATE_BIN ?? "../target/release/toolgate";
+export const BINARY = process.env.TOOLGATE_BIN ?? "../target/release/toolgate";
 
 /** The main server, and one with a short approval timeout for the timeout test. */
 export const MAIN = "http://127.0.0.1:3100";
 export const SHORT_TIMEOUT = "http://127.0.0.1:3101";
 /** A server that needs an access token (security.spec.ts logs in to it). */
 export const WITH_TOKEN = "http://127.0.0.1:3102";
+/** A server a test starts, stops and starts again itself (restart.spec.ts). */
+export const RESTARTED = "http://127.0.0.1:3103";
 export const E2E_TOKEN = "e2e-4f8b2c6d1a9e7f3b5c0d8e2a6f4b1c9d";
 
 export default defineConfig({
@@ -36,20 +38,20 @@ export default defineConfig({
   ],
   webServer: [
     {
-      command: `./serve.sh ${binary} 3100 --log warn`,
+      command: `./serve.sh ${BINARY} 3100 --log warn`,
       url: `${MAIN}/healthz`,
       reuseExistingServer: false,
       timeout: 60_000,
       stdout: "pipe",
     },
     {
-      command: `./serve.sh ${binary} 3101 --approval-timeout-secs 3 --log warn`,
+      command: `./serve.sh ${BINARY} 3101 --approval-timeout-secs 3 --log warn`,
       url: `${SHORT_TIMEOUT}/healthz`,
       reuseExistingServer: false,
       timeout: 60_000,
     },
     {
-      command: `./serve.sh ${binary} 3102 --log warn`,
+      command: `./serve.sh ${BINARY} 3102 --log warn`,
       env: { TOOLGATE_TOKEN: E2E_TOKEN },
       url: `${WITH_TOKEN}/healthz`,
       reuseExistingServer: false,

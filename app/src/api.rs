@@ -410,36 +410,47 @@ pub async fn audit_log(
         return Ok(Vec::new());
     }
     let current = ssr::session()?;
-    let query = AuditQuery {
-        session_id: session.clone(),
-        run_id: run,
-        tool: tool.filter(|tool| !tool.is_empty()),
-        outcome: outcome.filter(|outcome| !outcome.is_empty()),
-        since,
-        until,
-        after_id: None,
-        // Entries of other browsers' sessions are read and left out here, so read more than a page.
-        limit: if ssr::login_required() || session.is_some() {
-            AUDIT_PAGE
-        } else {
-            AUDIT_PAGE * 8
-        },
-    };
-    let mut entries = harness
-        .audit_log(query)
-        .await
-        .map_err(|error| ServerFnError::new(error.to_string()))?;
-    if !ssr::login_required() {
-        entries.retain(|entry| {
-            entry
+    let visible = |entry: &agent::store::AuditEntry| {
+        ssr::login_required()
+            || entry
                 .session_id
                 .as_ref()
                 .is_some_and(|session| session == &current || ssr::may_open(session))
-        });
+    };
+    // The store reads oldest first; the view wants the newest page. Read on from where each read ended, keeping the
+    // last page of what this browser may see, within a bound on the work one view may cause.
+    // Entries read per step, and the most steps.
+    const STEP: usize = 1_000;
+    const STEPS: usize = 200;
+    let mut entries = std::collections::VecDeque::with_capacity(AUDIT_PAGE);
+    let mut after_id = None;
+    for _ in 0..STEPS {
+        let read = harness
+            .audit_log(AuditQuery {
+                session_id: session.clone(),
+                run_id: run.clone(),
+                tool: tool.clone().filter(|tool| !tool.is_empty()),
+                outcome: outcome.clone().filter(|outcome| !outcome.is_empty()),
+                since,
+                until,
+                after_id,
+                limit: STEP,
+            })
+            .await
+            .map_err(|error| ServerFnError::new(error.to_string()))?;
+        let done = read.len() < STEP;
+        after_id = read.last().map(|entry| entry.id).or(after_id);
+        for entry in read.into_iter().filter(|entry| visible(entry)) {
+            if entries.len() == AUDIT_PAGE {
+                entries.pop_front();
+            }
+            entries.push_back(entry);
+        }
+        if done {
+            break;
+        }
     }
-    let skip = entries.len().saturating_sub(AUDIT_PAGE);
     Ok(entries
-        .split_off(skip)
         .into_iter()
         .map(|entry| AuditLine {
             id: entry.id,

@@ -366,3 +366,32 @@ test("axe finds no accessibility problem when idle, with a card, a batch, an edi
   await expect(page.locator(".audit tbody tr").first()).toBeVisible();
   expect(await accessibilityProblems(page), "the audit view").toEqual([]);
 });
+
+test("editing and approving with the keyboard alone", async ({ page }, testInfo) => {
+  await openPage(page);
+  const file = unique("keys-edit");
+  await page.getByLabel("Message", { exact: true }).fill(`write ${file}: typed`);
+  await page.keyboard.press("Enter");
+  const pending = card(page, "write_file");
+  await expect(pending).toBeFocused();
+  // Approve, Approve for session, the reason, Deny, then Edit.
+  for (let i = 0; i < 5; i++) await page.keyboard.press("Tab");
+  await expect(pending.getByRole("button", { name: "Edit" })).toBeFocused();
+  await page.keyboard.press("Enter");
+  await page.keyboard.press("Tab");
+  await expect(pending.getByRole("button", { name: "Hide details" })).toBeFocused();
+  await page.keyboard.press("Tab");
+  await expect(pending.getByLabel("path", { exact: true })).toBeFocused();
+  await page.keyboard.press("Tab");
+  await expect(pending.getByLabel("content", { exact: true })).toBeFocused();
+  await page.keyboard.press("End");
+  await page.keyboard.type(" by keys");
+  // Back to "Approve edited": past Hide details, Cancel edit, Deny and the reason ("Approve for session" is off
+  // while editing).
+  for (let i = 0; i < 6; i++) await page.keyboard.press("Shift+Tab");
+  await expect(pending.getByRole("button", { name: "Approve edited" })).toBeFocused();
+  await screenshot(page, testInfo, "review-keyboard-edit");
+  await page.keyboard.press("Enter");
+  await expect(pending).toHaveCount(0);
+  await expect(page.locator(".tool-call .arguments.edited")).toContainText('"content": "typed by keys"');
+});
