@@ -45,12 +45,14 @@ e2e:
 # Options for the load generator, for example: make bench BENCH_ARGS="--concurrency 1,8,32 --scale 2000"
 BENCH_ARGS ?= --json target/bench.json
 
-## The benchmarks on the release binary: approval round trips, memory with 10,000 pending, browser bytes and hydration
+## The benchmarks on the release binary: approval round trips (SQLite and memory stores), memory with 10,000
+## pending, browser bytes and hydration; then toolgate side by side with TanStack AI and the transport floor
 bench:
 	scripts/bootstrap.sh
 	cargo leptos build --release --precompress
 	cargo build --release -p bench
 	./target/release/toolgate-bench $(BENCH_ARGS)
+	bench/peers/side-by-side.sh target/release/toolgate
 
 .PHONY: fuzz
 # Seconds each fuzz target runs, for example: make fuzz FUZZ_SECONDS=600

@@ -1,4 +1,5 @@
 import { defineConfig } from "@playwright/test";
+import * as path from "node:path";
 import { CHROMIUM, CHROMIUM_ARGS } from "./chromium.mjs";
 
 // The binary under test: the release build by default, the one `make test` builds.
@@ -9,6 +10,8 @@ export const MAIN = "http://127.0.0.1:3100";
 export const SHORT_TIMEOUT = "http://127.0.0.1:3101";
 /** A server that needs an access token (security.spec.ts logs in to it). */
 export const WITH_TOKEN = "http://127.0.0.1:3102";
+/** A server with an MCP server's tools: toolgate's own fixture server (mcp.spec.ts). */
+export const WITH_MCP = "http://127.0.0.1:3104";
 /** A server a test starts, stops and starts again itself (restart.spec.ts). */
 export const RESTARTED = "http://127.0.0.1:3103";
 export const E2E_TOKEN = "e2e-4f8b2c6d1a9e7f3b5c0d8e2a6f4b1c9d";
@@ -54,6 +57,14 @@ export default defineConfig({
       command: `./serve.sh ${BINARY} 3102 --log warn`,
       env: { TOOLGATE_TOKEN: E2E_TOKEN },
       url: `${WITH_TOKEN}/healthz`,
+      reuseExistingServer: false,
+      timeout: 60_000,
+    },
+    {
+      // The fixture needs tools/mcp/node_modules, which scripts/bootstrap.sh installs.
+      command: `./serve.sh ${BINARY} 3104 --mcp-config ${path.resolve(__dirname, "mcp.e2e.json")} --log warn`,
+      env: { TOOLGATE_E2E_MCP_FIXTURE: path.resolve(__dirname, "../tools/mcp/misbehaving-server.mjs") },
+      url: `${WITH_MCP}/healthz`,
       reuseExistingServer: false,
       timeout: 60_000,
     },

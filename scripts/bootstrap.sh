@@ -67,4 +67,25 @@ if [ ! -d end2end/node_modules/@playwright/test ] || [ end2end/package-lock.json
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix end2end --no-audit --no-fund
 fi
 
+# 8. The third-party MCP servers the tests run against, exactly as locked: never fetched at test time.
+if [ ! -d tools/mcp/node_modules/@modelcontextprotocol/server-everything ] || [ tools/mcp/package-lock.json -nt tools/mcp/node_modules/.package-lock.json ]; then
+  say "installing the MCP test servers from npm"
+  npm ci --prefix tools/mcp --no-audit --no-fund
+fi
+
+# 9. mcp-server-time from PyPI, in a virtual environment of its own, every package pinned.
+if [ ! -x tools/mcp/python/bin/mcp-server-time ] || [ tools/mcp/requirements.txt -nt tools/mcp/python/.installed ]; then
+  say "installing mcp-server-time from PyPI into tools/mcp/python"
+  rm -rf tools/mcp/python
+  python3 -m venv tools/mcp/python
+  tools/mcp/python/bin/pip install --quiet --disable-pip-version-check --no-deps --requirement tools/mcp/requirements.txt
+  touch tools/mcp/python/.installed
+fi
+
+# 10. The peer `make bench` measures toolgate against (TanStack AI on Node), exactly as locked.
+if [ ! -d bench/peers/tanstack/node_modules/@tanstack/ai ] || [ bench/peers/tanstack/package-lock.json -nt bench/peers/tanstack/node_modules/.package-lock.json ]; then
+  say "installing the benchmark's peer (TanStack AI)"
+  npm ci --prefix bench/peers/tanstack --no-audit --no-fund
+fi
+
 say "ready ($ROOT)"

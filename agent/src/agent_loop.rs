@@ -416,7 +416,6 @@ async fn sample(
     guard: &mut RepeatGuard,
     first_step: u32,
 ) -> (RunEnd, u32) {
-    let tools = context.toolbox.specs();
     let prior = conversation.prior;
     let messages = &mut conversation.messages;
     let mut trimmed_reported = false;
@@ -440,6 +439,8 @@ async fn sample(
             });
         }
         let sent = &messages[start..];
+        // Read at every step: MCP servers may add, change or remove tools while a run goes on.
+        let tools = context.toolbox.specs();
         context.emit(AgentEvent::ModelRequested {
             step,
             model: model.name().to_owned(),

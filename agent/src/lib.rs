@@ -13,6 +13,7 @@
 //!   memory, SQLite or PostgreSQL;
 //! - [`interrupts`]: what interrupt-mode (AG-UI) runs issued, until a resume uses it once;
 //! - [`tools`]: tools, their schemas and the built-in workspace tools;
+//! - `mcp` (feature `mcp`): tools from MCP servers;
 //! - [`events`]: the internal events and their projection to the wire.
 
 pub mod ids;
@@ -32,6 +33,8 @@ pub mod events;
 pub mod harness;
 #[cfg(feature = "runtime")]
 pub mod interrupts;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 #[cfg(feature = "runtime")]
 pub mod model;
 #[cfg(feature = "runtime")]

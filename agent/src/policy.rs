@@ -11,7 +11,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
-use crate::wire::{ApprovalPolicy, PermissionDecision, RuleAction, ToolSpec};
+use sha2::{Digest, Sha256};
+
+use crate::wire::{
+    ApprovalPolicy, McpToolOrigin, McpTrust, PermissionDecision, RuleAction, ToolAnnotations,
+    ToolSpec,
+};
 
 /// Rules per tool name that force allow, ask or deny.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -78,8 +83,30 @@ impl fmt::Display for ToolRules {
     }
 }
 
-/// The tools a person approved for the rest of a session.
+/// The tools a person approved for the rest of a session, by [`grant_key`].
 pub type SessionGrants = BTreeSet<String>;
+
+/// What a session grant remembers of a tool: its name and a digest of its whole definition (description, schema,
+/// annotations, origin). A grant covers the tool the person saw; a tool that changes, as an MCP server's tools may
+/// at any time, is asked about again.
+pub fn grant_key(tool: &ToolSpec) -> String {
+    let definition = serde_json::to_string(tool).unwrap_or_default();
+    let digest = Sha256::digest(definition.as_bytes());
+    let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("{}#{hex}", tool.name)
+}
+
+/// A session grant as the store keeps it: the tool's name, for people, and its [`grant_key`] as the toolbox defines
+/// the tool now.
+pub fn stored_grant(tool_name: &str, toolbox: &crate::tools::Toolbox) -> serde_json::Value {
+    let key = toolbox.spec(tool_name).map(|spec| grant_key(&spec));
+    serde_json::json!({"tool": tool_name, "key": key})
+}
+
+/// The [`grant_key`] a stored grant holds. A grant without one (older, or for a tool that was gone) covers nothing.
+pub fn grant_of(stored: &serde_json::Value) -> Option<String> {
+    stored.get("key")?.as_str().map(str::to_owned)
+}
 
 /// The policy and the rules a run is checked against.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -101,7 +128,7 @@ impl PermissionPolicy {
                 reason: format!("A rule denies {name}."),
             };
         }
-        if grants.contains(name) {
+        if !grants.is_empty() && grants.contains(&grant_key(tool)) {
             return PermissionDecision::Allow {
                 reason: format!("{name} was approved for this session."),
             };
@@ -120,6 +147,10 @@ impl PermissionPolicy {
             Some(RuleAction::Deny) | None => {}
         }
         let hints = tool.annotations;
+        let untrusted = tool
+            .mcp
+            .as_ref()
+            .filter(|origin| origin.trust == McpTrust::Untrusted);
         match self.policy {
             ApprovalPolicy::Trusted => PermissionDecision::Allow {
                 reason: "The trusted policy runs every tool.".to_owned(),
@@ -127,6 +158,21 @@ impl PermissionPolicy {
             ApprovalPolicy::Strict => PermissionDecision::Ask {
                 reason: format!("The strict policy asks before every call ({name})."),
             },
+            // An untrusted server's claims never make a call run without asking.
+            ApprovalPolicy::OnRequest if untrusted.is_some() => PermissionDecision::Ask {
+                reason: untrusted
+                    .map(|origin| untrusted_reason(name, origin, hints))
+                    .unwrap_or_default(),
+            },
+            ApprovalPolicy::OnRequest
+                if hints.read_only == Some(true) && hints.open_world == Some(true) =>
+            {
+                PermissionDecision::Ask {
+                    reason: format!(
+                        "{name} only reads, but it reaches outside the workspace (open world)."
+                    ),
+                }
+            }
             ApprovalPolicy::OnRequest if hints.read_only == Some(true) => {
                 PermissionDecision::Allow {
                     reason: format!("{name} is read-only."),
@@ -154,6 +200,31 @@ impl PermissionPolicy {
     }
 }
 
+/// Why a tool of an untrusted MCP server asks: the server, and what it claims.
+fn untrusted_reason(name: &str, origin: &McpToolOrigin, hints: ToolAnnotations) -> String {
+    let claim = |hint: Option<bool>, yes: &'static str, no: &'static str| {
+        hint.map(|h| if h { yes } else { no })
+    };
+    let claims: Vec<&str> = [
+        claim(hints.read_only, "read-only", "not read-only"),
+        claim(hints.destructive, "destructive", "not destructive"),
+        claim(hints.idempotent, "idempotent", "not idempotent"),
+        claim(hints.open_world, "open-world", "not open-world"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let claims = if claims.is_empty() {
+        "it makes no claims about what it does".to_owned()
+    } else {
+        format!("it claims to be {}, unverified", claims.join(", "))
+    };
+    format!(
+        "{name} belongs to the MCP server {}, which is not trusted, so every call asks ({claims}).",
+        origin.server
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,6 +237,7 @@ mod tests {
             description: String::new(),
             input_schema: json!({"type": "object"}),
             annotations,
+            mcp: None,
         }
     }
 
@@ -261,9 +333,76 @@ mod tests {
         assert!(is_deny(&trusted.decide(&destructive(), &grants)));
     }
 
+    fn from_mcp(mut spec: ToolSpec, trust: McpTrust) -> ToolSpec {
+        spec.mcp = Some(McpToolOrigin {
+            server: "fs".into(),
+            tool: spec.name.clone(),
+            trust,
+        });
+        spec
+    }
+
+    #[test]
+    fn an_untrusted_servers_claims_never_let_a_call_run_without_asking() {
+        let policy = PermissionPolicy::default();
+        let grants = SessionGrants::new();
+        for spec in [read_only(), harmless(), destructive(), unannotated()] {
+            let decision = policy.decide(&from_mcp(spec.clone(), McpTrust::Untrusted), &grants);
+            assert!(is_ask(&decision), "{}", spec.name);
+            assert!(
+                decision
+                    .reason()
+                    .contains("the MCP server fs, which is not trusted")
+            );
+        }
+        let decision = policy.decide(&from_mcp(read_only(), McpTrust::Untrusted), &grants);
+        assert_eq!(
+            decision.reason(),
+            "read_file belongs to the MCP server fs, which is not trusted, so every call asks (it claims to be read-only, not destructive, idempotent, not open-world, unverified)."
+        );
+        // Trusted, its annotations decide as a built-in's do.
+        let trusted = |spec| policy.decide(&from_mcp(spec, McpTrust::Annotations), &grants);
+        assert!(is_allow(&trusted(read_only())));
+        assert!(is_ask(&trusted(destructive())));
+        // A rule still allows it, and the strict policy still asks.
+        let rules = PermissionPolicy::new(
+            ApprovalPolicy::OnRequest,
+            "read_file=allow".parse().unwrap(),
+        );
+        assert!(is_allow(
+            &rules.decide(&from_mcp(read_only(), McpTrust::Untrusted), &grants)
+        ));
+    }
+
+    #[test]
+    fn a_read_only_tool_that_reaches_outside_asks_under_on_request() {
+        let mut spec = read_only();
+        spec.annotations.open_world = Some(true);
+        let decision = PermissionPolicy::default().decide(&spec, &SessionGrants::new());
+        assert!(is_ask(&decision));
+        assert!(
+            decision.reason().contains("outside the workspace"),
+            "{}",
+            decision.reason()
+        );
+    }
+
+    #[test]
+    fn a_session_grant_covers_the_tool_as_it_was_approved() {
+        let policy = PermissionPolicy::new(ApprovalPolicy::Strict, ToolRules::new());
+        let grants: SessionGrants = [grant_key(&destructive())].into();
+        assert!(is_allow(&policy.decide(&destructive(), &grants)));
+        let mut changed = destructive();
+        changed.description = "Deletes a file, and more.".into();
+        assert!(is_ask(&policy.decide(&changed, &grants)));
+        let mut changed = destructive();
+        changed.input_schema = json!({"type": "object", "properties": {"path": {}}});
+        assert!(is_ask(&policy.decide(&changed, &grants)));
+    }
+
     #[test]
     fn a_session_grant_allows_but_never_beats_a_deny_rule() {
-        let grants: SessionGrants = ["delete_file".to_owned()].into();
+        let grants: SessionGrants = [grant_key(&destructive())].into();
         let policy = PermissionPolicy::new(ApprovalPolicy::Strict, ToolRules::new());
         let decision = policy.decide(&destructive(), &grants);
         assert!(is_allow(&decision));

@@ -351,19 +351,22 @@ pub async fn execute(
         Err(refused) => refused,
         Ok(input) => run_tool(context, call, input, edited.is_some()).await,
     };
-    let events = tool_result(
-        &context.run_id,
-        call,
-        edited,
-        output.clone(),
-        started.elapsed(),
-    );
+    // The run's log (its `toolResult` event) keeps the whole output; the model may read less of it.
+    let for_model = match context
+        .toolbox
+        .get(&call.name)
+        .and_then(|tool| tool.model_output_limit())
+    {
+        Some(limit) => output.clone().bounded_for_model(limit),
+        None => output.clone(),
+    };
+    let events = tool_result(&context.run_id, call, edited, output, started.elapsed());
     let recorded = context
         .store
         .settle_call(CallResult {
             run_id: context.run_id.clone(),
             call_id: call.id.clone(),
-            output: output.clone(),
+            output: for_model.clone(),
             events,
             audit: Vec::new(),
         })
@@ -372,12 +375,12 @@ pub async fn execute(
     if !recorded {
         return Err(RunError::Lost);
     }
-    Ok(Some(output))
+    Ok(Some(for_model))
 }
 
 /// Runs the tool itself with checked input.
 async fn run_tool(context: &RunContext, call: &ToolCall, input: Value, edited: bool) -> ToolOutput {
-    let Some(tool) = context.toolbox.get(&call.name).cloned() else {
+    let Some(tool) = context.toolbox.get(&call.name) else {
         return ToolOutput::error(
             ToolErrorCode::UnknownTool,
             unknown_tool_message(&call.name, &context.toolbox),

@@ -144,8 +144,94 @@ pub struct ToolSpec {
     pub name: String,
     pub description: String,
     pub input_schema: Value,
+    /// What the tool says about itself. For a tool of an MCP server these are the server's claims, which the
+    /// policy believes only when the server is trusted (see [`McpToolOrigin::trust`]).
     #[serde(default)]
     pub annotations: ToolAnnotations,
+    /// Set when the tool belongs to an MCP server rather than to toolgate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpToolOrigin>,
+}
+
+/// How far toolgate believes what an MCP server says about its tools.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum McpTrust {
+    /// The MCP specification's default: the server's annotations may make the policy stricter, never looser, so
+    /// every call asks unless a rule allows it.
+    #[default]
+    Untrusted,
+    /// The server's annotations decide as a built-in tool's do.
+    Annotations,
+}
+
+impl McpTrust {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Untrusted => "untrusted",
+            Self::Annotations => "annotations",
+        }
+    }
+}
+
+/// Which MCP server a tool belongs to, under which name it knows the tool, and how far it is trusted.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct McpToolOrigin {
+    /// The server's name, as configured.
+    pub server: String,
+    /// The tool's own name on that server (the model sees `mcp__server__tool`, made safe).
+    pub tool: String,
+    pub trust: McpTrust,
+}
+
+/// How an MCP server is reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum McpTransportKind {
+    /// A child process speaking JSON-RPC on its standard input and output.
+    Stdio,
+    /// Streamable HTTP.
+    Http,
+}
+
+/// Where an MCP server is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum McpServerState {
+    /// Connecting and listing its tools.
+    Starting,
+    /// Connected; its tools are available.
+    Ready,
+    /// It could not start; it has no tools.
+    Failed,
+    /// It stopped after it was ready; it is started again, with backoff, when one of its tools is called.
+    Crashed,
+    /// Turned off in the configuration.
+    Disabled,
+    /// Stopped because toolgate is shutting down.
+    Stopped,
+}
+
+/// An MCP server as `/api/tools` and the page show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct McpServerStatus {
+    pub name: String,
+    pub transport: McpTransportKind,
+    pub trust: McpTrust,
+    /// Whether toolgate refuses to start without it.
+    pub required: bool,
+    pub state: McpServerState,
+    /// What went wrong, when something did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The end of what a stdio server wrote to its standard error, when it failed or crashed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<String>,
+    /// Its tools, by the names the model sees.
+    #[serde(default)]
+    pub tools: Vec<String>,
 }
 
 /// A tool call as the model asked for it. `arguments` is the raw JSON text the model produced, which may not be
@@ -256,6 +342,31 @@ impl ToolOutput {
         matches!(self, Self::Ok { .. })
     }
 
+    /// The output as the model reads it, at most about `limit` bytes of text: a longer one keeps its head and its
+    /// tail around a note that says how much was left out and that the run's log has all of it.
+    pub fn bounded_for_model(self, limit: usize) -> Self {
+        match self {
+            Self::Ok {
+                content: Value::String(text),
+            } => Self::Ok {
+                content: Value::String(head_and_tail(text, limit)),
+            },
+            Self::Ok { content } => {
+                let text = content.to_string();
+                if text.len() <= limit {
+                    return Self::Ok { content };
+                }
+                Self::Ok {
+                    content: Value::String(head_and_tail(text, limit)),
+                }
+            }
+            Self::Error { code, message } => Self::Error {
+                code,
+                message: head_and_tail(message, limit),
+            },
+        }
+    }
+
     /// The text the model receives as the tool's result.
     pub fn model_text(&self) -> String {
         match self {
@@ -269,6 +380,29 @@ impl ToolOutput {
             .to_string(),
         }
     }
+}
+
+/// `text` when it fits in `limit` bytes; otherwise its first and last `limit / 2` bytes (on character boundaries)
+/// around a note.
+fn head_and_tail(text: String, limit: usize) -> String {
+    if text.len() <= limit {
+        return text;
+    }
+    let mut head_end = limit / 2;
+    while !text.is_char_boundary(head_end) {
+        head_end -= 1;
+    }
+    let mut tail_start = text.len() - limit / 2;
+    while !text.is_char_boundary(tail_start) {
+        tail_start += 1;
+    }
+    format!(
+        "{}\n[... {} of {} bytes left out here: a tool result gives the model at most {limit} bytes. The whole result is in the run's log. ...]\n{}",
+        &text[..head_end],
+        tail_start - head_end,
+        text.len(),
+        &text[tail_start..]
+    )
 }
 
 /// The sentence the model receives when a call is denied. Its wording steers the model away from retrying.
@@ -791,6 +925,44 @@ mod tests {
         assert!("yolo".parse::<ApprovalPolicy>().is_err());
         assert!(ApprovalPolicy::Trusted < ApprovalPolicy::OnRequest);
         assert!(ApprovalPolicy::OnRequest < ApprovalPolicy::Strict);
+    }
+
+    #[test]
+    fn a_long_output_reaches_the_model_as_its_head_and_tail_with_a_note() {
+        for short in [json!("short"), json!({"a": [1, 2]})] {
+            let short = ToolOutput::Ok { content: short };
+            assert_eq!(short.clone().bounded_for_model(100), short);
+        }
+        let long = format!(
+            "{}{}{}",
+            "a".repeat(600),
+            "b".repeat(10_000),
+            "ééé".repeat(200)
+        );
+        let ToolOutput::Ok {
+            content: Value::String(bounded),
+        } = (ToolOutput::Ok {
+            content: Value::String(long.clone()),
+        })
+        .bounded_for_model(1_000)
+        else {
+            panic!("an ok output stays ok");
+        };
+        assert!(bounded.starts_with(&"a".repeat(500)), "{bounded}");
+        assert!(bounded.ends_with(&"é".repeat(250)), "{bounded}");
+        assert!(bounded.contains(&format!("of {} bytes left out", long.len())));
+        assert!(bounded.contains("The whole result is in the run's log."));
+        assert!(bounded.len() < 1_300);
+        let ToolOutput::Error { code, message } =
+            ToolOutput::error(ToolErrorCode::ToolFailed, "x".repeat(5_000)).bounded_for_model(100)
+        else {
+            panic!("an error stays an error");
+        };
+        assert_eq!(code, ToolErrorCode::ToolFailed);
+        assert!(
+            message.len() < 400 && message.contains("left out"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -341,6 +341,7 @@ fn read_file_tool() -> ToolSpec {
             "required": ["path"]
         }),
         annotations: ToolAnnotations::default(),
+        mcp: None,
     }
 }
 

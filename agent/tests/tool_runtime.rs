@@ -267,7 +267,7 @@ async fn approving_for_the_session_lets_later_calls_of_that_tool_run_without_ask
         .harness
         .config()
         .permissions
-        .decide(fx.harness.toolbox().spec("delete_file").unwrap(), &grants);
+        .decide(&fx.harness.toolbox().spec("delete_file").unwrap(), &grants);
     assert_eq!(
         decision,
         PermissionDecision::Allow {
@@ -344,6 +344,7 @@ impl FinishesWhenLetGo {
                     idempotent: Some(true),
                     open_world: Some(false),
                 },
+                mcp: None,
             },
             started: Arc::new(Notify::new()),
             let_go: Arc::new(Notify::new()),

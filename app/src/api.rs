@@ -6,7 +6,7 @@
 
 use agent::ids::{RunId, SessionId};
 use agent::view::SessionView;
-use agent::wire::{ApprovalPolicy, ApprovalRequest};
+use agent::wire::{ApprovalPolicy, ApprovalRequest, McpServerStatus};
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -71,6 +71,9 @@ pub struct PageState {
     /// Something the person should know about how the page was opened (a conversation it could not switch to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
+    /// The MCP servers and their state when the page was rendered.
+    #[serde(default)]
+    pub mcp_servers: Vec<McpServerStatus>,
 }
 
 /// What the person decided on a card.
@@ -245,6 +248,7 @@ pub async fn load_page() -> Result<PageState, ServerFnError> {
             .collect(),
         sessions: ssr::browser_sessions(&harness, &session).await?,
         notice: ssr::notice(),
+        mcp_servers: harness.toolbox().sources(),
     })
 }
 

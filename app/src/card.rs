@@ -11,6 +11,7 @@ use leptos::task::spawn_local;
 use serde_json::{Map, Value};
 
 use crate::api::{Choice, decide_approval};
+use crate::components::mcp_trust_label;
 use crate::format::{byte_size, countdown, pretty_json};
 use crate::schema;
 use crate::state::{ApprovalKey, Ui, card_dom_id, key_of};
@@ -510,6 +511,18 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
         }
     };
 
+    // Where a tool of an MCP server comes from, and how far its server is believed: on the card itself, compact or
+    // not. The servers as the page was rendered know the trust; a tool that came later still names its server.
+    let origin = match ui.mcp_server_of(&request.tool_name) {
+        Some(server) => Some((server.name, Some(mcp_trust_label(server.trust)))),
+        None => match &request.preview {
+            Some(ApprovalPreview::Fields {
+                server: Some(server),
+                ..
+            }) => Some((server.clone(), None)),
+            _ => None,
+        },
+    };
     let preview = request.preview.clone();
     let has_preview = preview.is_some();
     let arguments_json = pretty_json(&request.arguments);
@@ -537,6 +550,12 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
                 </h2>
                 <span class="countdown">{move || countdown(expires_at, ui.now_ms.get().max(requested_at))}</span>
             </header>
+            {origin.map(|(server, trust)| view! {
+                <p class="origin">
+                    "A tool of the MCP server " <code>{server}</code>
+                    {trust.map(|trust| format!(", {trust}"))}
+                </p>
+            })}
             <p class="reason" id=reason_text_id>{request.reason.clone()}</p>
             <div class="actions">
                 <button type="button" class="approve" on:click=approve disabled=move || in_flight.get()>

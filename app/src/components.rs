@@ -1,6 +1,7 @@
 //! The page's parts: the transcript, the composer and the debug console (the ApprovalBar is in `card`).
 
 use agent::view::{RunStatus, RunView, ToolCallView};
+use agent::wire::{McpServerState, McpServerStatus, McpTrust};
 use leptos::html;
 use leptos::prelude::*;
 use leptos::task::spawn_local;
@@ -158,6 +159,72 @@ pub fn Transcript() -> impl IntoView {
         </section>
     }
     .into_any()
+}
+
+/// How far toolgate believes an MCP server, for the cards of its tools.
+pub fn mcp_trust_label(trust: McpTrust) -> &'static str {
+    match trust {
+        McpTrust::Untrusted => "untrusted: what it claims about its tools is not believed",
+        McpTrust::Annotations => "trusted: its annotations decide",
+    }
+}
+
+fn mcp_state_badge(state: McpServerState) -> (&'static str, &'static str) {
+    match state {
+        McpServerState::Starting => ("waiting", "starting"),
+        McpServerState::Ready => ("ok", "ready"),
+        McpServerState::Failed => ("failed", "failed"),
+        McpServerState::Crashed => ("failed", "crashed"),
+        McpServerState::Disabled => ("denied", "disabled"),
+        McpServerState::Stopped => ("denied", "stopped"),
+    }
+}
+
+#[component]
+fn McpServerEntry(server: McpServerStatus) -> impl IntoView {
+    let (class, label) = mcp_state_badge(server.state);
+    let tools = match server.tools.len() {
+        1 => "1 tool".to_owned(),
+        n => format!("{n} tools"),
+    };
+    let trust = match server.trust {
+        McpTrust::Untrusted => "untrusted",
+        McpTrust::Annotations => "trusted annotations",
+    };
+    view! {
+        <li class="mcp-server" data-server=server.name.clone() data-state=label>
+            <code>{server.name.clone()}</code>
+            <span class=format!("badge {class}")>{label}</span>
+            <span class="muted">{format!("{tools} · {trust}")}</span>
+            {server.message.map(|message| view! { <p class="mcp-message">{message}</p> })}
+            {server.stderr_tail.map(|tail| view! {
+                <details class="output">
+                    <summary>"The end of its standard error"</summary>
+                    <pre>{tail}</pre>
+                </details>
+            })}
+        </li>
+    }
+}
+
+/// The MCP servers and their state, when any is configured.
+#[component]
+pub fn McpServers() -> impl IntoView {
+    let ui = ui();
+    let servers = ui.mcp_servers.get_value();
+    (!servers.is_empty()).then(|| {
+        view! {
+            <section class="mcp-servers" aria-label="MCP servers">
+                <h2>"MCP servers"</h2>
+                <ul>
+                    {servers
+                        .into_iter()
+                        .map(|server| view! { <McpServerEntry server/> })
+                        .collect_view()}
+                </ul>
+            </section>
+        }
+    })
 }
 
 /// The message box. Disabled, with the reason shown, while an approval waits or a run is going.

@@ -99,12 +99,36 @@ pub fn permission_label(permission: &PermissionDecision) -> &'static str {
     }
 }
 
-/// What a tool gave back, for the transcript.
+/// The most of one result the transcript shows; the run's events keep all of it.
+pub const OUTPUT_SHOWN: usize = 64 * 1024;
+
+/// What a tool gave back, for the transcript: a long result's head and tail.
 pub fn output_text(output: &ToolOutput) -> String {
-    match output {
+    let text = match output {
+        ToolOutput::Ok {
+            content: Value::String(text),
+        } => text.clone(),
         ToolOutput::Ok { content } => pretty_json(content),
         ToolOutput::Error { code, message } => format!("{}: {message}", code.as_str()),
+    };
+    if text.len() <= OUTPUT_SHOWN {
+        return text;
     }
+    let mut head = OUTPUT_SHOWN / 2;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - OUTPUT_SHOWN / 2;
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}\n[... {} of {} bytes not shown; the run's events have all of it ...]\n{}",
+        &text[..head],
+        tail - head,
+        text.len(),
+        &text[tail..]
+    )
 }
 
 #[cfg(test)]
@@ -197,5 +221,28 @@ mod tests {
         let mut policy = call();
         policy.output = Some(ToolOutput::error(ToolErrorCode::PermissionDenied, "no"));
         assert_eq!(call_status(&policy).1, "denied by policy");
+    }
+
+    #[test]
+    fn a_text_result_shows_as_text_and_a_long_one_as_its_head_and_tail() {
+        assert_eq!(
+            output_text(&ToolOutput::Ok {
+                content: json!("Echo: hi")
+            }),
+            "Echo: hi"
+        );
+        assert_eq!(
+            output_text(&ToolOutput::Ok {
+                content: json!({"a": 1})
+            }),
+            "{\n  \"a\": 1\n}"
+        );
+        let long = format!("HEAD{}TAIL", "x".repeat(1_000_000));
+        let shown = output_text(&ToolOutput::Ok {
+            content: Value::String(long.clone()),
+        });
+        assert!(shown.len() < OUTPUT_SHOWN + 200);
+        assert!(shown.starts_with("HEADx") && shown.ends_with("xTAIL"));
+        assert!(shown.contains(&format!("of {} bytes not shown", long.len())));
     }
 }

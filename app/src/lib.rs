@@ -21,7 +21,9 @@ use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 use crate::api::{PageState, load_page};
 use crate::audit::AuditView;
 use crate::card::ApprovalBar;
-use crate::components::{Composer, ConnectionNote, DebugConsole, ErrorBanner, Transcript};
+use crate::components::{
+    Composer, ConnectionNote, DebugConsole, ErrorBanner, McpServers, Transcript,
+};
 use crate::sidebar::Sidebar;
 use crate::state::{Ui, View};
 
@@ -144,6 +146,7 @@ fn Chat(state: PageState) -> impl IntoView {
                     </button>
                     {logout}
                 </div>
+                <McpServers/>
             </header>
             <div class="columns">
                 <Sidebar/>

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use agent::ids::{RunId, SessionId, ToolCallId};
 use agent::view::SessionView;
-use agent::wire::{ApprovalRequest, RunEvent};
+use agent::wire::{ApprovalRequest, McpServerStatus, RunEvent};
 use leptos::prelude::*;
 use serde_json::Value;
 
@@ -65,6 +65,8 @@ pub struct Ui {
     pub view: RwSignal<View>,
     /// Whether the browser may show notifications (`granted`, `denied`, `default`), once hydrated.
     pub notifications: RwSignal<Option<String>>,
+    /// The MCP servers as the page was rendered.
+    pub mcp_servers: StoredValue<Vec<McpServerStatus>>,
 }
 
 impl Ui {
@@ -84,12 +86,23 @@ impl Ui {
             conversations: RwSignal::new(page.sessions.clone()),
             view: RwSignal::new(View::Conversation),
             notifications: RwSignal::new(None),
+            mcp_servers: StoredValue::new(page.mcp_servers.clone()),
         }
     }
 
     pub fn session_id(&self) -> SessionId {
         self.session
             .with_untracked(|session| session.session_id.clone())
+    }
+
+    /// The MCP server a tool belongs to, by the tool's name.
+    pub fn mcp_server_of(&self, tool_name: &str) -> Option<McpServerStatus> {
+        self.mcp_servers.with_value(|servers| {
+            servers
+                .iter()
+                .find(|server| server.tools.iter().any(|tool| tool == tool_name))
+                .cloned()
+        })
     }
 
     /// Applies one live event; an event seen before changes nothing. Returns whether it changed the view.

@@ -109,6 +109,52 @@ impl Api {
         SseStream::new(what, response, patience).await
     }
 
+    /// `POST /api/agent/runs`: a run started without a stream; returns its id. The run goes on without anyone
+    /// listening, and one that asks for approval waits in the server's store.
+    pub async fn create_run(&self, message: &str, session_id: &str) -> Result<String, TripError> {
+        let what = "POST /api/agent/runs";
+        let response = self
+            .client
+            .post(self.url("/api/agent/runs"))
+            .json(&json!({ "message": message, "sessionId": session_id }))
+            .send()
+            .await
+            .map_err(|source| TripError::Http { what, source })?;
+        let status = response.status();
+        let body = response
+            .text()
+            .await
+            .map_err(|source| TripError::Http { what, source })?;
+        if status != StatusCode::CREATED {
+            return Err(TripError::Status {
+                what,
+                expected: 201,
+                status: status.as_u16(),
+                body,
+            });
+        }
+        let value: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        value["runId"].as_str().map(str::to_owned).ok_or_else(|| {
+            TripError::Unverified(format!("{what} answered 201 without a runId: {body}"))
+        })
+    }
+
+    /// `GET /api/agent/runs/{runId}/events`: a run's events from the first, then live.
+    pub async fn run_events(
+        &self,
+        run_id: &str,
+        patience: Duration,
+    ) -> Result<SseStream, TripError> {
+        let what = "GET /api/agent/runs/{runId}/events";
+        let response = self
+            .client
+            .get(self.url(&format!("/api/agent/runs/{run_id}/events")))
+            .send()
+            .await
+            .map_err(|source| TripError::Http { what, source })?;
+        SseStream::new(what, response, patience).await
+    }
+
     /// `POST /api/agui` with `Accept: text/event-stream`: one AG-UI run (`body` is its `RunAgentInput`), streamed.
     /// Returns when the response's head arrived; a refusal is [`TripError::Refused`] with the server's code.
     pub async fn agui(&self, body: &Value, patience: Duration) -> Result<SseStream, TripError> {
@@ -173,8 +219,8 @@ impl Api {
         Ok(())
     }
 
-    /// `GET /api/agent/approvals`: how many approvals are pending on the server.
-    pub async fn pending_count(&self) -> Result<usize, TripError> {
+    /// `GET /api/agent/approvals`: the pending approvals as (runId, toolCallId).
+    pub async fn pending(&self) -> Result<Vec<(String, String)>, TripError> {
         let what = "GET /api/agent/approvals";
         let response = self
             .client
@@ -187,8 +233,21 @@ impl Api {
             .json()
             .await
             .map_err(|source| TripError::Http { what, source })?;
+        let ids = |request: &Value| {
+            Some((
+                request["runId"].as_str()?.to_owned(),
+                request["toolCallId"].as_str()?.to_owned(),
+            ))
+        };
         match body["pending"].as_array() {
-            Some(pending) if status == StatusCode::OK => Ok(pending.len()),
+            Some(pending) if status == StatusCode::OK => pending
+                .iter()
+                .map(|request| {
+                    ids(request).ok_or_else(|| {
+                        TripError::Unverified(format!("a pending approval without ids: {request}"))
+                    })
+                })
+                .collect(),
             _ => Err(TripError::Status {
                 what,
                 expected: 200,

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+use crate::server::Store;
+
 /// What can be measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
@@ -72,6 +74,10 @@ pub struct Args {
     /// concurrency 1 and 8, scale 200, no browser. Flags given explicitly still win.
     #[arg(long)]
     pub quick: bool,
+
+    /// The stores the round trips are measured on, each on fresh servers; the scale scenario uses the first.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Store::Sqlite, Store::Memory])]
+    pub stores: Vec<Store>,
 
     /// Round trips in flight at once; one fresh server per level.
     #[arg(long, value_delimiter = ',', default_value = "1,32")]
@@ -154,6 +160,9 @@ impl Args {
         if args.quick {
             if defaulted(matches, "scenarios") {
                 args.scenarios = Scenario::QUICK.to_vec();
+            }
+            if defaulted(matches, "stores") {
+                args.stores = vec![Store::Sqlite];
             }
             if defaulted(matches, "concurrency") {
                 args.concurrency = vec![1, 8];

@@ -79,8 +79,9 @@ async fn roundtrips<F: ApprovalFlow>(
     settings: &roundtrip::Settings,
 ) -> Result<Vec<roundtrip::Level>> {
     eprintln!(
-        "round trips ({}): {} measured + {} warm-up per level, at concurrency {:?}…",
+        "round trips ({}, {} store): {} measured + {} warm-up per level, at concurrency {:?}…",
         flow.name(),
+        server_options.store.as_str(),
         settings.trips,
         settings.warmup,
         settings.concurrency
@@ -104,7 +105,11 @@ async fn run(args: Args) -> Result<bool> {
         bail!("--concurrency must be at least 1");
     }
     let files_limit = system::raise_open_files_limit()?;
+    if args.stores.is_empty() {
+        bail!("--stores needs at least one store");
+    }
     let server_options = ServerOptions {
+        store: args.stores[0],
         binary: std::path::absolute(&args.server)
             .with_context(|| format!("bad --server path {}", args.server.display()))?,
         extra_args: args.server_args.clone(),
@@ -134,13 +139,21 @@ async fn run(args: Args) -> Result<bool> {
         warmup: args.warmup,
         patience,
     };
-    if args.wants(Scenario::Roundtrip) {
-        report.roundtrip =
-            roundtrips(flow::ApprovalApiFlow, &server_options, &roundtrip_settings).await?;
-    }
-    if args.wants(Scenario::AguiRoundtrip) {
-        report.agui_roundtrip =
-            roundtrips(flow::AguiFlow, &server_options, &roundtrip_settings).await?;
+    for &store in &args.stores {
+        let server_options = ServerOptions {
+            store,
+            ..server_options.clone()
+        };
+        if args.wants(Scenario::Roundtrip) {
+            report.roundtrip.extend(
+                roundtrips(flow::ApprovalApiFlow, &server_options, &roundtrip_settings).await?,
+            );
+        }
+        if args.wants(Scenario::AguiRoundtrip) {
+            report
+                .agui_roundtrip
+                .extend(roundtrips(flow::AguiFlow, &server_options, &roundtrip_settings).await?);
+        }
     }
 
     if args.wants(Scenario::Scale) {

@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 
 use crate::api::{Api, TripError};
 use crate::flow::{ApprovalFlow, CONTENT, Legs, TripSpec, TripTiming};
-use crate::server::{Server, ServerOptions};
+use crate::server::{Server, ServerOptions, Store};
 use crate::stats::{Spread, Summary};
 use crate::system;
 
@@ -46,6 +46,8 @@ pub struct Round {
 #[derive(Clone, Debug, Serialize)]
 pub struct Level {
     pub flow: &'static str,
+    /// Where the server kept its state.
+    pub store: Store,
     /// What the trip and its latency legs are for this flow.
     pub legs: Legs,
     pub concurrency: usize,
@@ -239,6 +241,7 @@ async fn run_level<F: ApprovalFlow>(
         |pick: fn(&Round) -> f64| Spread::of(&round_figures.iter().map(pick).collect::<Vec<_>>());
     Ok(Level {
         flow: flow.name(),
+        store: server_options.store,
         legs: flow.legs(),
         concurrency,
         warmup_trips: settings.warmup,

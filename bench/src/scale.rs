@@ -1,5 +1,7 @@
-//! Scenario 2: many runs waiting for approval at once, each with its own event stream open; the server's memory
-//! at idle, with all of them pending and after; then all resolved concurrently, none lost and none doubled.
+//! Scenario 2: many runs waiting for approval at once. They are started without a stream, so what the server holds
+//! for a waiting run is measured alone; then a stream is opened for each (what a watching client costs on top);
+//! then all are resolved concurrently, none lost and none doubled. The server's memory at idle, with all of them
+//! pending, with their streams open, and after.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -38,15 +40,21 @@ pub struct Scale {
     pub in_flight: usize,
     pub server_open_files_limit: u64,
     pub rss_idle_bytes: u64,
+    /// All runs waiting for a person, no stream open.
     pub rss_pending_bytes: u64,
+    /// All runs waiting, each with its event stream open.
+    pub rss_streams_bytes: u64,
     pub rss_after_bytes: u64,
     pub peak_rss_bytes: u64,
-    /// Runs that reached `approvalRequired` with their stream open.
+    /// Runs whose stream showed the approval the server listed.
     pub pending: usize,
-    /// What `GET /api/agent/approvals` listed with all of them pending.
+    /// Runs `GET /api/agent/approvals` listed as waiting, after all were started.
     pub pending_listed_by_server: usize,
+    /// Starting every run until the server listed all of them as waiting.
+    pub create_s: f64,
     pub open_s: f64,
     pub resolve_s: f64,
+    pub server_cpu_create_ms: f64,
     pub server_cpu_open_ms: f64,
     pub server_cpu_resolve_ms: f64,
     /// Decision POSTs that answered 200 with an approved resolution.
@@ -79,13 +87,9 @@ impl Scale {
     }
 }
 
-/// What a stream task reports once its run waits for a person.
+/// What a stream task reports once it saw its run wait for a person.
 enum Opened {
-    Pending {
-        index: usize,
-        run_id: String,
-        call_id: String,
-    },
+    Pending,
     Failed,
 }
 
@@ -96,36 +100,37 @@ struct StreamOutcome {
     result: Result<Instant, TripError>,
 }
 
-fn id(value: &serde_json::Value, field: &str) -> Result<String, TripError> {
-    value[field].as_str().map(str::to_owned).ok_or_else(|| {
-        TripError::Unverified(format!(
-            "the approvalRequired event has no {field}: {value}"
-        ))
-    })
-}
-
-/// One run: open its stream, report it pending, then wait for its resolution and check the rest of the run.
+/// One pending run: open its stream, check it shows the approval the server listed, report, then wait for its
+/// resolution and check the rest of the run.
 async fn stream_task(
     api: Api,
-    index: usize,
+    pending: Pending,
     open: Arc<Semaphore>,
     opened: mpsc::UnboundedSender<Opened>,
     patience: Duration,
 ) -> StreamOutcome {
+    let Pending {
+        index,
+        run_id,
+        call_id,
+    } = pending;
     let spec = TripSpec::new("scale", index);
     let permit = open.acquire_owned().await;
     let started = async {
-        let mut events = api
-            .start_stream(&spec.message(), &spec.session_id, patience)
-            .await?;
+        let mut events = api.run_events(&run_id, patience).await?;
         let required = events.until("approvalRequired").await?;
-        let request = &required["request"];
-        Ok::<_, TripError>((events, id(request, "runId")?, id(request, "toolCallId")?))
+        let shown = required["request"]["toolCallId"].as_str().unwrap_or("");
+        if shown != call_id {
+            return Err(TripError::Unverified(format!(
+                "the stream of run {run_id} shows call {shown:?}, the server listed {call_id}"
+            )));
+        }
+        Ok::<_, TripError>(events)
     }
     .await;
     drop(permit);
-    let (mut events, run_id, call_id) = match started {
-        Ok(started) => started,
+    let mut events = match started {
+        Ok(events) => events,
         Err(error) => {
             let _ = opened.send(Opened::Failed);
             return StreamOutcome {
@@ -135,11 +140,7 @@ async fn stream_task(
             };
         }
     };
-    let _ = opened.send(Opened::Pending {
-        index,
-        run_id,
-        call_id: call_id.clone(),
-    });
+    let _ = opened.send(Opened::Pending);
     let result = async {
         events.set_patience(RESOLUTION_PATIENCE);
         let resolved = events.until("approvalResolved").await?;
@@ -162,6 +163,33 @@ async fn stream_task(
         index,
         spec,
         result,
+    }
+}
+
+/// A run the server lists as waiting for a person.
+#[derive(Clone, Debug)]
+struct Pending {
+    index: usize,
+    run_id: String,
+    call_id: String,
+}
+
+/// Polls `GET /api/agent/approvals` until it lists `expected` approvals or `patience` passed; the last list.
+async fn await_pending(
+    api: &Api,
+    expected: usize,
+    patience: Duration,
+) -> Result<Vec<(String, String)>> {
+    let deadline = Instant::now() + patience;
+    loop {
+        let listed = api
+            .pending()
+            .await
+            .map_err(|error| anyhow::anyhow!("cannot list the pending approvals: {error}"))?;
+        if listed.len() >= expected || Instant::now() >= deadline {
+            return Ok(listed);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -189,17 +217,66 @@ pub async fn run(server_options: &ServerOptions, settings: &Settings) -> Result<
     tokio::time::sleep(SETTLE).await;
     let idle = server.memory()?;
     let cpu_at_start = server.cpu_time()?;
+    let mut failures = Failures::default();
 
-    // Open every stream, `in_flight` at a time, each on its own connection, and wait until all are pending.
+    // Start every run without a stream, `in_flight` at a time, and wait until the server lists all of them as
+    // pending: a run waiting for a person is held by the store, not by a connection.
+    let decision_api = Api::new(server.base_url())?;
+    let started = Instant::now();
+    let created: Vec<(usize, Result<String, TripError>)> = futures::stream::iter(0..runs)
+        .map(|index| {
+            let api = decision_api.clone();
+            async move {
+                let spec = TripSpec::new("scale", index);
+                (
+                    index,
+                    api.create_run(&spec.message(), &spec.session_id).await,
+                )
+            }
+        })
+        .buffer_unordered(in_flight)
+        .collect()
+        .await;
+    let mut index_of = HashMap::with_capacity(runs);
+    for (index, created) in created {
+        match created {
+            Ok(run_id) => {
+                index_of.insert(run_id, index);
+            }
+            Err(error) => failures.add(&TripSpec::new("scale", index), &error),
+        }
+    }
+    let listed = await_pending(&decision_api, index_of.len(), settings.patience * 2).await?;
+    let pending: Vec<Pending> = listed
+        .into_iter()
+        .filter_map(|(run_id, call_id)| {
+            let index = *index_of.get(&run_id)?;
+            Some(Pending {
+                index,
+                run_id,
+                call_id,
+            })
+        })
+        .collect();
+    let pending_listed_by_server = pending.len();
+    let create_s = started.elapsed().as_secs_f64();
+    let cpu_created = server.cpu_time()?;
+    tokio::time::sleep(SETTLE).await;
+    server.ensure_running()?;
+    let held = server.memory()?;
+
+    // Then open a stream for each, `in_flight` at a time, each on its own connection: what a person watching
+    // every one of them costs on top.
     let stream_api = Api::new(server.base_url())?;
     let open = Arc::new(Semaphore::new(in_flight));
     let (opened_tx, mut opened_rx) = mpsc::unbounded_channel();
     let mut tasks = JoinSet::new();
-    let started = Instant::now();
-    for index in 0..runs {
+    let opening = Instant::now();
+    let cpu_before_open = server.cpu_time()?;
+    for waiting in &pending {
         tasks.spawn(stream_task(
             stream_api.clone(),
-            index,
+            waiting.clone(),
             Arc::clone(&open),
             opened_tx.clone(),
             settings.patience,
@@ -207,44 +284,39 @@ pub async fn run(server_options: &ServerOptions, settings: &Settings) -> Result<
     }
     drop(opened_tx);
     // Each task reports exactly once (and keeps its sender until it ends, so count rather than wait for the end).
-    let mut pending = Vec::with_capacity(runs);
-    for _ in 0..runs {
+    let mut streams_open = 0;
+    for _ in 0..pending.len() {
         let report = tokio::time::timeout(settings.patience * 2, opened_rx.recv())
             .await
             .with_context(|| {
                 format!(
-                    "no stream reached approvalRequired (or failed) within {} s",
+                    "no stream showed its approval (or failed) within {} s",
                     (settings.patience * 2).as_secs()
                 )
             })?;
         match report {
-            Some(Opened::Pending {
-                index,
-                run_id,
-                call_id,
-            }) => pending.push((index, run_id, call_id)),
+            Some(Opened::Pending) => streams_open += 1,
             Some(Opened::Failed) => {}
             None => bail!("every stream task ended before all of them reported"),
         }
     }
-    let open_s = started.elapsed().as_secs_f64();
+    let open_s = opening.elapsed().as_secs_f64();
     let cpu_opened = server.cpu_time()?;
     tokio::time::sleep(SETTLE).await;
     server.ensure_running()?;
-    let with_pending = server.memory()?;
-    let decision_api = Api::new(server.base_url())?;
-    let pending_listed_by_server = decision_api.pending_count().await.unwrap_or(0);
+    let with_streams = server.memory()?;
 
     // Resolve them all, `in_flight` decisions at a time.
     let resolving = Instant::now();
     let cpu_before_resolve = server.cpu_time()?;
     let decisions: Vec<(usize, Instant, Result<(), TripError>)> =
         futures::stream::iter(pending.iter().cloned())
-            .map(|(index, run_id, call_id)| {
+            .map(|waiting| {
                 let api = decision_api.clone();
                 async move {
                     let sent_at = Instant::now();
-                    (index, sent_at, api.approve(&run_id, &call_id).await)
+                    let decided = api.approve(&waiting.run_id, &waiting.call_id).await;
+                    (waiting.index, sent_at, decided)
                 }
             })
             .buffer_unordered(in_flight)
@@ -257,7 +329,6 @@ pub async fn run(server_options: &ServerOptions, settings: &Settings) -> Result<
     let resolve_s = resolving.elapsed().as_secs_f64();
     let cpu_resolved = server.cpu_time()?;
 
-    let mut failures = Failures::default();
     let mut sent_at = HashMap::with_capacity(decisions.len());
     let mut decisions_ok = 0;
     let mut doubled = 0;
@@ -271,7 +342,7 @@ pub async fn run(server_options: &ServerOptions, settings: &Settings) -> Result<
             }
         }
     }
-    let pending_indices: HashSet<usize> = pending.iter().map(|(index, _, _)| *index).collect();
+    let pending_indices: HashSet<usize> = pending.iter().map(|waiting| waiting.index).collect();
     let mut latencies = Vec::with_capacity(outcomes.len());
     let mut streams_resolved = 0;
     let mut lost = 0;
@@ -303,9 +374,12 @@ pub async fn run(server_options: &ServerOptions, settings: &Settings) -> Result<
     // None doubled: a second decision for the same call finds nothing.
     let seconds: Vec<Result<(StatusCode, serde_json::Value), TripError>> =
         futures::stream::iter(pending.iter().cloned())
-            .map(|(_, run_id, call_id)| {
+            .map(|waiting| {
                 let api = decision_api.clone();
-                async move { api.decide(&run_id, &call_id, "approve").await }
+                async move {
+                    api.decide(&waiting.run_id, &waiting.call_id, "approve")
+                        .await
+                }
             })
             .buffer_unordered(in_flight)
             .collect()
@@ -339,14 +413,17 @@ pub async fn run(server_options: &ServerOptions, settings: &Settings) -> Result<
         in_flight,
         server_open_files_limit: server_limit,
         rss_idle_bytes: idle.rss_bytes,
-        rss_pending_bytes: with_pending.rss_bytes,
+        rss_pending_bytes: held.rss_bytes,
+        rss_streams_bytes: with_streams.rss_bytes,
         rss_after_bytes: after.rss_bytes,
         peak_rss_bytes: after.peak_rss_bytes,
-        pending: pending.len(),
+        pending: streams_open,
         pending_listed_by_server,
+        create_s,
         open_s,
         resolve_s,
-        server_cpu_open_ms: ms(cpu_opened.since(cpu_at_start).total()),
+        server_cpu_create_ms: ms(cpu_created.since(cpu_at_start).total()),
+        server_cpu_open_ms: ms(cpu_opened.since(cpu_before_open).total()),
         server_cpu_resolve_ms: ms(cpu_resolved.since(cpu_before_resolve).total()),
         decisions_ok,
         streams_resolved,

@@ -19,12 +19,34 @@ const STOP_PATIENCE: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
     pub binary: PathBuf,
+    /// Where the server keeps its state.
+    pub store: Store,
     /// Extra options after the ones the bench sets.
     pub extra_args: Vec<String>,
     /// Keep the temporary directory (workspace and log) after the server stops.
     pub keep_workdir: bool,
     /// Where the server's temporary directory (its working directory and workspace) is created.
     pub tmpdir: PathBuf,
+}
+
+/// Where a measured server keeps its state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Store {
+    /// The default: a SQLite file, made on the disk (the system's temporary directory) even when the workspace is
+    /// in memory, so that durability costs what it costs.
+    Sqlite,
+    /// `--database-url memory`: nothing survives the process.
+    Memory,
+}
+
+impl Store {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Memory => "memory",
+        }
+    }
 }
 
 /// The default place for the server's workspace: memory (tmpfs) when there is one, so that the figures measure
@@ -50,6 +72,8 @@ pub struct Server {
     workdir: tempfile::TempDir,
     workspace: PathBuf,
     log: PathBuf,
+    /// The directory of the SQLite database, on the disk.
+    _database: Option<tempfile::TempDir>,
 }
 
 fn free_port() -> Result<u16> {
@@ -96,6 +120,19 @@ impl Server {
         let log_file =
             File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let database = match options.store {
+            Store::Sqlite => Some(
+                tempfile::Builder::new()
+                    .prefix("toolgate-bench-db-")
+                    .tempdir()
+                    .context("cannot create a temporary directory for the database")?,
+            ),
+            Store::Memory => None,
+        };
+        let database_url = match &database {
+            Some(dir) => format!("sqlite://{}", dir.path().join("toolgate.db").display()),
+            None => "memory".to_owned(),
+        };
 
         let mut command = Command::new(binary);
         command
@@ -105,6 +142,8 @@ impl Server {
             .arg("--workspace")
             .arg(&workspace)
             .args(["--log", "warn"])
+            .arg("--database-url")
+            .arg(&database_url)
             // Every approval stays pending until the bench decides, even at scale on a slow machine.
             .args(["--approval-timeout-secs", "900"])
             // The scale scenario opens every stream from this one client address.
@@ -135,9 +174,13 @@ impl Server {
             workdir,
             workspace,
             log,
+            _database: database,
         };
         if options.keep_workdir {
             server.workdir.disable_cleanup(true);
+            if let Some(database) = &mut server._database {
+                database.disable_cleanup(true);
+            }
         }
         server.wait_until_healthy().await?;
         Ok(server)
@@ -168,7 +211,10 @@ impl Server {
             }
             if let Ok(response) = client.get(&url).send().await
                 && response.status().is_success()
-                && response.text().await.is_ok_and(|body| body == "ok")
+                && response
+                    .text()
+                    .await
+                    .is_ok_and(|body| body.lines().next() == Some("ok"))
             {
                 return Ok(());
             }

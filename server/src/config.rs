@@ -183,6 +183,16 @@ pub struct Config {
     #[arg(long, env = "TOOLGATE_RULES", default_value = "", value_parser = parse_rules)]
     pub rules: ToolRules,
 
+    /// MCP servers whose tools the agent may use: a `.mcp.json` file (`{"mcpServers": {...}}`) or a TOML file with
+    /// `[mcp_servers.NAME]` tables. Repeat the flag, or separate files with commas. A server runs with your user's
+    /// rights, outside the workspace confinement; by default its tools ask before every call.
+    #[arg(
+        long = "mcp-config",
+        env = "TOOLGATE_MCP_CONFIG",
+        value_delimiter = ','
+    )]
+    pub mcp_config: Vec<PathBuf>,
+
     /// Seconds a person has to decide before a pending call is denied.
     #[arg(long, env = "TOOLGATE_APPROVAL_TIMEOUT_SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub approval_timeout_secs: u64,
@@ -268,6 +278,27 @@ mod tests {
             "durable by default, a file beside where toolgate runs"
         );
         assert_eq!(config.retention_days, 30);
+        assert!(config.mcp_config.is_empty());
+    }
+
+    #[test]
+    fn mcp_configurations_repeat_or_come_comma_separated() {
+        let config = Config::try_parse_from([
+            "toolgate",
+            "--mcp-config",
+            ".mcp.json",
+            "--mcp-config",
+            "a.toml,b.json",
+        ])
+        .unwrap();
+        assert_eq!(
+            config.mcp_config,
+            [
+                PathBuf::from(".mcp.json"),
+                PathBuf::from("a.toml"),
+                PathBuf::from("b.json")
+            ]
+        );
     }
 
     #[test]

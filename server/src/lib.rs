@@ -13,3 +13,4 @@ pub mod session_cookie;
 pub mod startup;
 pub mod state;
 pub mod streams;
+pub mod tools;

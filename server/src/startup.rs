@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent::harness::{Harness, HarnessConfig, Retention};
+use agent::mcp::{McpConfig, McpServers, join_rules, policy_rules};
 use agent::model::{ApiKey, Model, OpenAiConfig, OpenAiModel, ScriptedModel};
 use agent::policy::PermissionPolicy;
 use agent::store::Store;
@@ -31,6 +32,7 @@ use crate::security::{Security, SecurityError, SecuritySettings};
 use crate::session_cookie::{SessionCookies, ensure_session};
 use crate::state::AppState;
 use crate::streams::StreamLimit;
+use crate::tools;
 
 /// How long shutdown waits for runs and connections to end before the process exits anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -50,6 +52,10 @@ pub enum StartupError {
     #[error("{0}")]
     Config(String),
     #[error(transparent)]
+    McpConfig(#[from] agent::mcp::ConfigError),
+    #[error(transparent)]
+    McpServer(#[from] agent::mcp::RequiredServerFailed),
+    #[error(transparent)]
     Security(#[from] SecurityError),
     #[error(transparent)]
     Store(#[from] OpenError),
@@ -62,6 +68,7 @@ pub struct Application {
     listener: TcpListener,
     router: Router,
     harness: Harness,
+    mcp: McpServers,
 }
 
 fn model(config: &Config) -> Result<Arc<dyn Model>, StartupError> {
@@ -129,6 +136,8 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
             path: config.workspace.display().to_string(),
             source,
         })?;
+    // Read before anything starts: a configuration with a mistake starts nothing.
+    let mcp_config = McpConfig::load(&config.mcp_config, &|name| std::env::var(name).ok())?;
     let toolbox = workspace_tools(
         &workspace,
         CommandLimits {
@@ -136,8 +145,9 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
             ..CommandLimits::default()
         },
     );
+    let rules = join_rules(config.rules.clone(), &policy_rules(&mcp_config));
     let mut harness_config = HarnessConfig::new(
-        PermissionPolicy::new(config.policy, config.rules.clone()),
+        PermissionPolicy::new(config.policy, rules),
         config.approval_timeout(),
     );
     harness_config.limits.max_steps = config.max_steps;
@@ -152,7 +162,7 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
     };
     harness_config.takeover_every = Duration::from_secs(config.lease_secs).div_f64(2.0);
     let store = open_store(&config.database_url, Duration::from_secs(config.lease_secs)).await?;
-    let harness = Harness::open(harness_config, model(&config)?, toolbox, store)
+    let harness = Harness::open(harness_config, model(&config)?, toolbox.clone(), store)
         .await
         .map_err(|error| StartupError::Recover(error.to_string()))?;
 
@@ -162,6 +172,9 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
             addr: config.addr,
             source,
         })?;
+    // The servers' tools join the toolbox before the first request can come; one that must start and cannot stops
+    // startup (after stopping the others).
+    let mcp = McpServers::start(&mcp_config, workspace.root(), &toolbox).await?;
     let addr = listener.local_addr().map_err(|source| StartupError::Bind {
         addr: config.addr,
         source,
@@ -185,12 +198,14 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         rules = %config.rules,
         assets = assets::file_count(),
         security = %security.describe(),
+        mcp_servers = mcp_config.servers.len(),
         "toolgate is ready"
     );
     Ok(Application {
         listener,
         router: security.protect(router(state, &security)),
         harness,
+        mcp,
     })
 }
 
@@ -231,6 +246,7 @@ fn router(state: AppState, security: &Security) -> Router {
             post(api::decide),
         )
         .route("/api/agui", post(agui::run))
+        .route("/api/tools", get(tools::list_tools))
         .route("/api/audit", get(api::audit_log))
         .route("/api/{*rest}", any(api_not_found));
 
@@ -287,12 +303,15 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let harness = self.harness.clone();
+        let mcp = self.mcp.clone();
         let stop = async move {
             shutdown.await;
             tracing::info!("shutting down");
             if !harness.shutdown(SHUTDOWN_GRACE).await {
                 tracing::warn!("some runs did not end within the grace period");
             }
+            // Every MCP server, and whatever it started, stops with toolgate.
+            mcp.shutdown().await;
         };
         crate::serve::serve(self.listener, self.router, stop, SHUTDOWN_GRACE).await;
         Ok(())

@@ -130,7 +130,7 @@ impl Harness {
         {
             let grant = StoredGrant {
                 id: format!("tool:{}", record.call.name),
-                grant: serde_json::json!({"tool": record.call.name}),
+                grant: crate::policy::stored_grant(&record.call.name, &self.inner.toolbox),
                 created_at: now_ms(),
             };
             self.inner

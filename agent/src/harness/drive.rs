@@ -56,7 +56,7 @@ impl Harness {
     pub(super) async fn grant_for_session(&self, context: &RunContext, tool_name: &str) {
         let grant = crate::store::StoredGrant {
             id: format!("tool:{tool_name}"),
-            grant: serde_json::json!({"tool": tool_name}),
+            grant: crate::policy::stored_grant(tool_name, &context.toolbox),
             created_at: crate::clock::now_ms(),
         };
         match self.inner.store.add_grant(&context.session_id, grant).await {

@@ -20,6 +20,7 @@ mod decide;
 mod drive;
 mod finish;
 mod retention;
+mod room;
 mod start;
 mod subscription;
 
@@ -153,6 +154,8 @@ struct Inner {
     tasks: TaskTracker,
     /// Wakes the sweeper when an approval with an earlier expiry appears.
     sweeper: Notify,
+    /// The bounds on runs and sessions, estimated between counts.
+    room: room::Room,
 }
 
 /// The application's harness. Cloning is cheap; every clone is the same harness.
@@ -220,6 +223,7 @@ impl Harness {
                 closed: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 sweeper: Notify::new(),
+                room: room::Room::default(),
             }),
         };
         harness.spawn_background();
@@ -273,7 +277,7 @@ impl Harness {
         let stored = self.inner.store.grants(session_id).await?;
         Ok(stored
             .iter()
-            .filter_map(|grant| grant.grant.get("tool")?.as_str().map(str::to_owned))
+            .filter_map(|grant| crate::policy::grant_of(&grant.grant))
             .collect())
     }
 

@@ -9,7 +9,7 @@ use crate::clock::now_ms;
 use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::interrupts::Suspension;
 use crate::request_body::StartRunInput;
-use crate::store::{NewRun, RunInfo, RunState, StartConflict};
+use crate::store::{Counts, NewRun, RunInfo, RunState, StartConflict};
 use crate::wire::{ApprovalMode, ApprovalPolicy, Message, Resolution};
 
 /// Where a run's conversation comes from.
@@ -163,6 +163,14 @@ impl Harness {
     /// Refuses a new run when the store holds as many unfinished runs (or, for a new session, sessions) as it may.
     async fn check_room(&self, session: Option<&SessionId>) -> Result<(), StartError> {
         let retention = self.inner.config.retention;
+        let bounds = Counts {
+            unfinished_runs: retention.max_unfinished_runs,
+            sessions: retention.max_sessions,
+        };
+        let now = now_ms();
+        if self.inner.room.take_estimated(now, bounds) {
+            return Ok(());
+        }
         let counts = self
             .inner
             .store
@@ -193,6 +201,7 @@ impl Harness {
                 });
             }
         }
+        self.inner.room.counted(now, counts, true);
         Ok(())
     }
 }

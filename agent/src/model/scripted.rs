@@ -9,6 +9,7 @@
 //! | `write PATH: TEXT` | `write_file {path, content}` |
 //! | `delete PATH` | `delete_file {path}` |
 //! | `run COMMAND [ARGS...]` | `run_command {command, args}` |
+//! | `call TOOL [{JSON}]` | any tool, with the JSON as its arguments (`{}` when absent) |
 //!
 //! Several requests joined with ` and ` become parallel tool calls in one step. After the tool results come back it
 //! answers with a summary of what ran, what was denied and why. Anything else gets an answer that explains what it
@@ -23,10 +24,10 @@ use super::{Model, ModelChunk, ModelRequest, ModelStream};
 use crate::ids::ToolCallId;
 use crate::wire::{Message, ToolCall, ToolErrorCode, ToolOutput};
 
-const VERBS: [&str; 5] = ["list", "read", "write", "delete", "run"];
+const VERBS: [&str; 6] = ["list", "read", "write", "delete", "run", "call"];
 
 /// The answer to anything the model does not understand.
-pub const HELP: &str = "I am toolgate's scripted model, so I understand a few plain requests: `list files`, `read PATH`, `write PATH: TEXT`, `delete PATH` and `run COMMAND`. Join several with ` and ` to run them in parallel, for example `write notes.txt: hello and list files`.";
+pub const HELP: &str = "I am toolgate's scripted model, so I understand a few plain requests: `list files`, `read PATH`, `write PATH: TEXT`, `delete PATH`, `run COMMAND` and `call TOOL {JSON arguments}` (any tool). Join several with ` and ` to run them in parallel, for example `write notes.txt: hello and list files`.";
 
 #[derive(Clone, Debug, Default)]
 pub struct ScriptedModel {
@@ -77,7 +78,7 @@ fn next_step(messages: &[Message]) -> Vec<ModelChunk> {
                         ModelChunk::ToolCall(ToolCall {
                             id: ToolCallId::parse(format!("call_{}", first + i))
                                 .expect("call_N is a valid id"),
-                            name: name.to_owned(),
+                            name,
                             arguments: arguments.to_string(),
                         })
                     })
@@ -125,7 +126,8 @@ fn text_chunks(text: &str) -> Vec<ModelChunk> {
     chunks
 }
 
-/// Splits a request at each ` and ` that is followed by a verb, so `write a.txt: salt and pepper` stays whole.
+/// Splits a request at each ` and ` that is followed by a verb, so `write a.txt: salt and pepper` stays whole, and
+/// that is outside JSON (`call t {"text": "a and call b"}` is one call).
 fn split_clauses(text: &str) -> Vec<&str> {
     let lower = text.to_ascii_lowercase();
     let mut clauses = Vec::new();
@@ -135,7 +137,7 @@ fn split_clauses(text: &str) -> Vec<&str> {
         let at = search + found;
         let next = lower[at + 5..].trim_start();
         let next_word = next.split_whitespace().next().unwrap_or("");
-        if VERBS.contains(&next_word) {
+        if VERBS.contains(&next_word) && !inside_json(&text[start..at]) {
             clauses.push(&text[start..at]);
             start = at + 5;
         }
@@ -143,6 +145,26 @@ fn split_clauses(text: &str) -> Vec<&str> {
     }
     clauses.push(&text[start..]);
     clauses
+}
+
+/// Whether `clause` ends inside a JSON value: an open bracket or string.
+fn inside_json(clause: &str) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for c in clause.chars() {
+        match (in_string, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (true, false, '"') => in_string = false,
+            (true, false, _) => {}
+            (false, _, '"') if depth > 0 => in_string = true,
+            (false, _, '{' | '[') => depth += 1,
+            (false, _, '}' | ']') => depth = depth.saturating_sub(1),
+            (false, _, _) => {}
+        }
+    }
+    depth > 0 || in_string
 }
 
 /// Splits a command line into words, honouring single and double quotes.
@@ -180,7 +202,28 @@ fn split_words(line: &str) -> Option<Vec<String>> {
     Some(words)
 }
 
-fn parse_clause(clause: &str) -> Option<(&'static str, Value)> {
+fn parse_clause(clause: &str) -> Option<(String, Value)> {
+    let (name, arguments) = parse_builtin_clause(clause)?;
+    Some((name.to_owned(), arguments))
+}
+
+/// `call TOOL [{JSON}]`: any tool with any arguments.
+fn parse_call(rest: &str) -> Option<(String, Value)> {
+    let (tool, arguments) = rest
+        .split_once(char::is_whitespace)
+        .map_or((rest, ""), |(tool, arguments)| (tool, arguments.trim()));
+    if tool.is_empty() {
+        return None;
+    }
+    let arguments = if arguments.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_str(arguments).ok()?
+    };
+    Some((tool.to_owned(), arguments))
+}
+
+fn parse_builtin_clause(clause: &str) -> Option<(&'static str, Value)> {
     let clause = clause.trim();
     let (verb, rest) = clause
         .split_once(char::is_whitespace)
@@ -240,8 +283,17 @@ fn strip_word<'a>(rest: &'a str, word: &str) -> Option<&'a str> {
 }
 
 /// The tool calls a request asks for, or `None` when any part of it is not understood.
-fn parse_request(text: &str) -> Option<Vec<(&'static str, Value)>> {
-    split_clauses(text).into_iter().map(parse_clause).collect()
+fn parse_request(text: &str) -> Option<Vec<(String, Value)>> {
+    split_clauses(text)
+        .into_iter()
+        .map(|clause| {
+            let clause = clause.trim();
+            match clause.split_once(char::is_whitespace) {
+                Some((verb, rest)) if verb.eq_ignore_ascii_case("call") => parse_call(rest.trim()),
+                _ => parse_clause(clause),
+            }
+        })
+        .collect()
 }
 
 fn shorten(text: &str, max: usize) -> String {
@@ -345,7 +397,13 @@ fn describe_ok(tool_name: &str, args: &Value, content: &Value) -> String {
                 )
             }
         }
-        other => format!("{other} returned {}", shorten(&content.to_string(), 400)),
+        other => {
+            let text = match content {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            format!("{other} returned: {}", shorten(&text, 400))
+        }
     }
 }
 
@@ -453,6 +511,29 @@ mod tests {
             assert_eq!(calls(&step), vec![(tool.to_owned(), args)], "{request}");
             assert_eq!(step.last(), Some(&ModelChunk::Finish("tool_calls".into())));
         }
+    }
+
+    #[test]
+    fn call_drives_any_tool_with_json_arguments() {
+        let step = next_step(&user(
+            r#"call mcp__fs__write_file {"path": "a.txt", "content": "salt and call pepper"} and call mcp__time__now"#,
+        ));
+        assert_eq!(
+            calls(&step),
+            vec![
+                (
+                    "mcp__fs__write_file".to_owned(),
+                    json!({"path": "a.txt", "content": "salt and call pepper"})
+                ),
+                ("mcp__time__now".to_owned(), json!({})),
+            ]
+        );
+        let step = next_step(&user("call x {not json} and list files"));
+        assert!(calls(&step).is_empty());
+        assert_eq!(text(&step), HELP);
+        let step = next_step(&user("list files and call echo {\"m\": 1}"));
+        let names: Vec<String> = calls(&step).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["list_files", "echo"]);
     }
 
     #[test]

@@ -87,6 +87,7 @@ impl ListFiles {
                     "additionalProperties": false
                 }),
                 annotations: READ_ONLY,
+                mcp: None,
             },
             workspace,
         }
@@ -147,6 +148,7 @@ impl ReadFile {
                     "additionalProperties": false
                 }),
                 annotations: READ_ONLY,
+                mcp: None,
             },
             workspace,
         }
@@ -201,6 +203,7 @@ impl WriteFile {
                     "additionalProperties": false
                 }),
                 annotations: DESTRUCTIVE,
+                mcp: None,
             },
             workspace,
         }
@@ -285,6 +288,7 @@ impl DeleteFile {
                     "additionalProperties": false
                 }),
                 annotations: DESTRUCTIVE,
+                mcp: None,
             },
             workspace,
         }
@@ -380,6 +384,7 @@ impl RunCommand {
                     idempotent: Some(false),
                     open_world: Some(true),
                 },
+                mcp: None,
             },
             workspace,
             limits,
@@ -1136,7 +1141,8 @@ mod tests {
     async fn an_aborted_command_leaves_no_process_even_one_in_a_new_session() {
         let (_dir, ws, tools) = setup();
         let context = context();
-        let running = tools.get("run_command").unwrap().execute(
+        let run_command = tools.get("run_command").unwrap();
+        let running = run_command.execute(
             json!({"command": "sh", "args": ["-c", LEAVES_A_SESSION]}),
             &context,
         );
@@ -1177,10 +1183,9 @@ mod tests {
         // The shell starts two sleepers, one of them in a session of its own, and exits once told to.
         let script =
             "sleep 300 & setsid sleep 300 & until [ -e go ]; do sleep 0.01; done; echo done";
-        let running = tools
-            .get("run_command")
-            .unwrap()
-            .execute(json!({"command": "sh", "args": ["-c", script]}), &context);
+        let run_command = tools.get("run_command").unwrap();
+        let running =
+            run_command.execute(json!({"command": "sh", "args": ["-c", script]}), &context);
         let exit_once_started = async {
             sleepers_started(ws.root(), 2).await;
             std::fs::write(ws.root().join("go"), "").unwrap();

@@ -97,6 +97,7 @@ impl CountingTool {
                     "additionalProperties": false
                 }),
                 annotations,
+                mcp: None,
             },
             runs: Arc::new(Mutex::new(Vec::new())),
         }

@@ -273,6 +273,16 @@ impl Translator {
                 self.close_text(&mut out);
                 out.push(json!({"type": "RUN_ERROR", "message": message, "code": code}));
             }
+            StreamEvent::ContextTrimmed {
+                omitted_messages, ..
+            } => {
+                // The client owns the conversation; it should know the model saw less of it.
+                out.push(json!({
+                    "type": "CUSTOM",
+                    "name": "toolgate.contextTrimmed",
+                    "value": {"omittedMessages": omitted_messages},
+                }));
+            }
             StreamEvent::ApprovalRequired { .. }
             | StreamEvent::ApprovalResolved { .. }
             | StreamEvent::Debug { .. } => {}

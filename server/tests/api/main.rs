@@ -10,6 +10,7 @@ mod approval_api;
 mod bodies;
 mod durable;
 mod instances;
+mod mcp;
 mod runs;
 mod security;
 mod streaming;

@@ -482,6 +482,7 @@ mod tests {
             description: "Deletes a file.".into(),
             input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
             annotations: ToolAnnotations::default(),
+            mcp: None,
         }];
         let body = serde_json::to_value(ChatRequest::new("gpt-test", &messages, &tools)).unwrap();
         assert_eq!(

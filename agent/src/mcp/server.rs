@@ -1,0 +1,631 @@
+//! MCP servers as toolgate runs them: started together at startup, their tools kept in the toolbox as the servers
+//! change them, restarted lazily (with backoff) after a crash, stopped with everything they started.
+//!
+//! A server's link is one of: up (a connection, its tools in the toolbox), down (never started, crashed, or its
+//! restart failed; the next call starts it again once its backoff has passed), or stopped (toolgate is shutting
+//! down). A call never retries itself: a server that dies mid-call leaves that call's effect unknown, and the
+//! model is told so.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::sync::{Mutex, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::mcp::client::{CallError, ConnectError, McpClient, RemoteTool};
+use crate::mcp::config::{McpConfig, McpServerConfig, McpTransport};
+use crate::mcp::naming::qualify;
+use crate::mcp::process::{ServerProcess, StderrTail, spawn};
+use crate::mcp::tool::McpTool;
+use crate::tools::{Tool, ToolError, Toolbox};
+use crate::wire::{McpServerState, McpServerStatus, ToolErrorCode, ToolSpec};
+
+/// How long a stdio server gets to exit after its input closes, and again after `SIGTERM`.
+const STOP_GRACE: Duration = Duration::from_secs(1);
+/// The longest wait between restarts of a server that keeps failing.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// A required server did not start, so toolgate does not either.
+#[derive(Debug, thiserror::Error)]
+#[error("the MCP server {server:?} is required (required = true), and it could not start: {message}{}",
+    stderr_tail.as_ref().map(|tail| format!("\nthe end of its standard error:\n{tail}")).unwrap_or_default())]
+pub struct RequiredServerFailed {
+    pub server: String,
+    pub message: String,
+    pub stderr_tail: Option<String>,
+}
+
+/// Every configured MCP server.
+#[derive(Clone, Default)]
+pub struct McpServers {
+    servers: Vec<Arc<McpServer>>,
+}
+
+impl std::fmt::Debug for McpServers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.servers.iter().map(|server| &server.config.name))
+            .finish()
+    }
+}
+
+impl McpServers {
+    /// Starts every enabled server at once, each within its startup timeout, and puts their tools in `toolbox`.
+    /// A server that fails is shown as failed and the others go on, unless it is required: then every server is
+    /// stopped again and the error says why.
+    pub async fn start(
+        config: &McpConfig,
+        workspace: &Path,
+        toolbox: &Toolbox,
+    ) -> Result<Self, RequiredServerFailed> {
+        let servers: Vec<Arc<McpServer>> = config
+            .servers
+            .iter()
+            .map(|server| {
+                Arc::new(McpServer {
+                    config: server.clone(),
+                    workspace: workspace.to_owned(),
+                    toolbox: toolbox.clone(),
+                    link: Mutex::new(Link::Down(Down {
+                        reason: String::new(),
+                        stderr_tail: None,
+                        failures: 0,
+                        since: Instant::now(),
+                        generation: 0,
+                    })),
+                    generations: std::sync::atomic::AtomicU64::new(0),
+                    tasks: TaskTracker::new(),
+                })
+            })
+            .collect();
+        let started = futures::future::join_all(servers.iter().map(|server| server.start())).await;
+        let servers = Self { servers };
+        if let Some(failed) = started.into_iter().flatten().next() {
+            servers.shutdown().await;
+            return Err(failed);
+        }
+        Ok(servers)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    /// Stops every server: closes its connection, then stops its process and everything the process started.
+    pub async fn shutdown(&self) {
+        futures::future::join_all(self.servers.iter().map(|server| server.stop())).await;
+    }
+}
+
+/// One configured server.
+pub struct McpServer {
+    config: McpServerConfig,
+    workspace: PathBuf,
+    toolbox: Toolbox,
+    link: Mutex<Link>,
+    /// Numbers each connection, so that news about an old one cannot touch a newer one.
+    generations: std::sync::atomic::AtomicU64,
+    tasks: TaskTracker,
+}
+
+enum Link {
+    Up(Arc<Connection>),
+    Down(Down),
+    Stopped,
+}
+
+#[derive(Clone)]
+struct Down {
+    reason: String,
+    stderr_tail: Option<String>,
+    /// Failed starts since the server last ran.
+    failures: u32,
+    since: Instant,
+    /// The connection that ended, if any.
+    generation: u64,
+}
+
+/// One connection to a server, with what looks after it.
+struct Connection {
+    client: McpClient,
+    generation: u64,
+    /// Cancelled when the connection ends: the process exited, or toolgate closed it.
+    ended: CancellationToken,
+    /// Tells a stdio server's supervisor to stop the process.
+    stop: CancellationToken,
+    /// The highest count of tool-list announcements whose list is in the toolbox.
+    applied: watch::Receiver<u64>,
+    stderr: Option<StderrTail>,
+}
+
+impl Connection {
+    /// Waits until every tool-list change the server announced so far is in the toolbox (bounded: a server
+    /// that never answers tools/list must not hold a call's result forever).
+    async fn tools_settled(&self, patience: Duration) {
+        let target = *self.client.announcements().borrow();
+        let mut applied = self.applied.clone();
+        let _ =
+            tokio::time::timeout(patience, applied.wait_for(|applied| *applied >= target)).await;
+    }
+}
+
+impl McpServer {
+    fn status(
+        &self,
+        state: McpServerState,
+        message: Option<String>,
+        stderr_tail: Option<String>,
+    ) -> McpServerStatus {
+        McpServerStatus {
+            name: self.config.name.clone(),
+            transport: self.config.transport_kind(),
+            trust: self.config.trust,
+            required: self.config.required,
+            state,
+            message,
+            stderr_tail,
+            tools: Vec::new(),
+        }
+    }
+
+    /// The first start, at toolgate's startup.
+    async fn start(self: &Arc<Self>) -> Option<RequiredServerFailed> {
+        if !self.config.enabled {
+            self.toolbox.replace_source(
+                self.status(McpServerState::Disabled, None, None),
+                Vec::new(),
+            );
+            return None;
+        }
+        self.toolbox.replace_source(
+            self.status(McpServerState::Starting, None, None),
+            Vec::new(),
+        );
+        let mut link = self.link.lock().await;
+        match self.connect().await {
+            Ok(connection) => {
+                *link = Link::Up(connection);
+                None
+            }
+            Err((message, stderr_tail)) => {
+                tracing::warn!(server = self.config.name, %message, "an MCP server could not start");
+                self.toolbox.replace_source(
+                    self.status(
+                        McpServerState::Failed,
+                        Some(message.clone()),
+                        stderr_tail.clone(),
+                    ),
+                    Vec::new(),
+                );
+                *link = Link::Down(Down {
+                    reason: message.clone(),
+                    stderr_tail: stderr_tail.clone(),
+                    failures: 1,
+                    since: Instant::now(),
+                    generation: 0,
+                });
+                self.config.required.then(|| RequiredServerFailed {
+                    server: self.config.name.clone(),
+                    message,
+                    stderr_tail,
+                })
+            }
+        }
+    }
+
+    /// Connects, lists the tools and puts them in the toolbox, within the startup timeout. The caller holds the
+    /// link. The error is the reason and the end of the server's standard error.
+    async fn connect(self: &Arc<Self>) -> Result<Arc<Connection>, (String, Option<String>)> {
+        let generation = self
+            .generations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let timeout = self.config.startup_timeout;
+        let (client, process) = match &self.config.transport {
+            McpTransport::Stdio { command, args, env } => {
+                let spawned = spawn(&self.config.name, command, args, env, &self.workspace)
+                    .map_err(|source| {
+                        let error = ConnectError::Spawn {
+                            command: command.clone(),
+                            source,
+                        };
+                        (error.to_string(), None)
+                    })?;
+                let process = spawned.process;
+                let connected = tokio::time::timeout(
+                    timeout,
+                    McpClient::connect_stdio(spawned.stdout, spawned.stdin),
+                )
+                .await;
+                match connected {
+                    Ok(Ok(client)) => (client, Some(process)),
+                    Ok(Err(error)) => return Err(failed_start(error.to_string(), process).await),
+                    Err(_) => {
+                        return Err(failed_start(
+                            format!("it did not complete the MCP handshake within {timeout:?}"),
+                            process,
+                        )
+                        .await);
+                    }
+                }
+            }
+            McpTransport::Http { url, headers } => {
+                match tokio::time::timeout(timeout, McpClient::connect_http(url, headers)).await {
+                    Ok(Ok(client)) => (client, None),
+                    Ok(Err(error)) => return Err((error.to_string(), None)),
+                    Err(_) => {
+                        return Err((
+                            format!("it did not complete the MCP handshake within {timeout:?}"),
+                            None,
+                        ));
+                    }
+                }
+            }
+        };
+        let tools = match tokio::time::timeout(timeout, client.list_tools()).await {
+            Ok(Ok(tools)) => tools,
+            failed => {
+                let message = match failed {
+                    Ok(Err(error)) => ConnectError::ListTools(error).to_string(),
+                    _ => format!("it did not list its tools within {timeout:?}"),
+                };
+                client.close().await;
+                return Err(match process {
+                    Some(process) => failed_start(message, process).await,
+                    None => (message, None),
+                });
+            }
+        };
+        if let Some(server) = client.server_info() {
+            tracing::info!(
+                server = self.config.name,
+                implementation = server,
+                tools = tools.len(),
+                "an MCP server is ready"
+            );
+        }
+        let ended = CancellationToken::new();
+        let stop = CancellationToken::new();
+        let (applied_tx, applied) = watch::channel(0);
+        let connection = Arc::new(Connection {
+            client,
+            generation,
+            ended: ended.clone(),
+            stop: stop.clone(),
+            applied,
+            stderr: process.as_ref().map(ServerProcess::stderr),
+        });
+        self.publish(tools);
+        if let Some(process) = process {
+            self.tasks.spawn(supervise(
+                Arc::downgrade(self),
+                process,
+                generation,
+                ended.clone(),
+                stop,
+            ));
+        }
+        self.tasks.spawn(follow_tool_list(
+            Arc::downgrade(self),
+            Arc::downgrade(&connection),
+            connection.client.announcements(),
+            applied_tx,
+            ended,
+        ));
+        Ok(connection)
+    }
+
+    /// Puts the server's offered tools in the toolbox, replacing what it had there, and marks it ready.
+    fn publish(self: &Arc<Self>, tools: Vec<RemoteTool>) {
+        let offered: Vec<&RemoteTool> = tools
+            .iter()
+            .filter(|tool| self.config.offers(&tool.name))
+            .collect();
+        let named = qualify(
+            &self.config.tool_prefix_name,
+            offered.iter().map(|tool| tool.name.as_str()),
+        );
+        let tools: Vec<Arc<dyn Tool>> = named
+            .into_iter()
+            .filter_map(|(name, real)| {
+                let remote = offered.iter().find(|tool| tool.name == real)?;
+                Some(Arc::new(McpTool::new(
+                    ToolSpec {
+                        name,
+                        description: remote.description.clone(),
+                        input_schema: remote.input_schema.clone(),
+                        annotations: remote.annotations,
+                        mcp: Some(crate::wire::McpToolOrigin {
+                            server: self.config.name.clone(),
+                            tool: real,
+                            trust: self.config.trust,
+                        }),
+                    },
+                    Arc::downgrade(self),
+                )) as Arc<dyn Tool>)
+            })
+            .collect();
+        let left_out = self
+            .toolbox
+            .replace_source(self.status(McpServerState::Ready, None, None), tools);
+        for error in left_out {
+            tracing::warn!(server = self.config.name, %error, "an MCP tool was left out");
+        }
+    }
+
+    /// The connection to call through, starting the server again when it is down and its backoff has passed.
+    async fn connection(self: &Arc<Self>) -> Result<Arc<Connection>, ToolError> {
+        let mut link = self.link.lock().await;
+        let down = match &*link {
+            Link::Up(connection) if !connection.ended.is_cancelled() => {
+                return Ok(Arc::clone(connection));
+            }
+            Link::Up(connection) => Down {
+                reason: "its connection ended".to_owned(),
+                stderr_tail: connection.stderr.as_ref().and_then(StderrTail::text),
+                failures: 0,
+                since: Instant::now(),
+                generation: connection.generation,
+            },
+            Link::Stopped => {
+                return Err(ToolError::failed(format!(
+                    "The MCP server {} is stopped because toolgate is shutting down. The call was not made.",
+                    self.config.name
+                )));
+            }
+            Link::Down(down) => down.clone(),
+        };
+        let wait = backoff(down.failures).saturating_sub(down.since.elapsed());
+        if !wait.is_zero() {
+            let message = format!(
+                "The MCP server {} is down ({}); toolgate starts it again in {} s. The call was not made.",
+                self.config.name,
+                down.reason,
+                wait.as_secs().max(1)
+            );
+            *link = Link::Down(down);
+            return Err(ToolError::failed(message));
+        }
+        tracing::info!(server = self.config.name, "starting an MCP server again");
+        match self.connect().await {
+            Ok(connection) => {
+                *link = Link::Up(Arc::clone(&connection));
+                Ok(connection)
+            }
+            Err((message, stderr_tail)) => {
+                self.toolbox.update_source_status(self.status(
+                    McpServerState::Crashed,
+                    Some(format!("it could not start again: {message}")),
+                    stderr_tail.clone(),
+                ));
+                *link = Link::Down(Down {
+                    reason: message.clone(),
+                    stderr_tail,
+                    failures: down.failures + 1,
+                    since: Instant::now(),
+                    generation: down.generation,
+                });
+                Err(ToolError::failed(format!(
+                    "The MCP server {} is down and could not start again ({message}). The call was not made.",
+                    self.config.name
+                )))
+            }
+        }
+    }
+
+    /// Marks connection `generation` as ended: the server is down until a call starts it again.
+    async fn connection_lost(&self, generation: u64, reason: String, stderr_tail: Option<String>) {
+        let mut link = self.link.lock().await;
+        let (reason, stderr_tail) = match &*link {
+            Link::Up(connection) if connection.generation == generation => {
+                connection.ended.cancel();
+                (reason, stderr_tail)
+            }
+            // A call and the process's supervisor may both notice; the status keeps what each saw.
+            Link::Down(down)
+                if down.generation == generation
+                    && down.failures == 0
+                    && !down.reason.contains(&reason) =>
+            {
+                (
+                    format!("{}; {reason}", down.reason),
+                    stderr_tail.or_else(|| down.stderr_tail.clone()),
+                )
+            }
+            Link::Up(_) | Link::Down(_) | Link::Stopped => return,
+        };
+        tracing::warn!(server = self.config.name, %reason, "an MCP server stopped");
+        self.toolbox.update_source_status(self.status(
+            McpServerState::Crashed,
+            Some(reason.clone()),
+            stderr_tail.clone(),
+        ));
+        *link = Link::Down(Down {
+            reason,
+            stderr_tail,
+            failures: 0,
+            since: Instant::now(),
+            generation,
+        });
+    }
+
+    /// Calls the server's tool `tool` for the model's `qualified` tool.
+    pub(crate) async fn call(
+        self: &Arc<Self>,
+        tool: &str,
+        qualified: &str,
+        input: Value,
+        cancel: &CancellationToken,
+    ) -> Result<Value, ToolError> {
+        let connection = self.connection().await?;
+        let timeout = self.config.tool_timeout;
+        let server = &self.config.name;
+        match connection
+            .client
+            .call_tool(tool, input, timeout, cancel)
+            .await
+        {
+            Ok(result) => {
+                // A tool that changed the server's tools answers after announcing it: the next step sees them.
+                connection.tools_settled(timeout).await;
+                if result.is_error {
+                    let text = match result.content {
+                        Value::String(text) => text,
+                        other => other.to_string(),
+                    };
+                    Err(ToolError::failed(format!(
+                        "{qualified} reported an error: {text}"
+                    )))
+                } else {
+                    Ok(result.content)
+                }
+            }
+            Err(CallError::TimedOut(after)) => Err(ToolError::new(
+                ToolErrorCode::Timeout,
+                format!(
+                    "{qualified} did not finish within {} s, so toolgate cancelled it (the MCP server {server} was sent notifications/cancelled). Whether it took effect is unknown.",
+                    after.as_secs_f64()
+                ),
+            )),
+            Err(CallError::Cancelled) => Err(ToolError::failed(format!(
+                "{qualified} was cancelled because its run was aborted (the MCP server {server} was sent notifications/cancelled); whether it took effect is unknown."
+            ))),
+            Err(CallError::Disconnected(why)) => {
+                // A stdio server whose output closed is of no more use, even if it still runs.
+                connection.stop.cancel();
+                let stderr_tail = connection.stderr.as_ref().and_then(StderrTail::text);
+                self.connection_lost(
+                    connection.generation,
+                    format!("the connection ended during a call of {tool} ({why})"),
+                    stderr_tail,
+                )
+                .await;
+                Err(ToolError::failed(format!(
+                    "The MCP server {server} stopped while {qualified} was running, so whether the call took effect is unknown. toolgate did not retry it: check before calling it again. The server is started again for the next call."
+                )))
+            }
+            Err(CallError::Refused(why)) => Err(ToolError::failed(format!(
+                "The MCP server {server} refused the call of {qualified}: {why}"
+            ))),
+        }
+    }
+
+    /// Stops the server for good.
+    async fn stop(&self) {
+        let connection = {
+            let mut link = self.link.lock().await;
+            match std::mem::replace(&mut *link, Link::Stopped) {
+                Link::Up(connection) => Some(connection),
+                Link::Down(_) | Link::Stopped => None,
+            }
+        };
+        if let Some(connection) = connection {
+            connection.ended.cancel();
+            // Ending the session closes a stdio server's input, its cue to exit; the supervisor does the rest.
+            connection.client.cancel();
+            connection.stop.cancel();
+        }
+        self.tasks.close();
+        self.tasks.wait().await;
+        if self.config.enabled {
+            self.toolbox
+                .update_source_status(self.status(McpServerState::Stopped, None, None));
+        }
+    }
+}
+
+/// The reason a server could not start, with the end of its standard error, once its process is stopped.
+async fn failed_start(message: String, process: ServerProcess) -> (String, Option<String>) {
+    let stderr = process.stderr();
+    process.stop(STOP_GRACE).await;
+    (message, stderr.text())
+}
+
+/// How long to wait before starting a server again after `failures` failed starts: none after a crash, then 1 s,
+/// doubling up to a minute.
+fn backoff(failures: u32) -> Duration {
+    match failures {
+        0 => Duration::ZERO,
+        n => Duration::from_secs(1u64 << (n - 1).min(6)).min(MAX_BACKOFF),
+    }
+}
+
+/// Watches a stdio server's process: when it exits by itself the server is down; when toolgate stops it, it is
+/// stopped with everything it started.
+async fn supervise(
+    server: Weak<McpServer>,
+    mut process: ServerProcess,
+    generation: u64,
+    ended: CancellationToken,
+    stop: CancellationToken,
+) {
+    let exited = tokio::select! {
+        status = process.exited() => Some(status),
+        () = stop.cancelled() => None,
+    };
+    match exited {
+        None => process.stop(STOP_GRACE).await,
+        Some(status) => {
+            process.kill_group();
+            ended.cancel();
+            let reason = match status {
+                Ok(status) => format!("its process exited ({status})"),
+                Err(error) => format!("its process could not be waited for ({error})"),
+            };
+            let stderr_tail = process.stderr().text();
+            if let Some(server) = server.upgrade() {
+                server
+                    .connection_lost(generation, reason, stderr_tail)
+                    .await;
+            }
+        }
+    }
+}
+
+/// Keeps the toolbox up to date with the server's tools: each `notifications/tools/list_changed` brings a new list.
+async fn follow_tool_list(
+    server: Weak<McpServer>,
+    connection: Weak<Connection>,
+    mut announced: watch::Receiver<u64>,
+    applied: watch::Sender<u64>,
+    ended: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            changed = announced.changed() => if changed.is_err() { return },
+            () = ended.cancelled() => return,
+        }
+        let target = *announced.borrow_and_update();
+        let (Some(server), Some(connection)) = (server.upgrade(), connection.upgrade()) else {
+            return;
+        };
+        match connection.client.list_tools().await {
+            Ok(tools) => {
+                let link = server.link.lock().await;
+                if matches!(&*link, Link::Up(up) if up.generation == connection.generation) {
+                    server.publish(tools);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(server = server.config.name, %error, "an MCP server's new tool list could not be read");
+            }
+        }
+        applied.send_replace(target);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_back_off_from_none_to_a_minute() {
+        let waits: Vec<u64> = (0..10)
+            .map(|failures| backoff(failures).as_secs())
+            .collect();
+        assert_eq!(waits, [0, 1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+}

@@ -1,0 +1,749 @@
+//! Tools from MCP servers, against real servers: `@modelcontextprotocol/server-filesystem` and
+//! `@modelcontextprotocol/server-everything` from npm, `mcp-server-time` from PyPI (installed at pinned versions by
+//! `scripts/bootstrap.sh`), and toolgate's own misbehaving server (`tools/mcp/misbehaving-server.mjs`) for what can
+//! go wrong. Every call goes through the real runtime: schema check, policy, execution, events.
+
+mod support;
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent::harness::{RunSource, StartRun};
+use agent::mcp::{McpConfig, McpServers, RequiredServerFailed};
+use agent::policy::{PermissionPolicy, SessionGrants, ToolRules, grant_key};
+use agent::tools::Toolbox;
+use agent::wire::{
+    ApprovalMode, ApprovalPolicy, McpServerState, McpServerStatus, McpTrust, PermissionDecision,
+    RunErrorCode, StreamEvent, ToolAnnotations, ToolErrorCode, ToolOutput,
+};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use support::{ReplayModel, all_events, failure, harness_over, text_step, tool_results, tool_step};
+
+/// Any single wait in a test; a test that would hang fails instead.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn tools_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/mcp")
+}
+
+/// A file the bootstrap script installs; a clear failure when it has not run.
+fn installed(relative: &str) -> String {
+    let path = tools_dir().join(relative);
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/bootstrap.sh, which installs the MCP test servers",
+        path.display()
+    );
+    path.canonicalize().unwrap().display().to_string()
+}
+
+fn npm_server(package: &str) -> String {
+    installed(&format!(
+        "node_modules/@modelcontextprotocol/{package}/dist/index.js"
+    ))
+}
+
+fn fixture_script() -> String {
+    installed("misbehaving-server.mjs")
+}
+
+/// A fixture server's configuration, with `extra` fields.
+fn fixture(extra: Value) -> Value {
+    let mut server = json!({"command": "node", "args": [fixture_script()]});
+    if let (Value::Object(server), Value::Object(extra)) = (&mut server, extra) {
+        server.extend(extra);
+    }
+    server
+}
+
+/// Servers started in a fresh workspace.
+struct Started {
+    servers: McpServers,
+    toolbox: Toolbox,
+    workspace: tempfile::TempDir,
+}
+
+async fn start(servers: Value) -> Result<Started, RequiredServerFailed> {
+    let workspace = tempfile::tempdir().unwrap();
+    let config = McpConfig::parse(
+        Path::new("test.json"),
+        &json!({ "mcpServers": servers }).to_string(),
+        &|name| std::env::var(name).ok(),
+    )
+    .expect("the configuration reads");
+    let toolbox = Toolbox::new();
+    let servers = tokio::time::timeout(
+        PATIENCE,
+        McpServers::start(&config, workspace.path(), &toolbox),
+    )
+    .await
+    .expect("the servers start in time")?;
+    Ok(Started {
+        servers,
+        toolbox,
+        workspace,
+    })
+}
+
+impl Started {
+    fn status(&self, server: &str) -> McpServerStatus {
+        self.toolbox
+            .sources()
+            .into_iter()
+            .find(|status| status.name == server)
+            .unwrap_or_else(|| panic!("no server {server}"))
+    }
+
+    fn context(&self, policy: ApprovalPolicy) -> Run {
+        Run {
+            toolbox: self.toolbox.clone(),
+            policy,
+            logged: None,
+        }
+    }
+
+    /// Waits until the fixture has been asked for `tool`. Only the server's process knows when a request reached it,
+    /// so this reads its record of calls until the call shows.
+    async fn until_fixture_called(&self, tool: &str) {
+        tokio::time::timeout(PATIENCE, async {
+            while !self.fixture_calls().iter().any(|call| call == tool) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the fixture was never asked for {tool}"));
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.workspace.path().join(name)
+    }
+
+    /// The fixture's record of the calls it was asked to make.
+    fn fixture_calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.file("fixture-calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    async fn shut_down(self) {
+        tokio::time::timeout(PATIENCE, self.servers.shutdown())
+            .await
+            .expect("the servers stop in time");
+    }
+}
+
+/// Calls through a harness over the servers' toolbox, each as the one call of a run, as the model would make it.
+struct Run {
+    toolbox: Toolbox,
+    policy: ApprovalPolicy,
+    /// The output the run's log kept for the last call.
+    logged: Option<ToolOutput>,
+}
+
+impl Run {
+    /// Runs one call (fail-closed: a call that would ask ends the run) and returns what the model read of it.
+    async fn call(&mut self, name: &str, arguments: Value) -> ToolOutput {
+        let model = Arc::new(ReplayModel::new(vec![
+            tool_step(&[support::call("call_1", name, arguments)]),
+            text_step("done"),
+        ]));
+        let harness = harness_over(
+            Arc::clone(&model) as Arc<dyn agent::model::Model>,
+            self.toolbox.clone(),
+            self.policy,
+        );
+        let run = harness
+            .start(start_run(ApprovalMode::FailClosed))
+            .await
+            .unwrap();
+        let events = tokio::time::timeout(PATIENCE, all_events(&run))
+            .await
+            .expect("the run ends in time");
+        self.logged = events.iter().find_map(|event| match event {
+            StreamEvent::ToolResult { output, .. } => Some(output.clone()),
+            _ => None,
+        });
+        let requests = model.requests();
+        match requests
+            .get(1)
+            .and_then(|messages| tool_results(messages).pop())
+        {
+            Some((_, output)) => output,
+            None => panic!("the model never read a result: {events:?}"),
+        }
+    }
+
+    fn decision(&self, name: &str) -> PermissionDecision {
+        let spec = self.toolbox.spec(name).expect("the tool exists");
+        PermissionPolicy::new(self.policy, ToolRules::new()).decide(&spec, &SessionGrants::new())
+    }
+
+    /// The output the run's log kept for the last call.
+    fn logged_output(&mut self) -> ToolOutput {
+        self.logged.take().expect("a call finished")
+    }
+}
+
+fn start_run(mode: ApprovalMode) -> StartRun {
+    StartRun {
+        message: "go".into(),
+        session_id: None,
+        policy: None,
+        mode,
+        run_id: None,
+        source: RunSource::Session,
+    }
+}
+
+fn text(output: &ToolOutput) -> String {
+    match output {
+        ToolOutput::Ok {
+            content: Value::String(text),
+        } => text.clone(),
+        ToolOutput::Ok { content } => content.to_string(),
+        ToolOutput::Error { code, message } => panic!("an error ({code:?}): {message}"),
+    }
+}
+
+fn error(output: &ToolOutput) -> (ToolErrorCode, String) {
+    match output {
+        ToolOutput::Error { code, message } => (*code, message.clone()),
+        ToolOutput::Ok { content } => panic!("no error: {content}"),
+    }
+}
+
+/// Waits until the process `pid` has exited, without polling: a pidfd becomes readable when it does.
+async fn exited(pid: i32) {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ESRCH),
+            "pidfd_open({pid})"
+        );
+        return;
+    }
+    // SAFETY: the descriptor is new and ours alone.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // SAFETY: the descriptor stays open, and the same, for as long as the AsyncFd owns it.
+    let fd = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    }
+    .unwrap();
+    let _ready = tokio::time::timeout(PATIENCE, fd.readable())
+        .await
+        .unwrap_or_else(|_| panic!("process {pid} is still running"))
+        .unwrap();
+}
+
+#[tokio::test]
+async fn server_filesystem_writes_and_reads_in_the_workspace_behind_the_policy() {
+    let started = start(json!({
+        "fs": {"command": "node", "args": [npm_server("server-filesystem"), "."]}
+    }))
+    .await
+    .unwrap();
+    assert_eq!(started.status("fs").state, McpServerState::Ready);
+    let spec = started.toolbox.spec("mcp__fs__write_file").unwrap();
+    assert_eq!(
+        spec.annotations,
+        ToolAnnotations {
+            read_only: Some(false),
+            destructive: Some(true),
+            idempotent: Some(true),
+            open_world: Some(false)
+        },
+        "what the server claims"
+    );
+    assert_eq!(spec.mcp.as_ref().unwrap().tool, "write_file");
+    assert_eq!(spec.mcp.as_ref().unwrap().trust, McpTrust::Untrusted);
+
+    // Untrusted: even its read-only tools ask under the default policy.
+    let run = started.context(ApprovalPolicy::OnRequest);
+    let decision = run.decision("mcp__fs__read_text_file");
+    assert!(
+        matches!(decision, PermissionDecision::Ask { .. }),
+        "{decision:?}"
+    );
+    assert!(
+        decision
+            .reason()
+            .contains("MCP server fs, which is not trusted")
+    );
+
+    // Schema first: a call without its required field never reaches the server.
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let refused = run
+        .call("mcp__fs__write_file", json!({"path": "x.txt"}))
+        .await;
+    assert_eq!(error(&refused).0, ToolErrorCode::InvalidInput);
+
+    let written = run
+        .call(
+            "mcp__fs__write_file",
+            json!({"path": "notes.txt", "content": "from the filesystem server"}),
+        )
+        .await;
+    assert!(text(&written).contains("notes.txt"), "{written:?}");
+    assert_eq!(
+        std::fs::read_to_string(started.file("notes.txt")).unwrap(),
+        "from the filesystem server"
+    );
+    let read = run
+        .call("mcp__fs__read_text_file", json!({"path": "notes.txt"}))
+        .await;
+    assert!(
+        text(&read).contains("from the filesystem server"),
+        "{read:?}"
+    );
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn server_everything_runs_in_the_workspace_with_a_reduced_environment() {
+    let started = start(json!({
+        "everything": {
+            "command": "node",
+            "args": [npm_server("server-everything")],
+            "env": {"CONFIGURED": "yes"},
+            "trust": "annotations"
+        }
+    }))
+    .await
+    .unwrap();
+    let mut run = started.context(ApprovalPolicy::OnRequest);
+    // Trusted annotations decide: echo claims to be read-only and closed-world.
+    assert!(matches!(
+        run.decision("mcp__everything__echo"),
+        PermissionDecision::Allow { .. }
+    ));
+    let echoed = run
+        .call("mcp__everything__echo", json!({"message": "hello"}))
+        .await;
+    assert_eq!(text(&echoed), "Echo: hello");
+
+    let env: Value = serde_json::from_str(&text(
+        &run.call("mcp__everything__get-env", json!({})).await,
+    ))
+    .unwrap();
+    let mut names: Vec<&str> = env
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    names.sort_unstable();
+    let allowed = ["CONFIGURED", "HOME", "LANG", "PATH"];
+    assert!(
+        names.iter().all(|name| allowed.contains(name)),
+        "the server saw {names:?}"
+    );
+    assert_eq!(env["CONFIGURED"], "yes");
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn server_everything_over_streamable_http() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = tokio::process::Command::new("node")
+        .arg(npm_server("server-everything"))
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(server.stderr.take().unwrap()).lines();
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            if line.contains("listening on port") {
+                return;
+            }
+        }
+        panic!("the server ended before it listened");
+    })
+    .await
+    .expect("the HTTP server listens in time");
+
+    let started = start(json!({
+        "remote": {"type": "http", "url": format!("http://127.0.0.1:{port}/mcp"), "headers": {"X-Test": "1"}}
+    }))
+    .await
+    .unwrap();
+    assert_eq!(started.status("remote").state, McpServerState::Ready);
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let echoed = run
+        .call("mcp__remote__echo", json!({"message": "over http"}))
+        .await;
+    assert_eq!(text(&echoed), "Echo: over http");
+    let sum = run
+        .call("mcp__remote__get-sum", json!({"a": 2, "b": 3}))
+        .await;
+    assert!(text(&sum).contains('5'), "{sum:?}");
+    started.shut_down().await;
+    server.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn mcp_server_time_from_pypi_tells_the_time() {
+    let started = start(json!({
+        "time": {"command": installed("python/bin/mcp-server-time"), "args": ["--local-timezone", "UTC"]}
+    }))
+    .await
+    .unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let now = run
+        .call("mcp__time__get_current_time", json!({"timezone": "UTC"}))
+        .await;
+    let ToolOutput::Ok { content } = &now else {
+        panic!("{now:?}");
+    };
+    assert_eq!(content["structuredContent"]["timezone"], "UTC", "{content}");
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn an_untrusted_servers_lying_annotations_ask_and_a_trusted_ones_decide() {
+    let started = start(json!({
+        "liar": fixture(json!({})),
+        "believed": fixture(json!({"trust": "annotations"})),
+    }))
+    .await
+    .unwrap();
+    let run = started.context(ApprovalPolicy::OnRequest);
+    // `tidy` claims to be read-only and deletes a file.
+    let decision = run.decision("mcp__liar__tidy");
+    assert!(matches!(decision, PermissionDecision::Ask { .. }));
+    assert_eq!(
+        decision.reason(),
+        "mcp__liar__tidy belongs to the MCP server liar, which is not trusted, so every call asks (it claims to be read-only, not destructive, idempotent, not open-world, unverified)."
+    );
+    assert!(matches!(
+        run.decision("mcp__believed__tidy"),
+        PermissionDecision::Allow { .. }
+    ));
+    // What the policy lists and what the model sees both name the server and what it claims.
+    let spec = started.toolbox.spec("mcp__liar__tidy").unwrap();
+    assert_eq!(spec.annotations.read_only, Some(true));
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_server_that_fails_to_start_is_shown_failed_with_its_stderr_and_the_others_work() {
+    let started = start(json!({
+        "broken": fixture(json!({"env": {"FIXTURE_FAIL_START": "a test"}})),
+        "missing": {"command": "/no/such/program"},
+        "fine": fixture(json!({})),
+    }))
+    .await
+    .unwrap();
+    let broken = started.status("broken");
+    assert_eq!(broken.state, McpServerState::Failed);
+    assert!(broken.tools.is_empty());
+    let tail = broken.stderr_tail.unwrap();
+    assert!(
+        tail.ends_with("fixture: refusing to start on purpose (a test)"),
+        "{tail}"
+    );
+    let missing = started.status("missing");
+    assert_eq!(missing.state, McpServerState::Failed);
+    assert!(
+        missing
+            .message
+            .unwrap()
+            .contains("cannot start \"/no/such/program\""),
+    );
+    assert_eq!(started.status("fine").state, McpServerState::Ready);
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let echoed = run
+        .call("mcp__fine__echo", json!({"text": "still here"}))
+        .await;
+    assert_eq!(text(&echoed), "still here");
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_required_server_that_fails_stops_startup_and_says_why() {
+    let failed = start(json!({
+        "broken": fixture(json!({"required": true, "env": {"FIXTURE_FAIL_START": "required"}})),
+        "fine": fixture(json!({})),
+    }))
+    .await
+    .err()
+    .expect("startup fails");
+    assert_eq!(failed.server, "broken");
+    let message = failed.to_string();
+    assert!(message.contains("is required"), "{message}");
+    assert!(
+        message.contains("refusing to start on purpose (required)"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_crash_mid_call_leaves_the_effect_unknown_and_the_next_call_restarts_the_server() {
+    let started = start(json!({"crashy": fixture(json!({}))})).await.unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let crashed = run.call("mcp__crashy__exit_mid_call", json!({})).await;
+    let (code, message) = error(&crashed);
+    assert_eq!(code, ToolErrorCode::ToolFailed);
+    assert!(
+        message.contains("whether the call took effect is unknown")
+            && message.contains("did not retry"),
+        "{message}"
+    );
+    let status = started.status("crashy");
+    assert_eq!(status.state, McpServerState::Crashed);
+    assert!(
+        status
+            .stderr_tail
+            .as_deref()
+            .unwrap_or("")
+            .contains("exiting in the middle of a call"),
+        "{status:?}"
+    );
+    // The next call starts it again; the crashed call was never made again.
+    let echoed = run.call("mcp__crashy__echo", json!({"text": "back"})).await;
+    assert_eq!(text(&echoed), "back");
+    assert_eq!(started.status("crashy").state, McpServerState::Ready);
+    assert_eq!(started.fixture_calls(), ["exit_mid_call", "echo"]);
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_start_again_waits_out_its_backoff_before_the_next_attempt() {
+    let started = start(json!({"crashy": fixture(json!({}))})).await.unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    run.call("mcp__crashy__exit_mid_call", json!({})).await;
+    std::fs::write(started.file("fixture-refuse-start"), "").unwrap();
+    let (_, message) = error(&run.call("mcp__crashy__echo", json!({"text": "a"})).await);
+    assert!(message.contains("could not start again"), "{message}");
+    let status = started.status("crashy");
+    assert_eq!(status.state, McpServerState::Crashed);
+    assert!(
+        status
+            .stderr_tail
+            .unwrap()
+            .contains("refusing to start again on purpose"),
+        "the failed restart's stderr"
+    );
+    // Within its backoff no new process is started: the call is refused at once.
+    let (_, message) = error(&run.call("mcp__crashy__echo", json!({"text": "b"})).await);
+    assert!(
+        message.contains("toolgate starts it again in 1 s. The call was not made."),
+        "{message}"
+    );
+    assert_eq!(started.fixture_calls(), ["exit_mid_call"]);
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_call_past_its_timeout_is_cancelled_on_the_server() {
+    let started = start(json!({"slow": fixture(json!({"tool_timeout_secs": 0.5}))}))
+        .await
+        .unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let timed_out = run.call("mcp__slow__sleep", json!({"ms": 60_000})).await;
+    let (code, message) = error(&timed_out);
+    assert_eq!(code, ToolErrorCode::Timeout);
+    assert!(message.contains("notifications/cancelled"), "{message}");
+    let cancelled: Value = serde_json::from_str(&text(
+        &run.call("mcp__slow__cancellations", json!({})).await,
+    ))
+    .unwrap();
+    assert_eq!(cancelled.as_array().unwrap().len(), 1, "{cancelled}");
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_run_aborted_mid_call_cancels_the_call_on_the_server() {
+    let started = start(json!({"slow": fixture(json!({}))})).await.unwrap();
+    let model = Arc::new(ReplayModel::new(vec![
+        tool_step(&[support::call(
+            "call_1",
+            "mcp__slow__sleep",
+            json!({"ms": 60_000}),
+        )]),
+        text_step("never"),
+    ]));
+    let harness = harness_over(model, started.toolbox.clone(), ApprovalPolicy::Trusted);
+    let run = harness
+        .start(start_run(ApprovalMode::Interactive))
+        .await
+        .unwrap();
+    started.until_fixture_called("sleep").await;
+    harness.cancel(run.run_id()).await.unwrap();
+    let events = tokio::time::timeout(PATIENCE, all_events(&run))
+        .await
+        .expect("the run ends in time");
+    assert_eq!(
+        failure(&events).map(|(code, _)| code),
+        Some(RunErrorCode::Aborted)
+    );
+    let message = events
+        .iter()
+        .find_map(|event| match event {
+            StreamEvent::ToolResult {
+                output: ToolOutput::Error { message, .. },
+                ..
+            } => Some(message.clone()),
+            _ => None,
+        })
+        .expect("the call's result says what happened");
+    assert!(
+        message.contains("was cancelled because its run was aborted"),
+        "{message}"
+    );
+    let mut after = started.context(ApprovalPolicy::Trusted);
+    let cancelled: Value = serde_json::from_str(&text(
+        &after.call("mcp__slow__cancellations", json!({})).await,
+    ))
+    .unwrap();
+    assert_eq!(cancelled.as_array().unwrap().len(), 1, "{cancelled}");
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn an_is_error_result_reaches_the_model_as_an_error() {
+    let started = start(json!({"fixture": fixture(json!({}))})).await.unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let failed = run.call("mcp__fixture__fail", json!({})).await;
+    assert_eq!(
+        error(&failed),
+        (
+            ToolErrorCode::ToolFailed,
+            "mcp__fixture__fail reported an error: the fixture failed on purpose".to_owned()
+        )
+    );
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_huge_result_reaches_the_model_as_head_and_tail_and_the_log_keeps_all_of_it() {
+    let started = start(json!({"fixture": fixture(json!({}))})).await.unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let bytes = 20 * 1024 * 1024;
+    let for_model = text(
+        &run.call("mcp__fixture__huge", json!({"bytes": bytes}))
+            .await,
+    );
+    assert!(
+        for_model.len() <= agent::mcp::MODEL_OUTPUT_LIMIT + 200,
+        "{}",
+        for_model.len()
+    );
+    assert!(for_model.starts_with("HEADxxx") && for_model.ends_with("xxxTAIL"));
+    assert!(
+        for_model.contains(&format!("of {bytes} bytes left out")),
+        "the note says so"
+    );
+    let logged = text(&run.logged_output());
+    assert_eq!(logged.len(), bytes);
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn junk_on_stdout_is_skipped() {
+    let started = start(json!({"fixture": fixture(json!({}))})).await.unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let answered = run.call("mcp__fixture__junk", json!({})).await;
+    assert_eq!(text(&answered), "answered after the junk");
+    let echoed = run
+        .call("mcp__fixture__echo", json!({"text": "after"}))
+        .await;
+    assert_eq!(text(&echoed), "after");
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_changed_tool_is_in_the_toolbox_when_the_call_that_changed_it_answers() {
+    let started = start(json!({"fixture": fixture(json!({"trust": "annotations"}))}))
+        .await
+        .unwrap();
+    let before = started.toolbox.spec("mcp__fixture__echo").unwrap();
+    assert_eq!(before.description, "Echoes the text back (version 1).");
+    let strict = PermissionPolicy::new(ApprovalPolicy::Strict, ToolRules::new());
+    let grants: SessionGrants = [grant_key(&before)].into();
+    assert!(matches!(
+        strict.decide(&before, &grants),
+        PermissionDecision::Allow { .. }
+    ));
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    run.call("mcp__fixture__change_tools", json!({})).await;
+    // No waiting: the call answered after the new list was in the toolbox.
+    let after = started.toolbox.spec("mcp__fixture__echo").unwrap();
+    assert_eq!(after.description, "Echoes the text back (version 2).");
+    // A grant covers the tool it was given for; the changed tool asks again.
+    assert!(matches!(
+        strict.decide(&after, &grants),
+        PermissionDecision::Ask { .. }
+    ));
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn only_the_enabled_tools_are_offered_and_disabled_servers_start_nothing() {
+    let started = start(json!({
+        "some": fixture(json!({"enabled_tools": ["echo", "fail"], "disabled_tools": ["fail"]})),
+        "off": fixture(json!({"enabled": false})),
+    }))
+    .await
+    .unwrap();
+    assert_eq!(started.status("some").tools, ["mcp__some__echo"]);
+    let off = started.status("off");
+    assert_eq!(off.state, McpServerState::Disabled);
+    assert!(off.tools.is_empty());
+    let mut names = started.toolbox.names();
+    names.sort();
+    assert_eq!(names, ["mcp__some__echo"]);
+    started.shut_down().await;
+}
+
+#[tokio::test]
+async fn shutdown_stops_every_server_and_what_it_started() {
+    let started = start(json!({"parent": fixture(json!({}))})).await.unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let pids: Value = serde_json::from_str(&text(
+        &run.call("mcp__parent__spawn_child", json!({})).await,
+    ))
+    .unwrap();
+    let server = pids["server"].as_i64().unwrap() as i32;
+    let child = pids["child"].as_i64().unwrap() as i32;
+    let whereami: Value =
+        serde_json::from_str(&text(&run.call("mcp__parent__whereami", json!({})).await)).unwrap();
+    assert_eq!(
+        Path::new(whereami["cwd"].as_str().unwrap()),
+        started.workspace.path().canonicalize().unwrap(),
+        "it runs in the workspace"
+    );
+    let names: Vec<&str> = whereami["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|name| ["HOME", "LANG", "PATH"].contains(name)),
+        "{names:?}"
+    );
+    tokio::time::timeout(PATIENCE, started.servers.shutdown())
+        .await
+        .expect("the servers stop in time");
+    exited(server).await;
+    exited(child).await;
+    assert_eq!(started.status("parent").state, McpServerState::Stopped);
+}
