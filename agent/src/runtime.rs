@@ -527,6 +527,10 @@ pub fn call_record(context: &RunContext, prepared: &PreparedCall, requested_at: 
                     requested_at,
                     expires_at: requested_at
                         .saturating_add(context.approval_timeout.as_millis() as u64),
+                    preview: context
+                        .toolbox
+                        .get(&call.name)
+                        .and_then(|tool| tool.preview(input)),
                 });
             }
             record

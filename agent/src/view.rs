@@ -399,6 +399,7 @@ mod tests {
             choices: Default::default(),
             requested_at: 1,
             expires_at: 2,
+            preview: None,
         };
         let list = [
             StreamEvent::RunStarted {

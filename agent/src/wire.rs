@@ -453,6 +453,127 @@ pub struct ApprovalRequest {
     pub requested_at: u64,
     /// Milliseconds since the Unix epoch; after this the call is denied with source `timeout`.
     pub expires_at: u64,
+    /// What the call would do, worked out by the server when it asked, from the workspace as it was then: every
+    /// viewer shows the same. Absent for tools that offer none (the arguments say it all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview: Option<ApprovalPreview>,
+}
+
+/// What a call waiting for approval would do, in the terms a person checks: the change to a file, what a deletion
+/// loses, the exact program and arguments of a command. Bounded in size whatever the file or the arguments.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum ApprovalPreview {
+    /// `write_file`: the file as it is against what would be written.
+    #[serde(rename_all = "camelCase")]
+    FileWrite { path: String, diff: FileDiff },
+    /// `delete_file`: what would be lost.
+    #[serde(rename_all = "camelCase")]
+    FileDelete {
+        path: String,
+        bytes: u64,
+        /// The first lines of the file (empty when it is not text).
+        head: Vec<String>,
+        /// More lines follow the head.
+        more: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    },
+    /// `run_command`: the program and each argument as it reaches the program (no shell splits or expands them).
+    #[serde(rename_all = "camelCase")]
+    Command {
+        program: String,
+        args: Vec<String>,
+        directory: String,
+    },
+    /// Any tool: its arguments one by one, and the MCP server it belongs to.
+    #[serde(rename_all = "camelCase")]
+    Fields {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        server: Option<String>,
+        fields: Vec<PreviewField>,
+    },
+    /// No preview could be made: the call would fail or be refused, and this says why.
+    #[serde(rename_all = "camelCase")]
+    Unavailable { reason: String },
+}
+
+/// One argument, formatted for reading: a string as itself, anything else as indented JSON.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviewField {
+    pub name: String,
+    pub value: String,
+}
+
+impl ApprovalPreview {
+    /// The generic form: each top-level argument on its own (a non-object is one field named `arguments`).
+    pub fn fields(server: Option<String>, arguments: &Value) -> Self {
+        let format = |value: &Value| match value {
+            Value::String(text) => text.clone(),
+            other => serde_json::to_string_pretty(other).unwrap_or_else(|_| other.to_string()),
+        };
+        let fields = match arguments {
+            Value::Object(map) => map
+                .iter()
+                .map(|(name, value)| PreviewField {
+                    name: name.clone(),
+                    value: format(value),
+                })
+                .collect(),
+            other => vec![PreviewField {
+                name: "arguments".into(),
+                value: format(other),
+            }],
+        };
+        Self::Fields { server, fields }
+    }
+}
+
+/// A line diff of a file, with line numbers; long unchanged stretches folded, and at most a bounded number of lines.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileDiff {
+    /// The file does not exist yet: every line is added.
+    pub new_file: bool,
+    /// The size of the file as it is, when it exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_bytes: Option<u64>,
+    pub new_bytes: u64,
+    pub added: u32,
+    pub removed: u32,
+    pub lines: Vec<DiffLine>,
+    /// Lines of the diff left out after `lines`, past the bound.
+    #[serde(default)]
+    pub omitted: u32,
+    /// Why there is no line diff (the file is too large or not text), when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// One line of a [`FileDiff`]. Line numbers start at 1.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum DiffLine {
+    Same {
+        old: u32,
+        new: u32,
+        text: String,
+    },
+    Added {
+        new: u32,
+        text: String,
+    },
+    Removed {
+        old: u32,
+        text: String,
+    },
+    /// `count` unchanged lines, from `old` in the file as it is and `new` in what would be written, not shown.
+    Folded {
+        old: u32,
+        new: u32,
+        count: u32,
+    },
 }
 
 /// A call an interrupted run left for a person; a later run answers it.

@@ -16,8 +16,9 @@ use agent::store::memory::MemoryStore;
 use agent::store::sql::{DatabaseUrl, OpenError, SqlStore};
 use agent::store::*;
 use agent::wire::{
-    ApprovalMode, ApprovalPolicy, ApprovalRequest, ApprovalSource, DecisionScope, DenialSource,
-    InterruptRequest, Message, Resolution, StreamEvent, ToolCall, ToolErrorCode, ToolOutput,
+    ApprovalMode, ApprovalPolicy, ApprovalPreview, ApprovalRequest, ApprovalSource, DecisionScope,
+    DenialSource, InterruptRequest, Message, Resolution, StreamEvent, ToolCall, ToolErrorCode,
+    ToolOutput,
 };
 use serde_json::json;
 
@@ -114,8 +115,20 @@ fn pending_call(run: &str, id: &str, expires_at: u64) -> CallRecord {
         choices: Default::default(),
         requested_at: 1_000,
         expires_at,
+        preview: Some(deletion_preview(id)),
     });
     record
+}
+
+/// The preview a pending call of [`pending_call`] carries.
+fn deletion_preview(path: &str) -> ApprovalPreview {
+    ApprovalPreview::FileDelete {
+        path: path.into(),
+        bytes: 12,
+        head: vec!["first line".into()],
+        more: false,
+        note: None,
+    }
 }
 
 fn saved_batch(calls: &[&str]) -> SavedBatch {
@@ -1069,6 +1082,11 @@ async fn what_a_sqlite_store_holds_survives_the_process_and_recovery_marks_what_
         "the approval still waits, with its expiry"
     );
     assert_eq!(pending[0].tool_call_id, call_id("asked"));
+    assert_eq!(
+        pending[0].preview,
+        Some(deletion_preview("asked")),
+        "the card shows the same preview after the restart"
+    );
     let running = store
         .call(&run_id("waiting"), &call_id("running"))
         .await

@@ -1,12 +1,57 @@
 //! Server functions for the browser: load the page, start a run, decide an approval, list pending approvals, cancel
-//! a run. They reach the same harness as the REST routes, through context the server provides, and act only on the
-//! caller's own session (the one its cookie names): another session's runs and approvals are as good as unknown.
+//! a run, list the browser's conversations, read the audit log. They reach the same harness as the REST routes,
+//! through context the server provides, and act only on the browser's own sessions: the one its cookie names (when
+//! a call names none) or another of the sessions its cookies list (when it names one). Another browser's runs and
+//! approvals are as good as unknown. A server with an access token trusts whoever logged in with every session.
 
-use agent::ids::RunId;
+use agent::ids::{RunId, SessionId};
 use agent::view::SessionView;
 use agent::wire::{ApprovalPolicy, ApprovalRequest, McpServerStatus};
 use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A conversation as the sidebar lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Conversation {
+    pub session_id: SessionId,
+    /// The first message, shortened; empty for a conversation with no message yet.
+    pub title: String,
+    /// Milliseconds since the Unix epoch.
+    pub updated_at: u64,
+    pub runs: u64,
+}
+
+/// One line of the audit log, as the audit view shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditLine {
+    pub id: u64,
+    /// Milliseconds since the Unix epoch.
+    pub at: u64,
+    /// What the entry is about: `approval_requested`, `approval_resolved`, ...
+    pub kind: String,
+    pub session_id: Option<SessionId>,
+    pub run_id: Option<RunId>,
+    pub tool_call_id: Option<String>,
+    pub tool: Option<String>,
+    pub outcome: String,
+    pub source: Option<String>,
+    pub scope: Option<String>,
+    pub reason: Option<String>,
+    pub actor: Option<String>,
+    /// The call ran with arguments a person edited.
+    pub edited: bool,
+}
+
+/// A tool's name and the JSON Schema its input must satisfy: what the page checks edited arguments against.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolInput {
+    pub name: String,
+    pub input_schema: Value,
+}
 
 /// Everything the page needs for its first render.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -19,6 +64,13 @@ pub struct PageState {
     pub now_ms: u64,
     /// Whether the person logged in (the server has an access token), so the page offers to log out.
     pub logged_in: bool,
+    /// Every tool's input schema, to check edited arguments before they are sent.
+    pub tools: Vec<ToolInput>,
+    /// The browser's conversations, most recent first.
+    pub sessions: Vec<Conversation>,
+    /// Something the person should know about how the page was opened (a conversation it could not switch to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
     /// The MCP servers and their state when the page was rendered.
     #[serde(default)]
     pub mcp_servers: Vec<McpServerStatus>,
@@ -61,10 +113,44 @@ pub mod ssr {
     }
 
     pub fn session() -> Result<SessionId, ServerFnError> {
-        use_context::<axum::http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<SessionCookie>().cloned())
+        extension::<SessionCookie>()
             .map(|cookie| cookie.0)
             .ok_or_else(|| ServerFnError::new("this request carries no session"))
+    }
+
+    /// The session a call acts on: `named` when the browser may act on it, otherwise the one its cookie names. A
+    /// session the browser may not act on is answered as if it held nothing (`None`).
+    pub fn acting_session(named: Option<SessionId>) -> Result<Option<SessionId>, ServerFnError> {
+        let current = session()?;
+        Ok(match named {
+            None => Some(current),
+            Some(named) if named == current || may_open(&named) => Some(named),
+            Some(_) => None,
+        })
+    }
+
+    /// Whether this browser may open and act on `session`: one of the sessions its cookies list, or any session
+    /// when people log in to this server (whoever has the token may see every conversation).
+    pub fn may_open(session: &SessionId) -> bool {
+        login_required()
+            || extension::<BrowserSessions>().is_some_and(|known| known.0.contains(session))
+    }
+
+    /// The sessions this browser created or opened, from its cookies; the server puts them in each request's
+    /// extensions.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct BrowserSessions(pub Vec<SessionId>);
+
+    /// The name of the cookie that lists the browser's sessions.
+    pub const SESSIONS_COOKIE: &str = "toolgate_sessions";
+
+    /// What the server tells the page about the session it opened for this request (a `?session=` it refused).
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct SessionNotice(pub String);
+
+    fn extension<T: Clone + Send + Sync + 'static>() -> Option<T> {
+        use_context::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<T>().cloned())
     }
 
     pub fn login_required() -> bool {
@@ -86,9 +172,48 @@ pub mod ssr {
 
     /// Who is acting, as the server's authentication layer said.
     pub fn actor() -> Result<agent::harness::Actor, ServerFnError> {
-        use_context::<axum::http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<agent::harness::Actor>().cloned())
+        extension::<agent::harness::Actor>()
             .ok_or_else(|| ServerFnError::new("this request was not authenticated"))
+    }
+
+    pub fn notice() -> Option<String> {
+        extension::<SessionNotice>().map(|notice| notice.0)
+    }
+
+    /// The summaries of the sessions this browser may open, most recent first; the current one first of all when it
+    /// has no run yet (a new conversation), so the page always lists what it shows.
+    pub async fn browser_sessions(
+        harness: &Harness,
+        current: &SessionId,
+    ) -> Result<Vec<super::Conversation>, ServerFnError> {
+        /// Sessions the sidebar lists at most.
+        const LISTED: usize = 200;
+        let all = harness
+            .sessions(LISTED)
+            .await
+            .map_err(|error| ServerFnError::new(error.to_string()))?;
+        let mut listed: Vec<_> = all
+            .into_iter()
+            .filter(|summary| &summary.session_id == current || may_open(&summary.session_id))
+            .map(|summary| super::Conversation {
+                session_id: summary.session_id,
+                title: summary.title,
+                updated_at: summary.updated_at,
+                runs: summary.runs,
+            })
+            .collect();
+        if !listed.iter().any(|summary| &summary.session_id == current) {
+            listed.insert(
+                0,
+                super::Conversation {
+                    session_id: current.clone(),
+                    title: String::new(),
+                    updated_at: agent::clock::now_ms(),
+                    runs: 0,
+                },
+            );
+        }
+        Ok(listed)
     }
 
     /// A 404 with `message`: what the caller learns about something that is not its own, the same as about
@@ -115,18 +240,47 @@ pub async fn load_page() -> Result<PageState, ServerFnError> {
         approval_timeout_secs: harness.config().approval_timeout.as_secs(),
         now_ms: agent::clock::now_ms(),
         logged_in: ssr::login_required(),
+        tools: harness
+            .toolbox()
+            .specs()
+            .iter()
+            .map(|spec| ToolInput {
+                name: spec.name.clone(),
+                input_schema: spec.input_schema.clone(),
+            })
+            .collect(),
+        sessions: ssr::browser_sessions(&harness, &session).await?,
+        notice: ssr::notice(),
         mcp_servers: harness.toolbox().sources(),
     })
 }
 
+/// The browser's conversations, most recent first (every conversation, for a person logged in with the token).
+#[server(prefix = "/api/fn", endpoint = "sessions")]
+pub async fn list_sessions(session: Option<SessionId>) -> Result<Vec<Conversation>, ServerFnError> {
+    let harness = ssr::harness()?;
+    let current = match ssr::acting_session(session)? {
+        Some(session) => session,
+        None => ssr::session()?,
+    };
+    ssr::browser_sessions(&harness, &current).await
+}
+
 #[server(prefix = "/api/fn", endpoint = "start_run")]
-pub async fn start_run(message: String) -> Result<RunId, ServerFnError> {
+pub async fn start_run(
+    message: String,
+    session: Option<SessionId>,
+) -> Result<RunId, ServerFnError> {
     use agent::harness::StartRun;
     use agent::request_body::StartRunInput;
     use agent::wire::ApprovalMode;
 
     let harness = ssr::harness()?;
-    let session = ssr::session()?;
+    let Some(session) = ssr::acting_session(session)? else {
+        return Err(ssr::not_found(
+            "This conversation is not one of this browser's.".to_owned(),
+        ));
+    };
     let input = StartRunInput::from_json(&serde_json::json!({
         "message": message,
         "sessionId": session.as_str(),
@@ -139,28 +293,43 @@ pub async fn start_run(message: String) -> Result<RunId, ServerFnError> {
     Ok(run.run_id().clone())
 }
 
+/// Decides a pending approval of one of the browser's sessions. `arguments`, on approve, is the JSON text of the
+/// arguments a person edited; the server checks it against the tool's schema again.
 #[server(prefix = "/api/fn", endpoint = "decide")]
 pub async fn decide_approval(
     run_id: RunId,
     tool_call_id: agent::ids::ToolCallId,
     choice: Choice,
     reason: Option<String>,
+    arguments: Option<String>,
+    session: Option<SessionId>,
 ) -> Result<(), ServerFnError> {
     use agent::approvals::ApprovalNotFound;
     use agent::wire::Decision;
 
     let harness = ssr::harness()?;
-    let session = ssr::session()?;
-    if ssr::own_run(&harness, &session, &run_id).await?.is_none() {
-        return Err(ssr::not_found(
+    let not_found = || {
+        ssr::not_found(
             ApprovalNotFound {
-                run_id,
-                tool_call_id,
+                run_id: run_id.clone(),
+                tool_call_id: tool_call_id.clone(),
             }
             .to_string(),
-        ));
+        )
+    };
+    let Some(session) = ssr::acting_session(session)? else {
+        return Err(not_found());
+    };
+    if ssr::own_run(&harness, &session, &run_id).await?.is_none() {
+        return Err(not_found());
     }
-    let body = match choice {
+    let edited = match (&choice, arguments) {
+        (Choice::Deny, _) | (_, None) => None,
+        (_, Some(text)) => Some(serde_json::from_str::<Value>(&text).map_err(|error| {
+            ServerFnError::new(format!("The edited arguments are not JSON: {error}"))
+        })?),
+    };
+    let mut body = match choice {
         Choice::Approve => serde_json::json!({"decision": "approve"}),
         Choice::ApproveForSession => serde_json::json!({"decision": "approve", "scope": "session"}),
         Choice::ApproveProgramForSession => {
@@ -168,6 +337,9 @@ pub async fn decide_approval(
         }
         Choice::Deny => serde_json::json!({"decision": "deny", "reason": reason}),
     };
+    if let Some(edited) = edited {
+        body["arguments"] = edited;
+    }
     let decision =
         Decision::from_json(&body).map_err(|errors| ServerFnError::new(errors.to_string()))?;
     harness
@@ -179,9 +351,14 @@ pub async fn decide_approval(
 
 /// The caller's session's pending approvals, of one of its runs or of all.
 #[server(prefix = "/api/fn", endpoint = "pending")]
-pub async fn list_pending(run_id: Option<RunId>) -> Result<Vec<ApprovalRequest>, ServerFnError> {
+pub async fn list_pending(
+    run_id: Option<RunId>,
+    session: Option<SessionId>,
+) -> Result<Vec<ApprovalRequest>, ServerFnError> {
     let harness = ssr::harness()?;
-    let session = ssr::session()?;
+    let Some(session) = ssr::acting_session(session)? else {
+        return Ok(Vec::new());
+    };
     let pending = harness
         .pending(run_id.as_ref())
         .await
@@ -199,11 +376,13 @@ pub async fn list_pending(run_id: Option<RunId>) -> Result<Vec<ApprovalRequest>,
 }
 
 #[server(prefix = "/api/fn", endpoint = "cancel")]
-pub async fn cancel_run(run_id: RunId) -> Result<(), ServerFnError> {
+pub async fn cancel_run(run_id: RunId, session: Option<SessionId>) -> Result<(), ServerFnError> {
     use agent::harness::RunNotFound;
 
     let harness = ssr::harness()?;
-    let session = ssr::session()?;
+    let Some(session) = ssr::acting_session(session)? else {
+        return Err(ssr::not_found(RunNotFound(run_id).to_string()));
+    };
     if ssr::own_run(&harness, &session, &run_id).await?.is_none() {
         return Err(ssr::not_found(RunNotFound(run_id).to_string()));
     }
@@ -212,4 +391,91 @@ pub async fn cancel_run(run_id: RunId) -> Result<(), ServerFnError> {
         .await
         .map(|_| ())
         .map_err(|error| ssr::not_found(error.to_string()))
+}
+
+/// The most audit entries one call returns.
+pub const AUDIT_PAGE: usize = 500;
+
+/// Entries of the audit log, newest last: of the browser's sessions, or of every session for a person logged in
+/// with the token.
+///
+/// Each filter is optional: a conversation, a run, a tool, an outcome, and a time range in milliseconds since the
+/// Unix epoch (`since` inclusive, `until` exclusive).
+#[server(prefix = "/api/fn", endpoint = "audit")]
+pub async fn audit_log(
+    session: Option<SessionId>,
+    run: Option<RunId>,
+    tool: Option<String>,
+    outcome: Option<String>,
+    since: Option<u64>,
+    until: Option<u64>,
+) -> Result<Vec<AuditLine>, ServerFnError> {
+    use agent::store::AuditQuery;
+
+    let harness = ssr::harness()?;
+    if let Some(session) = &session
+        && !ssr::may_open(session)
+        && Some(session) != ssr::session().ok().as_ref()
+    {
+        return Ok(Vec::new());
+    }
+    let current = ssr::session()?;
+    let visible = |entry: &agent::store::AuditEntry| {
+        ssr::login_required()
+            || entry
+                .session_id
+                .as_ref()
+                .is_some_and(|session| session == &current || ssr::may_open(session))
+    };
+    // The store reads oldest first; the view wants the newest page. Read on from where each read ended, keeping the
+    // last page of what this browser may see, within a bound on the work one view may cause.
+    // Entries read per step, and the most steps.
+    const STEP: usize = 1_000;
+    const STEPS: usize = 200;
+    let mut entries = std::collections::VecDeque::with_capacity(AUDIT_PAGE);
+    let mut after_id = None;
+    for _ in 0..STEPS {
+        let read = harness
+            .audit_log(AuditQuery {
+                session_id: session.clone(),
+                run_id: run.clone(),
+                tool: tool.clone().filter(|tool| !tool.is_empty()),
+                outcome: outcome.clone().filter(|outcome| !outcome.is_empty()),
+                since,
+                until,
+                after_id,
+                limit: STEP,
+            })
+            .await
+            .map_err(|error| ServerFnError::new(error.to_string()))?;
+        let done = read.len() < STEP;
+        after_id = read.last().map(|entry| entry.id).or(after_id);
+        for entry in read.into_iter().filter(|entry| visible(entry)) {
+            if entries.len() == AUDIT_PAGE {
+                entries.pop_front();
+            }
+            entries.push_back(entry);
+        }
+        if done {
+            break;
+        }
+    }
+    Ok(entries
+        .into_iter()
+        .map(|entry| AuditLine {
+            id: entry.id,
+            at: entry.at,
+            kind: entry.kind.as_str().to_owned(),
+            session_id: entry.session_id,
+            run_id: entry.run_id,
+            tool_call_id: entry.tool_call_id.map(|id| id.to_string()),
+            tool: entry.tool,
+            outcome: entry.outcome,
+            source: entry.source,
+            scope: entry.scope,
+            reason: entry.reason,
+            actor: entry.actor,
+            edited: entry.edited_digest.is_some(),
+        })
+        .collect())
 }

@@ -1,15 +1,14 @@
-//! The page's parts: the transcript, the ApprovalBar, the composer and the debug console.
+//! The page's parts: the transcript, the composer and the debug console (the ApprovalBar is in `card`).
 
 use agent::view::{RunStatus, RunView, ToolCallView};
-use agent::wire::{ApprovalRequest, McpServerState, McpServerStatus};
+use agent::wire::{McpServerState, McpServerStatus, McpTrust};
 use leptos::html;
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 
-use crate::api::{Choice, cancel_run, decide_approval, start_run};
-use crate::format::{call_status, clock, countdown, output_text, permission_label, pretty_json};
-use crate::rules::{AlwaysAllow, scope_notes, session_buttons};
-use crate::state::{Connection, Ui, key_of};
+use crate::api::{cancel_run, start_run};
+use crate::format::{call_status, clock, output_text, permission_label, pretty_json};
+use crate::state::{Connection, Ui};
 
 fn ui() -> Ui {
     expect_context::<Ui>()
@@ -38,10 +37,21 @@ pub fn ErrorBanner() -> impl IntoView {
 pub fn ConnectionNote() -> impl IntoView {
     let ui = ui();
     move || match ui.connection.get() {
-        Connection::Reconnecting => Some(view! {
-            <p class="connection" role="status">"Connection lost; reconnecting…"</p>
-        }),
-        _ => None,
+        Connection::Reconnecting => Some(
+            view! {
+                <p class="connection" role="status">"Connection lost; reconnecting…"</p>
+            }
+            .into_any(),
+        ),
+        Connection::Lost { retry_in_secs } => Some(
+            view! {
+                <p class="connection" role="status">
+                    {format!("The server does not answer; trying again in {retry_in_secs} s…")}
+                </p>
+            }
+            .into_any(),
+        ),
+        Connection::Live => None,
     }
 }
 
@@ -151,113 +161,11 @@ pub fn Transcript() -> impl IntoView {
     .into_any()
 }
 
-#[component]
-fn ApprovalCard(request: ApprovalRequest) -> impl IntoView {
-    let ui = ui();
-    let key = key_of(&request);
-    let card = NodeRef::<html::Article>::new();
-    let reason_input = NodeRef::<html::Input>::new();
-    let dom_id = format!("approval-{}-{}", request.run_id, request.tool_call_id);
-    let title_id = format!("{dom_id}-title");
-    let labelled_by = title_id.clone();
-    let reason_id = format!("{dom_id}-reason");
-    let reason_for = reason_id.clone();
-    let expires_at = request.expires_at;
-    // The page's clock ticks once a second: never show more time than the approval was given.
-    let requested_at = request.requested_at;
-    let origin = ui.mcp_server_of(&request.tool_name);
-
-    // A new card takes the focus (the card, not a button: a stray Enter must not approve anything).
-    Effect::new(move |_| {
-        if let Some(card) = card.get() {
-            let _ = card.focus();
-        }
-    });
-
-    let in_flight = {
-        let key = key.clone();
-        Memo::new(move |_| ui.deciding.with(|deciding| deciding.contains(&key)))
-    };
-    let always_allow = request.choices.always_allow.clone().map(|rule| {
-        let key = key.clone();
-        view! { <AlwaysAllow key rule in_flight/> }
-    });
-    let decide = move |choice: Choice| {
-        let key = key.clone();
-        let reason = reason_input
-            .get()
-            .map(|input| input.value())
-            .filter(|reason| !reason.trim().is_empty());
-        ui.deciding.update(|deciding| {
-            deciding.insert(key.clone());
-        });
-        spawn_local(async move {
-            // The card leaves when `approvalResolved` arrives on the stream, never on this call's success.
-            if let Err(error) = decide_approval(key.0.clone(), key.1.clone(), choice, reason).await
-            {
-                ui.error.set(Some(format!(
-                    "The decision did not reach the server: {error}"
-                )));
-                ui.deciding.update(|deciding| {
-                    deciding.remove(&key);
-                });
-            }
-        });
-    };
-    let approve = {
-        let decide = decide.clone();
-        move |_| decide(Choice::Approve)
-    };
-    let session_choices = session_buttons(&request.choices, decide.clone(), in_flight);
-    let deny = move |_| decide(Choice::Deny);
-
-    view! {
-        <article
-            class="approval-card"
-            id=dom_id
-            tabindex="-1"
-            aria-labelledby=labelled_by
-            data-tool-call-id=request.tool_call_id.to_string()
-            node_ref=card
-        >
-            <header>
-                <h3 id=title_id>"Run " <code>{request.tool_name.clone()}</code> "?"</h3>
-                <span class="countdown">{move || countdown(expires_at, ui.now_ms.get().max(requested_at))}</span>
-            </header>
-            {origin.map(|server| view! {
-                <p class="origin">
-                    "A tool of the MCP server " <code>{server.name}</code> ", "
-                    {mcp_trust_label(server.trust)}
-                </p>
-            })}
-            <p class="reason">{request.reason.clone()}</p>
-            <pre class="arguments" aria-label="Arguments">{pretty_json(&request.arguments)}</pre>
-            <div class="actions">
-                <button type="button" class="approve" on:click=approve disabled=move || in_flight.get()>
-                    "Approve"
-                </button>
-                {session_choices}
-                <label class="deny-reason" for=reason_for>
-                    <span>"Reason (optional)"</span>
-                    <input type="text" id=reason_id node_ref=reason_input maxlength="2000" disabled=move || in_flight.get()/>
-                </label>
-                <button type="button" class="deny" on:click=deny disabled=move || in_flight.get()>
-                    "Deny"
-                </button>
-            </div>
-            {scope_notes(&request.choices)}
-            {always_allow}
-        </article>
-    }
-    .into_any()
-}
-
-fn mcp_trust_label(trust: agent::wire::McpTrust) -> &'static str {
+/// How far toolgate believes an MCP server, for the cards of its tools.
+pub fn mcp_trust_label(trust: McpTrust) -> &'static str {
     match trust {
-        agent::wire::McpTrust::Untrusted => {
-            "untrusted: what it claims about its tools is not believed"
-        }
-        agent::wire::McpTrust::Annotations => "trusted: its annotations decide",
+        McpTrust::Untrusted => "untrusted: what it claims about its tools is not believed",
+        McpTrust::Annotations => "trusted: its annotations decide",
     }
 }
 
@@ -280,8 +188,8 @@ fn McpServerEntry(server: McpServerStatus) -> impl IntoView {
         n => format!("{n} tools"),
     };
     let trust = match server.trust {
-        agent::wire::McpTrust::Untrusted => "untrusted",
-        agent::wire::McpTrust::Annotations => "trusted annotations",
+        McpTrust::Untrusted => "untrusted",
+        McpTrust::Annotations => "trusted annotations",
     };
     view! {
         <li class="mcp-server" data-server=server.name.clone() data-state=label>
@@ -317,23 +225,6 @@ pub fn McpServers() -> impl IntoView {
             </section>
         }
     })
-}
-
-/// One card per pending approval. A card leaves only when its `approvalResolved` event arrives.
-#[component]
-pub fn ApprovalBar() -> impl IntoView {
-    let ui = ui();
-    let pending = Memo::new(move |_| ui.pending());
-    view! {
-        <section class="approval-bar" aria-label="Pending approvals" hidden=move || pending.with(Vec::is_empty)>
-            <For
-                each=move || pending.get()
-                key=key_of
-                children=move |request| view! { <ApprovalCard request/> }
-            />
-        </section>
-    }
-    .into_any()
 }
 
 /// The message box. Disabled, with the reason shown, while an approval waits or a run is going.
@@ -373,8 +264,9 @@ pub fn Composer() -> impl IntoView {
             return;
         }
         ui.sending.set(true);
+        let session = ui.session_id();
         spawn_local(async move {
-            match start_run(message).await {
+            match start_run(message, Some(session)).await {
                 // The session's stream brings the new run's events.
                 Ok(_run_id) => {
                     if let Some(area) = textarea.get_untracked() {
@@ -400,8 +292,9 @@ pub fn Composer() -> impl IntoView {
     };
     let cancel = move |_| {
         if let Some(run_id) = active_run.get_untracked() {
+            let session = ui.session_id();
             spawn_local(async move {
-                if let Err(error) = cancel_run(run_id).await {
+                if let Err(error) = cancel_run(run_id, Some(session)).await {
                     ui.error
                         .set(Some(format!("The run could not be cancelled: {error}")));
                 }

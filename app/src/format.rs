@@ -9,6 +9,32 @@ pub fn pretty_json(value: &Value) -> String {
     serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
 }
 
+/// A size a person reads: bytes, KiB or MiB.
+pub fn byte_size(bytes: u64) -> String {
+    match bytes {
+        0..1024 => format!("{bytes} bytes"),
+        1024..1_048_576 => format!("{:.1} KiB", bytes as f64 / 1024.0),
+        _ => format!("{:.1} MiB", bytes as f64 / 1_048_576.0),
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in UTC, from milliseconds since the Unix epoch.
+pub fn date_time(ms: u64) -> String {
+    let days = (ms / 86_400_000) as i64;
+    // Howard Hinnant's days-to-civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let time = clock(ms);
+    format!("{year:04}-{month:02}-{day:02} {}", &time[..8])
+}
+
 /// `HH:MM:SS.mmm` in UTC, from milliseconds since the Unix epoch.
 pub fn clock(ms: u64) -> String {
     let day_ms = ms % 86_400_000;
@@ -130,6 +156,18 @@ mod tests {
     }
 
     #[test]
+    fn sizes_and_dates() {
+        assert_eq!(byte_size(5), "5 bytes");
+        assert_eq!(byte_size(2048), "2.0 KiB");
+        assert_eq!(byte_size(3 * 1_048_576), "3.0 MiB");
+        assert_eq!(date_time(0), "1970-01-01 00:00:00");
+        assert_eq!(
+            date_time(1_764_547_200_000 + 3_723_000),
+            "2025-12-01 01:02:03"
+        );
+    }
+
+    #[test]
     fn clocks_and_countdowns() {
         assert_eq!(clock(0), "00:00:00.000");
         assert_eq!(clock(86_400_000 + 3_723_045), "01:02:03.045");
@@ -151,6 +189,7 @@ mod tests {
             choices: Default::default(),
             requested_at: 0,
             expires_at: 1,
+            preview: None,
         });
         assert_eq!(call_status(&waiting).1, "waiting for approval");
 

@@ -4,10 +4,14 @@
 //! and follows the session's events, run after run, from the last one the page shows.
 
 pub mod api;
+pub mod audit;
+pub mod card;
 pub mod components;
 pub mod format;
 pub mod live;
 pub mod rules;
+pub mod schema;
+pub mod sidebar;
 pub mod state;
 
 use std::time::Duration;
@@ -16,11 +20,14 @@ use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 
 use crate::api::{PageState, load_page};
+use crate::audit::AuditView;
+use crate::card::ApprovalBar;
 use crate::components::{
-    ApprovalBar, Composer, ConnectionNote, DebugConsole, ErrorBanner, McpServers, Transcript,
+    Composer, ConnectionNote, DebugConsole, ErrorBanner, McpServers, Transcript,
 };
 use crate::rules::RulesPanel;
-use crate::state::Ui;
+use crate::sidebar::Sidebar;
+use crate::state::{Ui, View};
 
 /// The HTML document around the app.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -49,12 +56,12 @@ pub fn App() -> impl IntoView {
     let page = Resource::new_blocking(|| (), |_| load_page());
     view! {
         <Stylesheet id="leptos" href="/pkg/toolgate.css"/>
-        <Title text="toolgate"/>
         <Suspense fallback=|| view! { <p class="loading">"Loading…"</p> }>
             {move || Suspend::new(async move {
                 match page.await {
                     Ok(state) => view! { <Chat state/> }.into_any(),
                     Err(error) => view! {
+                        <Title text="toolgate"/>
                         <div class="error-banner" role="alert">
                             "The page could not load its session: " {error.to_string()}
                         </div>
@@ -66,26 +73,37 @@ pub fn App() -> impl IntoView {
     }
 }
 
+/// The document's title: the number of approvals waiting, so a person sees it from another tab.
+fn title(pending: usize) -> String {
+    if pending == 0 {
+        "toolgate".to_owned()
+    } else {
+        format!("({pending}) toolgate")
+    }
+}
+
 #[component]
 fn Chat(state: PageState) -> impl IntoView {
     let ui = Ui::new(&state);
     provide_context(ui);
+    let server_clock_at_render = state.now_ms;
 
-    // In the browser only: follow the session from the last event shown, and start the clock.
+    // In the browser only: follow the session from the last event shown, and start the clock. Countdowns read the
+    // server's clock, estimated from its reading at render time, never the browser's own (which may be off).
     Effect::new(move |_| {
         ui.hydrated.set(true);
-        let (session_id, resume) = ui.session.with_untracked(|session| {
-            let last = session
-                .runs
-                .last()
-                .map(|run| (run.run_id.clone(), run.last_seq));
-            (session.session_id.clone(), last)
-        });
-        live::follow(ui, &session_id, resume);
-        ui.now_ms.set(js_now());
-        set_interval(move || ui.now_ms.set(js_now()), Duration::from_secs(1));
+        ui.notifications.set(live::notification_permission());
+        live::follow(ui);
+        ui.clock_offset_ms
+            .set_value(server_clock_at_render as i64 - js_now() as i64);
+        ui.now_ms.set(ui.server_now(js_now()));
+        set_interval(
+            move || ui.now_ms.set(ui.server_now(js_now())),
+            Duration::from_secs(1),
+        );
     });
     follow_the_bottom(ui);
+    let waiting = Memo::new(move |_| ui.pending().len());
 
     let summary = format!(
         "policy {} · model {} · approvals time out after {} s",
@@ -99,24 +117,57 @@ fn Chat(state: PageState) -> impl IntoView {
             </form>
         }
     });
+    let notify_offer = move || {
+        (ui.notifications.get().as_deref() == Some("default")).then(|| {
+            view! {
+                <button type="button" class="link notify" on:click=move |_| live::ask_for_notifications(ui)>
+                    "Notify me when an approval waits"
+                </button>
+            }
+        })
+    };
+    let audit_toggle = move |_| {
+        ui.view.update(|view| {
+            *view = match view {
+                View::Conversation => View::Audit,
+                View::Audit => View::Conversation,
+            }
+        })
+    };
     view! {
+        <Title text=move || title(waiting.get())/>
         <div class="page" data-hydrated=move || ui.hydrated.get().to_string()>
             <header class="top">
                 <h1>"toolgate"</h1>
                 <p class="summary">{summary}</p>
                 <RulesPanel/>
-                {logout}
+                <div class="top-actions">
+                    {notify_offer}
+                    <button type="button" class="link audit-toggle" aria-pressed=move || (ui.view.get() == View::Audit).to_string()
+                        on:click=audit_toggle>
+                        "Audit log"
+                    </button>
+                    {logout}
+                </div>
                 <McpServers/>
             </header>
-            <main>
-                <ErrorBanner/>
-                <Transcript/>
-                <div class="dock">
-                    <ConnectionNote/>
-                    <ApprovalBar/>
-                    <Composer/>
-                </div>
-            </main>
+            <div class="columns">
+                <Sidebar/>
+                <main>
+                    <ErrorBanner/>
+                    <Show
+                        when=move || ui.view.get() == View::Conversation
+                        fallback=|| view! { <AuditView/> }
+                    >
+                        <Transcript/>
+                        <div class="dock">
+                            <ConnectionNote/>
+                            <ApprovalBar/>
+                            <Composer/>
+                        </div>
+                    </Show>
+                </main>
+            </div>
             <DebugConsole/>
         </div>
     }

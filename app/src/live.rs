@@ -1,26 +1,36 @@
-//! Following the session's events in the browser, with the platform's EventSource.
+//! Following the session's events in the browser, with the platform's EventSource, and telling the person when a
+//! card arrives.
 //!
 //! The page follows its whole session, run after run, so a run started in another tab (or through the REST API)
 //! shows up here too. The stream starts after the last event the page already shows; when the connection drops,
 //! EventSource reconnects on its own and sends `Last-Event-ID` (`runId:seq`), so nothing is missed and, since the
-//! view ignores events it has applied, nothing is shown twice.
-
-use agent::ids::{RunId, SessionId};
+//! view ignores events it has applied, nothing is shown twice. When EventSource gives up (the server answered with
+//! an error, or was gone long enough), the page opens the stream again itself, with a growing pause, from the last
+//! event it shows; once connected it asks the server which approvals are still pending, so a card whose approval
+//! the server no longer holds (a restart ended it) leaves.
 
 use crate::state::Ui;
 
 #[cfg(feature = "hydrate")]
 mod browser {
-    use std::cell::RefCell;
+    use std::cell::{Cell, RefCell};
+    use std::collections::HashSet;
+    use std::time::Duration;
 
-    use agent::ids::{RunId, SessionId};
-    use agent::wire::{RunEvent, StreamEvent};
+    use agent::wire::{ApprovalRequest, RunEvent, StreamEvent};
     use leptos::prelude::*;
+    use leptos::task::spawn_local;
     use wasm_bindgen::JsCast;
     use wasm_bindgen::closure::Closure;
-    use web_sys::{EventSource, MessageEvent};
+    use web_sys::{
+        EventSource, MessageEvent, Notification, NotificationOptions, NotificationPermission,
+    };
 
-    use crate::state::{Connection, Ui};
+    use crate::api::list_pending;
+    use crate::state::{Connection, Ui, card_dom_id, key_of};
+
+    /// The longest pause between attempts to open the stream again.
+    const MAX_RETRY_SECS: u32 = 30;
 
     struct Subscription {
         source: EventSource,
@@ -37,10 +47,15 @@ mod browser {
 
     thread_local! {
         static CURRENT: RefCell<Option<Subscription>> = const { RefCell::new(None) };
+        /// Attempts since the stream last opened; 0 while it is open.
+        static ATTEMPTS: Cell<u32> = const { Cell::new(0) };
+        /// The connection dropped since the page last asked which approvals are pending.
+        static STALE: Cell<bool> = const { Cell::new(false) };
     }
 
-    pub fn follow(ui: Ui, session_id: &SessionId, resume: Option<(RunId, u64)>) {
-        let url = match resume {
+    pub fn follow(ui: Ui) {
+        let session_id = ui.session_id();
+        let url = match ui.last_seen() {
             Some((run_id, after)) => {
                 format!("/api/agent/sessions/{session_id}/events?run={run_id}&after={after}")
             }
@@ -66,7 +81,17 @@ mod browser {
                 return;
             };
             match serde_json::from_str::<StreamEvent>(&data) {
-                Ok(event) => ui.apply(&RunEvent { seq, event }),
+                Ok(event) => {
+                    let arrived = match &event {
+                        StreamEvent::ApprovalRequired { request } => Some(request.clone()),
+                        _ => None,
+                    };
+                    if ui.apply(&RunEvent { seq, event })
+                        && let Some(request) = arrived
+                    {
+                        notify(&request);
+                    }
+                }
                 Err(error) => ui.error.set(Some(format!(
                     "The server sent an event this page cannot read: {error}"
                 ))),
@@ -77,18 +102,30 @@ mod browser {
                 source.add_event_listener_with_callback(kind, on_event.as_ref().unchecked_ref());
         }
         let on_open = Closure::<dyn FnMut(web_sys::Event)>::new(move |_| {
+            ATTEMPTS.set(0);
             ui.connection.set(Connection::Live);
+            if STALE.replace(false) {
+                refresh_pending(ui);
+            }
         });
         let watcher = source.clone();
         let on_error = Closure::<dyn FnMut(web_sys::Event)>::new(move |_| {
-            if watcher.ready_state() == EventSource::CLOSED {
-                ui.connection.set(Connection::Lost);
-                ui.error.set(Some(
-                    "Lost the connection to the server. Reload the page to try again.".to_owned(),
-                ));
-            } else {
+            STALE.set(true);
+            if watcher.ready_state() != EventSource::CLOSED {
                 ui.connection.set(Connection::Reconnecting);
+                return;
             }
+            // EventSource gave up: open the stream again, later each time, from the last event shown.
+            let attempt = ATTEMPTS.get() + 1;
+            ATTEMPTS.set(attempt);
+            let pause = 1u32
+                .checked_shl(attempt.saturating_sub(1))
+                .unwrap_or(MAX_RETRY_SECS)
+                .min(MAX_RETRY_SECS);
+            ui.connection.set(Connection::Lost {
+                retry_in_secs: pause,
+            });
+            set_timeout(move || follow(ui), Duration::from_secs(u64::from(pause)));
         });
         source.set_onopen(Some(on_open.as_ref().unchecked_ref()));
         source.set_onerror(Some(on_error.as_ref().unchecked_ref()));
@@ -101,13 +138,105 @@ mod browser {
         // Replacing the previous subscription closes it.
         CURRENT.with(|current| current.replace(Some(subscription)));
     }
+
+    /// Asks the server which of the session's approvals are pending, and lets go of the cards it no longer holds.
+    /// Only cards shown before asking can go: a card that arrives meanwhile is newer than the answer.
+    fn refresh_pending(ui: Ui) {
+        let asked_about: HashSet<_> = ui
+            .session
+            .with_untracked(|session| session.pending_approvals().map(key_of).collect());
+        let session = ui.session_id();
+        spawn_local(async move {
+            match list_pending(None, Some(session)).await {
+                Ok(pending) => {
+                    let held: HashSet<_> = pending.iter().map(key_of).collect();
+                    ui.gone.update(|gone| {
+                        gone.extend(asked_about.difference(&held).cloned());
+                    });
+                }
+                Err(error) => ui.error.set(Some(format!(
+                    "Could not ask the server which approvals are pending: {error}"
+                ))),
+            }
+        });
+    }
+
+    /// Whether the person allowed notifications: `granted`, `denied` or `default` (not asked yet).
+    pub fn notification_permission() -> Option<String> {
+        // Browsers without the Notification API have no `Notification` global.
+        let global = js_sys::global();
+        if !js_sys::Reflect::has(&global, &"Notification".into()).unwrap_or(false) {
+            return None;
+        }
+        Some(
+            match Notification::permission() {
+                NotificationPermission::Granted => "granted",
+                NotificationPermission::Denied => "denied",
+                _ => "default",
+            }
+            .to_owned(),
+        )
+    }
+
+    /// Asks the person to allow notifications; `ui.notifications` follows the answer.
+    pub fn ask_for_notifications(ui: Ui) {
+        let answered = Closure::once_into_js(move |_: wasm_bindgen::JsValue| {
+            ui.notifications.set(notification_permission());
+        });
+        let _ = Notification::request_permission_with_permission_callback(answered.unchecked_ref());
+    }
+
+    /// Tells the person a card arrived, when the tab is hidden and they allowed it; a click brings the card.
+    fn notify(request: &ApprovalRequest) {
+        let hidden = document().hidden();
+        if !hidden || notification_permission().as_deref() != Some("granted") {
+            return;
+        }
+        let options = NotificationOptions::new();
+        options.set_body(&format!("{}: {}", request.tool_name, request.reason));
+        let dom_id = card_dom_id(&key_of(request));
+        options.set_tag(&dom_id);
+        let Ok(notification) =
+            Notification::new_with_options("toolgate: an approval is waiting", &options)
+        else {
+            return;
+        };
+        let shown = notification.clone();
+        let on_click = Closure::once_into_js(move |_: web_sys::Event| {
+            let _ = window().focus();
+            if let Some(card) = document()
+                .get_element_by_id(&dom_id)
+                .and_then(|card| card.dyn_into::<web_sys::HtmlElement>().ok())
+            {
+                let _ = card.focus();
+            }
+            shown.close();
+        });
+        notification.set_onclick(Some(on_click.unchecked_ref()));
+    }
 }
 
-/// Follows the session's events into the page, after `resume` (the last run the page shows and its last event).
-/// Does nothing on the server.
-pub fn follow(ui: Ui, session_id: &SessionId, resume: Option<(RunId, u64)>) {
+/// Follows the session's events into the page, after the last event it shows. Does nothing on the server.
+pub fn follow(ui: Ui) {
     #[cfg(feature = "hydrate")]
-    browser::follow(ui, session_id, resume);
+    browser::follow(ui);
     #[cfg(not(feature = "hydrate"))]
-    let _ = (ui, session_id, resume);
+    let _ = ui;
+}
+
+/// Whether the person allowed notifications (`granted`, `denied`, `default`); `None` on the server or without the
+/// Notification API.
+pub fn notification_permission() -> Option<String> {
+    #[cfg(feature = "hydrate")]
+    return browser::notification_permission();
+    #[cfg(not(feature = "hydrate"))]
+    None
+}
+
+/// Asks the person to allow notifications. Does nothing on the server.
+pub fn ask_for_notifications(ui: Ui) {
+    #[cfg(feature = "hydrate")]
+    browser::ask_for_notifications(ui);
+    #[cfg(not(feature = "hydrate"))]
+    let _ = ui;
 }

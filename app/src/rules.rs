@@ -2,7 +2,7 @@
 //! its confirmation; at the top, the panel that lists the session's grants and the rules in force, with a way to
 //! remove what a person added. The card keeps its own layout; it places these parts.
 
-use agent::ids::{GrantId, RuleId, RunId, ToolCallId};
+use agent::ids::{GrantId, RuleId, RunId, SessionId, ToolCallId};
 use agent::permissions::{ApprovalChoices, ListedRule, SessionGrant};
 use agent::view::SessionView;
 use agent::wire::{DecisionScope, Resolution};
@@ -22,9 +22,15 @@ pub struct RulesAndGrants {
 }
 
 #[server(prefix = "/api/fn", endpoint = "rules")]
-pub async fn load_rules_and_grants() -> Result<RulesAndGrants, ServerFnError> {
+pub async fn load_rules_and_grants(
+    session: Option<SessionId>,
+) -> Result<RulesAndGrants, ServerFnError> {
     let harness = crate::api::ssr::harness()?;
-    let session = crate::api::ssr::session()?;
+    // The conversation the page shows, when it is one of this browser's; else the cookie's.
+    let session = match crate::api::ssr::acting_session(session)? {
+        Some(session) => session,
+        None => crate::api::ssr::session()?,
+    };
     let failed = |error: String| ServerFnError::new(error);
     Ok(RulesAndGrants {
         rules: harness
@@ -47,6 +53,7 @@ pub async fn always_allow(
     run_id: RunId,
     tool_call_id: ToolCallId,
     rule: String,
+    session: Option<SessionId>,
 ) -> Result<(), ServerFnError> {
     use agent::approvals::ApprovalNotFound;
     use agent::policy::{Rule, RuleBookError};
@@ -55,7 +62,6 @@ pub async fn always_allow(
     use crate::api::ssr;
 
     let harness = ssr::harness()?;
-    let session = ssr::session()?;
     let actor = ssr::actor()?;
     let gone = || {
         ssr::not_found(
@@ -65,6 +71,9 @@ pub async fn always_allow(
             }
             .to_string(),
         )
+    };
+    let Some(session) = ssr::acting_session(session)? else {
+        return Err(gone());
     };
     if ssr::own_run(&harness, &session, &run_id).await?.is_none() {
         return Err(gone());
@@ -115,10 +124,17 @@ pub async fn remove_rule(rule_id: RuleId) -> Result<(), ServerFnError> {
 
 /// Revokes a grant of the caller's own session.
 #[server(prefix = "/api/fn", endpoint = "revoke_grant")]
-pub async fn revoke_grant(grant_id: GrantId) -> Result<(), ServerFnError> {
+pub async fn revoke_grant(
+    grant_id: GrantId,
+    session: Option<SessionId>,
+) -> Result<(), ServerFnError> {
     let harness = crate::api::ssr::harness()?;
-    let session = crate::api::ssr::session()?;
     let actor = crate::api::ssr::actor()?;
+    let Some(session) = crate::api::ssr::acting_session(session)? else {
+        return Err(crate::api::ssr::not_found(format!(
+            "No grant {grant_id} in this session."
+        )));
+    };
     harness
         .revoke_grant(&session, &grant_id, &actor)
         .await
@@ -131,7 +147,7 @@ pub async fn revoke_grant(grant_id: GrantId) -> Result<(), ServerFnError> {
 pub fn session_buttons(
     choices: &ApprovalChoices,
     decide: impl Fn(Choice) + Clone + Send + Sync + 'static,
-    in_flight: Memo<bool>,
+    disabled: impl Fn() -> bool + Clone + Send + Sync + 'static,
 ) -> impl IntoView {
     choices
         .session
@@ -145,13 +161,14 @@ pub fn session_buttons(
                 DecisionScope::Once => return None,
             };
             let decide = decide.clone();
+            let disabled = disabled.clone();
             Some(view! {
                 <button
                     type="button"
                     class=class
                     title=choice.covers.clone()
                     on:click=move |_| decide(pick)
-                    disabled=move || in_flight.get()
+                    disabled=disabled
                 >
                     {choice.label.clone()}
                 </button>
@@ -191,7 +208,7 @@ pub fn AlwaysAllow(key: ApprovalKey, rule: String, in_flight: Memo<bool>) -> imp
         });
         spawn_local(async move {
             // The card leaves when `approvalResolved` arrives, as for any decision.
-            match always_allow(key.0.clone(), key.1.clone(), rule).await {
+            match always_allow(key.0.clone(), key.1.clone(), rule, Some(ui.session_id())).await {
                 Ok(()) => ui.rules_changed.update(|n| *n += 1),
                 Err(error) => {
                     ui.error
@@ -258,7 +275,7 @@ pub fn RulesPanel() -> impl IntoView {
         ui.rules_changed.track();
         approvals.track();
         spawn_local(async move {
-            match load_rules_and_grants().await {
+            match load_rules_and_grants(Some(ui.session_id())).await {
                 Ok(state) => panel.set(Some(state)),
                 Err(error) => ui.error.set(Some(format!(
                     "The rules and grants could not be loaded: {error}"
@@ -295,7 +312,7 @@ pub fn RulesPanel() -> impl IntoView {
                                 " "
                                 <button type="button" class="link revoke-grant" on:click=move |_| {
                                     let id = id.clone();
-                                    spawn_local(async move { after(revoke_grant(id).await, "The grant was not revoked") });
+                                    spawn_local(async move { after(revoke_grant(id, Some(ui.session_id())).await, "The grant was not revoked") });
                                 }>"Revoke"</button>
                             </li>
                         }

@@ -36,5 +36,6 @@ test("the binary serves its embedded site, precompressed", async ({ request }) =
     expect(br.headers()["content-encoding"], file).toBe("br");
   }
   const health = await request.get("/healthz");
-  expect(await health.text()).toBe("ok");
+  // `ok`, this process's instance id and the store it runs on (serve.sh starts it on the default SQLite file).
+  expect(await health.text()).toMatch(/^ok\ninstance: \S+\nstore: sqlite\n$/);
 });

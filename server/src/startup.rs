@@ -29,7 +29,7 @@ use crate::config::{Config, Database, ModelKind};
 use crate::error::ApiError;
 use crate::rules_api;
 use crate::security::{Security, SecurityError, SecuritySettings};
-use crate::session_cookie::ensure_session;
+use crate::session_cookie::{SessionCookies, ensure_session};
 use crate::state::AppState;
 use crate::streams::StreamLimit;
 use crate::tools;
@@ -279,7 +279,10 @@ fn router(state: AppState, security: &Security) -> Router {
             },
         )
         .layer(axum::middleware::from_fn_with_state(
-            security.cookie_policy(),
+            SessionCookies {
+                cookies: security.cookie_policy(),
+                logins: security.has_logins(),
+            },
             ensure_session,
         ));
     let routes = match security.routes() {

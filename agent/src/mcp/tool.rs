@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::mcp::server::McpServer;
 use crate::tools::{Tool, ToolContext, ToolError, ToolFuture};
-use crate::wire::ToolSpec;
+use crate::wire::{ApprovalPreview, ToolSpec};
 
 /// The most of one MCP result the model reads, in bytes; the run's log keeps the whole result.
 pub const MODEL_OUTPUT_LIMIT: usize = 64 * 1024;
@@ -49,6 +49,14 @@ impl Tool for McpTool {
             )
             .await
         })
+    }
+
+    /// Each argument on its own, formatted for reading, under the name of the server the tool belongs to.
+    fn preview(&self, input: &Value) -> Option<ApprovalPreview> {
+        Some(ApprovalPreview::fields(
+            self.spec.mcp.as_ref().map(|origin| origin.server.clone()),
+            input,
+        ))
     }
 
     fn model_output_limit(&self) -> Option<usize> {

@@ -9,10 +9,11 @@ use std::io::{Read, Write};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use super::preview::{self, PREVIEW_HEAD_BYTES, PREVIEW_READ_BYTES};
 use super::process_tree::ProcessTree;
-use super::workspace::io_failure;
+use super::workspace::{Peek, io_failure};
 use super::{Tool, ToolContext, ToolError, ToolFuture, Toolbox, Workspace, WorkspacePath};
-use crate::wire::{ToolAnnotations, ToolErrorCode, ToolSpec};
+use crate::wire::{ApprovalPreview, ToolAnnotations, ToolErrorCode, ToolSpec};
 
 /// The most a `read_file` returns, in bytes.
 pub const MAX_READ_BYTES: usize = 256 * 1024;
@@ -225,6 +226,48 @@ impl Tool for WriteFile {
             Ok(json!({"path": path.to_string(), "bytes": content.len()}))
         })
     }
+
+    fn preview(&self, input: &Value) -> Option<ApprovalPreview> {
+        let content = str_field(input, "content");
+        let previewed = WorkspacePath::parse(str_field(input, "path")).and_then(|path| {
+            let diff = match self.workspace.peek(&path, PREVIEW_READ_BYTES)? {
+                Peek::Missing => preview::file_diff(None, content),
+                Peek::Link => {
+                    return Err(ToolError::new(
+                        ToolErrorCode::OutsideWorkspace,
+                        format!(
+                            "{:?} is a symbolic link; write_file does not write through links, so this call will be refused.",
+                            path.to_string()
+                        ),
+                    ));
+                }
+                Peek::File { size, .. } if size > PREVIEW_READ_BYTES as u64 => {
+                    preview::uncomparable(
+                        size,
+                        content,
+                        format!("The file has {size} bytes, too many to compare here; all of it would be replaced."),
+                    )
+                }
+                Peek::File { head, size } => match preview::as_text(&head) {
+                    Some(old) if old.len() == head.len() => preview::file_diff(Some(old), content),
+                    _ => preview::uncomparable(
+                        size,
+                        content,
+                        "The file is not text; all of it would be replaced.".into(),
+                    ),
+                },
+            };
+            Ok(ApprovalPreview::FileWrite {
+                path: path.to_string(),
+                diff,
+            })
+        });
+        Some(
+            previewed.unwrap_or_else(|error| ApprovalPreview::Unavailable {
+                reason: error.message,
+            }),
+        )
+    }
 }
 
 pub struct DeleteFile {
@@ -264,6 +307,35 @@ impl Tool for DeleteFile {
             workspace.remove_file(&path)?;
             Ok(json!({"path": path.to_string(), "deleted": true}))
         })
+    }
+
+    fn preview(&self, input: &Value) -> Option<ApprovalPreview> {
+        let previewed = WorkspacePath::parse(str_field(input, "path")).and_then(|path| {
+            Ok(match self.workspace.peek(&path, PREVIEW_HEAD_BYTES)? {
+                Peek::Missing => ApprovalPreview::Unavailable {
+                    reason: format!(
+                        "{:?} does not exist, so this call will fail.",
+                        path.to_string()
+                    ),
+                },
+                Peek::Link => ApprovalPreview::FileDelete {
+                    path: path.to_string(),
+                    bytes: 0,
+                    head: Vec::new(),
+                    more: false,
+                    note: Some(
+                        "A symbolic link: only the link is deleted, never what it points to."
+                            .into(),
+                    ),
+                },
+                Peek::File { head, size } => preview::deletion(path.to_string(), size, &head),
+            })
+        });
+        Some(
+            previewed.unwrap_or_else(|error| ApprovalPreview::Unavailable {
+                reason: error.message,
+            }),
+        )
     }
 }
 
@@ -349,6 +421,24 @@ enum Ending {
 impl Tool for RunCommand {
     fn spec(&self) -> &ToolSpec {
         &self.spec
+    }
+
+    fn preview(&self, input: &Value) -> Option<ApprovalPreview> {
+        let args = input
+            .get("args")
+            .and_then(Value::as_array)
+            .map(|args| {
+                args.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(ApprovalPreview::Command {
+            program: str_field(input, "command").to_owned(),
+            args,
+            directory: self.workspace.root().display().to_string(),
+        })
     }
 
     fn execute<'a>(&'a self, input: Value, context: &'a ToolContext) -> ToolFuture<'a> {
@@ -834,6 +924,175 @@ mod tests {
         assert!(
             read_inside > 0 && refused > 0,
             "read {read_inside} inside, {refused} refused, over {swaps} swaps"
+        );
+    }
+
+    fn preview(tools: &Toolbox, name: &str, input: Value) -> ApprovalPreview {
+        tools.validate(name, &input).unwrap();
+        tools.get(name).unwrap().preview(&input).unwrap()
+    }
+
+    #[test]
+    fn a_write_previews_its_diff_against_the_file_as_it_is() {
+        let (_dir, ws, tools) = setup();
+        std::fs::write(ws.root().join("a.txt"), "one\ntwo\n").unwrap();
+        let ApprovalPreview::FileWrite { path, diff } = preview(
+            &tools,
+            "write_file",
+            json!({"path": "./a.txt", "content": "one\n2\n"}),
+        ) else {
+            panic!("not a file write")
+        };
+        assert_eq!(path, "a.txt");
+        assert!(!diff.new_file);
+        assert_eq!((diff.old_bytes, diff.new_bytes), (Some(8), 6));
+        assert_eq!((diff.added, diff.removed), (1, 1));
+
+        let ApprovalPreview::FileWrite { diff, .. } = preview(
+            &tools,
+            "write_file",
+            json!({"path": "new/b.txt", "content": "hi\n"}),
+        ) else {
+            panic!("not a file write")
+        };
+        assert!(diff.new_file);
+        assert_eq!(diff.added, 1);
+        // A preview changes nothing.
+        assert!(!ws.root().join("new").exists());
+        assert_eq!(
+            std::fs::read_to_string(ws.root().join("a.txt")).unwrap(),
+            "one\ntwo\n"
+        );
+    }
+
+    #[test]
+    fn a_write_over_a_large_or_binary_file_says_so_instead_of_a_diff() {
+        let (_dir, ws, tools) = setup();
+        let big = "x\n".repeat(PREVIEW_READ_BYTES);
+        std::fs::write(ws.root().join("big.txt"), &big).unwrap();
+        std::fs::write(ws.root().join("bin"), b"\x00\x01").unwrap();
+        for (file, note) in [("big.txt", "too many to compare"), ("bin", "not text")] {
+            let ApprovalPreview::FileWrite { diff, .. } =
+                preview(&tools, "write_file", json!({"path": file, "content": "y"}))
+            else {
+                panic!("not a file write")
+            };
+            assert!(diff.lines.is_empty(), "{file}");
+            assert!(
+                diff.note.as_deref().unwrap().contains(note),
+                "{file}: {diff:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_delete_previews_the_size_and_first_lines() {
+        let (_dir, ws, tools) = setup();
+        std::fs::write(ws.root().join("a.txt"), "first\nsecond\n").unwrap();
+        assert_eq!(
+            preview(&tools, "delete_file", json!({"path": "a.txt"})),
+            ApprovalPreview::FileDelete {
+                path: "a.txt".into(),
+                bytes: 13,
+                head: vec!["first".into(), "second".into()],
+                more: false,
+                note: None,
+            }
+        );
+        std::os::unix::fs::symlink("a.txt", ws.root().join("link")).unwrap();
+        let ApprovalPreview::FileDelete { note, .. } =
+            preview(&tools, "delete_file", json!({"path": "link"}))
+        else {
+            panic!("a link inside has a preview")
+        };
+        assert!(note.unwrap().contains("only the link is deleted"));
+        let ApprovalPreview::Unavailable { reason } = preview(
+            &tools,
+            "write_file",
+            json!({"path": "link", "content": "x"}),
+        ) else {
+            panic!("a write through a link is refused")
+        };
+        assert!(reason.contains("does not write through links"), "{reason}");
+        let ApprovalPreview::Unavailable { reason } =
+            preview(&tools, "delete_file", json!({"path": "gone.txt"}))
+        else {
+            panic!("a missing file has no preview")
+        };
+        assert!(reason.contains("does not exist"), "{reason}");
+    }
+
+    #[test]
+    fn previews_never_read_outside_the_workspace_nor_wait_on_a_fifo() {
+        let (dir, ws, tools) = setup();
+        let tools = Arc::new(tools);
+        std::fs::write(dir.path().join("secret.txt"), "outside secret").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret.txt"), ws.root().join("escape"))
+            .unwrap();
+        std::os::unix::fs::symlink(dir.path(), ws.root().join("up")).unwrap();
+        let fifo = ws.root().join("pipe");
+        // SAFETY: mkfifo reads a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c_path(&fifo).as_ptr(), 0o600) }, 0);
+
+        for (tool, input, expected) in [
+            (
+                "write_file",
+                json!({"path": "escape", "content": "x"}),
+                "outside the workspace",
+            ),
+            (
+                "write_file",
+                json!({"path": "up/secret.txt", "content": "x"}),
+                "outside the workspace",
+            ),
+            (
+                "delete_file",
+                json!({"path": "escape"}),
+                "outside the workspace",
+            ),
+            (
+                "delete_file",
+                json!({"path": "up/secret.txt"}),
+                "outside the workspace",
+            ),
+            (
+                "write_file",
+                json!({"path": "pipe", "content": "x"}),
+                "FIFO",
+            ),
+            ("delete_file", json!({"path": "pipe"}), "FIFO"),
+        ] {
+            // On a thread of its own: a preview that waited on the FIFO would fail the test instead of hanging it.
+            let (send, receive) = std::sync::mpsc::channel();
+            let previewing = Arc::clone(&tools);
+            std::thread::spawn(move || {
+                let _ = send.send(previewing.get(tool).unwrap().preview(&input));
+            });
+            let previewed = receive
+                .recv_timeout(Duration::from_secs(5))
+                .unwrap_or_else(|_| panic!("{tool} {expected}: no preview within 5 s"));
+            let Some(ApprovalPreview::Unavailable { reason }) = previewed else {
+                panic!("{tool} {expected}: {previewed:?}")
+            };
+            assert!(reason.contains(expected), "{tool}: {reason}");
+            assert!(!reason.contains("outside secret"));
+        }
+    }
+
+    #[test]
+    fn a_command_previews_its_program_arguments_and_directory() {
+        let (_dir, ws, tools) = setup();
+        assert_eq!(
+            preview(
+                &tools,
+                "run_command",
+                json!({"command": "echo", "args": ["a b", "*", "$HOME"]}),
+            ),
+            ApprovalPreview::Command {
+                program: "echo".into(),
+                args: vec!["a b".into(), "*".into(), "$HOME".into()],
+                directory: ws.root().display().to_string(),
+            }
         );
     }
 

@@ -9,6 +9,7 @@
 //! the tool it found. toolgate's own tools sit beside it, fixed, found without touching anything shared.
 
 mod builtin;
+pub mod preview;
 mod process_tree;
 mod workspace;
 
@@ -22,7 +23,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::ids::RunId;
-use crate::wire::{McpServerStatus, ToolErrorCode, ToolOutput, ToolSpec};
+use crate::wire::{ApprovalPreview, McpServerStatus, ToolErrorCode, ToolOutput, ToolSpec};
 
 pub use builtin::{
     CommandLimits, DeleteFile, ListFiles, ReadFile, RunCommand, WriteFile, workspace_tools,
@@ -77,6 +78,13 @@ pub trait Tool: Send + Sync {
 
     /// Runs the tool with input that already satisfies its schema.
     fn execute<'a>(&'a self, input: Value, context: &'a ToolContext) -> ToolFuture<'a>;
+
+    /// What a call with this input (which satisfies the schema) would do, for the person asked to approve it:
+    /// worked out once, when the call asks, and sent with the approval request. It must be quick and bounded, and
+    /// touch only what the tool itself may (see [`preview`]). `None`: the arguments say it all.
+    fn preview(&self, _input: &Value) -> Option<ApprovalPreview> {
+        None
+    }
 
     /// The most of one output the model reads, in bytes of text: a longer output reaches the model as its head and
     /// tail with a note, while the run's log keeps all of it. `None` for tools that bound their own output.

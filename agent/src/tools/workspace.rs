@@ -146,6 +146,19 @@ fn regular_with_one_link(meta: &Metadata, path: &WorkspacePath) -> Result<(), To
     )))
 }
 
+/// What a preview found at a path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Peek {
+    Missing,
+    /// A symbolic link (to somewhere inside the workspace, or to nothing).
+    Link,
+    /// A regular file: its first bytes, and its size.
+    File {
+        head: Vec<u8>,
+        size: u64,
+    },
+}
+
 #[derive(Clone, Debug)]
 pub struct Workspace {
     /// The canonical workspace directory, for what needs a path (a command's working directory, the log).
@@ -274,6 +287,50 @@ impl Workspace {
         // only ever removes a name, so nothing outside loses content.
         self.beneath(path, FollowSymlinks::No, |p| self.dir.remove_file(p))
             .map_err(|error| io_failure("delete", path, error))
+    }
+
+    /// What is at `path` now, for a preview of a call that would write or delete it: read at most `limit` bytes of
+    /// it. Confined like every other operation, and it never waits: anything but a regular file with one link is
+    /// refused from its metadata before any open, and the open itself is non-blocking and checked again on the
+    /// descriptor (the name may have changed in between). A symlink in the last component is reported, not followed,
+    /// unless it leads outside the workspace, which is refused.
+    pub(crate) fn peek(&self, path: &WorkspacePath, limit: usize) -> Result<Peek, ToolError> {
+        if path.is_workspace() {
+            return Err(ToolError::failed("The workspace itself is not a file."));
+        }
+        let meta = match self.beneath(path, FollowSymlinks::No, |p| self.dir.symlink_metadata(p)) {
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Peek::Missing),
+            Err(error) => return Err(io_failure("read", path, error)),
+            Ok(meta) => meta,
+        };
+        if meta.is_symlink() {
+            return match self.beneath(path, FollowSymlinks::Yes, |p| self.dir.metadata(p)) {
+                Err(error) if is_escape(&error) => Err(io_failure("read", path, error)),
+                _ => Ok(Peek::Link),
+            };
+        }
+        regular_with_one_link(&meta, path)?;
+        let mut options = OpenOptions::new();
+        options
+            .read(true)
+            .follow(FollowSymlinks::No)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+        let file = self
+            .beneath(path, FollowSymlinks::No, |p| {
+                self.dir.open_with(p, &options)
+            })
+            .map_err(|error| self.open_failure("read", path, error))?;
+        let meta = file
+            .metadata()
+            .map_err(|error| io_failure("read", path, error))?;
+        regular_with_one_link(&meta, path)?;
+        let mut head = Vec::new();
+        io::Read::read_to_end(&mut io::Read::take(file, limit as u64), &mut head)
+            .map_err(|error| io_failure("read", path, error))?;
+        Ok(Peek::File {
+            head,
+            size: meta.len(),
+        })
     }
 
     /// Explains an open that failed: a socket cannot be opened at all (`ENXIO`), and neither can a FIFO for writing

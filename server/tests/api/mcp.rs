@@ -107,6 +107,24 @@ async fn an_untrusted_servers_write_asks_and_runs_once_on_approval() {
             && reason.contains("it claims to be not read-only, destructive, idempotent"),
         "the card shows the server and what it claims: {reason}"
     );
+    // The preview names the server and shows each argument formatted for reading.
+    let preview = &request["preview"];
+    assert_eq!(preview["kind"], "fields", "{preview}");
+    assert_eq!(preview["server"], "fs", "{preview}");
+    let fields: Vec<(&str, &str)> = preview["fields"]
+        .as_array()
+        .expect("the preview lists the arguments")
+        .iter()
+        .map(|field| {
+            (
+                field["name"].as_str().unwrap_or_default(),
+                field["value"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(fields.len(), 2, "{preview}");
+    assert!(fields.contains(&("path", "notes.txt")), "{preview}");
+    assert!(fields.contains(&("content", "approved")), "{preview}");
     assert!(
         !app.file("notes.txt").exists(),
         "nothing ran before the decision"

@@ -157,12 +157,20 @@ async fn a_get_never_makes_the_server_hold_a_session() {
     let app = spawn_app().await;
     let page = app.get("/").await;
     assert_eq!(page.status(), 200);
-    let set_cookie = page.headers()["set-cookie"].to_str().unwrap().to_owned();
-    let minted = set_cookie
-        .strip_prefix("toolgate_session=")
-        .and_then(|rest| rest.split(';').next())
-        .unwrap()
-        .to_owned();
+    let minted = page
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .find_map(|cookie| {
+            cookie
+                .to_str()
+                .unwrap()
+                .strip_prefix("toolgate_session=")?
+                .split(';')
+                .next()
+                .map(str::to_owned)
+        })
+        .unwrap();
     assert!(
         page.text()
             .await
@@ -206,4 +214,168 @@ async fn a_get_never_makes_the_server_hold_a_session() {
     assert_eq!(first["sessionId"], minted);
     follow.until("done").await;
     assert_eq!(app.harness.sessions(usize::MAX).await.unwrap().len(), 1);
+}
+
+/// A server function call with the cookies `cookie` (as a browser would send them).
+async fn server_fn_with(
+    app: &TestApp,
+    name: &str,
+    cookie: &str,
+    fields: &[(&str, &str)],
+) -> reqwest::Response {
+    let body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(fields)
+        .finish();
+    app.client
+        .post(app.url(&format!("/api/fn/{name}")))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", cookie)
+        .body(body)
+        .send()
+        .await
+        .expect("the request is sent")
+}
+
+#[tokio::test]
+async fn a_browser_acts_on_the_sessions_its_cookies_list_and_no_other() {
+    let app = spawn_app().await;
+    let (run_id, call_id) = waiting_run(&app, "alice", "a.txt").await;
+    let decide = [
+        ("run_id", run_id.as_str()),
+        ("tool_call_id", call_id.as_str()),
+        ("choice", "Deny"),
+        ("session", "alice"),
+    ];
+
+    // Mallory names Alice's session: as good as unknown.
+    let mallory = "toolgate_session=mallory; toolgate_sessions=mallory";
+    let listed = server_fn_with(&app, "pending", mallory, &[("session", "alice")]).await;
+    assert_eq!(listed.json::<Value>().await.unwrap(), json!([]));
+    let decided = server_fn_with(&app, "decide", mallory, &decide).await;
+    assert_eq!(decided.status(), 404);
+    let sessions = server_fn_with(&app, "sessions", mallory, &[]).await;
+    let sessions: Value = sessions.json().await.unwrap();
+    assert_eq!(sessions.as_array().unwrap().len(), 1, "{sessions}");
+    assert_eq!(sessions[0]["sessionId"], "mallory");
+    assert_eq!(pending(&app).await.len(), 1);
+
+    // The page's GET of `?session=alice` does not switch Mallory's browser to it, and shows none of it.
+    let page = app
+        .client
+        .get(app.url("/?session=alice"))
+        .header("cookie", mallory)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        page.headers()
+            .get_all("set-cookie")
+            .iter()
+            .all(|cookie| !cookie.to_str().unwrap().contains("alice")),
+        "{:?}",
+        page.headers()
+    );
+    let html = page.text().await.unwrap();
+    assert!(
+        html.contains("not one of this browser&#x27;s")
+            || html.contains("not one of this browser's")
+    );
+    assert!(!html.contains("delete a.txt"));
+
+    // A browser whose list holds Alice's session, while another one is its current, acts on it by naming it.
+    let alice = "toolgate_session=alice-second-tab; toolgate_sessions=alice-second-tab|alice";
+    let listed = server_fn_with(&app, "pending", alice, &[("session", "alice")]).await;
+    assert_eq!(
+        listed
+            .json::<Value>()
+            .await
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let sessions: Value = server_fn_with(&app, "sessions", alice, &[])
+        .await
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = sessions
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["sessionId"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["alice-second-tab", "alice"]);
+    assert_eq!(sessions[1]["title"], "delete a.txt");
+    let decided = server_fn_with(&app, "decide", alice, &decide).await;
+    assert_eq!(decided.status(), 200);
+    let mut events = app.events(&run_id, None).await;
+    events.until("done").await;
+    assert_eq!(std::fs::read_to_string(app.file("a.txt")).unwrap(), "keep");
+}
+
+#[tokio::test]
+async fn a_new_conversation_is_listed_and_a_listed_one_becomes_current() {
+    let app = spawn_app().await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let set_cookies = |response: &reqwest::Response| -> Vec<String> {
+        response
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .map(|cookie| {
+                cookie
+                    .to_str()
+                    .unwrap()
+                    .split(';')
+                    .next()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    };
+    let fresh = client
+        .get(app.url("/?new"))
+        .header("cookie", "toolgate_session=first; toolgate_sessions=first")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fresh.status(), 303);
+    let to = fresh.headers()["location"].to_str().unwrap().to_owned();
+    let id = to.strip_prefix("/?session=").unwrap().to_owned();
+    assert_ne!(id, "first");
+    let cookies = set_cookies(&fresh);
+    assert!(
+        cookies.contains(&format!("toolgate_session={id}")),
+        "{cookies:?}"
+    );
+    assert!(
+        cookies.contains(&format!("toolgate_sessions={id}%7Cfirst")),
+        "{cookies:?}"
+    );
+
+    // Back to the first: it becomes the current one, and leads the list.
+    let back = client
+        .get(app.url("/?session=first"))
+        .header(
+            "cookie",
+            format!("toolgate_session={id}; toolgate_sessions={id}%7Cfirst"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(back.status(), 200);
+    let cookies = set_cookies(&back);
+    assert!(
+        cookies.contains(&"toolgate_session=first".to_owned()),
+        "{cookies:?}"
+    );
+    assert!(
+        cookies.contains(&format!("toolgate_sessions=first%7C{id}")),
+        "{cookies:?}"
+    );
 }

@@ -1,0 +1,682 @@
+//! The ApprovalBar: one card per pending approval, what each call would do, editing before approving, and deciding
+//! several at once. A card leaves only when its own `approvalResolved` event arrives, never on a request's success,
+//! so the screen shows what the server holds.
+
+use std::collections::BTreeSet;
+
+use agent::wire::{ApprovalPreview, ApprovalRequest, DiffLine, FileDiff};
+use leptos::html;
+use leptos::prelude::*;
+use leptos::task::spawn_local;
+use serde_json::{Map, Value};
+
+use crate::api::{Choice, decide_approval};
+use crate::components::mcp_trust_label;
+use crate::format::{byte_size, countdown, pretty_json};
+use crate::rules::{AlwaysAllow, scope_notes, session_buttons};
+use crate::schema;
+use crate::state::{ApprovalKey, Ui, card_dom_id, key_of};
+
+fn ui() -> Ui {
+    expect_context::<Ui>()
+}
+
+/// Sends one decision. The card leaves when `approvalResolved` arrives on the stream, never on this call's success.
+pub fn send_decision(
+    ui: Ui,
+    key: ApprovalKey,
+    choice: Choice,
+    reason: Option<String>,
+    arguments: Option<Value>,
+) {
+    let newly = ui
+        .deciding
+        .try_update(|deciding| deciding.insert(key.clone()));
+    if newly != Some(true) {
+        return;
+    }
+    let session = ui.session_id();
+    spawn_local(async move {
+        let arguments = arguments.map(|value| value.to_string());
+        let sent = decide_approval(
+            key.0.clone(),
+            key.1.clone(),
+            choice,
+            reason,
+            arguments,
+            Some(session),
+        )
+        .await;
+        if let Err(error) = sent {
+            ui.error.set(Some(format!(
+                "The decision did not reach the server: {error}"
+            )));
+            ui.deciding.update(|deciding| {
+                deciding.remove(&key);
+            });
+        }
+    });
+}
+
+/// The path or program a call is about, for the card's title.
+fn target(request: &ApprovalRequest) -> Option<String> {
+    match &request.preview {
+        Some(ApprovalPreview::FileWrite { path, .. }) => Some(path.clone()),
+        Some(ApprovalPreview::FileDelete { path, .. }) => Some(path.clone()),
+        Some(ApprovalPreview::Command { program, .. }) => Some(program.clone()),
+        _ => request
+            .arguments
+            .get("path")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    }
+}
+
+/// What a write would change: line numbers, added and removed lines, folded stretches.
+#[component]
+fn DiffView(diff: FileDiff) -> impl IntoView {
+    let summary = if diff.new_file {
+        format!(
+            "New file, {} · {} lines",
+            byte_size(diff.new_bytes),
+            diff.added
+        )
+    } else {
+        format!(
+            "{} → {} · +{} −{}",
+            byte_size(diff.old_bytes.unwrap_or_default()),
+            byte_size(diff.new_bytes),
+            diff.added,
+            diff.removed
+        )
+    };
+    let rows = diff
+        .lines
+        .into_iter()
+        .map(|line| {
+            let (class, old, new, sign, text) = match line {
+                DiffLine::Same { old, new, text } => {
+                    ("same", old.to_string(), new.to_string(), " ", text)
+                }
+                DiffLine::Added { new, text } => ("added", String::new(), new.to_string(), "+", text),
+                DiffLine::Removed { old, text } => {
+                    ("removed", old.to_string(), String::new(), "−", text)
+                }
+                DiffLine::Folded { count, .. } => {
+                    let text = if count == 1 {
+                        "1 unchanged line".to_owned()
+                    } else {
+                        format!("{count} unchanged lines")
+                    };
+                    return view! {
+                        <tr class="folded"><td colspan="4">{text}</td></tr>
+                    }
+                    .into_any();
+                }
+            };
+            view! {
+                <tr class=class>
+                    <td class="ln">{old}</td>
+                    <td class="ln">{new}</td>
+                    <td class="sign" aria-hidden="true">{sign}</td>
+                    <td class="text"><span class="visually-hidden">{match class { "added" => "added: ", "removed" => "removed: ", _ => "" }}</span>{text}</td>
+                </tr>
+            }
+            .into_any()
+        })
+        .collect_view();
+    let omitted = (diff.omitted > 0).then(|| {
+        view! { <p class="note">{format!("{} more lines not shown.", diff.omitted)}</p> }
+    });
+    let note = diff.note.map(|note| view! { <p class="note">{note}</p> });
+    view! {
+        <p class="diff-summary">{summary}</p>
+        {note}
+        <div class="diff-scroll" tabindex="0" role="region" aria-label="The change to the file">
+            <table class="diff">
+                <thead class="visually-hidden">
+                    <tr><th scope="col">"Line now"</th><th scope="col">"Line after"</th><th scope="col">"Change"</th><th scope="col">"Text"</th></tr>
+                </thead>
+                <tbody>{rows}</tbody>
+            </table>
+        </div>
+        {omitted}
+    }
+}
+
+/// What the call would do, as the server worked it out when it asked.
+#[component]
+fn Preview(preview: ApprovalPreview) -> impl IntoView {
+    match preview {
+        ApprovalPreview::FileWrite { path, diff } => view! {
+            <div class="preview file-write" data-kind="fileWrite">
+                <p class="preview-title">"Write " <code>{path}</code></p>
+                <DiffView diff/>
+            </div>
+        }
+        .into_any(),
+        ApprovalPreview::FileDelete {
+            path,
+            bytes,
+            head,
+            more,
+            note,
+        } => {
+            let lines = head
+                .into_iter()
+                .map(|line| view! { <li><code>{line}</code></li> })
+                .collect_view();
+            view! {
+                <div class="preview file-delete" data-kind="fileDelete">
+                    <p class="preview-title">"Delete " <code>{path}</code> {format!(" · {}", byte_size(bytes))}</p>
+                    {note.map(|note| view! { <p class="note">{note}</p> })}
+                    <ol class="head" aria-label="The file's first lines">{lines}</ol>
+                    {more.then(|| view! { <p class="note">"… and more."</p> })}
+                </div>
+            }
+            .into_any()
+        }
+        ApprovalPreview::Command {
+            program,
+            args,
+            directory,
+        } => {
+            let args = args
+                .into_iter()
+                .map(|arg| view! { <li><code>{arg}</code></li> })
+                .collect_view();
+            view! {
+                <div class="preview command" data-kind="command">
+                    <dl>
+                        <dt>"Program"</dt>
+                        <dd><code class="program">{program}</code></dd>
+                        <dt>"Arguments, each exactly as the program receives it"</dt>
+                        <dd><ol class="args">{args}</ol></dd>
+                        <dt>"Directory"</dt>
+                        <dd><code>{directory}</code></dd>
+                    </dl>
+                </div>
+            }
+            .into_any()
+        }
+        ApprovalPreview::Fields { server, fields } => {
+            let fields = fields
+                .into_iter()
+                .map(|field| view! { <dt>{field.name}</dt><dd><pre>{field.value}</pre></dd> })
+                .collect_view();
+            view! {
+                <div class="preview fields" data-kind="fields">
+                    {server.map(|server| view! { <p class="preview-title">"From the MCP server " <code>{server}</code></p> })}
+                    <dl>{fields}</dl>
+                </div>
+            }
+            .into_any()
+        }
+        ApprovalPreview::Unavailable { reason } => view! {
+            <div class="preview unavailable" data-kind="unavailable">
+                <p class="note">{reason}</p>
+            </div>
+        }
+        .into_any(),
+    }
+}
+
+/// A tool's fields when its schema is simple enough to edit one by one: an object whose properties are all strings.
+/// The required ones first, in their order.
+fn simple_fields(schema: &Value) -> Option<Vec<String>> {
+    let properties = schema.get("properties")?.as_object()?;
+    if properties
+        .values()
+        .any(|property| property.get("type").and_then(Value::as_str) != Some("string"))
+    {
+        return None;
+    }
+    let mut names: Vec<String> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|required| {
+            required
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    for name in properties.keys() {
+        if !names.contains(name) {
+            names.push(name.clone());
+        }
+    }
+    Some(names)
+}
+
+/// The fields whose value differs between the model's arguments and the edited ones.
+fn edited_fields(original: &Value, edited: &Value) -> Vec<String> {
+    let empty = Map::new();
+    let (before, after) = (
+        original.as_object().unwrap_or(&empty),
+        edited.as_object().unwrap_or(&empty),
+    );
+    let names: BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    names
+        .into_iter()
+        .filter(|name| before.get(*name) != after.get(*name))
+        .cloned()
+        .collect()
+}
+
+/// The editor's state: one text per field, or the whole JSON.
+#[derive(Clone, Debug)]
+enum Draft {
+    Fields(Vec<(String, RwSignal<String>)>),
+    Json(RwSignal<String>),
+}
+
+impl Draft {
+    fn new(schema: Option<&Value>, arguments: &Value) -> Self {
+        match schema.and_then(simple_fields) {
+            Some(names) if arguments.is_object() => Draft::Fields(
+                names
+                    .into_iter()
+                    .map(|name| {
+                        let value = arguments
+                            .get(&name)
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_owned();
+                        (name, RwSignal::new(value))
+                    })
+                    .collect(),
+            ),
+            _ => Draft::Json(RwSignal::new(pretty_json(arguments))),
+        }
+    }
+
+    /// The arguments the draft stands for. A field the model did not send and the person left empty stays out.
+    fn value(&self, original: &Value) -> Result<Value, String> {
+        match self {
+            Draft::Fields(fields) => {
+                let mut object = Map::new();
+                for (name, text) in fields {
+                    let text = text.get();
+                    if text.is_empty() && original.get(name).is_none() {
+                        continue;
+                    }
+                    object.insert(name.clone(), Value::String(text));
+                }
+                Ok(Value::Object(object))
+            }
+            Draft::Json(text) => serde_json::from_str(&text.get())
+                .map_err(|error| format!("/: is not valid JSON ({error})")),
+        }
+    }
+}
+
+#[component]
+fn Editor(
+    draft: Draft,
+    dom_id: String,
+    problems: RwSignal<Vec<String>>,
+    edited: Memo<Vec<String>>,
+) -> impl IntoView {
+    let errors_id = format!("{dom_id}-edit-errors");
+    let described = errors_id.clone();
+    // A field is marked invalid when a problem names it (or the whole arguments).
+    let invalid = move |field: Option<String>| {
+        move || {
+            problems
+                .with(|problems| {
+                    problems.iter().any(|problem| match &field {
+                        _ if problem.starts_with("/:") => true,
+                        Some(name) => {
+                            problem.starts_with(&format!("/{name}:"))
+                                || problem.starts_with(&format!("/{name}/"))
+                        }
+                        None => true,
+                    })
+                })
+                .to_string()
+        }
+    };
+    let inputs = match draft {
+        Draft::Fields(fields) => fields
+            .into_iter()
+            .map(|(name, text)| {
+                let id = format!("{dom_id}-field-{name}");
+                let multiline = name == "content" || text.get_untracked().contains('\n');
+                let described = described.clone();
+                let invalid = invalid(Some(name.clone()));
+                let input = if multiline {
+                    view! {
+                        <textarea id=id.clone() rows="6" spellcheck="false" aria-invalid=invalid aria-describedby=described
+                            prop:value=move || text.get() on:input=move |event| text.set(event_target_value(&event))></textarea>
+                    }
+                    .into_any()
+                } else {
+                    view! {
+                        <input type="text" id=id.clone() spellcheck="false" aria-invalid=invalid aria-describedby=described
+                            prop:value=move || text.get() on:input=move |event| text.set(event_target_value(&event))/>
+                    }
+                    .into_any()
+                };
+                view! {
+                    <div class="field">
+                        <label for=id>{name}</label>
+                        {input}
+                    </div>
+                }
+                .into_any()
+            })
+            .collect_view()
+            .into_any(),
+        Draft::Json(text) => {
+            let id = format!("{dom_id}-json");
+            view! {
+                <div class="field">
+                    <label for=id.clone()>"Arguments (JSON)"</label>
+                    <textarea id=id rows="8" spellcheck="false" aria-invalid=invalid(None) aria-describedby=described
+                        prop:value=move || text.get() on:input=move |event| text.set(event_target_value(&event))></textarea>
+                </div>
+            }
+            .into_any()
+        }
+    };
+    view! {
+        <div class="editor" role="group" aria-label="Edit the arguments">
+            {inputs}
+            <p class="edited-fields" role="status">
+                {move || {
+                    let edited = edited.get();
+                    if edited.is_empty() {
+                        "Nothing edited yet.".to_owned()
+                    } else {
+                        format!("Edited: {}", edited.join(", "))
+                    }
+                }}
+            </p>
+            <ul id=errors_id class="edit-errors" role="alert" hidden=move || problems.with(Vec::is_empty)>
+                {move || problems.get().into_iter().map(|problem| view! { <li>{problem}</li> }).collect_view()}
+            </ul>
+        </div>
+    }
+}
+
+#[component]
+fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView {
+    let ui = ui();
+    let key = key_of(&request);
+    let card = NodeRef::<html::Article>::new();
+    let reason_input = NodeRef::<html::Input>::new();
+    let dom_id = card_dom_id(&key);
+    let title_id = format!("{dom_id}-title");
+    let reason_text_id = format!("{dom_id}-why");
+    let reason_id = format!("{dom_id}-reason");
+    let detail_id = format!("{dom_id}-detail");
+    let expires_at = request.expires_at;
+    // The page's clock ticks once a second: never show more time than the approval was given.
+    let requested_at = request.requested_at;
+    let original = StoredValue::new(request.arguments.clone());
+    let schema = StoredValue::new(ui.schema_of(&request.tool_name));
+
+    // Alone, a card shows what it would do; with others, each is compact (its title, reason and buttons in view)
+    // until the person opens it.
+    let opened = RwSignal::new(None::<bool>);
+    let expanded = Signal::derive(move || opened.get().unwrap_or(!crowded.get()));
+    let editing = RwSignal::new(None::<Draft>);
+    let problems = RwSignal::new(Vec::<String>::new());
+    let edited = Memo::new(move |_| {
+        editing.with(|draft| {
+            draft
+                .as_ref()
+                .and_then(|draft| draft.value(&original.get_value()).ok())
+                .map(|value| edited_fields(&original.get_value(), &value))
+                .unwrap_or_default()
+        })
+    });
+
+    // A new card takes the focus (the card, not a button: a stray Enter must not approve anything), unless the
+    // person is already at another card.
+    Effect::new(move |_| {
+        if let Some(card) = card.get() {
+            let elsewhere = document()
+                .active_element()
+                .and_then(|active| active.closest(".approval-card").ok().flatten())
+                .is_some();
+            if !elsewhere {
+                let _ = card.focus();
+            }
+        }
+    });
+
+    let in_flight = {
+        let key = key.clone();
+        Memo::new(move |_| ui.deciding.with(|deciding| deciding.contains(&key)))
+    };
+    let decide = {
+        let key = key.clone();
+        move |choice: Choice| {
+            let reason = reason_input
+                .get()
+                .map(|input| input.value())
+                .filter(|reason| !reason.trim().is_empty());
+            let mut arguments = None;
+            if choice != Choice::Deny
+                && let Some(draft) = editing.get_untracked()
+            {
+                let value = match draft.value(&original.get_value()) {
+                    Ok(value) => value,
+                    Err(problem) => {
+                        problems.set(vec![problem]);
+                        return;
+                    }
+                };
+                // Checked here first: arguments the schema refuses are never sent.
+                let found = schema
+                    .get_value()
+                    .map(|schema| schema::check(&schema, &value))
+                    .unwrap_or_default();
+                if !found.is_empty() {
+                    problems.set(found);
+                    return;
+                }
+                problems.set(Vec::new());
+                if value != original.get_value() {
+                    arguments = Some(value);
+                }
+            }
+            send_decision(ui, key.clone(), choice, reason, arguments);
+        }
+    };
+    let approve = {
+        let decide = decide.clone();
+        move |_| decide(Choice::Approve)
+    };
+    // A session scope covers what the card showed: not offered while the arguments are being edited.
+    let session_choices = session_buttons(&request.choices, decide.clone(), move || {
+        in_flight.get() || editing.with(Option::is_some)
+    });
+    let always_allow = request.choices.always_allow.clone().map(|rule| {
+        let key = key.clone();
+        view! { <AlwaysAllow key rule in_flight/> }
+    });
+    let notes = scope_notes(&request.choices);
+    let deny = move |_| decide(Choice::Deny);
+    let toggle_edit = {
+        let request_arguments = request.arguments.clone();
+        move |_| {
+            if editing.with_untracked(Option::is_some) {
+                editing.set(None);
+                problems.set(Vec::new());
+            } else {
+                editing.set(Some(Draft::new(
+                    schema.get_value().as_ref(),
+                    &request_arguments,
+                )));
+                opened.set(Some(true));
+            }
+        }
+    };
+
+    // Where a tool of an MCP server comes from, and how far its server is believed: on the card itself, compact or
+    // not. The servers as the page was rendered know the trust; a tool that came later still names its server.
+    let origin = match ui.mcp_server_of(&request.tool_name) {
+        Some(server) => Some((server.name, Some(mcp_trust_label(server.trust)))),
+        None => match &request.preview {
+            Some(ApprovalPreview::Fields {
+                server: Some(server),
+                ..
+            }) => Some((server.clone(), None)),
+            _ => None,
+        },
+    };
+    let preview = request.preview.clone();
+    let has_preview = preview.is_some();
+    let arguments_json = pretty_json(&request.arguments);
+    let target = target(&request);
+    let editor_id = dom_id.clone();
+    let labelled_by = title_id.clone();
+    let described_by = reason_text_id.clone();
+    let reason_for = reason_id.clone();
+
+    view! {
+        <article
+            class="approval-card"
+            id=dom_id
+            tabindex="-1"
+            aria-labelledby=labelled_by
+            aria-describedby=described_by
+            data-tool-call-id=request.tool_call_id.to_string()
+            data-editing=move || editing.with(Option::is_some).to_string()
+            node_ref=card
+        >
+            <header>
+                <h2 id=title_id>
+                    "Run " <code>{request.tool_name.clone()}</code> "?"
+                    {target.map(|target| view! { " " <span class="target">{target}</span> })}
+                </h2>
+                <span class="countdown">{move || countdown(expires_at, ui.now_ms.get().max(requested_at))}</span>
+            </header>
+            {origin.map(|(server, trust)| view! {
+                <p class="origin">
+                    "A tool of the MCP server " <code>{server}</code>
+                    {trust.map(|trust| format!(", {trust}"))}
+                </p>
+            })}
+            <p class="reason" id=reason_text_id>{request.reason.clone()}</p>
+            <div class="actions">
+                <button type="button" class="approve" on:click=approve disabled=move || in_flight.get()>
+                    {move || if editing.with(Option::is_some) { "Approve edited" } else { "Approve" }}
+                </button>
+                {session_choices}
+                <label class="deny-reason" for=reason_for>
+                    <span class="visually-hidden">"Reason (optional)"</span>
+                    <input type="text" id=reason_id node_ref=reason_input maxlength="2000" placeholder="Reason (optional)"
+                        disabled=move || in_flight.get()/>
+                </label>
+                <button type="button" class="deny" on:click=deny disabled=move || in_flight.get()>
+                    "Deny"
+                </button>
+                <button type="button" class="edit" aria-pressed=move || editing.with(Option::is_some).to_string()
+                    on:click=toggle_edit disabled=move || in_flight.get()>
+                    {move || if editing.with(Option::is_some) { "Cancel edit" } else { "Edit" }}
+                </button>
+                <button type="button" class="link toggle-detail" aria-expanded=move || expanded.get().to_string()
+                    aria-controls=detail_id.clone() on:click=move |_| opened.set(Some(!expanded.get_untracked()))>
+                    {move || if expanded.get() { "Hide details" } else { "Show details" }}
+                </button>
+            </div>
+            {notes}
+            {always_allow}
+            <div class="detail" id=detail_id hidden=move || !expanded.get()>
+                {move || editing.get().map(|draft| view! {
+                    <Editor draft dom_id=editor_id.clone() problems edited/>
+                })}
+                <div hidden=move || editing.with(Option::is_some)>
+                    {preview.map(|preview| view! { <Preview preview/> })}
+                    {if has_preview {
+                        view! {
+                            <details class="raw-arguments">
+                                <summary>"Arguments as JSON"</summary>
+                                <pre class="arguments" aria-label="Arguments">{arguments_json}</pre>
+                            </details>
+                        }
+                        .into_any()
+                    } else {
+                        view! { <pre class="arguments" aria-label="Arguments">{arguments_json}</pre> }.into_any()
+                    }}
+                </div>
+            </div>
+        </article>
+    }
+    .into_any()
+}
+
+/// Approve all and Deny all, when several cards wait. Each card still leaves on its own `approvalResolved`.
+#[component]
+fn BatchActions(pending: Memo<Vec<ApprovalRequest>>) -> impl IntoView {
+    let ui = ui();
+    let reason = NodeRef::<html::Input>::new();
+    let undecided = move || {
+        let deciding = ui.deciding.get();
+        pending
+            .get()
+            .iter()
+            .map(key_of)
+            .filter(|key| !deciding.contains(key))
+            .collect::<Vec<_>>()
+    };
+    let approve_all = move |_| {
+        for key in undecided() {
+            send_decision(ui, key, Choice::Approve, None, None);
+        }
+    };
+    let deny_all = move |_| {
+        let why = reason
+            .get()
+            .map(|input| input.value())
+            .filter(|reason| !reason.trim().is_empty());
+        for key in undecided() {
+            send_decision(ui, key, Choice::Deny, why.clone(), None);
+        }
+    };
+    let none_left = move || undecided().is_empty();
+    view! {
+        <div class="batch" role="group" aria-label="Decide every pending approval">
+            <p class="batch-count" role="status">{move || format!("{} approvals wait", pending.with(Vec::len))}</p>
+            <button type="button" class="approve-all" on:click=approve_all disabled=none_left>
+                "Approve all"
+            </button>
+            <label class="deny-reason" for="deny-all-reason">
+                <span class="visually-hidden">"Reason for denying all (optional)"</span>
+                <input type="text" id="deny-all-reason" node_ref=reason maxlength="2000"
+                    placeholder="Reason for denying all (optional)"/>
+            </label>
+            <button type="button" class="deny-all" on:click=deny_all disabled=none_left>
+                "Deny all"
+            </button>
+        </div>
+    }
+}
+
+/// One card per pending approval, with the batch buttons when several wait.
+#[component]
+pub fn ApprovalBar() -> impl IntoView {
+    let ui = ui();
+    let pending = Memo::new(move |_| ui.pending());
+    let crowded = Memo::new(move |_| pending.with(|pending| pending.len() > 1));
+    view! {
+        <section class="approval-bar" aria-label="Pending approvals" hidden=move || pending.with(Vec::is_empty)>
+            <Show when=move || pending.with(|pending| pending.len() > 1)>
+                <BatchActions pending/>
+            </Show>
+            <div class="cards">
+                <For
+                    each=move || pending.get()
+                    key=key_of
+                    children=move |request| view! { <ApprovalCard request crowded/> }
+                />
+            </div>
+        </section>
+    }
+    .into_any()
+}

@@ -1,0 +1,30 @@
+// A tool of an MCP server on the page: the card says which server it belongs to and how far that server is trusted,
+// and shows each argument as text to read rather than as escaped JSON.
+import { expect, test } from "@playwright/test";
+import { WITH_MCP } from "../playwright.config";
+import { card, openPage, screenshot, send } from "./helpers";
+
+test("an MCP tool's card names its server and shows its arguments formatted", async ({ page }, testInfo) => {
+  await openPage(page, `${WITH_MCP}/`);
+  const servers = page.getByRole("region", { name: "MCP servers" });
+  await expect(servers).toContainText("fixture");
+  await expect(servers.locator('[data-server="fixture"]')).toHaveAttribute("data-state", "ready");
+
+  await send(page, 'call mcp__fixture__echo {"text": "first line\\nsecond line"}');
+  const pending = card(page, "mcp__fixture__echo");
+  await expect(pending).toBeVisible();
+  await expect(pending.locator(".origin")).toHaveText(
+    "A tool of the MCP server fixture, untrusted: what it claims about its tools is not believed",
+  );
+  const preview = pending.locator(".preview.fields");
+  await expect(preview.locator(".preview-title")).toHaveText("From the MCP server fixture");
+  await expect(preview.locator("dt")).toHaveText(["text"]);
+  // The string as itself, on two lines, not as "first line\nsecond line".
+  expect(await preview.locator("dd pre").innerText()).toBe("first line\nsecond line");
+  await expect(pending.getByText("Arguments as JSON")).toBeVisible();
+  await screenshot(page, testInfo, "mcp-card");
+
+  await pending.getByRole("button", { name: "Approve", exact: true }).click();
+  await expect(pending).toHaveCount(0);
+  await expect(page.locator(".tool-call .badge")).toHaveText("approved · done");
+});

@@ -1,0 +1,95 @@
+// The server killed while a card waits, then started again on the same SQLite database: the durable store kept the
+// approval, and the open page reconnects by itself and decides it on the new process.
+import { expect, test } from "@playwright/test";
+import { type ChildProcess, spawn } from "node:child_process";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { BINARY, RESTARTED } from "../playwright.config";
+import { card, openPage, screenshot, send, unique } from "./helpers";
+
+/** A started server and what it wrote to stderr, to show when it does not come up. */
+interface Server {
+  process: ChildProcess;
+  stderr: () => string;
+}
+
+/**
+ * Starts the binary the way serve.sh does (copied alone into `dir` and run there), with its SQLite database in
+ * `dir`, and waits until it answers. Every start in the same `dir` uses the same database and workspace.
+ */
+async function start(dir: string): Promise<Server> {
+  const port = new URL(RESTARTED).port;
+  const binary = path.join(dir, "toolgate");
+  if (!fs.existsSync(binary)) fs.copyFileSync(path.resolve(BINARY), binary);
+  const child = spawn(
+    binary,
+    ["--addr", `127.0.0.1:${port}`, "--database-url", `sqlite://${path.join(dir, "toolgate.db")}`, "--log", "warn"],
+    { cwd: dir, stdio: ["ignore", "ignore", "pipe"] },
+  );
+  let stderr = "";
+  child.stderr?.on("data", (chunk) => (stderr += chunk));
+  const server = { process: child, stderr: () => stderr };
+  await expect
+    .poll(
+      async () => {
+        if (child.exitCode !== null || child.signalCode !== null) {
+          return `exited (${child.exitCode ?? child.signalCode}): ${stderr}`;
+        }
+        return (await fetch(`${RESTARTED}/healthz`).catch(() => null))?.status ?? 0;
+      },
+      { message: "the server answers /healthz", timeout: 20_000 },
+    )
+    .toBe(200);
+  return server;
+}
+
+/** Kills the server outright (SIGKILL: no shutdown, nothing flushed on the way out) and waits until it is gone. */
+async function kill(server: Server) {
+  const child = server.process;
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((resolve) => child.once("exit", resolve));
+  child.kill("SIGKILL");
+  await exited;
+}
+
+test("the server killed with a card pending and started again: the page reconnects by itself and the card still decides", async ({
+  page,
+}, testInfo) => {
+  // Two starts of the server and a reconnection with backoff: more than the usual 30 s.
+  test.setTimeout(90_000);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-e2e-restart-"));
+  let server: Server | undefined;
+  try {
+    server = await start(dir);
+    const first = server.process.pid;
+    await openPage(page, `${RESTARTED}/`);
+    const file = unique("restart");
+    await send(page, `write ${file}: survived`);
+    const pending = card(page, "write_file");
+    await expect(pending).toBeVisible();
+    await expect(pending).toContainText(file);
+
+    await kill(server);
+    expect(server.process.signalCode).toBe("SIGKILL");
+    await expect(page.locator(".connection")).toBeVisible();
+    await screenshot(page, testInfo, "restart-server-down");
+
+    server = await start(dir);
+    expect(server.process.pid).not.toBe(first);
+
+    // The page finds the server again on its own; the card is still there and still decides.
+    await expect(page.locator(".connection")).toHaveCount(0, { timeout: 40_000 });
+    await expect(pending).toBeVisible();
+    await expect(pending).toContainText(file);
+    await pending.getByRole("button", { name: "Approve", exact: true }).click();
+    await expect(pending).toHaveCount(0);
+    await expect(page.locator(".tool-call .badge")).toHaveText("approved · done");
+    await expect(page.locator(".turn.assistant").last()).toHaveText(`write_file wrote 8 bytes to ${file}.`);
+    expect(fs.readFileSync(path.join(dir, "workspace", file), "utf8")).toBe("survived");
+    await screenshot(page, testInfo, "restart-decided");
+  } finally {
+    if (server) await kill(server);
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

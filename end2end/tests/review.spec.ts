@@ -1,0 +1,397 @@
+// The approval card a reviewer deserves: what the call would change, editing before approving, deciding a batch,
+// never missing a card (the title, notifications, reconnection), conversations, the audit log, accessibility.
+import AxeBuilder from "@axe-core/playwright";
+import { expect, type Page, type Request, test } from "@playwright/test";
+import { MAIN } from "../playwright.config";
+import { card, openPage, putFile, screenshot, send, sessionOf, unique } from "./helpers";
+
+/** Every request the page makes to a server function, from now on. */
+function serverFunctionCalls(page: Page, name: string) {
+  const seen: Request[] = [];
+  page.on("request", (request) => {
+    if (request.url().endsWith(`/api/fn/${name}`)) seen.push(request);
+  });
+  return seen;
+}
+
+/** axe's findings on the page as it is, as `id: where` lines (empty when there are none). */
+async function accessibilityProblems(page: Page) {
+  const results = await new AxeBuilder({ page }).analyze();
+  return results.violations.map((v) => `${v.id} (${v.impact}): ${v.nodes.map((n) => n.target.join(" ")).join(", ")}`);
+}
+
+test("an overwrite shows its line diff against the file as it is, and a new file shows all its lines", async ({ page, request }, testInfo) => {
+  const existing = unique("diff");
+  const fresh = unique("fresh");
+  await putFile(request, existing, "one\ntwo\nthree");
+  await openPage(page);
+  await send(page, `write ${existing}: one\n2\nthree and write ${fresh}: hello`);
+
+  const overwrite = card(page, "write_file").filter({ hasText: existing });
+  await expect(overwrite).toBeVisible();
+  // Two cards wait, so each is compact until opened.
+  await expect(overwrite.locator(".detail")).toBeHidden();
+  await overwrite.getByRole("button", { name: "Show details" }).click();
+  await expect(overwrite.locator("h2 .target")).toHaveText(existing);
+  await expect(overwrite.locator(".diff-summary")).toHaveText("13 bytes → 11 bytes · +1 −1");
+  const removed = overwrite.locator("tr.removed");
+  await expect(removed.locator(".text")).toHaveText("removed: two");
+  await expect(removed.locator(".ln").first()).toHaveText("2");
+  const added = overwrite.locator("tr.added");
+  await expect(added.locator(".text")).toHaveText("added: 2");
+  await expect(added.locator(".ln").nth(1)).toHaveText("2");
+  await expect(overwrite.locator("tr.same .text")).toHaveText(["one", "three"]);
+
+  // The second card is compact until opened; then it says the file is new, every line added.
+  const created = card(page, "write_file").filter({ hasText: fresh });
+  await expect(created.locator(".detail")).toBeHidden();
+  await created.getByRole("button", { name: "Show details" }).click();
+  await expect(created.locator(".diff-summary")).toHaveText("New file, 5 bytes · 1 lines");
+  await expect(created.locator("tr.added .text")).toHaveText("added: hello");
+  await screenshot(page, testInfo, "review-diff");
+
+  await page.getByRole("button", { name: "Approve all" }).click();
+  await expect(page.locator(".approval-card")).toHaveCount(0);
+});
+
+test("an edit that breaks the tool's schema is refused in the browser, and nothing is sent", async ({ page }, testInfo) => {
+  await openPage(page);
+  const file = unique("edit-invalid");
+  await send(page, `write ${file}: draft`);
+  const pending = card(page, "write_file");
+  await expect(pending).toBeFocused();
+  const decides = serverFunctionCalls(page, "decide");
+
+  await pending.getByRole("button", { name: "Edit" }).click();
+  await pending.getByLabel("path", { exact: true }).fill("");
+  await pending.getByLabel("content", { exact: true }).fill("x".repeat(10));
+  await pending.getByRole("button", { name: "Approve edited" }).click();
+  await expect(pending.locator(".edit-errors")).toHaveText("/path: must not be empty");
+  await expect(pending.getByLabel("path", { exact: true })).toHaveAttribute("aria-invalid", "true");
+  await expect(pending.getByLabel("content", { exact: true })).toHaveAttribute("aria-invalid", "false");
+  await expect(pending.locator(".edited-fields")).toHaveText("Edited: content, path");
+  await screenshot(page, testInfo, "review-edit-invalid");
+  expect(decides).toEqual([]);
+  await expect(pending).toBeVisible();
+
+  // Leaving the editor brings the card back as the model asked it.
+  await pending.getByRole("button", { name: "Cancel edit" }).click();
+  await expect(pending.getByRole("button", { name: "Approve", exact: true })).toBeVisible();
+  await pending.getByRole("button", { name: "Deny" }).click();
+  await expect(pending).toHaveCount(0);
+});
+
+test("an edited call runs with the edited arguments, and the transcript and the model say so", async ({ page }, testInfo) => {
+  await openPage(page);
+  const file = unique("edited");
+  await send(page, `write ${file}: what the model wrote`);
+  const pending = card(page, "write_file");
+  await pending.getByRole("button", { name: "Edit" }).click();
+  await pending.getByLabel("content", { exact: true }).fill("what a person wrote");
+  await expect(pending.locator(".edited-fields")).toHaveText("Edited: content");
+  await screenshot(page, testInfo, "review-editing");
+  await pending.getByRole("button", { name: "Approve edited" }).click();
+
+  await expect(pending).toHaveCount(0);
+  const call = page.locator(".tool-call", { hasText: "write_file" });
+  await expect(call.locator(".badge")).toHaveText("approved · done");
+  await expect(call.locator(".note")).toHaveText("Ran with arguments edited by a person:");
+  await expect(call.locator(".arguments.edited")).toContainText('"content": "what a person wrote"');
+  await expect(page.locator(".turn.assistant").last()).toHaveText(
+    `write_file ran with arguments edited by a person ({"content":"what a person wrote","path":"${file}"}): write_file wrote 19 bytes to ${file}.`,
+  );
+
+  await send(page, `read ${file}`);
+  await expect(page.locator(".turn.assistant").last()).toHaveText(`read_file read ${file}: "what a person wrote"`);
+  await screenshot(page, testInfo, "review-edited-done");
+});
+
+test("Approve all and Deny all decide a batch of three, each card leaving on its own resolution", async ({ page }, testInfo) => {
+  await openPage(page);
+  const [a, b, c] = [unique("all-a"), unique("all-b"), unique("all-c")];
+  await send(page, `write ${a}: A and delete ${b} and delete ${c}`);
+  await expect(page.locator(".approval-card")).toHaveCount(3);
+  await expect(page.locator(".batch-count")).toHaveText("3 approvals wait");
+  // Every card's title, reason and buttons are in view at once.
+  for (const each of await page.locator(".approval-card").all()) {
+    await expect(each.locator("h2")).toBeInViewport();
+    await expect(each.locator(".reason")).toBeInViewport();
+    await expect(each.getByRole("button", { name: "Approve", exact: true })).toBeInViewport();
+    await expect(each.getByRole("button", { name: "Deny" })).toBeInViewport();
+  }
+  await screenshot(page, testInfo, "review-batch");
+  await page.getByRole("button", { name: "Approve all" }).click();
+  await expect(page.locator(".approval-card")).toHaveCount(0);
+  await expect(page.locator(".tool-call .badge")).toHaveText([
+    "approved · done",
+    "approved · failed · NOT_FOUND",
+    "approved · failed · NOT_FOUND",
+  ]);
+
+  await send(page, `delete ${a} and delete ${b} and delete ${c}`);
+  await expect(page.locator(".approval-card")).toHaveCount(3);
+  await page.getByLabel("Reason for denying all (optional)").fill("not today");
+  await page.getByRole("button", { name: "Deny all" }).click();
+  await expect(page.locator(".approval-card")).toHaveCount(0);
+  const denied = page.locator(".run").last().locator(".tool-call");
+  await expect(denied.locator(".badge")).toHaveText(["denied by you", "denied by you", "denied by you"]);
+  await expect(denied.locator(".resolution").first()).toHaveText("The user denied this tool call: not today");
+  await screenshot(page, testInfo, "review-batch-denied");
+});
+
+test("three cards stay readable in a narrow window", async ({ page }, testInfo) => {
+  await page.setViewportSize({ width: 375, height: 740 });
+  await openPage(page);
+  await send(page, `write ${unique("n-a")}: A and delete ${unique("n-b")} and run echo hi`);
+  await expect(page.locator(".approval-card")).toHaveCount(3);
+  for (const each of await page.locator(".approval-card").all()) {
+    await each.scrollIntoViewIfNeeded();
+    for (const part of [each.locator("h2"), each.locator(".reason"), each.getByRole("button", { name: "Deny" })]) {
+      await expect(part).toBeInViewport();
+      const box = (await part.boundingBox())!;
+      expect(box.x + box.width).toBeLessThanOrEqual(375);
+    }
+  }
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  expect(overflow).toBeLessThanOrEqual(0);
+  // The command's card lists the program and each argument as its own item.
+  const command = card(page, "run_command");
+  await command.getByRole("button", { name: "Show details" }).click();
+  await expect(command.locator(".program")).toHaveText("echo");
+  await expect(command.locator(".args li")).toHaveText(["hi"]);
+  await screenshot(page, testInfo, "review-narrow-batch");
+  await page.getByRole("button", { name: "Deny all" }).click();
+  await expect(page.locator(".approval-card")).toHaveCount(0);
+});
+
+test("the title counts waiting cards, and a hidden tab gets a notification that brings the card", async ({ context, page }, testInfo) => {
+  await context.grantPermissions(["notifications"], { origin: MAIN });
+  // Record notifications instead of showing them, and let the test say whether the tab is hidden.
+  await page.addInitScript(() => {
+    const w = window as unknown as Record<string, unknown>;
+    const shown: Array<Record<string, unknown>> = [];
+    w.__notifications = shown;
+    const Real = window.Notification;
+    class Recorded {
+      title: string;
+      body?: string;
+      closed = false;
+      onclick: ((event: Event) => void) | null = null;
+      constructor(title: string, options?: NotificationOptions) {
+        this.title = title;
+        this.body = options?.body;
+        shown.push(this as unknown as Record<string, unknown>);
+      }
+      close() {
+        this.closed = true;
+      }
+      static get permission() {
+        return Real.permission;
+      }
+      static requestPermission(callback?: NotificationPermissionCallback) {
+        return Real.requestPermission(callback);
+      }
+    }
+    w.Notification = Recorded;
+    Object.defineProperty(document, "hidden", { configurable: true, get: () => w.__hidden === true });
+  });
+  await openPage(page);
+  await expect(page).toHaveTitle("toolgate");
+
+  await page.evaluate(() => ((window as unknown as Record<string, unknown>).__hidden = true));
+  await send(page, `delete ${unique("notify-a")} and delete ${unique("notify-b")}`);
+  await expect(page).toHaveTitle("(2) toolgate");
+  await expect
+    .poll(() => page.evaluate(() => ((window as unknown as { __notifications: unknown[] }).__notifications.length)))
+    .toBe(2);
+  const first = await page.evaluate(() => {
+    const [n] = (window as unknown as { __notifications: Array<{ title: string; body: string }> }).__notifications;
+    return { title: n.title, body: n.body };
+  });
+  expect(first).toEqual({ title: "toolgate: an approval is waiting", body: "delete_file: delete_file is destructive." });
+
+  // The person comes back through the notification: the card it names has the focus.
+  await page.evaluate(() => ((window as unknown as Record<string, unknown>).__hidden = false));
+  await page.getByLabel("Reason for denying all (optional)").focus();
+  await page.evaluate(() => {
+    const [, second] = (window as unknown as { __notifications: Array<{ onclick: (e: Event) => void }> }).__notifications;
+    second.onclick(new Event("click"));
+  });
+  await expect(page.locator(".approval-card").nth(1)).toBeFocused();
+  await screenshot(page, testInfo, "review-title-count");
+
+  await page.locator(".approval-card").first().getByRole("button", { name: "Deny" }).click();
+  await expect(page).toHaveTitle("(1) toolgate");
+  await page.locator(".approval-card").first().getByRole("button", { name: "Deny" }).click();
+  await expect(page).toHaveTitle("toolgate");
+  // A card that arrives while the tab is visible needs no notification.
+  expect(await page.evaluate(() => (window as unknown as { __notifications: unknown[] }).__notifications.length)).toBe(2);
+});
+
+test("the countdown reads the server's clock, not the browser's", async ({ page }) => {
+  // The browser's clock is an hour fast; the card still has its two minutes.
+  await page.clock.setSystemTime(Date.now() + 3_600_000);
+  await openPage(page);
+  await send(page, `delete ${unique("clock")}`);
+  const pending = card(page, "delete_file");
+  await expect(pending.locator(".countdown")).toHaveText(/^[12]:\d\d left$/);
+  await pending.getByRole("button", { name: "Deny" }).click();
+});
+
+test("when the stream drops and the server refuses it, the page reconnects by itself and shows what is pending", async ({ page, request }, testInfo) => {
+  let streams = 0;
+  let release = () => {};
+  const held = new Promise<void>((resolve) => (release = resolve));
+  await page.route(/\/api\/agent\/sessions\/[^/]+\/events/, async (route) => {
+    streams += 1;
+    if (streams === 1) {
+      // The server ends the stream at once and asks for a quick retry...
+      return route.fulfill({ status: 200, contentType: "text/event-stream", body: "retry: 100\n\n" });
+    }
+    if (streams === 2) {
+      // ...then answers the retry with an error, so the browser's EventSource gives up.
+      await held;
+      return route.fulfill({ status: 503, body: "unavailable" });
+    }
+    return route.continue();
+  });
+  await openPage(page);
+  await expect.poll(() => streams).toBe(2);
+
+  // While the page has no stream, a run of its conversation starts and waits for approval.
+  const session = await sessionOf(page);
+  const file = unique("while-away");
+  const started = await request.post("/api/agent/runs", { data: { message: `delete ${file}`, sessionId: session } });
+  expect(started.status()).toBe(201);
+  release();
+  await expect(page.locator(".connection")).toHaveText(/trying again in 1 s/);
+  await screenshot(page, testInfo, "review-reconnecting");
+
+  const pending = card(page, "delete_file");
+  await expect(pending).toBeVisible();
+  expect(streams).toBe(3);
+  await expect(page.locator(".connection")).toHaveCount(0);
+  await pending.getByRole("button", { name: "Approve", exact: true }).click();
+  await expect(pending).toHaveCount(0);
+  await expect(page.locator(".tool-call .badge")).toHaveText("approved · failed · NOT_FOUND");
+});
+
+test("conversations: a new one, switching back, and a second tab on another one", async ({ context }, testInfo) => {
+  const page = await context.newPage();
+  await openPage(page);
+  await send(page, "list files");
+  await expect(page.locator(".turn.assistant")).toHaveCount(1);
+  const firstSession = await sessionOf(page);
+  await expect(page.locator(".conversations a[aria-current=page] .conversation-title")).toHaveText("list files");
+
+  await page.getByRole("link", { name: "New conversation" }).click();
+  await expect(page).toHaveURL(/\/\?session=/);
+  await expect(page.locator(".page")).toHaveAttribute("data-hydrated", "true");
+  await expect(page.locator(".run")).toHaveCount(0);
+  const secondSession = await sessionOf(page);
+  expect(secondSession).not.toBe(firstSession);
+  const file = unique("second");
+  await send(page, `delete ${file}`);
+  await expect(card(page, "delete_file")).toBeVisible();
+  await expect(page.locator(".conversations li")).toHaveCount(2);
+  await screenshot(page, testInfo, "review-conversations");
+
+  // A second tab opens on the current conversation, then switches to the first one.
+  const other = await context.newPage();
+  await openPage(other);
+  await expect(card(other, "delete_file")).toBeVisible();
+  await other.locator(`.conversations li[data-session-id="${firstSession}"] a`).click();
+  await expect(other.locator(".page")).toHaveAttribute("data-hydrated", "true");
+  await expect(other.locator(".turn.user")).toHaveText("list files");
+  await expect(other.locator(".approval-card")).toHaveCount(0);
+
+  // The first tab still acts on its own conversation.
+  await card(page, "delete_file").getByRole("button", { name: "Approve", exact: true }).click();
+  await expect(page.locator(".approval-card")).toHaveCount(0);
+  await expect(page.locator(".tool-call .badge")).toHaveText("approved · failed · NOT_FOUND");
+
+  // A link to a conversation that is not this browser's opens nothing of it.
+  await other.goto("/?session=somebody-elses");
+  await expect(other.getByRole("alert")).toContainText("not one of this browser's");
+  await expect(other.locator(".turn.user")).toHaveText("list files");
+});
+
+test("the audit log has its own view with filters", async ({ page }, testInfo) => {
+  await openPage(page);
+  const file = unique("audited");
+  await send(page, `delete ${file}`);
+  const pending = card(page, "delete_file");
+  await pending.getByLabel("Reason (optional)").fill("keep it for the audit");
+  await pending.getByRole("button", { name: "Deny" }).click();
+  await expect(pending).toHaveCount(0);
+
+  await page.getByRole("button", { name: "Audit log" }).click();
+  const rows = page.locator(".audit tbody tr");
+  await expect(rows.first()).toBeVisible();
+  const denied = rows.filter({ hasText: "keep it for the audit" });
+  await expect(denied.locator(".outcome")).toHaveText("denied");
+  await expect(denied.locator("td").nth(1)).toHaveText("delete_file");
+  await expect(rows.filter({ hasText: "requested" }).first()).toBeVisible();
+  await screenshot(page, testInfo, "review-audit");
+
+  await page.getByLabel("Outcome").selectOption("denied");
+  await page.getByRole("button", { name: "Show", exact: true }).click();
+  await expect(rows.locator(".outcome")).not.toContainText(["requested"]);
+  await expect(page.locator('.audit tbody tr[data-outcome="requested"]')).toHaveCount(0);
+  await page.getByRole("button", { name: "Back to the conversation" }).click();
+  await expect(page.getByLabel("Message", { exact: true })).toBeVisible();
+});
+
+test("axe finds no accessibility problem when idle, with a card, a batch, an editor or the audit view", async ({ page }) => {
+  await openPage(page);
+  expect(await accessibilityProblems(page), "idle").toEqual([]);
+
+  await send(page, `write ${unique("axe")}: hello`);
+  const pending = card(page, "write_file");
+  await expect(pending).toBeVisible();
+  expect(await accessibilityProblems(page), "one card").toEqual([]);
+  await pending.getByRole("button", { name: "Edit" }).click();
+  await expect(pending.getByLabel("content", { exact: true })).toBeVisible();
+  expect(await accessibilityProblems(page), "editing").toEqual([]);
+  await pending.getByRole("button", { name: "Deny" }).click();
+  await expect(pending).toHaveCount(0);
+
+  await send(page, `delete ${unique("axe-a")} and run echo hi`);
+  await expect(page.locator(".approval-card")).toHaveCount(2);
+  expect(await accessibilityProblems(page), "a batch").toEqual([]);
+  await page.getByRole("button", { name: "Deny all" }).click();
+  await expect(page.locator(".approval-card")).toHaveCount(0);
+
+  await page.getByRole("button", { name: "Audit log" }).click();
+  await expect(page.locator(".audit tbody tr").first()).toBeVisible();
+  expect(await accessibilityProblems(page), "the audit view").toEqual([]);
+});
+
+test("editing and approving with the keyboard alone", async ({ page }, testInfo) => {
+  await openPage(page);
+  const file = unique("keys-edit");
+  await page.getByLabel("Message", { exact: true }).fill(`write ${file}: typed`);
+  await page.keyboard.press("Enter");
+  const pending = card(page, "write_file");
+  await expect(pending).toBeFocused();
+  // Approve, Approve for session, the reason, Deny, then Edit.
+  for (let i = 0; i < 5; i++) await page.keyboard.press("Tab");
+  await expect(pending.getByRole("button", { name: "Edit" })).toBeFocused();
+  await page.keyboard.press("Enter");
+  await page.keyboard.press("Tab");
+  await expect(pending.getByRole("button", { name: "Hide details" })).toBeFocused();
+  await page.keyboard.press("Tab");
+  await expect(pending.getByLabel("path", { exact: true })).toBeFocused();
+  await page.keyboard.press("Tab");
+  await expect(pending.getByLabel("content", { exact: true })).toBeFocused();
+  await page.keyboard.press("End");
+  await page.keyboard.type(" by keys");
+  // Back to "Approve edited": past Hide details, Cancel edit, Deny and the reason ("Approve for session" is off
+  // while editing).
+  for (let i = 0; i < 6; i++) await page.keyboard.press("Shift+Tab");
+  await expect(pending.getByRole("button", { name: "Approve edited" })).toBeFocused();
+  await screenshot(page, testInfo, "review-keyboard-edit");
+  await page.keyboard.press("Enter");
+  await expect(pending).toHaveCount(0);
+  await expect(page.locator(".tool-call .arguments.edited")).toContainText('"content": "typed by keys"');
+});
