@@ -585,8 +585,6 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
                     {move || if expanded.get() { "Hide details" } else { "Show details" }}
                 </button>
             </div>
-            {notes}
-            {always_allow}
             <div class="detail" id=detail_id hidden=move || !expanded.get()>
                 {move || editing.get().map(|draft| view! {
                     <Editor draft dom_id=editor_id.clone() problems edited/>
@@ -604,6 +602,10 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
                     } else {
                         view! { <pre class="arguments" aria-label="Arguments">{arguments_json}</pre> }.into_any()
                     }}
+                    // What each session scope covers (each button's title says it too), and the rule Always
+                    // allow would add: with the details, so that a compact card keeps its buttons in view.
+                    {notes}
+                    {always_allow}
                 </div>
             </div>
         </article>
