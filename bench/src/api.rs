@@ -69,6 +69,8 @@ impl TripError {
 pub struct Api {
     client: reqwest::Client,
     base: String,
+    /// Where decisions are posted: `base`, or another instance on the same database.
+    decisions: String,
 }
 
 impl Api {
@@ -84,7 +86,18 @@ impl Api {
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|error| anyhow::anyhow!("cannot build the HTTP client: {error}"))?;
-        Ok(Self { client, base })
+        Ok(Self {
+            client,
+            decisions: base.clone(),
+            base,
+        })
+    }
+
+    /// The same client, posting its decisions to another instance (one sharing the database), so that the
+    /// decision reaches the run's instance through the database.
+    pub fn with_decisions_at(mut self, base: String) -> Self {
+        self.decisions = base;
+        self
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -186,7 +199,10 @@ impl Api {
         let what = "POST /api/agent/approvals/{runId}/{toolCallId}";
         let response = self
             .client
-            .post(self.url(&format!("/api/agent/approvals/{run_id}/{tool_call_id}")))
+            .post(format!(
+                "{}/api/agent/approvals/{run_id}/{tool_call_id}",
+                self.decisions
+            ))
             .json(&json!({ "decision": decision }))
             .send()
             .await

@@ -75,9 +75,18 @@ pub struct Args {
     #[arg(long)]
     pub quick: bool,
 
-    /// The stores the round trips are measured on, each on fresh servers; the scale scenario uses the first.
+    /// The stores the round trips are measured on, each on fresh servers; the scale and browser scenarios use the
+    /// first of sqlite and memory given (sqlite when neither is). postgres and postgres2 (not in the default set):
+    /// one instance, or two on one database, of a private PostgreSQL the bench starts (initdb in a temporary
+    /// directory; as root it runs as the postgres user); with two, the run is started and streamed on the first and
+    /// the decision posted to the second; the approval API's flow only.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Store::Sqlite, Store::Memory])]
     pub stores: Vec<Store>,
+
+    /// The PostgreSQL server binaries (initdb, postgres, pg_isready, createdb) for the postgres stores [default: the
+    /// newest /usr/lib/postgresql/*/bin].
+    #[arg(long, value_name = "DIR")]
+    pub postgres_bin: Option<PathBuf>,
 
     /// Round trips in flight at once; one fresh server per level.
     #[arg(long, value_delimiter = ',', default_value = "1,32")]
@@ -205,6 +214,10 @@ mod tests {
         assert_eq!(args.concurrency, [1, 4, 16]);
         assert_eq!(args.scenarios, Scenario::FULL);
         assert!(args.wants(Scenario::AguiRoundtrip));
+        assert_eq!(args.stores, [Store::Sqlite, Store::Memory]);
+        let args =
+            Args::try_parse_from(["toolgate-bench", "--stores", "sqlite,postgres2"]).unwrap();
+        assert_eq!(args.stores, [Store::Sqlite, Store::Postgres2]);
     }
 
     #[test]
@@ -215,6 +228,7 @@ mod tests {
         };
         let args = quick(&["toolgate-bench", "--quick"]);
         assert_eq!(args.scenarios, Scenario::QUICK);
+        assert_eq!(args.stores, [Store::Sqlite]);
         assert!(args.wants(Scenario::Roundtrip) && args.wants(Scenario::AguiRoundtrip));
         assert_eq!(
             (args.trips, args.concurrency.as_slice()),

@@ -8,6 +8,7 @@ mod api;
 mod browser;
 mod cli;
 mod flow;
+mod postgres;
 mod report;
 mod roundtrip;
 mod scale;
@@ -22,8 +23,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::cli::{Args, Scenario};
 use crate::flow::ApprovalFlow;
+use crate::postgres::Cluster;
 use crate::report::{Meta, Report};
-use crate::server::ServerOptions;
+use crate::server::{ServerOptions, Store};
 
 fn main() -> ExitCode {
     let args = Args::parse_with_quick();
@@ -35,7 +37,20 @@ fn main() -> ExitCode {
     let outcome = runtime
         .build()
         .context("cannot start the async runtime")
-        .and_then(|runtime| runtime.block_on(run(args)));
+        .and_then(|runtime| {
+            runtime.block_on(async {
+                // On Ctrl-C or SIGTERM the run is dropped, and with it the servers and PostgreSQL (their guards
+                // stop them and remove their directories).
+                let mut terminate =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .context("cannot listen for SIGTERM")?;
+                tokio::select! {
+                    outcome = run(args) => outcome,
+                    _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+                    _ = terminate.recv() => Err(anyhow::anyhow!("terminated")),
+                }
+            })
+        });
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
@@ -77,6 +92,7 @@ async fn roundtrips<F: ApprovalFlow>(
     flow: F,
     server_options: &ServerOptions,
     settings: &roundtrip::Settings,
+    cluster: Option<&mut Cluster>,
 ) -> Result<Vec<roundtrip::Level>> {
     eprintln!(
         "round trips ({}, {} store): {} measured + {} warm-up per level, at concurrency {:?}…",
@@ -86,7 +102,7 @@ async fn roundtrips<F: ApprovalFlow>(
         settings.warmup,
         settings.concurrency
     );
-    let levels = roundtrip::run(flow, server_options, settings, |level| {
+    let levels = roundtrip::run(flow, server_options, settings, cluster, |level| {
         eprintln!(
             "  concurrency {}: {:.0} trips/s, {} failed",
             level.concurrency,
@@ -108,8 +124,15 @@ async fn run(args: Args) -> Result<bool> {
     if args.stores.is_empty() {
         bail!("--stores needs at least one store");
     }
+    // The scale and browser scenarios run on one instance.
+    let single_store = args
+        .stores
+        .iter()
+        .copied()
+        .find(|store| !store.on_postgres())
+        .unwrap_or(Store::Sqlite);
     let server_options = ServerOptions {
-        store: args.stores[0],
+        store: single_store,
         binary: std::path::absolute(&args.server)
             .with_context(|| format!("bad --server path {}", args.server.display()))?,
         extra_args: args.server_args.clone(),
@@ -144,16 +167,47 @@ async fn run(args: Args) -> Result<bool> {
             store,
             ..server_options.clone()
         };
-        if args.wants(Scenario::Roundtrip) {
+        let wanted = args.wants(Scenario::Roundtrip);
+        // A private PostgreSQL for this store's levels, stopped when this iteration ends (or fails).
+        let mut cluster = if store.on_postgres() && wanted {
+            let bin = postgres::bin_dir(args.postgres_bin.as_deref())?;
+            eprintln!(
+                "PostgreSQL: starting a private cluster from {}…",
+                bin.display()
+            );
+            let cluster = Cluster::start(bin, args.keep_workdir).await?;
+            eprintln!("PostgreSQL: ready in {}", cluster.dir().display());
+            Some(cluster)
+        } else {
+            None
+        };
+        if wanted {
             report.roundtrip.extend(
-                roundtrips(flow::ApprovalApiFlow, &server_options, &roundtrip_settings).await?,
+                roundtrips(
+                    flow::ApprovalApiFlow,
+                    &server_options,
+                    &roundtrip_settings,
+                    cluster.as_mut(),
+                )
+                .await?,
             );
         }
+        drop(cluster);
         if args.wants(Scenario::AguiRoundtrip) {
-            report
-                .agui_roundtrip
-                .extend(roundtrips(flow::AguiFlow, &server_options, &roundtrip_settings).await?);
+            if store.on_postgres() {
+                eprintln!(
+                    "round trips (AG-UI, {} store): not measured, the PostgreSQL modes measure the approval API's flow",
+                    store.as_str()
+                );
+            } else {
+                report.agui_roundtrip.extend(
+                    roundtrips(flow::AguiFlow, &server_options, &roundtrip_settings, None).await?,
+                );
+            }
         }
+    }
+    if args.stores.len() > 1 && !report.roundtrip.is_empty() {
+        println!("{}", report::by_store(&report.roundtrip));
     }
 
     if args.wants(Scenario::Scale) {

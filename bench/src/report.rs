@@ -149,14 +149,30 @@ pub fn roundtrip(levels: &[Level]) -> String {
         first.store.as_str(),
         first.legs.trip
     );
-    let _ = writeln!(
-        out,
-        "   each level on a fresh server; figures per round as median [min–max] over the rounds\n"
-    );
+    if first.instances > 1 {
+        let _ = writeln!(
+            out,
+            "   {} toolgate instances on one PostgreSQL database: the run started and streamed on the first, the \
+             decision posted to the last (it reaches the run through the database); server CPU and RSS are summed \
+             over the instances, PostgreSQL's own CPU (postmaster and backends) is apart",
+            first.instances
+        );
+        let _ = writeln!(
+            out,
+            "   each level on fresh instances and a fresh database; figures per round as median [min–max] over the \
+             rounds\n"
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "   each level on a fresh server; figures per round as median [min–max] over the rounds\n"
+        );
+    }
+    let database = levels.iter().any(|l| l.database_cpu_per_trip_us.is_some());
     let rows: Vec<Vec<String>> = levels
         .iter()
         .map(|l| {
-            vec![
+            let mut row = vec![
                 l.concurrency.to_string(),
                 format!("{} + {} warm-up", l.measured_trips, l.warmup_trips),
                 format!("{}", l.failed + l.unverified_files),
@@ -165,22 +181,30 @@ pub fn roundtrip(levels: &[Level]) -> String {
                 format!("{:.1}", l.server_sys_per_trip_us.median),
                 format!("±{:.1}", l.cpu_resolution_per_trip_us),
                 l.bench_cpu_per_trip_us.show(1),
-            ]
+            ];
+            if database {
+                row.push(
+                    l.database_cpu_per_trip_us
+                        .map_or_else(|| "n/a".to_owned(), |s| s.show(1)),
+                );
+            }
+            row
         })
         .collect();
-    out.push_str(&table(
-        &[
-            "concurrency",
-            "trips",
-            "failed",
-            "trips/s",
-            "server CPU µs/trip",
-            "of it sys",
-            "(tick)",
-            "bench CPU µs/trip",
-        ],
-        &rows,
-    ));
+    let mut headers = vec![
+        "concurrency",
+        "trips",
+        "failed",
+        "trips/s",
+        "server CPU µs/trip",
+        "of it sys",
+        "(tick)",
+        "bench CPU µs/trip",
+    ];
+    if database {
+        headers.push("PostgreSQL CPU µs/trip");
+    }
+    out.push_str(&table(&headers, &rows));
     out.push('\n');
     let mut rows = Vec::new();
     for l in levels {
@@ -214,6 +238,60 @@ pub fn roundtrip(levels: &[Level]) -> String {
         );
         failures(&mut out, &l.failures_by_kind, &l.failure_examples);
     }
+    out
+}
+
+/// The round trips of every store side by side, level by level (medians over the rounds, latency percentiles).
+pub fn by_store(levels: &[Level]) -> String {
+    let mut out = String::new();
+    let Some(first) = levels.first() else {
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "== Approval round trip by store ({}): trips/s and server CPU as medians over the rounds (server CPU summed \
+         over the instances; PostgreSQL's own CPU apart)\n",
+        first.flow
+    );
+    let rows: Vec<Vec<String>> = levels
+        .iter()
+        .map(|l| {
+            vec![
+                l.store.as_str().to_owned(),
+                l.concurrency.to_string(),
+                format!("{}", l.failed + l.unverified_files),
+                format!("{:.0}", l.trips_per_second.median),
+                format!("{:.1}", l.server_cpu_per_trip_us.median),
+                l.database_cpu_per_trip_us
+                    .map_or_else(|| "-".to_owned(), |s| format!("{:.1}", s.median)),
+                format!(
+                    "{} / {} / {}",
+                    ms3(l.whole_trip.p50_ms),
+                    ms3(l.whole_trip.p95_ms),
+                    ms3(l.whole_trip.p99_ms)
+                ),
+                format!(
+                    "{} / {} / {}",
+                    ms3(l.decision_to_resolved.p50_ms),
+                    ms3(l.decision_to_resolved.p95_ms),
+                    ms3(l.decision_to_resolved.p99_ms)
+                ),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &[
+            "store",
+            "concurrency",
+            "failed",
+            "trips/s",
+            "server CPU µs/trip",
+            "PostgreSQL CPU µs/trip",
+            "whole trip p50 / p95 / p99 ms",
+            "decision -> approvalResolved p50 / p95 / p99 ms",
+        ],
+        &rows,
+    ));
     out
 }
 
@@ -484,11 +562,13 @@ pub fn targets(report: &Report) -> Vec<Target> {
             });
         }
     }
-    let idle = report
-        .scale
-        .as_ref()
-        .map(|s| s.rss_idle_bytes)
-        .or_else(|| report.roundtrips().next().map(|l| l.server_rss_idle_bytes));
+    let idle = report.scale.as_ref().map(|s| s.rss_idle_bytes).or_else(|| {
+        // One instance's: the two-instance levels report the sum.
+        report
+            .roundtrips()
+            .find(|l| l.instances == 1)
+            .map(|l| l.server_rss_idle_bytes)
+    });
     if let Some(idle) = idle {
         targets.push(Target {
             what: "server resident memory at idle".to_owned(),

@@ -38,6 +38,13 @@ pub enum Store {
     Sqlite,
     /// `--database-url memory`: nothing survives the process.
     Memory,
+    /// One instance on a database of a private PostgreSQL the bench starts and stops: the baseline of postgres2.
+    Postgres,
+    /// Two instances on one PostgreSQL database (a private cluster the bench starts and stops): each run is started
+    /// and streamed on the first, its decision posted to the second. Round trips only.
+    #[value(name = "postgres2")]
+    #[serde(rename = "postgres×2")]
+    Postgres2,
 }
 
 impl Store {
@@ -45,6 +52,21 @@ impl Store {
         match self {
             Self::Sqlite => "sqlite",
             Self::Memory => "memory",
+            Self::Postgres => "postgres",
+            Self::Postgres2 => "postgres×2",
+        }
+    }
+
+    /// Whether the bench's private PostgreSQL keeps this store's state.
+    pub fn on_postgres(self) -> bool {
+        matches!(self, Self::Postgres | Self::Postgres2)
+    }
+
+    /// How many toolgate instances a level of this store runs on.
+    pub fn instances(self) -> usize {
+        match self {
+            Self::Sqlite | Self::Memory | Self::Postgres => 1,
+            Self::Postgres2 => 2,
         }
     }
 }
@@ -86,9 +108,28 @@ impl Server {
     /// Starts the server and waits until `/healthz` answers. Retries with another port if the chosen one was taken
     /// in the meantime.
     pub async fn start(options: &ServerOptions) -> Result<Self> {
+        Self::start_with(options, None, None).await
+    }
+
+    /// Starts the server on the given `--database-url` (one that others may share) instead of its store's own, and
+    /// on the given workspace when it shares one with another instance (whichever instance wins a decision runs the
+    /// tool, so instances on one database share their workspace).
+    pub async fn start_on(
+        options: &ServerOptions,
+        database_url: &str,
+        workspace: Option<&Path>,
+    ) -> Result<Self> {
+        Self::start_with(options, Some(database_url), workspace).await
+    }
+
+    async fn start_with(
+        options: &ServerOptions,
+        database_url: Option<&str>,
+        workspace: Option<&Path>,
+    ) -> Result<Self> {
         let mut last_error = None;
         for _ in 0..3 {
-            match Self::start_once(options).await {
+            match Self::start_once(options, database_url, workspace).await {
                 Ok(server) => return Ok(server),
                 Err(StartFailure::PortTaken(error)) => last_error = Some(error),
                 Err(StartFailure::Other(error)) => return Err(error),
@@ -97,7 +138,11 @@ impl Server {
         Err(last_error.unwrap_or_else(|| anyhow::anyhow!("the server did not start")))
     }
 
-    async fn start_once(options: &ServerOptions) -> Result<Self, StartFailure> {
+    async fn start_once(
+        options: &ServerOptions,
+        shared_database: Option<&str>,
+        shared_workspace: Option<&Path>,
+    ) -> Result<Self, StartFailure> {
         let binary = &options.binary;
         if !binary.is_file() {
             return Err(StartFailure::Other(anyhow::anyhow!(
@@ -115,23 +160,31 @@ impl Server {
                     options.tmpdir.display()
                 )
             })?;
-        let workspace = workdir.path().join("workspace");
+        let workspace =
+            shared_workspace.map_or_else(|| workdir.path().join("workspace"), Path::to_path_buf);
         let log = workdir.path().join("server.log");
         let log_file =
             File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        let database = match options.store {
-            Store::Sqlite => Some(
+        let database = match (options.store, shared_database) {
+            (_, Some(_)) | (Store::Memory, None) => None,
+            (Store::Sqlite, None) => Some(
                 tempfile::Builder::new()
                     .prefix("toolgate-bench-db-")
                     .tempdir()
                     .context("cannot create a temporary directory for the database")?,
             ),
-            Store::Memory => None,
+            (Store::Postgres | Store::Postgres2, None) => {
+                return Err(StartFailure::Other(anyhow::anyhow!(
+                    "the {} store is on the bench's PostgreSQL: start its servers with Server::start_on",
+                    options.store.as_str()
+                )));
+            }
         };
-        let database_url = match &database {
-            Some(dir) => format!("sqlite://{}", dir.path().join("toolgate.db").display()),
-            None => "memory".to_owned(),
+        let database_url = match (shared_database, &database) {
+            (Some(url), _) => url.to_owned(),
+            (None, Some(dir)) => format!("sqlite://{}", dir.path().join("toolgate.db").display()),
+            (None, None) => "memory".to_owned(),
         };
 
         let mut command = Command::new(binary);

@@ -25,6 +25,14 @@ impl CpuTime {
         self.user + self.system
     }
 
+    /// The CPU time of this and `other` together.
+    pub fn plus(&self, other: CpuTime) -> CpuTime {
+        CpuTime {
+            user: self.user + other.user,
+            system: self.system + other.system,
+        }
+    }
+
     /// The CPU time spent since `earlier`.
     pub fn since(&self, earlier: CpuTime) -> CpuTime {
         CpuTime {
