@@ -14,6 +14,9 @@
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 BIN=${1:?usage: side-by-side.sh TOOLGATE_BINARY [toolgate flags...]}; shift
+# Absolute: each server starts from a temporary directory of its own.
+[ -x "$BIN" ] || { echo "side-by-side: no toolgate binary at $BIN"; exit 1; }
+BIN=$(realpath "$BIN")
 PAIRS=${PAIRS:-3}; DURATION=${DURATION:-5}; WARMUP=${WARMUP:-2}; C=${C:-32}; MEMORY=${MEMORY:-1}
 OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT"
 PIDS=()
