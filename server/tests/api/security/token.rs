@@ -577,9 +577,20 @@ async fn cookies_are_secure_when_the_public_origin_is_https() {
         .await
         .unwrap();
     assert_eq!(page.status(), 200);
-    let session = page.headers()["set-cookie"].to_str().unwrap().to_owned();
-    assert!(session.starts_with("toolgate_session="), "{session}");
-    assert!(session.split("; ").any(|a| a == "Secure"), "{session}");
+    // The page sets the session cookie and the cookie that lists the browser's sessions: both Secure.
+    let cookies: Vec<String> = page
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|value| value.to_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        cookies.iter().any(|c| c.starts_with("toolgate_session=")),
+        "{cookies:?}"
+    );
+    for cookie in &cookies {
+        assert!(cookie.split("; ").any(|a| a == "Secure"), "{cookie}");
+    }
     let logout = client
         .post(app.url("/logout"))
         .header("origin", origin)
