@@ -13,7 +13,9 @@ shift 3
 pg_bin=${TOOLGATE_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
 [ -x "$pg_bin/initdb" ] || { echo "serve-two.sh: no PostgreSQL server under /usr/lib/postgresql (scripts/bootstrap.sh installs it)" >&2; exit 1; }
 
-dir=$(mktemp -d "${TMPDIR:-/tmp}/toolgate-e2e-pg.XXXXXX")
+# An earlier run ended by SIGKILL (as the browser tests end their servers) could not clean up: its directory goes.
+rm -rf "${TMPDIR:-/tmp}"/toolgate-e2e-pg-"$port_a".*
+dir=$(mktemp -d "${TMPDIR:-/tmp}/toolgate-e2e-pg-$port_a.XXXXXX")
 as_server=()
 if [ "$(id -u)" = 0 ]; then
   # initdb and postgres refuse to run as root.
