@@ -69,6 +69,8 @@ export default defineConfig({
       url: `${INSTANCE_B}/healthz`,
       reuseExistingServer: false,
       timeout: 90_000,
+      // SIGTERM, so that the script stops both instances and PostgreSQL and removes its directory.
+      gracefulShutdown: { signal: "SIGTERM", timeout: 15_000 },
     },
     {
       // The fixture needs tools/mcp/node_modules, which scripts/bootstrap.sh installs.

@@ -2,7 +2,8 @@
 # Two toolgate instances on one PostgreSQL, the way a team runs them behind a load balancer: a throwaway PostgreSQL
 # from the machine's own packages (initdb into a temporary directory, listening on a unix socket there), then the
 # built binary twice, each copied alone into an empty directory, on PORT_A and PORT_B. Everything stops with this
-# script, whichever signal ends it.
+# script when a signal it can catch ends it (the browser tests send SIGTERM); after a SIGKILL the next run removes
+# what is left.
 #   serve-two.sh BINARY PORT_A PORT_B [toolgate options...]
 set -euo pipefail
 binary=$(realpath "$1")
@@ -23,10 +24,19 @@ if [ "$(id -u)" = 0 ]; then
   as_server=(runuser -u postgres --)
 fi
 
-pids=()
+postgres_pid=
+toolgate_pids=()
+# The instances first (SIGTERM: they hand their waiting runs over), then PostgreSQL (SIGINT: its fast shutdown,
+# which does not wait for clients), each given a few seconds before SIGKILL.
 stop() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  local pid killer
+  for pid in "${toolgate_pids[@]}" $postgres_pid; do
+    if [ "$pid" = "$postgres_pid" ]; then kill -INT "$pid" 2>/dev/null || true; else kill "$pid" 2>/dev/null || true; fi
+    (sleep 5; kill -KILL "$pid" 2>/dev/null) &
+    killer=$!
+    wait "$pid" 2>/dev/null || true
+    kill "$killer" 2>/dev/null || true
+  done
   rm -rf "$dir"
 }
 trap stop EXIT
@@ -36,7 +46,7 @@ trap 'exit 143' TERM INT
 # No TCP: the socket in the directory only. -c keeps the cluster small for a test.
 "${as_server[@]}" "$pg_bin/postgres" -D "$dir/data" -k "$dir" -c listen_addresses= -c fsync=off \
   -c max_connections=60 >"$dir/postgres.log" 2>&1 &
-pids+=($!)
+postgres_pid=$!
 for _ in $(seq 100); do
   "$pg_bin/pg_isready" -q -h "$dir" -U toolgate && break
   sleep 0.1
@@ -50,9 +60,9 @@ instance() {
   mkdir "$dir/$port"
   cp "$binary" "$dir/$port/toolgate"
   (cd "$dir/$port" && exec ./toolgate --addr "127.0.0.1:$port" --database-url "$url" "$@") &
-  pids+=($!)
-  for _ in $(seq 200); do
-    curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0
+  toolgate_pids+=($!)
+  for _ in $(seq 600); do
+    curl -fsS -m 2 "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0
     sleep 0.1
   done
   echo "serve-two.sh: the instance on port $port did not start" >&2

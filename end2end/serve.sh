@@ -5,6 +5,7 @@ set -euo pipefail
 binary=$(realpath "$1")
 port=$2
 shift 2
+[[ $port =~ ^[0-9]+$ ]] || { echo "serve.sh: PORT must be a number, not '$port'" >&2; exit 2; }
 # The browser tests end their servers with SIGKILL, which leaves no chance to clean up: an earlier run's directory
 # for this port (its server is gone, or the port would not be free) goes now.
 rm -rf "${TMPDIR:-/tmp}"/toolgate-e2e-"$port".*

@@ -163,6 +163,11 @@ impl Pool {
         match self {
             Self::Sqlite(connection) => {
                 let connection = Arc::clone(connection).lock_owned().await;
+                // A transaction whose rollback failed (logged when it was dropped) would otherwise refuse every
+                // later one: end it first.
+                if !connection.is_autocommit() {
+                    connection.execute_batch("ROLLBACK")?;
+                }
                 connection.execute_batch("BEGIN IMMEDIATE")?;
                 Ok(Tx::Sqlite {
                     connection,

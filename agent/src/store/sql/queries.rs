@@ -1111,6 +1111,9 @@ impl Store for SqlStore {
                     continue;
                 }
                 let mut tx = self.writer.begin().await.map_err(unavailable)?;
+                lock_run_in(self.dialect, &mut tx, &record.run_id)
+                    .await
+                    .map_err(unavailable)?;
                 let settlement = (events.call_interrupted)(&record);
                 let (call_events, audit) = apply(&mut record, settlement);
                 record.executing_on = None;
@@ -1766,6 +1769,9 @@ impl Store for SqlStore {
                     continue;
                 }
                 let mut tx = self.writer.begin().await.map_err(unavailable)?;
+                lock_run_in(self.dialect, &mut tx, &run_id(id.clone())?)
+                    .await
+                    .map_err(unavailable)?;
                 for sql in [
                     "DELETE FROM events WHERE run_id = $1",
                     "DELETE FROM calls WHERE run_id = $1",
