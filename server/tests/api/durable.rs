@@ -8,108 +8,52 @@ use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::helpers::{PATIENCE, SseEvent, SseStream, names};
+use crate::helpers::{PATIENCE, SseEvent, eventually, names};
 use crate::process::{EXIT_WITHIN, Home, Server, toolgate_in};
 
 fn client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
-async fn post(server: &Server, path: &str, body: Value) -> reqwest::Response {
-    client()
-        .post(server.url(path))
-        .json(&body)
-        .send()
-        .await
-        .expect("the request is sent")
-}
-
-async fn get_json(server: &Server, path: &str) -> Value {
-    client()
-        .get(server.url(path))
-        .send()
-        .await
-        .expect("the request is sent")
-        .json()
-        .await
-        .expect("a JSON body")
-}
-
-async fn create_run(server: &Server, body: Value) -> String {
-    let response = post(server, "/api/agent/runs", body).await;
-    assert_eq!(response.status(), 201);
-    let body: Value = response.json().await.unwrap();
-    body["runId"].as_str().unwrap().to_owned()
-}
-
-async fn events(server: &Server, run_id: &str, after: Option<u64>) -> SseStream {
-    let mut request = client().get(server.url(&format!("/api/agent/runs/{run_id}/events")));
-    if let Some(after) = after {
-        request = request.header("Last-Event-ID", after.to_string());
-    }
-    SseStream::new(request.send().await.expect("the request is sent"))
-}
-
 /// The events of a run that ended, from the start.
 async fn all_events(server: &Server, run_id: &str) -> Vec<SseEvent> {
-    events(server, run_id, None).await.rest().await
-}
-
-async fn pending(server: &Server) -> Vec<Value> {
-    get_json(server, "/api/agent/approvals").await["pending"]
-        .as_array()
-        .unwrap()
-        .clone()
+    server.events(run_id, None).await.rest().await
 }
 
 async fn audit(server: &Server, query: &str) -> Vec<Value> {
-    let body = get_json(server, &format!("/api/audit{query}")).await;
+    let body = server.get_json(&format!("/api/audit{query}")).await;
     assert_eq!(body["ok"], true, "{body}");
     body["entries"].as_array().unwrap().clone()
-}
-
-/// Waits until `check` holds, reading again every few milliseconds (for what another process does in its own
-/// time: the test has nothing to await).
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what} did not happen in time"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]
 async fn an_approval_pending_at_a_kill_is_pending_after_the_restart_and_its_tool_runs_once() {
     let home = Home::new();
     let server = Server::start_in(&home, &[], &[]).await;
-    let run_id = create_run(&server, json!({"message": "write notes.txt: hello"})).await;
-    let mut stream = events(&server, &run_id, None).await;
+    let run_id = server
+        .create_run(json!({"message": "write notes.txt: hello"}))
+        .await;
+    let mut stream = server.events(&run_id, None).await;
     let required = stream.until("approvalRequired").await;
     let seen = required.id;
-    let before = pending(&server).await;
+    let before = server.pending().await;
     assert_eq!(before.len(), 1);
     drop(stream);
     server.kill9().await;
 
     let server = Server::start_in(&home, &[], &[]).await;
-    let after = pending(&server).await;
+    let after = server.pending().await;
     assert_eq!(after, before, "the same card, with the same expiry");
     let call_id = after[0]["toolCallId"].as_str().unwrap();
-    let decided = post(
-        &server,
-        &format!("/api/agent/approvals/{run_id}/{call_id}"),
-        json!({"decision": "approve"}),
-    )
-    .await;
+    let decided = server
+        .post_json(
+            &format!("/api/agent/approvals/{run_id}/{call_id}"),
+            json!({"decision": "approve"}),
+        )
+        .await;
     assert_eq!(decided.status(), 200);
     // The stream resumes from the last event the client saw, across the restart.
-    let rest = events(&server, &run_id, Some(seen)).await.rest().await;
+    let rest = server.events(&run_id, Some(seen)).await.rest().await;
     assert_eq!(rest.first().unwrap().id, seen + 1, "nothing missed");
     assert_eq!(
         names(&rest)
@@ -128,12 +72,12 @@ async fn an_approval_pending_at_a_kill_is_pending_after_the_restart_and_its_tool
         .filter(|e| e.name == "toolResult")
         .count();
     assert_eq!(results, 1, "the approved tool ran once");
-    let second = post(
-        &server,
-        &format!("/api/agent/approvals/{run_id}/{call_id}"),
-        json!({"decision": "approve"}),
-    )
-    .await;
+    let second = server
+        .post_json(
+            &format!("/api/agent/approvals/{run_id}/{call_id}"),
+            json!({"decision": "approve"}),
+        )
+        .await;
     assert_eq!(second.status(), 404);
     server.signal(libc::SIGTERM);
     server.exit(EXIT_WITHIN).await;
@@ -144,25 +88,24 @@ async fn a_clean_shutdown_keeps_what_waits_and_a_page_reload_after_it_shows_the_
     let home = Home::new();
     let server = Server::start_in(&home, &[], &[]).await;
     let session = "durable-session";
-    let run_id = create_run(
-        &server,
-        json!({"message": "delete gone.txt", "sessionId": session}),
-    )
-    .await;
-    events(&server, &run_id, None)
+    let run_id = server
+        .create_run(json!({"message": "delete gone.txt", "sessionId": session}))
+        .await;
+    server
+        .events(&run_id, None)
         .await
         .until("approvalRequired")
         .await;
-    let before = get_json(&server, &format!("/api/agent/runs/{run_id}")).await;
+    let before = server.get_json(&format!("/api/agent/runs/{run_id}")).await;
     server.signal(libc::SIGTERM);
     let (status, log) = server.exit(EXIT_WITHIN).await;
     assert!(status.success(), "{log}");
 
     let server = Server::start_in(&home, &[], &[]).await;
-    let after = get_json(&server, &format!("/api/agent/runs/{run_id}")).await;
+    let after = server.get_json(&format!("/api/agent/runs/{run_id}")).await;
     assert_eq!(after, before, "the run reads the same after the restart");
     assert_eq!(
-        pending(&server).await.len(),
+        server.pending().await.len(),
         1,
         "a graceful shutdown ends no waiting run"
     );
@@ -187,12 +130,10 @@ async fn a_run_killed_in_a_model_step_ends_restarted_and_its_session_goes_on() {
     let home = Home::new();
     let server = Server::start_in(&home, &["--scripted-delay-ms", "300"], &[]).await;
     let session = "session-after-a-crash";
-    let run_id = create_run(
-        &server,
-        json!({"message": "hello there", "sessionId": session}),
-    )
-    .await;
-    let mut stream = events(&server, &run_id, None).await;
+    let run_id = server
+        .create_run(json!({"message": "hello there", "sessionId": session}))
+        .await;
+    let mut stream = server.events(&run_id, None).await;
     stream.until("assistantDelta").await;
     drop(stream);
     server.kill9().await;
@@ -202,11 +143,9 @@ async fn a_run_killed_in_a_model_step_ends_restarted_and_its_session_goes_on() {
     let last = ended.last().unwrap();
     assert_eq!(last.name, "error");
     assert_eq!(last.data["code"], "RESTARTED", "{:?}", last.data);
-    let next = create_run(
-        &server,
-        json!({"message": "hello again", "sessionId": session}),
-    )
-    .await;
+    let next = server
+        .create_run(json!({"message": "hello again", "sessionId": session}))
+        .await;
     let next = all_events(&server, &next).await;
     assert_eq!(next.last().unwrap().name, "done", "the session is usable");
     server.signal(libc::SIGTERM);
@@ -217,11 +156,9 @@ async fn a_run_killed_in_a_model_step_ends_restarted_and_its_session_goes_on() {
 async fn a_tool_killed_while_it_ran_is_recorded_as_interrupted_and_never_run_again() {
     let home = Home::new();
     let server = Server::start_in(&home, &["--policy", "trusted"], &[]).await;
-    let run_id = create_run(
-        &server,
-        json!({"message": "run sh -c 'echo ran >> runs.txt; sleep 37'"}),
-    )
-    .await;
+    let run_id = server
+        .create_run(json!({"message": "run sh -c 'echo ran >> runs.txt; sleep 37'"}))
+        .await;
     let workspace = server.workspace();
     eventually("the command to start", async || {
         std::fs::read_to_string(workspace.join("runs.txt")).ok()
@@ -259,7 +196,7 @@ async fn a_tool_killed_while_it_ran_is_recorded_as_interrupted_and_never_run_aga
 
 /// One AG-UI request's status and events.
 async fn agui(server: &Server, body: Value) -> (u16, Vec<Value>, Value) {
-    let response = post(server, "/api/agui", body).await;
+    let response = server.post_json("/api/agui", body).await;
     let status = response.status().as_u16();
     if status != 200 {
         return (
@@ -451,8 +388,9 @@ async fn a_pending_approval_past_its_expiry_across_a_restart_times_out() {
     let home = Home::new();
     let args = ["--approval-timeout-secs", "2"];
     let server = Server::start_in(&home, &args, &[]).await;
-    let run_id = create_run(&server, json!({"message": "delete x.txt"})).await;
-    events(&server, &run_id, None)
+    let run_id = server.create_run(json!({"message": "delete x.txt"})).await;
+    server
+        .events(&run_id, None)
         .await
         .until("approvalRequired")
         .await;
@@ -473,8 +411,11 @@ async fn a_pending_approval_past_its_expiry_across_a_restart_times_out() {
 
 /// Streams `message` in `session` until its first card, and returns the request.
 async fn until_card(server: &Server, session: &str, message: &str) -> Value {
-    let run_id = create_run(server, json!({"message": message, "sessionId": session})).await;
-    events(server, &run_id, None)
+    let run_id = server
+        .create_run(json!({"message": message, "sessionId": session}))
+        .await;
+    server
+        .events(&run_id, None)
         .await
         .until("approvalRequired")
         .await
@@ -484,7 +425,9 @@ async fn until_card(server: &Server, session: &str, message: &str) -> Value {
 
 /// Runs `message` in `session` to its end and returns the names of its events.
 async fn run_in_session(server: &Server, session: &str, message: &str) -> Vec<String> {
-    let run_id = create_run(server, json!({"message": message, "sessionId": session})).await;
+    let run_id = server
+        .create_run(json!({"message": message, "sessionId": session}))
+        .await;
     let events = all_events(server, &run_id).await;
     assert_eq!(events.last().unwrap().name, "done", "{:?}", names(&events));
     events.into_iter().map(|e| e.name).collect()
@@ -499,33 +442,30 @@ async fn a_session_grant_and_an_added_rule_survive_a_restart_and_still_cover_onl
     let request = until_card(&server, session, "run echo granted").await;
     let run_id = request["runId"].as_str().unwrap();
     let call_id = request["toolCallId"].as_str().unwrap();
-    let decided = post(
-        &server,
-        &format!("/api/agent/approvals/{run_id}/{call_id}"),
-        json!({"decision": "approve", "scope": "session"}),
-    )
-    .await;
+    let decided = server
+        .post_json(
+            &format!("/api/agent/approvals/{run_id}/{call_id}"),
+            json!({"decision": "approve", "scope": "session"}),
+        )
+        .await;
     assert_eq!(decided.status(), 200);
     all_events(&server, run_id).await;
     let grants_path = format!("/api/agent/sessions/{session}/grants");
-    let before = get_json(&server, &grants_path).await["grants"].clone();
+    let before = server.get_json(&grants_path).await["grants"].clone();
     assert_eq!(before.as_array().unwrap().len(), 1, "{before}");
-    let added = post(
-        &server,
-        "/api/rules",
-        json!({"rule": "write_file(kept.txt)=allow"}),
-    )
-    .await;
+    let added = server
+        .post_json("/api/rules", json!({"rule": "write_file(kept.txt)=allow"}))
+        .await;
     assert_eq!(added.status(), 201);
     server.kill9().await;
 
     let server = Server::start_in(&home, &[], &[]).await;
     assert_eq!(
-        get_json(&server, &grants_path).await["grants"],
+        server.get_json(&grants_path).await["grants"],
         before,
         "the same grant, listed the same"
     );
-    let rules = get_json(&server, "/api/rules").await["rules"].clone();
+    let rules = server.get_json("/api/rules").await["rules"].clone();
     assert_eq!(rules[0]["rule"], "write_file(kept.txt)=allow");
     assert_eq!(rules[0]["origin"], "added");
     let again = run_in_session(&server, session, "run echo granted").await;

@@ -228,3 +228,19 @@ pub fn names(events: &[SseEvent]) -> Vec<&str> {
         .filter(|name| *name != "debug")
         .collect()
 }
+
+/// Waits until `check` holds, reading again every few milliseconds: for what another process does in its own time,
+/// where the test has nothing to await.
+pub async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} did not happen in time"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

@@ -5,9 +5,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::helpers::{PATIENCE, SseEvent, SseStream};
+use crate::helpers::{SseEvent, SseStream, eventually};
 use crate::postgres;
 use crate::process::{EXIT_WITHIN, Home, Server};
 
@@ -55,38 +55,6 @@ fn client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
-async fn create_run(server: &Server, body: Value) -> String {
-    let response = client()
-        .post(server.url("/api/agent/runs"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 201);
-    let body: Value = response.json().await.unwrap();
-    body["runId"].as_str().unwrap().to_owned()
-}
-
-async fn events(server: &Server, run_id: &str, after: Option<u64>) -> SseStream {
-    let mut request = client().get(server.url(&format!("/api/agent/runs/{run_id}/events")));
-    if let Some(after) = after {
-        request = request.header("Last-Event-ID", after.to_string());
-    }
-    SseStream::new(request.send().await.unwrap())
-}
-
-async fn pending(server: &Server) -> Vec<Value> {
-    let body: Value = client()
-        .get(server.url("/api/agent/approvals"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    body["pending"].as_array().unwrap().clone()
-}
-
 async fn decide(server: &Server, run_id: &str, call_id: &str, decision: &str) -> reqwest::Response {
     client()
         .post(server.url(&format!("/api/agent/approvals/{run_id}/{call_id}")))
@@ -98,21 +66,6 @@ async fn decide(server: &Server, run_id: &str, call_id: &str, decision: &str) ->
 
 fn ids(events: &[SseEvent]) -> Vec<u64> {
     events.iter().map(|e| e.id).collect()
-}
-
-/// Waits until `check` holds, reading again every few milliseconds (another process acts in its own time).
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what} did not happen in time"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 #[tokio::test]
@@ -136,11 +89,13 @@ async fn a_run_started_on_one_instance_is_followed_listed_and_decided_on_others(
         "each instance has its own id"
     );
 
-    let run_id = create_run(&a, json!({"message": "write shared.txt: one"})).await;
-    let mut on_a = events(&a, &run_id, None).await;
-    let mut on_b = events(&b, &run_id, None).await;
+    let run_id = a
+        .create_run(json!({"message": "write shared.txt: one"}))
+        .await;
+    let mut on_a = a.events(&run_id, None).await;
+    let mut on_b = b.events(&run_id, None).await;
     on_b.until("approvalRequired").await;
-    let listed = pending(&c).await;
+    let listed = c.pending().await;
     assert_eq!(
         listed.len(),
         1,
@@ -157,7 +112,7 @@ async fn a_run_started_on_one_instance_is_followed_listed_and_decided_on_others(
     assert_eq!(all, (1..=all.len() as u64).collect::<Vec<_>>());
     let from_b: Vec<u64> = ids(&rest_b);
     assert_eq!(from_b, all[all.len() - from_b.len()..].to_vec());
-    let on_c = events(&c, &run_id, None).await.rest().await;
+    let on_c = c.events(&run_id, None).await.rest().await;
     assert_eq!(ids(&on_c), all);
     assert_eq!(
         on_c.iter().map(|e| e.data.to_string()).collect::<Vec<_>>(),
@@ -197,16 +152,15 @@ async fn fifty_concurrent_decisions_over_three_instances_have_one_winner() {
         cluster.start(&[]).await,
     ];
     std::fs::write(cluster.file("once.txt"), "").unwrap();
-    let run_id = create_run(
-        &servers[0],
-        json!({"message": "run sh -c 'echo ran >> once.txt'"}),
-    )
-    .await;
-    events(&servers[1], &run_id, None)
+    let run_id = servers[0]
+        .create_run(json!({"message": "run sh -c 'echo ran >> once.txt'"}))
+        .await;
+    servers[1]
+        .events(&run_id, None)
         .await
         .until("approvalRequired")
         .await;
-    let call_id = pending(&servers[2]).await[0]["toolCallId"]
+    let call_id = servers[2].pending().await[0]["toolCallId"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -238,7 +192,7 @@ async fn fifty_concurrent_decisions_over_three_instances_have_one_winner() {
         49,
         "{statuses:?}"
     );
-    let rest = events(&servers[0], &run_id, None).await.rest().await;
+    let rest = servers[0].events(&run_id, None).await.rest().await;
     assert_eq!(rest.last().unwrap().name, "done");
     assert_eq!(
         std::fs::read_to_string(cluster.file("once.txt")).unwrap(),
@@ -256,8 +210,10 @@ async fn a_decision_reaches_a_follower_whose_notification_connection_was_killed(
     let mut cluster = Cluster::new();
     let a = cluster.start(&[]).await;
     let b = cluster.start(&[]).await;
-    let run_id = create_run(&a, json!({"message": "write lost.txt: found"})).await;
-    let mut on_b = events(&b, &run_id, None).await;
+    let run_id = a
+        .create_run(json!({"message": "write lost.txt: found"}))
+        .await;
+    let mut on_b = b.events(&run_id, None).await;
     on_b.until("approvalRequired").await;
     // Every instance's LISTEN connection goes: notifications sent meanwhile are lost.
     let killed = postgres::psql(
@@ -265,7 +221,7 @@ async fn a_decision_reaches_a_follower_whose_notification_connection_was_killed(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'",
     );
     assert_ne!(killed, "0", "the listeners were found and killed");
-    let call_id = pending(&a).await[0]["toolCallId"]
+    let call_id = a.pending().await[0]["toolCallId"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -290,19 +246,21 @@ async fn a_waiting_run_of_a_killed_instance_is_decided_and_finished_on_another()
     let mut cluster = Cluster::new();
     let a = cluster.start(&[]).await;
     let b = cluster.start(&[]).await;
-    let run_id = create_run(&a, json!({"message": "write after.txt: survived"})).await;
-    events(&a, &run_id, None)
+    let run_id = a
+        .create_run(json!({"message": "write after.txt: survived"}))
+        .await;
+    a.events(&run_id, None)
         .await
         .until("approvalRequired")
         .await;
     a.kill9().await;
 
-    let call_id = pending(&b).await[0]["toolCallId"]
+    let call_id = b.pending().await[0]["toolCallId"]
         .as_str()
         .unwrap()
         .to_owned();
     assert_eq!(decide(&b, &run_id, &call_id, "approve").await.status(), 200);
-    let rest = events(&b, &run_id, None).await.rest().await;
+    let rest = b.events(&run_id, None).await.rest().await;
     assert_eq!(rest.last().unwrap().name, "done");
     assert_eq!(rest.iter().filter(|e| e.name == "toolResult").count(), 1);
     assert_eq!(
@@ -318,11 +276,9 @@ async fn a_call_running_on_a_killed_instance_is_interrupted_by_another_and_never
     let mut cluster = Cluster::new();
     let a = cluster.start(&["--policy", "trusted"]).await;
     let b = cluster.start(&["--policy", "trusted"]).await;
-    let run_id = create_run(
-        &a,
-        json!({"message": "run sh -c 'echo ran >> killed.txt; sleep 38'"}),
-    )
-    .await;
+    let run_id = a
+        .create_run(json!({"message": "run sh -c 'echo ran >> killed.txt; sleep 38'"}))
+        .await;
     let file = cluster.file("killed.txt");
     eventually("the command to start", async || {
         std::fs::read_to_string(&file).ok()
@@ -335,7 +291,7 @@ async fn a_call_running_on_a_killed_instance_is_interrupted_by_another_and_never
 
     // Within about a lease, the other instance notices and takes over.
     let ended = eventually("the take-over", async || {
-        let rest = events(&b, &run_id, None).await.rest().await;
+        let rest = b.events(&run_id, None).await.rest().await;
         (rest.last()?.name == "error").then_some(rest)
     })
     .await;
@@ -366,30 +322,24 @@ async fn a_graceful_shutdown_hands_waiting_runs_over_instead_of_denying_them() {
     let a = cluster.start(&[]).await;
     let b = cluster.start(&[]).await;
     let runs: HashSet<String> = [
-        create_run(&a, json!({"message": "write x1.txt: a"})).await,
-        create_run(&a, json!({"message": "write x2.txt: b"})).await,
+        a.create_run(json!({"message": "write x1.txt: a"})).await,
+        a.create_run(json!({"message": "write x2.txt: b"})).await,
     ]
     .into();
     for run in &runs {
-        events(&a, run, None).await.until("approvalRequired").await;
+        a.events(run, None).await.until("approvalRequired").await;
     }
     a.signal(libc::SIGTERM);
     let (status, _) = a.exit(EXIT_WITHIN).await;
     assert!(status.success());
-    let waiting = pending(&b).await;
+    let waiting = b.pending().await;
     assert_eq!(waiting.len(), 2, "nothing was denied");
     for approval in &waiting {
         let run = approval["runId"].as_str().unwrap();
         let call = approval["toolCallId"].as_str().unwrap();
         assert_eq!(decide(&b, run, call, "approve").await.status(), 200);
         assert_eq!(
-            events(&b, run, None)
-                .await
-                .rest()
-                .await
-                .last()
-                .unwrap()
-                .name,
+            b.events(run, None).await.rest().await.last().unwrap().name,
             "done"
         );
     }

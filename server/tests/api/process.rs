@@ -11,7 +11,9 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
-use crate::helpers::PATIENCE;
+use serde_json::Value;
+
+use crate::helpers::{PATIENCE, SseStream};
 
 /// How long a signalled server may take to exit: "within a few seconds", as the README promises.
 pub const EXIT_WITHIN: Duration = Duration::from_secs(5);
@@ -167,6 +169,54 @@ impl Server {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// POSTs a JSON body.
+    pub async fn post_json(&self, path: &str, body: Value) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .expect("the request is sent")
+    }
+
+    /// GETs a JSON body.
+    pub async fn get_json(&self, path: &str) -> Value {
+        reqwest::Client::new()
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("the request is sent")
+            .json()
+            .await
+            .expect("a JSON body")
+    }
+
+    /// `POST /api/agent/runs`: starts a run and returns its id.
+    pub async fn create_run(&self, body: Value) -> String {
+        let response = self.post_json("/api/agent/runs", body).await;
+        assert_eq!(response.status(), 201);
+        let body: Value = response.json().await.unwrap();
+        body["runId"].as_str().unwrap().to_owned()
+    }
+
+    /// `GET /api/agent/runs/{runId}/events`, optionally resuming after `last_event_id`.
+    pub async fn events(&self, run_id: &str, last_event_id: Option<u64>) -> SseStream {
+        let mut request =
+            reqwest::Client::new().get(self.url(&format!("/api/agent/runs/{run_id}/events")));
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id.to_string());
+        }
+        SseStream::new(request.send().await.expect("the request is sent"))
+    }
+
+    /// Every pending approval the server lists.
+    pub async fn pending(&self) -> Vec<Value> {
+        self.get_json("/api/agent/approvals").await["pending"]
+            .as_array()
+            .unwrap()
+            .clone()
     }
 
     /// The workspace directory, as the server sees it (canonical).
