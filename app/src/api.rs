@@ -92,7 +92,7 @@ pub mod ssr {
     //! What server functions need from the server: the harness and the browser's session.
 
     use agent::harness::{Harness, RunHandle};
-    use agent::ids::{RunId, SessionId};
+    use agent::ids::{RunId, SessionId, ToolCallId};
     use axum::http::StatusCode;
     use leptos::prelude::*;
     use leptos_axum::ResponseOptions;
@@ -224,6 +224,34 @@ pub mod ssr {
         }
         ServerFnError::new(message)
     }
+
+    /// The approval API's 404 for a call: what another browser's approval looks like too.
+    pub fn approval_not_found(run_id: &RunId, tool_call_id: &ToolCallId) -> ServerFnError {
+        not_found(
+            agent::approvals::ApprovalNotFound {
+                run_id: run_id.clone(),
+                tool_call_id: tool_call_id.clone(),
+            }
+            .to_string(),
+        )
+    }
+
+    /// Where a decision on a call of `run_id` acts: the session the page names, when it is one of this browser's
+    /// and the run is one of its runs; otherwise the approval API's 404, as if the approval were unknown.
+    pub async fn deciding_session(
+        harness: &Harness,
+        named: Option<SessionId>,
+        run_id: &RunId,
+        tool_call_id: &ToolCallId,
+    ) -> Result<SessionId, ServerFnError> {
+        let Some(session) = acting_session(named)? else {
+            return Err(approval_not_found(run_id, tool_call_id));
+        };
+        if own_run(harness, &session, run_id).await?.is_none() {
+            return Err(approval_not_found(run_id, tool_call_id));
+        }
+        Ok(session)
+    }
 }
 
 #[server(prefix = "/api/fn", endpoint = "page")]
@@ -304,25 +332,10 @@ pub async fn decide_approval(
     arguments: Option<String>,
     session: Option<SessionId>,
 ) -> Result<(), ServerFnError> {
-    use agent::approvals::ApprovalNotFound;
     use agent::wire::Decision;
 
     let harness = ssr::harness()?;
-    let not_found = || {
-        ssr::not_found(
-            ApprovalNotFound {
-                run_id: run_id.clone(),
-                tool_call_id: tool_call_id.clone(),
-            }
-            .to_string(),
-        )
-    };
-    let Some(session) = ssr::acting_session(session)? else {
-        return Err(not_found());
-    };
-    if ssr::own_run(&harness, &session, &run_id).await?.is_none() {
-        return Err(not_found());
-    }
+    ssr::deciding_session(&harness, session, &run_id, &tool_call_id).await?;
     let edited = match (&choice, arguments) {
         (Choice::Deny, _) | (_, None) => None,
         (_, Some(text)) => Some(serde_json::from_str::<Value>(&text).map_err(|error| {

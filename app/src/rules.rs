@@ -55,7 +55,6 @@ pub async fn always_allow(
     rule: String,
     session: Option<SessionId>,
 ) -> Result<(), ServerFnError> {
-    use agent::approvals::ApprovalNotFound;
     use agent::policy::{Rule, RuleBookError};
     use agent::wire::Decision;
 
@@ -63,21 +62,8 @@ pub async fn always_allow(
 
     let harness = ssr::harness()?;
     let actor = ssr::actor()?;
-    let gone = || {
-        ssr::not_found(
-            ApprovalNotFound {
-                run_id: run_id.clone(),
-                tool_call_id: tool_call_id.clone(),
-            }
-            .to_string(),
-        )
-    };
-    let Some(session) = ssr::acting_session(session)? else {
-        return Err(gone());
-    };
-    if ssr::own_run(&harness, &session, &run_id).await?.is_none() {
-        return Err(gone());
-    }
+    ssr::deciding_session(&harness, session, &run_id, &tool_call_id).await?;
+    let gone = || ssr::approval_not_found(&run_id, &tool_call_id);
     let pending = harness
         .pending(Some(&run_id))
         .await
