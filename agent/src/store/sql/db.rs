@@ -287,7 +287,7 @@ impl<'q> Query<'q> {
         for value in &self.params {
             query = match value {
                 Value::Int(value) => query.bind(*value),
-                Value::Text(value) => query.bind(value.clone()),
+                Value::Text(value) => query.bind(value.as_deref()),
             };
         }
         query
