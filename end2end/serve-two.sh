@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Two toolgate instances on one PostgreSQL, the way a team runs them behind a load balancer: a throwaway PostgreSQL
 # from the machine's own packages (initdb into a temporary directory, listening on a unix socket there), then the
-# built binary twice, each copied alone into an empty directory, on PORT_A and PORT_B. Everything stops with this
+# built binary twice, each started by serve.sh, on PORT_A and PORT_B. Everything stops with this
 # script when a signal it can catch ends it (the browser tests send SIGTERM); after a SIGKILL the next run removes
 # what is left.
 #   serve-two.sh BINARY PORT_A PORT_B [toolgate options...]
 set -euo pipefail
+here=$(dirname "$(realpath "$0")")
 binary=$(realpath "$1")
 port_a=$2
 port_b=$3
@@ -57,9 +58,8 @@ url="postgres://toolgate@localhost/postgres?host=$dir"
 instance() {
   local port=$1
   shift
-  mkdir "$dir/$port"
-  cp "$binary" "$dir/$port/toolgate"
-  (cd "$dir/$port" && exec ./toolgate --addr "127.0.0.1:$port" --database-url "$url" "$@") &
+  # As every browser-test server starts: copied alone into an empty directory (serve.sh execs the binary).
+  "$here/serve.sh" "$binary" "$port" --database-url "$url" "$@" &
   toolgate_pids+=($!)
   for _ in $(seq 600); do
     curl -fsS -m 2 "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0
