@@ -1030,6 +1030,32 @@ async fn a_second_process_on_a_sqlite_file_is_refused_with_a_clear_message() {
 }
 
 #[tokio::test]
+async fn a_child_process_never_holds_the_sqlite_files_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    let first = SqlStore::open(&url).await.unwrap();
+    // A child between its fork and its exec (here it stays there) has a copy of every descriptor of the parent,
+    // as children of other tests, of tools and of MCP servers do for a moment.
+    // SAFETY: the child only sleeps and exits, both async-signal-safe.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork failed");
+    if child == 0 {
+        unsafe {
+            libc::sleep(30);
+            libc::_exit(0);
+        }
+    }
+    drop(first);
+    let reopened = SqlStore::open(&url).await;
+    // SAFETY: `child` is this process's child.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    reopened.expect("the lock went with the store, whatever children this process has");
+}
+
+#[tokio::test]
 async fn what_a_sqlite_store_holds_survives_the_process_and_recovery_marks_what_it_was_doing() {
     let dir = tempfile::tempdir().unwrap();
     let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));

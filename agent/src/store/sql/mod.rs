@@ -128,20 +128,58 @@ pub enum OpenError {
     },
 }
 
-/// Holds the lock that keeps a second toolgate off a SQLite file: an exclusive `flock` on `<file>.lock`, with the
+/// Holds the lock that keeps a second toolgate off a SQLite file: a POSIX record lock on `<file>.lock`, with the
 /// holder's process id inside for the message the second one prints.
+///
+/// A record lock belongs to the process: a child never inherits it, not even between its fork and its exec (an
+/// `flock` is shared with such a child, which then holds the file for a moment after this process let go). Within
+/// one process record locks never conflict, so a registry of the files this process holds refuses a second store
+/// on the same file; it is checked before the file is opened, because closing any descriptor of a file drops the
+/// process's record locks on it.
 struct FileLock {
-    _file: std::fs::File,
+    /// `None` only while dropped.
+    file: Option<std::fs::File>,
+    /// The lock file, as the registry knows it.
+    key: PathBuf,
 }
+
+/// The lock files this process holds.
+static HELD: std::sync::LazyLock<Mutex<std::collections::HashSet<PathBuf>>> =
+    std::sync::LazyLock::new(Mutex::default);
 
 impl FileLock {
     fn acquire(database: &Path) -> Result<Self, OpenError> {
-        use std::io::{Read, Seek, Write};
+        use std::io::{Seek, Write};
+        use std::os::fd::AsRawFd;
 
         let lock = PathBuf::from(format!("{}.lock", database.display()));
         let io = |source| OpenError::Io {
             path: lock.display().to_string(),
             source,
+        };
+        let locked = |holder: Option<u32>| OpenError::Locked {
+            path: database.display().to_string(),
+            lock: lock.display().to_string(),
+            holder: holder.map_or_else(String::new, |pid| format!(" by process {pid}")),
+        };
+        // The same file under any spelling: the directory resolved, the name as given.
+        let key = match (lock.parent(), lock.file_name()) {
+            (Some(dir), Some(name)) => {
+                let dir = if dir.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    dir
+                };
+                dir.canonicalize().map_err(io)?.join(name)
+            }
+            _ => lock.clone(),
+        };
+        if !HELD.lock().insert(key.clone()) {
+            return Err(locked(Some(std::process::id())));
+        }
+        let release = |error| {
+            HELD.lock().remove(&key);
+            error
         };
         let mut file = std::fs::OpenOptions::new()
             .read(true)
@@ -149,30 +187,54 @@ impl FileLock {
             .create(true)
             .truncate(false)
             .open(&lock)
-            .map_err(io)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                let holder = holder.trim();
-                return Err(OpenError::Locked {
-                    path: database.display().to_string(),
-                    lock: lock.display().to_string(),
-                    holder: if holder.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" by process {holder}")
-                    },
-                });
+            .map_err(|e| release(io(e)))?;
+        let mut request = record_lock(libc::F_WRLCK);
+        // SAFETY: `file` is an open descriptor and `request` a valid `flock` for the duration of the call.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &raw const request) } != 0 {
+            let error = std::io::Error::last_os_error();
+            if !matches!(
+                error.raw_os_error(),
+                Some(libc::EAGAIN) | Some(libc::EACCES)
+            ) {
+                return Err(release(io(error)));
             }
-            Err(std::fs::TryLockError::Error(error)) => return Err(io(error)),
+            // SAFETY: as above; F_GETLK writes the holder into `request`.
+            let asked = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &raw mut request) };
+            let holder = (asked == 0 && request.l_type != libc::F_UNLCK as libc::c_short)
+                .then(|| u32::try_from(request.l_pid).ok())
+                .flatten();
+            drop(file);
+            return Err(release(locked(holder)));
         }
-        file.set_len(0).map_err(io)?;
-        file.rewind().map_err(io)?;
-        write!(file, "{}", std::process::id()).map_err(io)?;
-        Ok(Self { _file: file })
+        let write_pid = |file: &mut std::fs::File| -> std::io::Result<()> {
+            file.set_len(0)?;
+            file.rewind()?;
+            write!(file, "{}", std::process::id())
+        };
+        write_pid(&mut file).map_err(|e| release(io(e)))?;
+        Ok(Self {
+            file: Some(file),
+            key,
+        })
     }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        // Closed (which releases the record lock) before another store of this process may open the file: closing
+        // it after would release that store's lock too.
+        drop(self.file.take());
+        HELD.lock().remove(&self.key);
+    }
+}
+
+/// A request for a record lock of `kind` on the whole file.
+fn record_lock(kind: libc::c_int) -> libc::flock {
+    // SAFETY: `flock` is a plain C struct for which all zeroes is a valid value.
+    let mut request: libc::flock = unsafe { std::mem::zeroed() };
+    request.l_type = kind as libc::c_short;
+    request.l_whence = libc::SEEK_SET as libc::c_short;
+    request
 }
 
 fn migrator(dialect: Dialect) -> Migrator {
