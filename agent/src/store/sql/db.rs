@@ -112,12 +112,20 @@ pub(super) enum Pool {
     Postgres(PgPool),
 }
 
+/// What runs once a transaction committed, or once it rolled back.
+type Hook = Box<dyn FnOnce() + Send>;
+
 /// A transaction: it commits on [`Tx::commit`] and rolls back when dropped before.
-pub(super) enum Tx {
-    Sqlite {
-        connection: OwnedMutexGuard<rusqlite::Connection>,
-        open: bool,
-    },
+pub(super) struct Tx {
+    connection: TxConnection,
+    committed: bool,
+    after_commit: Vec<Hook>,
+    after_rollback: Vec<Hook>,
+}
+
+enum TxConnection {
+    /// The connection, in a transaction until committed.
+    Sqlite(OwnedMutexGuard<rusqlite::Connection>),
     /// `None` only once committed.
     Postgres(Option<sqlx::Transaction<'static, Postgres>>),
 }
@@ -169,28 +177,46 @@ impl Pool {
                     connection.execute_batch("ROLLBACK")?;
                 }
                 connection.execute_batch("BEGIN IMMEDIATE")?;
-                Ok(Tx::Sqlite {
-                    connection,
-                    open: true,
-                })
+                Ok(Tx::new(TxConnection::Sqlite(connection)))
             }
-            Self::Postgres(pool) => Ok(Tx::Postgres(Some(pool.begin().await?))),
+            Self::Postgres(pool) => Ok(Tx::new(TxConnection::Postgres(Some(pool.begin().await?)))),
         }
     }
 }
 
 impl Tx {
+    fn new(connection: TxConnection) -> Self {
+        Self {
+            connection,
+            committed: false,
+            after_commit: Vec::new(),
+            after_rollback: Vec::new(),
+        }
+    }
+
+    /// Runs `hook` once the transaction committed. SQLite runs it before the connection is let go, so that the hooks
+    /// of this process's transactions run in the order the transactions committed.
+    pub(super) fn after_commit(&mut self, hook: impl FnOnce() + Send + 'static) {
+        self.after_commit.push(Box::new(hook));
+    }
+
+    /// Runs `hook` once the transaction rolled back (or failed to commit).
+    pub(super) fn after_rollback(&mut self, hook: impl FnOnce() + Send + 'static) {
+        self.after_rollback.push(Box::new(hook));
+    }
+
     pub(super) async fn commit(mut self) -> Db<()> {
-        match &mut self {
-            Self::Sqlite { connection, open } => {
-                connection.execute_batch("COMMIT")?;
-                *open = false;
-            }
-            Self::Postgres(tx) => {
+        match &mut self.connection {
+            TxConnection::Sqlite(connection) => connection.execute_batch("COMMIT")?,
+            TxConnection::Postgres(tx) => {
                 if let Some(tx) = tx.take() {
                     tx.commit().await?;
                 }
             }
+        }
+        self.committed = true;
+        for hook in std::mem::take(&mut self.after_commit) {
+            hook();
         }
         Ok(())
     }
@@ -198,15 +224,18 @@ impl Tx {
 
 impl Drop for Tx {
     fn drop(&mut self) {
-        if let Self::Sqlite {
-            connection,
-            open: true,
-        } = self
+        if self.committed {
+            return;
+        }
+        // sqlx rolls a PostgreSQL transaction back when it is dropped.
+        if let TxConnection::Sqlite(connection) = &self.connection
             && let Err(error) = connection.execute_batch("ROLLBACK")
         {
             tracing::error!(%error, "cannot roll a SQLite transaction back");
         }
-        // sqlx rolls a PostgreSQL transaction back when it is dropped.
+        for hook in std::mem::take(&mut self.after_rollback) {
+            hook();
+        }
     }
 }
 
@@ -218,11 +247,17 @@ impl<'q> Query<'q> {
 
     pub(super) async fn execute<'e>(self, on: impl Into<On<'e>>) -> Db<Done> {
         match on.into() {
-            On::Tx(Tx::Sqlite { connection, .. }) => self.sqlite_execute(connection),
+            On::Tx(Tx {
+                connection: TxConnection::Sqlite(connection),
+                ..
+            }) => self.sqlite_execute(connection),
             On::Pool(Pool::Sqlite(connection)) => {
                 self.sqlite_execute(&mut *connection.lock().await)
             }
-            On::Tx(Tx::Postgres(tx)) => Ok(Done {
+            On::Tx(Tx {
+                connection: TxConnection::Postgres(tx),
+                ..
+            }) => Ok(Done {
                 rows: self.postgres().execute(in_tx(tx)?).await?.rows_affected(),
             }),
             On::Pool(Pool::Postgres(pool)) => Ok(Done {
@@ -233,11 +268,17 @@ impl<'q> Query<'q> {
 
     pub(super) async fn fetch_all<'e>(self, on: impl Into<On<'e>>) -> Db<Vec<Row>> {
         match on.into() {
-            On::Tx(Tx::Sqlite { connection, .. }) => self.sqlite_rows(connection, usize::MAX),
+            On::Tx(Tx {
+                connection: TxConnection::Sqlite(connection),
+                ..
+            }) => self.sqlite_rows(connection, usize::MAX),
             On::Pool(Pool::Sqlite(connection)) => {
                 self.sqlite_rows(&mut *connection.lock().await, usize::MAX)
             }
-            On::Tx(Tx::Postgres(tx)) => Ok(self
+            On::Tx(Tx {
+                connection: TxConnection::Postgres(tx),
+                ..
+            }) => Ok(self
                 .postgres()
                 .fetch_all(in_tx(tx)?)
                 .await?
@@ -256,14 +297,18 @@ impl<'q> Query<'q> {
 
     pub(super) async fn fetch_optional<'e>(self, on: impl Into<On<'e>>) -> Db<Option<Row>> {
         match on.into() {
-            On::Tx(Tx::Sqlite { connection, .. }) => {
-                Ok(self.sqlite_rows(connection, 1)?.into_iter().next())
-            }
+            On::Tx(Tx {
+                connection: TxConnection::Sqlite(connection),
+                ..
+            }) => Ok(self.sqlite_rows(connection, 1)?.into_iter().next()),
             On::Pool(Pool::Sqlite(connection)) => Ok(self
                 .sqlite_rows(&mut *connection.lock().await, 1)?
                 .into_iter()
                 .next()),
-            On::Tx(Tx::Postgres(tx)) => Ok(self
+            On::Tx(Tx {
+                connection: TxConnection::Postgres(tx),
+                ..
+            }) => Ok(self
                 .postgres()
                 .fetch_optional(in_tx(tx)?)
                 .await?

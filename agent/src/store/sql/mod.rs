@@ -6,11 +6,18 @@
 //! Every state change is one transaction. SQLite has one writer connection, so this process's state changes never
 //! race each other there; PostgreSQL serialises them with row locks and conditional updates, which is also what
 //! makes a decision or a claim exactly once across instances. Events a running run appends are queued and
-//! committed in batches by a background task (group commit): they are durable before anyone can read them, and a
-//! state change waits for the queue to be written first, so a run's log keeps its order.
+//! committed in batches (group commit): they are durable before anyone can read them, and each run's log keeps the
+//! order they were appended in. A background task writes what gathered for a millisecond; a state change that comes
+//! first takes the queue into its own transaction on SQLite (one commit instead of two), and on PostgreSQL waits for
+//! the queue to be written.
+//!
+//! On SQLite, the newest committed events of each run stay in memory for the readers that follow the run ([`tail`]),
+//! and reads by key go through the writer's connection, whose page cache stays warm; scans go through a reader
+//! connection beside it.
 
 mod db;
 mod queries;
+mod tail;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -237,18 +244,34 @@ fn record_lock(kind: libc::c_int) -> libc::flock {
     request
 }
 
-fn migrator(dialect: Dialect) -> Migrator {
-    let sql = match dialect {
-        Dialect::Sqlite => include_str!("migrations/sqlite/0001_init.sql"),
-        Dialect::Postgres => include_str!("migrations/postgres/0001_init.sql"),
+/// The schema's migrations, in order. A database is brought up to the newest at every start.
+fn migrations(dialect: Dialect) -> Vec<Migration> {
+    let sqls: &[(i64, &str, &'static str)] = match dialect {
+        Dialect::Sqlite => &[
+            (1, "init", include_str!("migrations/sqlite/0001_init.sql")),
+            (
+                2,
+                "compact rows",
+                include_str!("migrations/sqlite/0002_compact_rows.sql"),
+            ),
+        ],
+        Dialect::Postgres => &[(1, "init", include_str!("migrations/postgres/0001_init.sql"))],
     };
-    Migrator::with_migrations(vec![Migration::new(
-        1,
-        "init".into(),
-        MigrationType::Simple,
-        sqlx::SqlSafeStr::into_sql_str(sql),
-        false,
-    )])
+    sqls.iter()
+        .map(|(version, name, sql)| {
+            Migration::new(
+                *version,
+                (*name).into(),
+                MigrationType::Simple,
+                sqlx::SqlSafeStr::into_sql_str(*sql),
+                false,
+            )
+        })
+        .collect()
+}
+
+fn migrator(dialect: Dialect) -> Migrator {
+    Migrator::with_migrations(migrations(dialect))
 }
 
 /// Events appended by running runs, waiting for the next group commit.
@@ -265,9 +288,11 @@ pub struct SqlStore {
     instance: InstanceId,
     /// State changes: one connection for SQLite, a few for PostgreSQL.
     writer: Pool,
-    /// Reads: WAL lets SQLite's reader go on beside the writer.
+    /// Scans: WAL lets SQLite's reader go on beside the writer. (Reads by key: see [`SqlStore::by_key`].)
     reader: Pool,
-    appends: Mutex<Appends>,
+    appends: Arc<Mutex<Appends>>,
+    /// Tells the appender to write now rather than after [`GROUP_COMMIT_WINDOW`]: someone waits.
+    flush_now: Arc<Notify>,
     /// Wakes the appender (which holds only this and a weak reference to the store, so that the store, and its
     /// file lock, go as soon as its last user lets go).
     appended: Arc<Notify>,
@@ -275,6 +300,8 @@ pub struct SqlStore {
     written: watch::Sender<u64>,
     runs: Watches<RunId>,
     sessions: Watches<SessionId>,
+    /// The newest committed events of each run, for its readers (SQLite only: see [`tail`]).
+    tails: Option<Arc<tail::Tails>>,
     /// Runs another instance aborted (its doorbell), for this one's tasks and tools.
     aborts: broadcast::Sender<(RunId, AbortReason)>,
     /// How long this instance's heartbeat holds its work (PostgreSQL).
@@ -362,11 +389,14 @@ impl SqlStore {
             instance: InstanceId::generate(),
             writer,
             reader,
-            appends: Mutex::new(Appends::default()),
+            appends: Arc::default(),
+            flush_now: Arc::default(),
             appended: Arc::new(Notify::new()),
             written: watch::channel(0).0,
             runs: Watches::default(),
             sessions: Watches::default(),
+            tails: (dialect == Dialect::Sqlite)
+                .then(|| Arc::new(tail::Tails::new(tail::DEFAULT_BYTES))),
             aborts: broadcast::channel(256).0,
             lease,
             _lock: lock,
@@ -380,7 +410,8 @@ impl SqlStore {
             })?;
         let appender = Arc::downgrade(&store);
         let wake = Arc::clone(&store.appended);
-        tokio::spawn(async move { append_forever(appender, wake).await });
+        let flush_now = Arc::clone(&store.flush_now);
+        tokio::spawn(async move { append_forever(appender, wake, flush_now).await });
         if let DatabaseUrl::Sqlite(path) = url {
             let connection = sqlite_connection(path, false).map_err(|e| connect_error(&e))?;
             let weak = Arc::downgrade(&store);
@@ -441,15 +472,28 @@ impl SqlStore {
             instance: InstanceId::generate(),
             writer: reader.clone(),
             reader,
-            appends: Mutex::new(Appends::default()),
+            appends: Arc::default(),
+            flush_now: Arc::default(),
             appended: Arc::new(Notify::new()),
             written: watch::channel(0).0,
             runs: Watches::default(),
             sessions: Watches::default(),
+            tails: None,
             aborts: broadcast::channel(1).0,
             lease: DEFAULT_LEASE,
             _lock: None,
         }))
+    }
+
+    /// Where a read by key goes. On SQLite, the writer connection: every commit leaves its page cache warm, while
+    /// the reader's starts cold after each commit of the writer; a read by key takes microseconds, so it holds the
+    /// writer no longer than a small state change does. Scans, which may take long, go to the reader, beside the
+    /// writer. On PostgreSQL, the reader pool.
+    fn by_key(&self) -> &Pool {
+        match self.dialect {
+            Dialect::Sqlite => &self.writer,
+            Dialect::Postgres => &self.reader,
+        }
     }
 
     pub fn dialect(&self) -> Dialect {
@@ -607,8 +651,11 @@ impl SqlStore {
         }
     }
 
-    /// Wakes this process's readers of a run and a session.
+    /// Wakes this process's readers of a run, whose log is committed through `seq`.
     fn touched(&self, run_id: &RunId, seq: u64) {
+        if let Some(tails) = &self.tails {
+            tails.touched(run_id, seq);
+        }
         self.runs.notify(run_id, seq);
     }
 }
@@ -616,6 +663,7 @@ impl SqlStore {
 impl Drop for SqlStore {
     fn drop(&mut self) {
         // The appender sees the store gone and ends.
+        self.flush_now.notify_one();
         self.appended.notify_one();
     }
 }
@@ -737,43 +785,195 @@ async fn heartbeat_forever(store: std::sync::Weak<SqlStore>, lease: Duration) {
     }
 }
 
-/// Writes queued appends in batches, as long as the store lives.
-async fn append_forever(store: std::sync::Weak<SqlStore>, wake: Arc<Notify>) {
+/// How long the appender lets appends gather before it writes them: a state change that comes meanwhile (a run's
+/// next step, its end) takes them into its own transaction on SQLite, and a busy server writes many in one commit.
+/// Readers see an event this much later at most; nothing waits for it (whoever must, flushes).
+const GROUP_COMMIT_WINDOW: Duration = Duration::from_millis(1);
+
+/// Writes queued appends in batches, as long as the store lives. It holds the store only while it writes, so that
+/// the store (and its file lock) goes as soon as its last user lets go.
+async fn append_forever(
+    store: std::sync::Weak<SqlStore>,
+    wake: Arc<Notify>,
+    flush_now: Arc<Notify>,
+) {
+    let mut attempt = 0;
     loop {
         let Some(strong) = store.upgrade() else {
             return;
         };
-        let (batch, through) = {
-            let mut appends = strong.appends.lock();
-            (std::mem::take(&mut appends.queue), appends.queued)
-        };
-        if batch.is_empty() {
-            strong.written.send_replace(through);
+        // Whoever takes appends marks them written once committed: a state change may hold some right now.
+        if strong.appends.lock().queue.is_empty() {
             drop(strong);
             // Woken by the next append, or by the store's end.
             wake.notified().await;
+            tokio::select! {
+                () = tokio::time::sleep(GROUP_COMMIT_WINDOW) => {}
+                () = flush_now.notified() => {}
+            }
             continue;
         }
-        let mut attempt = 0;
-        loop {
-            match queries::write_appends(&strong, &batch).await {
-                Ok(touched) => {
-                    for (run_id, seq) in touched {
-                        strong.touched(&run_id, seq);
-                    }
-                    break;
-                }
-                Err(error) if attempt < 5 => {
-                    attempt += 1;
-                    tracing::warn!(%error, attempt, "cannot write events; trying again");
-                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
-                }
-                Err(error) => {
-                    tracing::error!(%error, events = batch.len(), "cannot write events; they are lost");
-                    break;
-                }
+        match strong.write_queued().await {
+            Ok(_) => attempt = 0,
+            Err(error) if attempt < 5 => {
+                attempt += 1;
+                tracing::warn!(%error, attempt, "cannot write events; trying again");
+                drop(strong);
+                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            }
+            Err(error) => {
+                attempt = 0;
+                let lost = {
+                    let mut appends = strong.appends.lock();
+                    let lost = std::mem::take(&mut appends.queue);
+                    strong.appends_written(queries::Taken::through(appends.queued));
+                    lost
+                };
+                tracing::error!(%error, events = lost.len(), "cannot write events; they are lost");
             }
         }
-        strong.written.send_replace(through);
+    }
+}
+
+/// Joins the appends of a batch that go to the same run under the same claim, in their order, so that each run's
+/// events of a group commit are one append (one update of the run, one insert).
+fn coalesce(
+    queue: Vec<(RunId, super::Epoch, Vec<NewEvent>)>,
+) -> Vec<(RunId, super::Epoch, Vec<NewEvent>)> {
+    let mut joined: Vec<(RunId, super::Epoch, Vec<NewEvent>)> = Vec::with_capacity(queue.len());
+    // Where each run's latest append is in `joined`.
+    let mut latest: std::collections::HashMap<RunId, usize> = std::collections::HashMap::new();
+    for (run_id, epoch, events) in queue {
+        match latest.get(&run_id) {
+            Some(&i) if joined[i].1 == epoch => joined[i].2.extend(events),
+            _ => {
+                latest.insert(run_id.clone(), joined.len());
+                joined.push((run_id, epoch, events));
+            }
+        }
+    }
+    joined
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_database_of_the_first_schema_keeps_its_events_calls_and_audit_through_the_migration()
+    {
+        use crate::store::{AuditQuery, Store};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("toolgate.db");
+        {
+            let options = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true);
+            let mut connection = sqlx::SqliteConnection::connect_with(&options)
+                .await
+                .unwrap();
+            let first = migrations(Dialect::Sqlite).into_iter().take(1).collect();
+            Migrator::with_migrations(first)
+                .run(&mut connection)
+                .await
+                .unwrap();
+            connection.close().await.unwrap();
+            let connection = rusqlite::Connection::open(&path).unwrap();
+            connection
+                .execute_batch(
+                    "INSERT INTO sessions (id, created_at, updated_at) VALUES ('sess_1', 1, 1);
+                     INSERT INTO runs (id, session_id, ordinal, mode, state, last_seq, created_at, finished_at)
+                         VALUES ('run_1', 'sess_1', 1, 'stream', 'done', 2, 1, 2);
+                     INSERT INTO events (run_id, seq, kind, json) VALUES
+                         ('run_1', 1, 'runStarted', '{\"type\":\"runStarted\"}'),
+                         ('run_1', 2, 'done', '{\"type\":\"done\"}');
+                     INSERT INTO calls (run_id, call_id, idx, status, record) VALUES ('run_1', 'call_1', 0, 'settled', '{}');
+                     INSERT INTO audit (at, kind, run_id, outcome) VALUES (5, 'approval_requested', 'run_1', 'requested');",
+                )
+                .unwrap();
+        }
+        let store = SqlStore::open(&DatabaseUrl::Sqlite(path.clone()))
+            .await
+            .unwrap();
+        let run = RunId::parse("run_1").unwrap();
+        let events = store.events_after(&run, 0, 10).await.unwrap();
+        assert_eq!(
+            events.iter().map(|e| (e.seq, e.kind)).collect::<Vec<_>>(),
+            vec![(1, "runStarted"), (2, "done")]
+        );
+        let audit = store
+            .audit_log(AuditQuery {
+                limit: 10,
+                ..AuditQuery::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(audit.len(), 1);
+        assert_eq!((audit[0].id, audit[0].outcome.as_str()), (1, "requested"));
+        drop(store);
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        let calls: i64 = connection
+            .query_row(
+                "SELECT COUNT(*) FROM calls WHERE call_id = 'call_1'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(calls, 1);
+        let without_rowid: i64 = connection
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_schema WHERE name IN ('events', 'calls') AND sql LIKE '%WITHOUT ROWID%'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(without_rowid, 2);
+        assert!(
+            connection
+                .execute("DELETE FROM audit", [])
+                .unwrap_err()
+                .to_string()
+                .contains("append-only"),
+            "the audit log stays append-only"
+        );
+    }
+
+    #[test]
+    fn a_group_commit_joins_each_runs_appends_in_order_and_keeps_claims_apart() {
+        let run = |n: u32| RunId::parse(format!("run_{n:032}")).unwrap();
+        let event = |name: &str| NewEvent {
+            kind: "debug",
+            json: name.into(),
+        };
+        let (a, b) = (run(1), run(2));
+        let joined = coalesce(vec![
+            (a.clone(), 1, vec![event("a1")]),
+            (b.clone(), 1, vec![event("b1")]),
+            (a.clone(), 1, vec![event("a2"), event("a3")]),
+            (b.clone(), 2, vec![event("b2")]),
+            (a.clone(), 1, vec![event("a4")]),
+        ]);
+        let names = |events: &[NewEvent]| {
+            events
+                .iter()
+                .map(|e| e.json.to_string())
+                .collect::<Vec<_>>()
+        };
+        let shape: Vec<_> = joined
+            .iter()
+            .map(|(run, epoch, events)| (run.clone(), *epoch, names(events)))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (
+                    a.clone(),
+                    1,
+                    vec!["a1".into(), "a2".into(), "a3".into(), "a4".into()]
+                ),
+                (b.clone(), 1, vec!["b1".into()]),
+                (b, 2, vec!["b2".into()]),
+            ]
+        );
     }
 }

@@ -157,6 +157,10 @@ impl SqlStore {
             }
             query.execute(&mut *connection).await?;
         }
+        if let Some(tails) = &self.tails {
+            let (tails, run_id, events) = (Arc::clone(tails), run_id.clone(), events.to_vec());
+            connection.after_commit(move || tails.committed(&run_id, first as u64, events));
+        }
         self.doorbell(&mut *connection, &format!("run {run_id} {last}"))
             .await?;
         Ok(Some(last as u64))
@@ -250,32 +254,120 @@ fn apply(record: &mut CallRecord, settlement: Settlement) -> (Vec<NewEvent>, Vec
     (settlement.events, settlement.audit)
 }
 
-/// Writes the appends of a group commit: one transaction, each run's events after its earlier ones. Returns each
-/// run's newest sequence number, for its readers.
-pub(super) async fn write_appends(
-    store: &SqlStore,
-    batch: &[(RunId, Epoch, Vec<NewEvent>)],
-) -> StoreResult<Vec<(RunId, u64)>> {
-    let mut tx = store.writer.begin().await.map_err(unavailable)?;
-    let mut touched = Vec::new();
-    for (run_id, epoch, events) in batch {
-        if events.is_empty() {
-            continue;
-        }
-        // A writer that lost the run appends nothing: its events are dropped here, not written late.
-        if let Some(seq) = store
-            .append_in(&mut tx, run_id, events, Some((&store.instance, *epoch)))
-            .await
-            .map_err(unavailable)?
-        {
-            touched.push((run_id.clone(), seq));
+/// Appends taken from the queue into a transaction, written once it commits ([`SqlStore::appends_written`]).
+#[must_use]
+#[derive(Default)]
+pub(super) struct Taken {
+    /// Each run's newest sequence number, for its readers.
+    touched: Vec<(RunId, u64)>,
+    /// How many appends were ever queued when these were taken.
+    through: Option<u64>,
+}
+
+impl Taken {
+    /// Nothing taken, but everything queued through `through` is written or gone.
+    pub(super) fn through(through: u64) -> Self {
+        Self {
+            touched: Vec::new(),
+            through: Some(through),
         }
     }
-    tx.commit().await.map_err(unavailable)?;
-    Ok(touched)
 }
 
 impl SqlStore {
+    /// Takes every queued append into `tx`. Only a transaction holding the writer takes the queue (SQLite's one
+    /// writer connection; on PostgreSQL only the appender takes it), so each run's events keep the order they were
+    /// appended in, and come before what `tx` appends itself. If `tx` rolls back, they go back to the front of the
+    /// queue.
+    async fn take_appends_in(&self, tx: &mut Tx) -> StoreResult<Taken> {
+        let (batch, through) = {
+            let mut appends = self.appends.lock();
+            if appends.queue.is_empty() {
+                return Ok(Taken::default());
+            }
+            (
+                super::coalesce(std::mem::take(&mut appends.queue)),
+                appends.queued,
+            )
+        };
+        let mut touched = Vec::new();
+        let mut failed = None;
+        for (run_id, epoch, events) in &batch {
+            // A writer that lost the run appends nothing: its events are dropped here, not written late.
+            match self
+                .append_in(tx, run_id, events, Some((&self.instance, *epoch)))
+                .await
+            {
+                Ok(Some(seq)) => touched.push((run_id.clone(), seq)),
+                Ok(None) => {}
+                Err(error) => {
+                    failed = Some(error);
+                    break;
+                }
+            }
+        }
+        let (appends, wake) = (Arc::clone(&self.appends), Arc::clone(&self.appended));
+        tx.after_rollback(move || {
+            let mut appends = appends.lock();
+            let later = std::mem::replace(&mut appends.queue, batch);
+            appends.queue.extend(later);
+            drop(appends);
+            wake.notify_one();
+        });
+        match failed {
+            Some(error) => Err(unavailable(error)),
+            None => Ok(Taken {
+                touched,
+                through: Some(through),
+            }),
+        }
+    }
+
+    /// The appends `taken` committed: their readers wake, and whoever waits for them to be written goes on.
+    pub(super) fn appends_written(&self, taken: Taken) {
+        for (run_id, seq) in taken.touched {
+            self.touched(&run_id, seq);
+        }
+        if let Some(through) = taken.through {
+            self.written.send_if_modified(|written| {
+                let before = *written;
+                *written = before.max(through);
+                *written != before
+            });
+        }
+    }
+
+    /// Writes what the queue holds in a transaction of its own (the appender's group commit). Whether anything was
+    /// there.
+    pub(super) async fn write_queued(&self) -> StoreResult<bool> {
+        if self.appends.lock().queue.is_empty() {
+            return Ok(false);
+        }
+        let mut tx = self.writer.begin().await.map_err(unavailable)?;
+        let taken = self.take_appends_in(&mut tx).await?;
+        if taken.through.is_none() {
+            // A state change took them first.
+            return Ok(false);
+        }
+        tx.commit().await.map_err(unavailable)?;
+        self.appends_written(taken);
+        Ok(true)
+    }
+
+    /// Begins a state change after the appends queued before it: on SQLite they are written in the same
+    /// transaction (one commit instead of two); on PostgreSQL, whose state changes run on several connections at
+    /// once, the appender writes them first.
+    async fn begin_change(&self) -> StoreResult<(Tx, Taken)> {
+        if self.dialect == super::Dialect::Postgres {
+            self.flush_appends().await;
+            let tx = self.writer.begin().await.map_err(unavailable)?;
+            return Ok((tx, Taken::default()));
+        }
+        let mut tx = self.writer.begin().await.map_err(unavailable)?;
+        let taken = self.take_appends_in(&mut tx).await?;
+        Ok((tx, taken))
+    }
+
     /// Waits until every append queued so far is written.
     async fn flush_appends(&self) {
         let target = self.appends.lock().queued;
@@ -283,6 +375,7 @@ impl SqlStore {
         if *written.borrow_and_update() >= target {
             return;
         }
+        self.flush_now.notify_one();
         self.appended.notify_one();
         while *written.borrow_and_update() < target {
             if written.changed().await.is_err() {
@@ -369,8 +462,7 @@ impl SqlStore {
     }
 
     async fn open_batch_tx(&self, batch: OpenBatch) -> StoreResult<Result<(), Fenced>> {
-        self.flush_appends().await;
-        let mut tx = self.writer.begin().await.map_err(unavailable)?;
+        let (mut tx, taken) = self.begin_change().await?;
         let row = query(format!(
             "SELECT state, owner, epoch, abort FROM runs WHERE id = $1{}",
             self.dialect.for_update()
@@ -434,6 +526,7 @@ impl SqlStore {
         };
         audit_in(&mut tx, &batch.audit).await.map_err(unavailable)?;
         tx.commit().await.map_err(unavailable)?;
+        self.appends_written(taken);
         self.touched(&batch.run_id, seq);
         Ok(Ok(()))
     }
@@ -779,8 +872,7 @@ impl Store for SqlStore {
 
     fn settle_call(&self, result: CallResult) -> StoreFuture<'_, bool> {
         async move {
-            self.flush_appends().await;
-            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let (mut tx, taken) = self.begin_change().await?;
             lock_run_in(self.dialect, &mut tx, &result.run_id)
                 .await
                 .map_err(unavailable)?;
@@ -824,6 +916,7 @@ impl Store for SqlStore {
                 .await
                 .map_err(unavailable)?;
             tx.commit().await.map_err(unavailable)?;
+            self.appends_written(taken);
             if let Some(seq) = seq {
                 self.touched(&result.run_id, seq);
             }
@@ -903,8 +996,7 @@ impl Store for SqlStore {
 
     fn finish_run(&self, finish: FinishRun) -> StoreFuture<'_, Result<(), Fenced>> {
         async move {
-            self.flush_appends().await;
-            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let (mut tx, taken) = self.begin_change().await?;
             let row = query(format!(
                 "SELECT state, owner, epoch, session_id FROM runs WHERE id = $1{}",
                 self.dialect.for_update()
@@ -996,6 +1088,7 @@ impl Store for SqlStore {
             .map_err(unavailable)?;
             audit_in(&mut tx, &audit).await.map_err(unavailable)?;
             tx.commit().await.map_err(unavailable)?;
+            self.appends_written(taken);
             self.touched(&finish.run_id, seq);
             Ok(Ok(()))
         }
@@ -1172,7 +1265,7 @@ impl Store for SqlStore {
                 "SELECT suspension, resumed_by FROM runs WHERE id = $1 AND suspension IS NOT NULL",
             )
             .bind(parent.as_str())
-            .fetch_optional(&self.reader)
+            .fetch_optional(self.by_key())
             .await
             .map_err(unavailable)?;
             let Some(row) = row else {
@@ -1245,7 +1338,7 @@ impl Store for SqlStore {
                  AND resumed_by IS NULL ORDER BY ordinal DESC LIMIT 1",
             )
             .bind(session_id.as_str())
-            .fetch_optional(&self.reader)
+            .fetch_optional(self.by_key())
             .await
             .map_err(unavailable)?;
             row.map(|row| {
@@ -1263,7 +1356,7 @@ impl Store for SqlStore {
         async move {
             let row = query(format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"))
                 .bind(run_id.as_str())
-                .fetch_optional(&self.reader)
+                .fetch_optional(self.by_key())
                 .await
                 .map_err(unavailable)?;
             row.as_ref().map(run_info).transpose()
@@ -1279,13 +1372,20 @@ impl Store for SqlStore {
     ) -> StoreFuture<'_, Vec<Arc<EncodedEvent>>> {
         let run_id = run_id.clone();
         async move {
+            if let Some(events) = self
+                .tails
+                .as_ref()
+                .and_then(|tails| tails.read(&run_id, after, limit))
+            {
+                return Ok(events);
+            }
             let rows = query(
                 "SELECT seq, kind, json FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
             )
             .bind(run_id.as_str())
             .bind(after as i64)
             .bind(limit.min(i64::MAX as usize) as i64)
-            .fetch_all(&self.reader)
+            .fetch_all(self.by_key())
             .await
             .map_err(unavailable)?;
             rows.iter()
@@ -1322,7 +1422,7 @@ impl Store for SqlStore {
                 query("SELECT id FROM runs WHERE session_id = $1 ORDER BY ordinal DESC LIMIT $2")
                     .bind(session_id.as_str())
                     .bind(limit.min(i64::MAX as usize) as i64)
-                    .fetch_all(&self.reader)
+                    .fetch_all(self.by_key())
                     .await
                     .map_err(unavailable)?;
             let mut runs = rows
@@ -1341,7 +1441,7 @@ impl Store for SqlStore {
             let rows =
                 query("SELECT message FROM session_messages WHERE session_id = $1 ORDER BY idx")
                     .bind(session_id.as_str())
-                    .fetch_all(&self.reader)
+                    .fetch_all(self.by_key())
                     .await
                     .map_err(unavailable)?;
             rows.iter()
@@ -1390,7 +1490,7 @@ impl Store for SqlStore {
                      ORDER BY requested_at, run_id, call_id",
                 )
                 .bind(run_id.as_str())
-                .fetch_all(&self.reader)
+                .fetch_all(self.by_key())
                 .await,
                 None => query(
                     "SELECT record, status, executing_on FROM calls WHERE status = 'pending' \
@@ -1420,7 +1520,7 @@ impl Store for SqlStore {
             )
             .bind(run_id.as_str())
             .bind(call_id.as_str())
-            .fetch_optional(&self.reader)
+            .fetch_optional(self.by_key())
             .await
             .map_err(unavailable)?;
             row.as_ref().map(call_record).transpose()
@@ -1435,7 +1535,7 @@ impl Store for SqlStore {
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx",
             )
             .bind(run_id.as_str())
-            .fetch_all(&self.reader)
+            .fetch_all(self.by_key())
             .await
             .map_err(unavailable)?;
             rows.iter().map(call_record).collect()
@@ -1496,7 +1596,7 @@ impl Store for SqlStore {
         async move {
             let row = query("SELECT conversation FROM runs WHERE id = $1")
                 .bind(run_id.as_str())
-                .fetch_optional(&self.reader)
+                .fetch_optional(self.by_key())
                 .await
                 .map_err(unavailable)?;
             match row.map(|row| row.try_get::<Option<String>, _>(0)) {
@@ -1515,7 +1615,7 @@ impl Store for SqlStore {
                 "SELECT id, grant_json, created_at FROM grants WHERE session_id = $1 ORDER BY created_at, id",
             )
             .bind(session_id.as_str())
-            .fetch_all(&self.reader)
+            .fetch_all(self.by_key())
             .await
             .map_err(unavailable)?;
             rows.iter()
@@ -1784,6 +1884,9 @@ impl Store for SqlStore {
                         .map_err(unavailable)?;
                 }
                 tx.commit().await.map_err(unavailable)?;
+                if let Some(tails) = &self.tails {
+                    tails.forget(&run_id(id)?);
+                }
                 total = total.saturating_sub(bytes.max(0) as u64);
                 pruned += 1;
             }
