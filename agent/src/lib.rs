@@ -17,6 +17,7 @@
 //! - `mcp` (feature `mcp`): tools from MCP servers;
 //! - [`events`]: the internal events and their projection to the wire.
 
+pub mod dates;
 pub mod ids;
 pub mod permissions;
 pub mod request_body;

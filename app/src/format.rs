@@ -20,17 +20,7 @@ pub fn byte_size(bytes: u64) -> String {
 
 /// `YYYY-MM-DD HH:MM:SS` in UTC, from milliseconds since the Unix epoch.
 pub fn date_time(ms: u64) -> String {
-    let days = (ms / 86_400_000) as i64;
-    // Howard Hinnant's days-to-civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = agent::dates::civil_from_days((ms / 86_400_000) as i64);
     let time = clock(ms);
     format!("{year:04}-{month:02}-{day:02} {}", &time[..8])
 }

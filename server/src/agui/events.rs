@@ -14,18 +14,8 @@ use super::resume::response_schema;
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` from milliseconds since the Unix epoch.
 pub fn iso8601(ms: u64) -> String {
-    let days = ms / 86_400_000;
+    let (year, month, day) = agent::dates::civil_from_days((ms / 86_400_000) as i64);
     let day_ms = ms % 86_400_000;
-    // Howard Hinnant's days-to-civil, for the proleptic Gregorian calendar.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
         day_ms / 3_600_000,
