@@ -200,14 +200,24 @@ impl Workspace {
 
     /// Opens a file to read it: a regular file with one link, following symlinks only inside the workspace.
     pub(crate) fn open_file(&self, path: &WorkspacePath) -> Result<(File, Metadata), ToolError> {
+        self.open_regular(path, FollowSymlinks::Yes)
+    }
+
+    /// Opens a regular file with one link to read it, without ever waiting (non-blocking, never a controlling
+    /// terminal), checked on the descriptor; `follow` says whether a symlink in the last component is followed
+    /// (within the workspace only).
+    fn open_regular(
+        &self,
+        path: &WorkspacePath,
+        follow: FollowSymlinks,
+    ) -> Result<(File, Metadata), ToolError> {
         let mut options = OpenOptions::new();
         options
             .read(true)
+            .follow(follow)
             .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
         let file = self
-            .beneath(path, FollowSymlinks::Yes, |p| {
-                self.dir.open_with(p, &options)
-            })
+            .beneath(path, follow, |p| self.dir.open_with(p, &options))
             .map_err(|error| self.open_failure("read", path, error))?;
         let meta = file
             .metadata()
@@ -310,20 +320,7 @@ impl Workspace {
             };
         }
         regular_with_one_link(&meta, path)?;
-        let mut options = OpenOptions::new();
-        options
-            .read(true)
-            .follow(FollowSymlinks::No)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
-        let file = self
-            .beneath(path, FollowSymlinks::No, |p| {
-                self.dir.open_with(p, &options)
-            })
-            .map_err(|error| self.open_failure("read", path, error))?;
-        let meta = file
-            .metadata()
-            .map_err(|error| io_failure("read", path, error))?;
-        regular_with_one_link(&meta, path)?;
+        let (file, meta) = self.open_regular(path, FollowSymlinks::No)?;
         let mut head = Vec::new();
         io::Read::read_to_end(&mut io::Read::take(file, limit as u64), &mut head)
             .map_err(|error| io_failure("read", path, error))?;
