@@ -43,9 +43,16 @@ export async function sessionOf(page: Page) {
 
 /** Writes a file into the server's workspace through the approval API, in a session of its own. */
 export async function putFile(request: APIRequestContext, file: string, content: string) {
-  const started = await request.post("/api/agent/runs", {
-    data: { message: `write ${file}: ${content}`, sessionId: `setup-${Math.random().toString(36).slice(2, 10)}` },
+  const { runId, callId } = await pendingApproval(request, `write ${file}: ${content}`, {
+    sessionId: `setup-${Math.random().toString(36).slice(2, 10)}`,
   });
+  expect((await request.post(`/api/agent/approvals/${runId}/${callId}`, { data: { decision: "approve" } })).status()).toBe(200);
+  await expect.poll(async () => (await (await request.get(`/api/agent/runs/${runId}`)).json()).run?.status ?? "").toBe("done");
+}
+
+/** Starts a run over the REST API and waits for its approval to be pending; returns the run and the call. */
+export async function pendingApproval(request: APIRequestContext, message: string, options: { sessionId?: string } = {}) {
+  const started = await request.post("/api/agent/runs", { data: { message, ...options } });
   expect(started.status()).toBe(201);
   const { runId } = await started.json();
   let callId = "";
@@ -56,6 +63,5 @@ export async function putFile(request: APIRequestContext, file: string, content:
       return callId;
     })
     .not.toBe("");
-  expect((await request.post(`/api/agent/approvals/${runId}/${callId}`, { data: { decision: "approve" } })).status()).toBe(200);
-  await expect.poll(async () => (await (await request.get(`/api/agent/runs/${runId}`)).json()).run?.status ?? "").toBe("done");
+  return { runId: runId as string, callId };
 }

@@ -2,7 +2,7 @@ import { expect, type APIRequestContext, type Page, type Request, type Response,
 import { E2E_TOKEN, MAIN, WITH_TOKEN } from "../playwright.config";
 import * as http from "node:http";
 import type { AddressInfo } from "node:net";
-import { card, openPage, screenshot, send } from "./helpers";
+import { card, openPage, pendingApproval, screenshot, send } from "./helpers";
 
 /** A name no other test uses, so tests can share the server's workspace. */
 function unique(name: string, extension = "txt") {
@@ -28,22 +28,6 @@ async function serveAttacker(html: string) {
     origins: [`http://127.0.0.1:${port}`, `http://localhost:${port}`],
     close: () => new Promise<void>((resolve) => server.close(() => resolve())),
   };
-}
-
-/** Starts a run over the REST API and waits for its approval to be pending; returns the run and the call. */
-async function pendingApproval(request: APIRequestContext, message: string) {
-  const started = await request.post("/api/agent/runs", { data: { message } });
-  expect(started.status()).toBe(201);
-  const { runId } = await started.json();
-  let callId = "";
-  await expect
-    .poll(async () => {
-      const listed = await (await request.get(`/api/agent/approvals?runId=${runId}`)).json();
-      callId = listed.pending[0]?.toolCallId ?? "";
-      return callId;
-    })
-    .not.toBe("");
-  return { runId: runId as string, callId };
 }
 
 async function pendingCalls(request: APIRequestContext, runId: string): Promise<string[]> {

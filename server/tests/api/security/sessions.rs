@@ -51,17 +51,7 @@ async fn server_fn(
     session: &str,
     fields: &[(&str, &str)],
 ) -> reqwest::Response {
-    let body = form_urlencoded::Serializer::new(String::new())
-        .extend_pairs(fields)
-        .finish();
-    app.client
-        .post(app.url(&format!("/api/fn/{name}")))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .header("cookie", format!("toolgate_session={session}"))
-        .body(body)
-        .send()
-        .await
-        .expect("the request is sent")
+    server_fn_with(app, name, &format!("toolgate_session={session}"), fields).await
 }
 
 /// A run of `session` that waits for a person: its id and its tool call's id.
