@@ -254,8 +254,20 @@ fn migrations(dialect: Dialect) -> Vec<Migration> {
                 "compact rows",
                 include_str!("migrations/sqlite/0002_compact_rows.sql"),
             ),
+            (
+                3,
+                "live indexes",
+                include_str!("migrations/sqlite/0003_live_indexes.sql"),
+            ),
         ],
-        Dialect::Postgres => &[(1, "init", include_str!("migrations/postgres/0001_init.sql"))],
+        Dialect::Postgres => &[
+            (1, "init", include_str!("migrations/postgres/0001_init.sql")),
+            (
+                2,
+                "live indexes",
+                include_str!("migrations/postgres/0002_live_indexes.sql"),
+            ),
+        ],
     };
     sqls.iter()
         .map(|(version, name, sql)| {
@@ -869,6 +881,38 @@ fn coalesce(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scans made while serving read the indexes that hold only unfinished runs and pending calls, not the
+    /// tables: with 10,000 finished runs kept, a sweep for expired approvals reads what is pending.
+    #[tokio::test]
+    async fn the_scans_while_serving_read_the_indexes_of_what_is_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("toolgate.db");
+        let store = SqlStore::open(&DatabaseUrl::Sqlite(path.clone()))
+            .await
+            .unwrap();
+        drop(store);
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        let plan = |sql: &str| -> String {
+            let mut statement = connection
+                .prepare(&format!("EXPLAIN QUERY PLAN {}", sql.replace("$1", "0")))
+                .unwrap();
+            let details = statement
+                .query_map([], |row| row.get::<_, String>(3))
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            details.join("; ")
+        };
+        for (sql, index) in [
+            (queries::DUE_CALLS, "calls_pending"),
+            (queries::NEXT_EXPIRY, "calls_pending"),
+            (queries::UNFINISHED_RUNS, "runs_unfinished"),
+        ] {
+            let plan = plan(sql);
+            assert!(plan.contains(&format!("INDEX {index}")), "{sql}: {plan}");
+        }
+    }
 
     #[tokio::test]
     async fn a_database_of_the_first_schema_keeps_its_events_calls_and_audit_through_the_migration()

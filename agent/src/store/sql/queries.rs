@@ -254,6 +254,16 @@ fn apply(record: &mut CallRecord, settlement: Settlement) -> (Vec<NewEvent>, Vec
     (settlement.events, settlement.audit)
 }
 
+/// The pending calls due to expire by `$1`, one row per call. (Each run once, deduplicated by the caller: with
+/// `DISTINCT`, SQLite would rather scan every call in key order than read the index of pending calls by expiry.)
+pub(super) const DUE_CALLS: &str =
+    "SELECT run_id FROM calls WHERE status = 'pending' AND expires_at <= $1";
+/// When the next pending call expires.
+pub(super) const NEXT_EXPIRY: &str = "SELECT MIN(expires_at) FROM calls WHERE status = 'pending'";
+/// The runs not finished.
+pub(super) const UNFINISHED_RUNS: &str =
+    "SELECT id FROM runs WHERE state IN ('running', 'waiting')";
+
 /// Appends taken from the queue into a transaction, written once it commits ([`SqlStore::appends_written`]).
 #[must_use]
 #[derive(Default)]
@@ -687,16 +697,17 @@ impl Store for SqlStore {
 
     fn expire(&self, now_ms: u64, settle: SettleExpired) -> StoreFuture<'_, Vec<CallRecord>> {
         async move {
-            let due = query(
-                "SELECT DISTINCT run_id FROM calls WHERE status = 'pending' AND expires_at <= $1",
-            )
-            .bind(now_ms as i64)
-            .fetch_all(&self.reader)
-            .await
-            .map_err(unavailable)?;
+            let rows = query(DUE_CALLS)
+                .bind(now_ms as i64)
+                .fetch_all(&self.reader)
+                .await
+                .map_err(unavailable)?;
+            let mut due = std::collections::BTreeSet::new();
+            for row in &rows {
+                due.insert(run_id(row.try_get(0).map_err(unavailable)?)?);
+            }
             let mut expired = Vec::new();
-            for row in due {
-                let run_id = run_id(row.try_get(0).map_err(unavailable)?)?;
+            for run_id in due {
                 let mut tx = self.writer.begin().await.map_err(unavailable)?;
                 lock_run_in(self.dialect, &mut tx, &run_id)
                     .await
@@ -749,7 +760,7 @@ impl Store for SqlStore {
 
     fn next_expiry(&self) -> StoreFuture<'_, Option<u64>> {
         async move {
-            let row = query("SELECT MIN(expires_at) FROM calls WHERE status = 'pending'")
+            let row = query(NEXT_EXPIRY)
                 .fetch_one(&self.reader)
                 .await
                 .map_err(unavailable)?;
@@ -1176,8 +1187,9 @@ impl Store for SqlStore {
             // running is a dead process's. With PostgreSQL, the dead are those whose heartbeat stopped.
             let live = self.live_instances().await?;
             let is_dead = |owner: &Option<String>| owner.as_ref().is_none_or(|owner| !live.contains(owner));
+            // The `IN` term is the condition of the index of unfinished runs, so that the query reads that index.
             let running = query(format!(
-                "SELECT {RUN_COLUMNS}, owner FROM runs WHERE state = 'running'"
+                "SELECT {RUN_COLUMNS}, owner FROM runs WHERE state IN ('running', 'waiting') AND state = 'running'"
             ))
             .fetch_all(&self.reader)
             .await
@@ -1545,7 +1557,7 @@ impl Store for SqlStore {
 
     fn unfinished_runs(&self) -> StoreFuture<'_, Vec<RunId>> {
         async move {
-            let rows = query("SELECT id FROM runs WHERE state IN ('running', 'waiting')")
+            let rows = query(UNFINISHED_RUNS)
                 .fetch_all(&self.reader)
                 .await
                 .map_err(unavailable)?;
@@ -1575,8 +1587,9 @@ impl Store for SqlStore {
 
     fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>> {
         async move {
+            // The `IN` term: see `recover`.
             let rows = query(
-                "SELECT id FROM runs r WHERE state = 'waiting' AND ( \
+                "SELECT id FROM runs r WHERE state IN ('running', 'waiting') AND state = 'waiting' AND ( \
                    EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id AND c.status IN ('allowed', 'approved')) \
                    OR NOT EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id \
                      AND c.status NOT IN ('refused', 'denied', 'settled', 'interrupted')))",
