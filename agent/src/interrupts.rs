@@ -3,9 +3,9 @@
 //! An interrupted run leaves a [`Suspension`]: the conversation up to the batch, the batch itself, and one issued
 //! interrupt per call that needs a person (its id, tool, argument digest and expiry). A resume names the run that
 //! issued the interrupts; the server checks it against the suspension, and only if every check passes takes the
-//! suspension in the store ([`crate::store::Store::take_interrupt`]), once, before anything executes. A second
-//! resume of the same run finds it used and is refused: a tool runs at most once per approval, whatever a client
-//! resends. What was issued never changes, so a check made before the take holds at the take.
+//! suspension in the store, once, in the transaction that starts the resuming run ([`crate::store::NewRun`]), before
+//! anything executes. A second resume of the same run finds it used and is refused: a tool runs at most once per
+//! approval, whatever a client resends. What was issued never changes, so a check made before the take holds at the take.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -723,40 +723,61 @@ async fn a_suspension_is_taken_once_and_a_replay_is_told_who_took_it(kind: Kind)
     let (read, used) = store.interrupt(&run_id("r1")).await.unwrap().unwrap();
     assert_eq!(read, suspension, "what was issued reads back exactly");
     assert_eq!(used, None);
+    let resume = |run: &str, parent: &str| NewRun {
+        parent_run_id: Some(run_id(parent)),
+        message: String::new(),
+        ..new_run(run, "t")
+    };
     assert_eq!(
-        store
-            .take_interrupt(&run_id("nope"), &run_id("r9"))
-            .await
-            .unwrap(),
-        Err(TakeError::UnknownParent(run_id("nope")))
+        store.start_run(resume("r9", "nope")).await.unwrap(),
+        Err(StartConflict::Resume(TakeError::UnknownParent(run_id(
+            "nope"
+        ))))
+    );
+    // A resume whose run cannot start uses nothing: the take commits with the start or not at all.
+    store
+        .start_run(new_run("busy", "t"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        store.start_run(resume("r2", "r1")).await.unwrap(),
+        Err(StartConflict::SessionBusy { .. })
+    ));
+    assert_eq!(
+        store.interrupt(&run_id("r1")).await.unwrap().unwrap().1,
+        None,
+        "the interrupts stay open when the resuming run did not start"
+    );
+    store
+        .finish_run(FinishRun {
+            run_id: run_id("busy"),
+            epoch: Some(1),
+            state: RunState::Done,
+            history: vec![],
+            conversation: None,
+            suspension: None,
+            events: vec![step_event("busy", 2)],
+            audit: vec![],
+            settle_pending: None,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.start_run(resume("r2", "r1")).await.unwrap(), Ok(1));
+    assert_eq!(
+        store.interrupt(&run_id("r1")).await.unwrap().unwrap().1,
+        Some(run_id("r2"))
     );
     assert_eq!(
-        store
-            .take_interrupt(&run_id("r1"), &run_id("r2"))
-            .await
-            .unwrap(),
-        Ok(())
-    );
-    assert_eq!(
-        store
-            .take_interrupt(&run_id("r1"), &run_id("r3"))
-            .await
-            .unwrap(),
-        Err(TakeError::AlreadyUsed {
+        store.start_run(resume("r3", "r1")).await.unwrap(),
+        Err(StartConflict::Resume(TakeError::AlreadyUsed {
             parent: run_id("r1"),
             by: run_id("r2")
-        }),
+        })),
         "a replay is refused and told who resumed it"
     );
     assert_eq!(store.open_interrupt(&session("t")).await.unwrap(), None);
-    store.restore_interrupt(&run_id("r1")).await.unwrap();
-    assert_eq!(
-        store
-            .take_interrupt(&run_id("r1"), &run_id("r3"))
-            .await
-            .unwrap(),
-        Ok(())
-    );
 }
 
 async fn retention_forgets_old_runs_and_keeps_open_suspensions(kind: Kind) {

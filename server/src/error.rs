@@ -8,6 +8,7 @@ use agent::harness::{
 };
 use agent::ids::IdError;
 use agent::policy::RuleBookError;
+use agent::store::TakeError;
 use agent::wire::ValidationErrors;
 use axum::Json;
 use axum::http::StatusCode;
@@ -84,6 +85,12 @@ fn start_refusal(error: &StartError) -> (StatusCode, &'static str) {
         StartError::SessionBusy { .. } => (StatusCode::CONFLICT, "THREAD_BUSY"),
         StartError::PolicyTooLoose { .. } => (StatusCode::FORBIDDEN, "POLICY_TOO_LOOSE"),
         StartError::RunIdTaken(_) => (StatusCode::CONFLICT, "RUN_ID_TAKEN"),
+        StartError::Resume(TakeError::UnknownParent(_)) => {
+            (StatusCode::NOT_FOUND, "UNKNOWN_PARENT_RUN")
+        }
+        StartError::Resume(TakeError::AlreadyUsed { .. }) => {
+            (StatusCode::CONFLICT, "RESUME_ALREADY_USED")
+        }
         StartError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "STORE_UNAVAILABLE"),
         StartError::Full { .. } => (StatusCode::SERVICE_UNAVAILABLE, "SERVER_FULL"),
     }

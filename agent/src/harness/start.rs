@@ -9,7 +9,7 @@ use crate::clock::now_ms;
 use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::interrupts::Suspension;
 use crate::request_body::StartRunInput;
-use crate::store::{Counts, NewRun, RunInfo, RunState, StartConflict};
+use crate::store::{Counts, NewRun, RunInfo, RunState, StartConflict, TakeError};
 use crate::wire::{ApprovalMode, ApprovalPolicy, Message, Resolution};
 
 /// Where a run's conversation comes from.
@@ -71,6 +71,9 @@ pub enum StartError {
     },
     #[error("Run id {0} is already taken; every run needs a new id.")]
     RunIdTaken(RunId),
+    /// The interrupts a resume names are unknown, or another run already resumed them.
+    #[error(transparent)]
+    Resume(#[from] TakeError),
     /// The store could not record the run; nothing started.
     #[error("The run could not be recorded, so it did not start: {0}")]
     Unavailable(String),
@@ -122,6 +125,7 @@ impl Harness {
             .map_err(|error| StartError::Unavailable(error.to_string()))?
             .map_err(|conflict| match conflict {
                 StartConflict::RunIdTaken(run_id) => StartError::RunIdTaken(run_id),
+                StartConflict::Resume(refused) => StartError::Resume(refused),
                 StartConflict::SessionBusy { session_id, active } => StartError::SessionBusy {
                     session_id,
                     run_id: active,

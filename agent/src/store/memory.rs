@@ -154,8 +154,23 @@ impl Store for MemoryStore {
     fn start_run(&self, run: NewRun) -> StoreFuture<'_, Result<Epoch, StartConflict>> {
         let result = {
             let mut tables = self.tables.lock();
+            let resume = match &run.parent_run_id {
+                None => Ok(()),
+                Some(parent) => match tables.runs.get(parent) {
+                    Some(row) if row.suspension.is_some() => match &row.resumed_by {
+                        Some(used) => Err(TakeError::AlreadyUsed {
+                            parent: parent.clone(),
+                            by: used.clone(),
+                        }),
+                        None => Ok(()),
+                    },
+                    _ => Err(TakeError::UnknownParent(parent.clone())),
+                },
+            };
             if tables.runs.contains_key(&run.run_id) {
                 Err(StartConflict::RunIdTaken(run.run_id.clone()))
+            } else if let Err(refused) = resume {
+                Err(StartConflict::Resume(refused))
             } else {
                 let session = tables
                     .sessions
@@ -206,6 +221,11 @@ impl Store for MemoryStore {
                         };
                         row.append(run.events);
                         let seq = row.info.last_seq;
+                        if let Some(parent) = row.info.parent_run_id.as_ref()
+                            && let Some(parent) = tables.runs.get_mut(parent)
+                        {
+                            parent.resumed_by = Some(run.run_id.clone());
+                        }
                         tables.runs.insert(run.run_id.clone(), row);
                         tables.unfinished += 1;
                         Ok((seq, runs_in_session))
@@ -565,31 +585,6 @@ impl Store for MemoryStore {
                 .map(|suspension| (suspension, row.resumed_by.clone()))
         });
         Self::ready(found)
-    }
-
-    fn take_interrupt(&self, parent: &RunId, by: &RunId) -> StoreFuture<'_, Result<(), TakeError>> {
-        let mut tables = self.tables.lock();
-        let taken = match tables.runs.get_mut(parent) {
-            Some(row) if row.suspension.is_some() => match &row.resumed_by {
-                Some(used) => Err(TakeError::AlreadyUsed {
-                    parent: parent.clone(),
-                    by: used.clone(),
-                }),
-                None => {
-                    row.resumed_by = Some(by.clone());
-                    Ok(())
-                }
-            },
-            _ => Err(TakeError::UnknownParent(parent.clone())),
-        };
-        Self::ready(taken)
-    }
-
-    fn restore_interrupt(&self, parent: &RunId) -> StoreFuture<'_, ()> {
-        if let Some(row) = self.tables.lock().runs.get_mut(parent) {
-            row.resumed_by = None;
-        }
-        Self::ready(())
     }
 
     fn open_interrupt(&self, session_id: &SessionId) -> StoreFuture<'_, Option<(RunId, u64)>> {

@@ -18,7 +18,9 @@
 //! - `waiting`: a batch of tool calls is open. Each call is its own row: refused, allowed, pending (an approval),
 //!   approved, denied, executing, settled or interrupted. No instance owns a waiting run; whoever settles the last
 //!   call of the batch claims it ([`Store::claim_batch`]) and samples on.
-//! - `interrupted`: an AG-UI run ended with interrupts; a later run resumes it, once ([`Store::take_interrupt`]).
+//! - `interrupted`: an AG-UI run ended with interrupts; a later run resumes it, once: the resuming run's start takes
+//!   the interrupts in the same transaction ([`NewRun::parent_run_id`]), so a resume is used exactly when its run
+//!   exists.
 //! - `done` and `failed`: ended, with a terminal event as the last of the log.
 
 pub mod memory;
@@ -191,6 +193,9 @@ pub struct RunInfo {
 pub struct NewRun {
     pub run_id: RunId,
     pub session_id: SessionId,
+    /// The interrupted run this one resumes. The start takes that run's interrupts for this one, once, in the same
+    /// transaction: if the start fails the interrupts stay open, and a second take finds them used
+    /// ([`StartConflict::Resume`]).
     pub parent_run_id: Option<RunId>,
     pub mode: ApprovalMode,
     /// The user's message, for listings (empty for a resume).
@@ -210,6 +215,9 @@ pub enum StartConflict {
         session_id: SessionId,
         active: RunId,
     },
+    /// The interrupts the run would resume are unknown or already used.
+    #[error(transparent)]
+    Resume(#[from] TakeError),
 }
 
 /// What the repeated-call guard has counted in a run, kept across the run's batches.
@@ -759,12 +767,6 @@ pub trait Store: Send + Sync + 'static {
     /// The suspension an interrupted run left, and the run that resumed it, if one did. What was issued never
     /// changes; only its use does.
     fn interrupt(&self, parent: &RunId) -> StoreFuture<'_, Option<(Suspension, Option<RunId>)>>;
-
-    /// Takes the suspension of an interrupted run for the resume `by`. Exactly once: a second take finds it used.
-    fn take_interrupt(&self, parent: &RunId, by: &RunId) -> StoreFuture<'_, Result<(), TakeError>>;
-
-    /// Opens a taken suspension again, when the run that took it could not start.
-    fn restore_interrupt(&self, parent: &RunId) -> StoreFuture<'_, ()>;
 
     /// The session's newest suspension not yet resumed, with its expiry (milliseconds since the Unix epoch).
     fn open_interrupt(&self, session_id: &SessionId) -> StoreFuture<'_, Option<(RunId, u64)>>;

@@ -143,24 +143,9 @@ async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiErro
         )
         .into());
     }
+    // What was issued never changes; only its use does. The run's start takes the interrupts, in the transaction that
+    // records the run, and that take is what makes the use exactly once (a resume racing this one loses there).
     let resolutions = resume::check(&suspension, input, state.harness.toolbox(), now_ms())?;
-    // What was issued never changes; only its use does, and the take is what makes the use exactly once.
-    store
-        .take_interrupt(&parent, &input.run_id)
-        .await
-        .map_err(unavailable)?
-        .map_err(|error| match error {
-            TakeError::UnknownParent(_) => Refusal::new(
-                StatusCode::NOT_FOUND,
-                "UNKNOWN_PARENT_RUN",
-                error.to_string(),
-            ),
-            TakeError::AlreadyUsed { .. } => Refusal::new(
-                StatusCode::CONFLICT,
-                "RESUME_ALREADY_USED",
-                error.to_string(),
-            ),
-        })?;
     Ok(Plan {
         known: suspension.history.len(),
         resumed: suspension
@@ -219,10 +204,6 @@ pub async fn run(
         },
         None => plan_new_run(&state, &input).await?,
     };
-    let restorable = match &plan.source {
-        RunSource::Resume { suspension, .. } => Some(suspension.run_id.clone()),
-        _ => None,
-    };
     let started = state
         .harness
         .start(StartRun {
@@ -236,14 +217,14 @@ pub async fn run(
         .await;
     let run = match started {
         Ok(run) => run,
+        // A run that did not start used nothing of its resume: the take and the start commit together or not at
+        // all, so the interrupts stay open for a retry.
         Err(error) => {
-            // The run did not start, so nothing of the resume was used: the interrupts stay open.
-            if let Some(parent) = restorable
-                && let Err(restore) = state.harness.store().restore_interrupt(&parent).await
-            {
-                tracing::error!(%parent, error = %restore, "cannot reopen the interrupts of a resume that did not start");
+            let refused = ApiError::from(error);
+            if matches!(refused, ApiError::Start(StartError::Resume(_))) {
+                audit_refusal(&state, &input, &refused, &actor).await;
             }
-            return Err(error.into());
+            return Err(refused);
         }
     };
 

@@ -193,6 +193,41 @@ async fn last_seq_in(connection: &mut Tx, run_id: &RunId) -> Db<u64> {
     })
 }
 
+/// Takes the interrupts `parent` issued for the run `by`, inside the transaction that starts `by`: exactly once,
+/// and only if that start commits.
+async fn take_interrupt_in(
+    connection: &mut Tx,
+    parent: &RunId,
+    by: &RunId,
+) -> StoreResult<Result<(), TakeError>> {
+    let changed = query(
+        "UPDATE runs SET resumed_by = $2 WHERE id = $1 AND suspension IS NOT NULL AND resumed_by IS NULL",
+    )
+    .bind(parent.as_str())
+    .bind(by.as_str())
+    .execute(&mut *connection)
+    .await
+    .map_err(unavailable)?;
+    if changed.rows_affected() == 1 {
+        return Ok(Ok(()));
+    }
+    let row = query("SELECT resumed_by FROM runs WHERE id = $1 AND suspension IS NOT NULL")
+        .bind(parent.as_str())
+        .fetch_optional(&mut *connection)
+        .await
+        .map_err(unavailable)?;
+    Ok(Err(match row {
+        None => TakeError::UnknownParent(parent.clone()),
+        Some(row) => {
+            let used: Option<String> = row.try_get(0).map_err(unavailable)?;
+            TakeError::AlreadyUsed {
+                parent: parent.clone(),
+                by: run_id(used.unwrap_or_default())?,
+            }
+        }
+    }))
+}
+
 async fn audit_in(connection: &mut Tx, entries: &[AuditEntry]) -> Db<()> {
     for entry in entries {
         // An entry about a run names the run's session.
@@ -403,6 +438,11 @@ impl SqlStore {
             .map_err(unavailable)?;
         if taken.is_some() {
             return Ok(Err(StartConflict::RunIdTaken(run.run_id)));
+        }
+        if let Some(parent) = &run.parent_run_id
+            && let Err(refused) = take_interrupt_in(&mut tx, parent, &run.run_id).await?
+        {
+            return Ok(Err(StartConflict::Resume(refused)));
         }
         query(
             "INSERT INTO sessions (id, title, created_at, updated_at, run_count) VALUES ($1, $2, $3, $3, 0) \
@@ -1289,55 +1329,6 @@ impl Store for SqlStore {
                 parse(&suspension, "a suspension")?,
                 resumed_by.map(run_id).transpose()?,
             )))
-        }
-        .boxed()
-    }
-
-    fn take_interrupt(&self, parent: &RunId, by: &RunId) -> StoreFuture<'_, Result<(), TakeError>> {
-        let parent = parent.clone();
-        let by = by.clone();
-        async move {
-            let changed = query(
-                "UPDATE runs SET resumed_by = $2 WHERE id = $1 AND suspension IS NOT NULL AND resumed_by IS NULL",
-            )
-            .bind(parent.as_str())
-            .bind(by.as_str())
-            .execute(&self.writer)
-            .await
-            .map_err(unavailable)?;
-            if changed.rows_affected() == 1 {
-                return Ok(Ok(()));
-            }
-            let row = query(
-                "SELECT resumed_by FROM runs WHERE id = $1 AND suspension IS NOT NULL",
-            )
-            .bind(parent.as_str())
-            .fetch_optional(&self.writer)
-            .await
-            .map_err(unavailable)?;
-            Ok(Err(match row {
-                None => TakeError::UnknownParent(parent),
-                Some(row) => {
-                    let used: Option<String> = row.try_get(0).map_err(unavailable)?;
-                    TakeError::AlreadyUsed {
-                        parent,
-                        by: run_id(used.unwrap_or_default())?,
-                    }
-                }
-            }))
-        }
-        .boxed()
-    }
-
-    fn restore_interrupt(&self, parent: &RunId) -> StoreFuture<'_, ()> {
-        let parent = parent.clone();
-        async move {
-            query("UPDATE runs SET resumed_by = NULL WHERE id = $1")
-                .bind(parent.as_str())
-                .execute(&self.writer)
-                .await
-                .map_err(unavailable)?;
-            Ok(())
         }
         .boxed()
     }
