@@ -32,11 +32,15 @@ wait_up() { for _ in $(seq 1 150); do curl -fsS "$1/healthz" >/dev/null 2>&1 && 
 
 TS_PORT=$(port); (cd "$HERE/tanstack" && PORT=$TS_PORT HOST=127.0.0.1 exec node server.mjs >"$OUT/tanstack.log" 2>&1) & TS_PID=$!; PIDS+=("$TS_PID")
 FL_PORT=$(port); (PORT=$FL_PORT exec "$HERE/floor/target/release/agui-floor" >"$OUT/floor.log" 2>&1) & FL_PID=$!; PIDS+=("$FL_PID")
+# The load client opens a new thread (session) for every trip: at the `memory` store's pace the default bound of
+# 100,000 sessions is passed within one run, and every later trip is refused with SERVER_FULL. Flags given to this
+# script come after, so they win.
+BOUNDS=(--max-sessions 100000000)
 TG_PORT=$(port); TG_DIR=$(mktemp -d); mkdir -p "$TG_DIR/ws"
-(cd "$TG_DIR" && exec "$BIN" --addr "127.0.0.1:$TG_PORT" --workspace "$TG_DIR/ws" "$@" >"$OUT/toolgate.log" 2>&1) & TG_PID=$!; PIDS+=("$TG_PID")
+(cd "$TG_DIR" && exec "$BIN" --addr "127.0.0.1:$TG_PORT" --workspace "$TG_DIR/ws" "${BOUNDS[@]}" "$@" >"$OUT/toolgate.log" 2>&1) & TG_PID=$!; PIDS+=("$TG_PID")
 if [ "$MEMORY" = 1 ]; then
   TM_PORT=$(port); TM_DIR=$(mktemp -d); mkdir -p "$TM_DIR/ws"
-  (cd "$TM_DIR" && exec "$BIN" --addr "127.0.0.1:$TM_PORT" --workspace "$TM_DIR/ws" --database-url memory "$@" >"$OUT/toolgate-memory.log" 2>&1) & TM_PID=$!; PIDS+=("$TM_PID")
+  (cd "$TM_DIR" && exec "$BIN" --addr "127.0.0.1:$TM_PORT" --workspace "$TM_DIR/ws" --database-url memory "${BOUNDS[@]}" "$@" >"$OUT/toolgate-memory.log" 2>&1) & TM_PID=$!; PIDS+=("$TM_PID")
   wait_up "http://127.0.0.1:$TM_PORT" || die "toolgate (memory) did not start; see $OUT/toolgate-memory.log"
 fi
 wait_up "http://127.0.0.1:$TS_PORT" || die "the TanStack peer did not start; see $OUT/tanstack.log"
