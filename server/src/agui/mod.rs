@@ -111,7 +111,7 @@ async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiErro
                 )
             })?,
     };
-    // A run id already in use would make the start fail after the suspension was taken; refuse it first.
+    // A run id already in use is refused first, as for a new run, before the resume is checked.
     if store
         .run(&input.run_id)
         .await
@@ -124,23 +124,13 @@ async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiErro
         .interrupt(&parent)
         .await
         .map_err(unavailable)?
-        .ok_or_else(|| {
-            Refusal::new(
-                StatusCode::NOT_FOUND,
-                "UNKNOWN_PARENT_RUN",
-                TakeError::UnknownParent(parent.clone()).to_string(),
-            )
-        })?;
+        .ok_or_else(|| StartError::Resume(TakeError::UnknownParent(parent.clone())))?;
+    // The same refusals as the start's own take, which a resume racing this one meets there.
     if let Some(by) = used_by {
-        return Err(Refusal::new(
-            StatusCode::CONFLICT,
-            "RESUME_ALREADY_USED",
-            TakeError::AlreadyUsed {
-                parent: parent.clone(),
-                by,
-            }
-            .to_string(),
-        )
+        return Err(StartError::Resume(TakeError::AlreadyUsed {
+            parent: parent.clone(),
+            by,
+        })
         .into());
     }
     // What was issued never changes; only its use does. The run's start takes the interrupts, in the transaction that

@@ -1,7 +1,8 @@
 //! The durable stores: SQLite, the embedded default (a file beside toolgate, no server to start), and PostgreSQL,
 //! on which several toolgate instances serve as one. One implementation: the SQL is written once with `$n`
 //! parameters (both databases take them) over the small interface of [`db`], and [`Dialect`] holds the few places
-//! where the two differ. The schema comes with the binary, one migration set per dialect, applied by sqlx.
+//! where the two differ. The schema comes with the binary, one migration set per dialect (a migration whose SQL both
+//! take is one file, in `migrations/both`), applied by sqlx.
 //!
 //! Every state change is one transaction. SQLite has one writer connection, so this process's state changes never
 //! race each other there; PostgreSQL serialises them with row locks and conditional updates, which is also what
@@ -257,7 +258,7 @@ fn migrations(dialect: Dialect) -> Vec<Migration> {
             (
                 3,
                 "live indexes",
-                include_str!("migrations/sqlite/0003_live_indexes.sql"),
+                include_str!("migrations/both/live_indexes.sql"),
             ),
         ],
         Dialect::Postgres => &[
@@ -265,7 +266,7 @@ fn migrations(dialect: Dialect) -> Vec<Migration> {
             (
                 2,
                 "live indexes",
-                include_str!("migrations/postgres/0002_live_indexes.sql"),
+                include_str!("migrations/both/live_indexes.sql"),
             ),
         ],
     };
