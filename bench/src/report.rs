@@ -9,7 +9,7 @@ use crate::roundtrip::Level;
 use crate::scale::Scale;
 use crate::server::Store;
 use crate::stats::{Spread, Summary};
-use crate::system::Machine;
+use crate::system::{Machine, Memory};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -318,36 +318,54 @@ pub fn scale(s: &Scale) -> String {
          ({} requests in flight)\n",
         s.runs, s.in_flight
     );
+    let row = |phase: String, memory: &Memory| {
+        vec![
+            phase,
+            mib(memory.rss_bytes),
+            mib(memory.anon_bytes),
+            mib(memory.file_bytes),
+        ]
+    };
     let rows = vec![
-        vec![
-            "idle (started, no run yet)".to_owned(),
-            mib(s.rss_idle_bytes),
-        ],
-        vec![
+        row("idle (started, no run yet)".to_owned(), &s.idle),
+        row(
             format!("{} pending, no stream open", s.pending_listed_by_server),
-            mib(s.rss_pending_bytes),
-        ],
-        vec![
+            &s.pending_memory,
+        ),
+        row(
             format!("{} pending, each with its stream open", s.pending),
-            mib(s.rss_streams_bytes),
-        ],
+            &s.streams_memory,
+        ),
+        row("after all resolved, streams closed".to_owned(), &s.after),
         vec![
-            "after all resolved, streams closed".to_owned(),
-            mib(s.rss_after_bytes),
+            "peak (VmHWM)".to_owned(),
+            mib(s.after.peak_rss_bytes),
+            String::new(),
+            String::new(),
         ],
-        vec!["peak (VmHWM)".to_owned(), mib(s.peak_rss_bytes)],
     ];
-    out.push_str(&table(&["server resident memory", "VmRSS"], &rows));
+    out.push_str(&table(
+        &[
+            "server resident memory",
+            "VmRSS",
+            "anonymous",
+            "files mapped",
+        ],
+        &rows,
+    ));
     let per = |bytes: u64, n: usize| bytes as f64 / n.max(1) as f64 / 1024.0;
     let _ = writeln!(
         out,
-        "  about {:.1} KiB per pending run, and {:.1} KiB more per open stream",
+        "  about {:.1} KiB per pending run, and {:.1} KiB more per open stream (files mapped: the binary's own code \
+         and data, shared with the system's page cache)",
         per(
-            s.rss_pending_bytes.saturating_sub(s.rss_idle_bytes),
+            s.pending_memory.rss_bytes.saturating_sub(s.idle.rss_bytes),
             s.pending_listed_by_server
         ),
         per(
-            s.rss_streams_bytes.saturating_sub(s.rss_pending_bytes),
+            s.streams_memory
+                .rss_bytes
+                .saturating_sub(s.pending_memory.rss_bytes),
             s.pending
         ),
     );
@@ -562,7 +580,7 @@ pub fn targets(report: &Report) -> Vec<Target> {
             });
         }
     }
-    let idle = report.scale.as_ref().map(|s| s.rss_idle_bytes).or_else(|| {
+    let idle = report.scale.as_ref().map(|s| s.idle.rss_bytes).or_else(|| {
         // One instance's: the two-instance levels report the sum.
         report
             .roundtrips()
@@ -585,9 +603,9 @@ pub fn targets(report: &Report) -> Vec<Target> {
                 scale.pending_listed_by_server
             ),
             target: "< 100 MiB with 10,000 pending".to_owned(),
-            measured: mib(scale.rss_pending_bytes),
+            measured: mib(scale.pending_memory.rss_bytes),
             met: (full && scale.is_clean())
-                .then_some((scale.rss_pending_bytes as f64) < 100.0 * MIB),
+                .then_some((scale.pending_memory.rss_bytes as f64) < 100.0 * MIB),
         });
     }
     targets

@@ -19,7 +19,7 @@ use crate::flow::{CONTENT, TripSpec, check_resolved};
 use crate::roundtrip::Failures;
 use crate::server::{Server, ServerOptions};
 use crate::stats::Summary;
-use crate::system;
+use crate::system::{self, Memory};
 
 /// How long a pending run's stream may wait for its resolution: the time it takes to open all the others.
 const RESOLUTION_PATIENCE: Duration = Duration::from_secs(600);
@@ -39,13 +39,14 @@ pub struct Scale {
     pub runs: usize,
     pub in_flight: usize,
     pub server_open_files_limit: u64,
-    pub rss_idle_bytes: u64,
+    /// The server's memory started, no run yet.
+    pub idle: Memory,
     /// All runs waiting for a person, no stream open.
-    pub rss_pending_bytes: u64,
+    pub pending_memory: Memory,
     /// All runs waiting, each with its event stream open.
-    pub rss_streams_bytes: u64,
-    pub rss_after_bytes: u64,
-    pub peak_rss_bytes: u64,
+    pub streams_memory: Memory,
+    /// All resolved, streams closed; its peak is the whole scenario's.
+    pub after: Memory,
     /// Runs whose stream showed the approval the server listed.
     pub pending: usize,
     /// Runs `GET /api/agent/approvals` listed as waiting, after all were started.
@@ -412,11 +413,10 @@ pub async fn run(server_options: &ServerOptions, settings: &Settings) -> Result<
         runs,
         in_flight,
         server_open_files_limit: server_limit,
-        rss_idle_bytes: idle.rss_bytes,
-        rss_pending_bytes: held.rss_bytes,
-        rss_streams_bytes: with_streams.rss_bytes,
-        rss_after_bytes: after.rss_bytes,
-        peak_rss_bytes: after.peak_rss_bytes,
+        idle,
+        pending_memory: held,
+        streams_memory: with_streams,
+        after,
         pending: streams_open,
         pending_listed_by_server,
         create_s,

@@ -75,6 +75,10 @@ pub fn own_cpu_time() -> Result<CpuTime> {
 pub struct Memory {
     pub rss_bytes: u64,
     pub peak_rss_bytes: u64,
+    /// Of `rss_bytes`, the process's own memory (RssAnon): its heap and stacks.
+    pub anon_bytes: u64,
+    /// Of `rss_bytes`, pages of files it maps (RssFile): its binary's code and data, shared with the page cache.
+    pub file_bytes: u64,
 }
 
 impl Memory {
@@ -83,6 +87,8 @@ impl Memory {
         Ok(Self {
             rss_bytes: kib(status.vmrss, "VmRSS")? * 1024,
             peak_rss_bytes: kib(status.vmhwm, "VmHWM")? * 1024,
+            anon_bytes: kib(status.rssanon, "RssAnon")? * 1024,
+            file_bytes: kib(status.rssfile, "RssFile")? * 1024,
         })
     }
 }
@@ -210,11 +216,13 @@ mod tests {
 
     #[test]
     fn memory_is_read_in_bytes() {
-        let status = "Name:\ttoolgate\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t1\nNgid:\t0\nPid:\t1\nPPid:\t0\nTracerPid:\t0\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nFDSize:\t64\nGroups:\t\nVmHWM:\t   20480 kB\nVmRSS:\t   10240 kB\nThreads:\t1\nSigQ:\t0/1\nSigPnd:\t0\nShdPnd:\t0\nSigBlk:\t0\nSigIgn:\t0\nSigCgt:\t0\nCapInh:\t0\nCapPrm:\t0\nCapEff:\t0\nCapBnd:\t0\nCapAmb:\t0\nCpus_allowed:\t3\nCpus_allowed_list:\t0-1\nMems_allowed:\t1\nMems_allowed_list:\t0\nvoluntary_ctxt_switches:\t1\nnonvoluntary_ctxt_switches:\t1\n";
+        let status = "Name:\ttoolgate\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t1\nNgid:\t0\nPid:\t1\nPPid:\t0\nTracerPid:\t0\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nFDSize:\t64\nGroups:\t\nVmHWM:\t   20480 kB\nVmRSS:\t   10240 kB\nRssAnon:\t    2048 kB\nRssFile:\t    8192 kB\nRssShmem:\t       0 kB\nThreads:\t1\nSigQ:\t0/1\nSigPnd:\t0\nShdPnd:\t0\nSigBlk:\t0\nSigIgn:\t0\nSigCgt:\t0\nCapInh:\t0\nCapPrm:\t0\nCapEff:\t0\nCapBnd:\t0\nCapAmb:\t0\nCpus_allowed:\t3\nCpus_allowed_list:\t0-1\nMems_allowed:\t1\nMems_allowed_list:\t0\nvoluntary_ctxt_switches:\t1\nnonvoluntary_ctxt_switches:\t1\n";
         let status = procfs::process::Status::from_read(status.as_bytes()).unwrap();
         let memory = Memory::from_status(&status).unwrap();
         assert_eq!(memory.rss_bytes, 10 * 1024 * 1024);
         assert_eq!(memory.peak_rss_bytes, 20 * 1024 * 1024);
+        assert_eq!(memory.anon_bytes, 2 * 1024 * 1024);
+        assert_eq!(memory.file_bytes, 8 * 1024 * 1024);
     }
 
     #[test]

@@ -1503,9 +1503,10 @@ impl Store for SqlStore {
                 .await,
             }
             .map_err(unavailable)?;
+            // Each row goes as soon as it is read: a listing of thousands holds the rows or the approvals, not both.
             let mut pending = Vec::with_capacity(rows.len());
-            for row in &rows {
-                if let Some(approval) = call_record(row)?.approval {
+            for row in rows {
+                if let Some(approval) = call_record(&row)?.approval {
                     pending.push(approval);
                 }
             }
