@@ -706,8 +706,8 @@ fn postgres_pool(connections: u32) -> PgPoolOptions {
 /// busy_timeout: a reader that meets a checkpoint waits instead of failing. Checkpoints: a commit that crosses the
 /// automatic threshold copies the WAL into the database and waits for the disk (fsync) on the task that committed,
 /// holding the writer, so [`checkpoint_forever`] does that on a thread of its own; the automatic one stays as a
-/// backstop, at 10,000 pages (about 40 MiB), for a load so steady that the WAL never gets copied whole between
-/// commits, and the file is cut back to 64 MiB once it is. No memory-mapped reads: every page a mapping touched
+/// backstop, at 10,000 pages (about 40 MiB), should that thread fall behind, and the file is cut back to 64 MiB
+/// once it is copied whole. No memory-mapped reads: every page a mapping touched
 /// counts in the process's resident memory for as long as it stays mapped, so one scan of a large table (the
 /// listing of 10,000 pending approvals) kept about 90 MiB of the file resident in the server. Read with system
 /// calls, a page lives in SQLite's page cache, bounded per connection, and beyond it in the kernel's.
@@ -732,18 +732,42 @@ fn sqlite_connection(path: &Path, read_only: bool) -> rusqlite::Result<rusqlite:
 }
 
 /// How often the checkpointer copies the WAL into the database.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+
+/// WAL frames (pages of about 4 KiB) past which the checkpointer makes sure the WAL starts over.
+const RESTART_WAL_AT: i64 = 2048;
 
 /// Copies what the WAL holds into the database file, as long as the store lives, on its own thread and connection
-/// (it waits for the disk). PASSIVE: it never blocks the writer or a reader; what it could not copy it copies next
-/// time, and once all is copied the next commit starts the WAL from its beginning again, so the file stays small.
+/// (it waits for the disk). PASSIVE: it never blocks the writer or a reader. But under a steady load a passive
+/// checkpoint never copies the WAL whole (commits go on while it copies), and the WAL starts over from its
+/// beginning only once it was copied whole: it grew until the automatic threshold, past which every commit ran a
+/// checkpoint of its own, inline, over a WAL of 10,000 pages. So once the WAL is past [`RESTART_WAL_AT`] frames,
+/// the checkpointer copies the bulk beside the writer, then holds the writer (this process's only one) for the
+/// short second pass that copies the rest: the WAL is then copied whole, and the next commit starts it over.
 fn checkpoint_forever(connection: rusqlite::Connection, store: std::sync::Weak<SqlStore>) {
+    let passive = |connection: &rusqlite::Connection| {
+        connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+            row.get::<_, i64>(1)
+        })
+    };
     loop {
         std::thread::sleep(CHECKPOINT_EVERY);
-        if store.strong_count() == 0 {
+        let Some(store) = store.upgrade() else {
             return;
-        }
-        if let Err(error) = connection.execute_batch("PRAGMA wal_checkpoint(PASSIVE);") {
+        };
+        let copied = passive(&connection).and_then(|frames| {
+            if frames < RESTART_WAL_AT {
+                return Ok(frames);
+            }
+            let Pool::Sqlite(writer) = &store.writer else {
+                return Ok(frames);
+            };
+            // No transaction of this process is open while the guard is held: the second pass copies the WAL
+            // whole (unless a reader still reads an older snapshot; then the next round does).
+            let _writer = writer.blocking_lock();
+            passive(&connection)
+        });
+        if let Err(error) = copied {
             tracing::warn!(%error, "cannot checkpoint the database's WAL");
         }
     }
@@ -903,6 +927,54 @@ mod tests {
             let plan = plan(sql);
             assert!(plan.contains(&format!("INDEX {index}")), "{sql}: {plan}");
         }
+    }
+
+    /// Under a steady stream of commits the WAL starts over long before SQLite's automatic threshold of 10,000
+    /// pages: the checkpointer copies it whole (its second pass holds the writer), so no commit runs a checkpoint
+    /// of its own. Before, a passive checkpoint beside the commits never copied the WAL whole, it grew to the
+    /// threshold, and from there every commit checkpointed inline, with its fsyncs, on the task that committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn under_a_steady_load_the_wal_starts_over_before_the_automatic_checkpoint() {
+        use crate::store::{AuditEntry, AuditKind, Store};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("toolgate.db");
+        let store = SqlStore::open(&DatabaseUrl::Sqlite(path.clone()))
+            .await
+            .unwrap();
+        // About nine pages a commit, a commit a millisecond or so: some 12,000 pages of WAL in all, written at
+        // about the pace of a busy server.
+        let reason = "x".repeat(32 * 1024);
+        for _ in 0..1_300 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            store
+                .audit(AuditEntry {
+                    id: 0,
+                    at: 1,
+                    kind: AuditKind::RuleChanged,
+                    session_id: None,
+                    run_id: None,
+                    tool_call_id: None,
+                    tool: None,
+                    arguments_digest: None,
+                    edited_digest: None,
+                    outcome: "added".to_owned(),
+                    source: None,
+                    scope: None,
+                    reason: Some(reason.clone()),
+                    actor: None,
+                })
+                .await
+                .unwrap();
+        }
+        // The WAL file keeps the size of the longest WAL it held (it is cut back only past 64 MiB).
+        let wal = std::fs::metadata(format!("{}-wal", path.display()))
+            .unwrap()
+            .len();
+        let pages = wal / 4_120;
+        assert!(
+            pages < 8_000,
+            "the WAL held {pages} pages at its longest, near the automatic threshold of 10,000"
+        );
     }
 
     #[tokio::test]
