@@ -1150,6 +1150,106 @@ async fn what_a_sqlite_store_holds_survives_the_process_and_recovery_marks_what_
     );
 }
 
+/// On SQLite a call's result waits for the next commit (the run's next change takes it along). A process that dies
+/// before that commit leaves the call as a crash while it ran leaves it: interrupted, effect unknown, never run
+/// again; never executing, never settled without its result.
+#[tokio::test]
+async fn a_result_the_process_had_not_written_when_it_died_leaves_the_call_interrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    {
+        let store = SqlStore::open(&url).await.unwrap();
+        store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+        open_waiting(&*store, "r", &[], &["free"]).await;
+        store
+            .begin_call(&run_id("r"), &call_id("free"), None)
+            .await
+            .unwrap()
+            .unwrap();
+        let result = CallResult {
+            run_id: run_id("r"),
+            call_id: call_id("free"),
+            output: ToolOutput::Ok {
+                content: json!("done"),
+            },
+            events: vec![step_event("r", 50)],
+            audit: vec![],
+        };
+        assert!(store.settle_call(result).await.unwrap());
+        // The process dies here, the result maybe still queued.
+    }
+    let store = SqlStore::open(&url).await.unwrap();
+    store
+        .recover(RecoveryEvents {
+            run_failed: Box::new(|info| vec![step_event(info.run_id.as_str(), 77)]),
+            call_interrupted: Box::new(|record| Settlement {
+                status: CallStatus::Interrupted,
+                output: Some(ToolOutput::error(ToolErrorCode::ToolFailed, "interrupted")),
+                ..deny(record, DenialSource::Abort)
+            }),
+        })
+        .await
+        .unwrap();
+    let call = store
+        .call(&run_id("r"), &call_id("free"))
+        .await
+        .unwrap()
+        .unwrap();
+    match call.status {
+        CallStatus::Settled => assert!(call.output.unwrap().is_ok(), "settled with its result"),
+        CallStatus::Interrupted => {}
+        other => panic!("the call is {other:?} after the restart"),
+    }
+    assert!(
+        store
+            .begin_call(&run_id("r"), &call_id("free"), None)
+            .await
+            .unwrap()
+            .is_none(),
+        "the call never runs again"
+    );
+}
+
+/// On SQLite a call's result rides in the run's next commit; the claim of its settled batch is that commit here,
+/// and finds the call settled with its output, its events in the run's log before the claim returns.
+#[tokio::test]
+async fn the_claim_of_a_batch_takes_a_calls_result_still_queued_along() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqlStore::open(&DatabaseUrl::Sqlite(dir.path().join("toolgate.db")))
+        .await
+        .unwrap();
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(&*store, "r", &[], &["free"]).await;
+    store
+        .begin_call(&run_id("r"), &call_id("free"), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let result = CallResult {
+        run_id: run_id("r"),
+        call_id: call_id("free"),
+        output: ToolOutput::Ok {
+            content: json!("done"),
+        },
+        events: vec![step_event("r", 50)],
+        audit: vec![],
+    };
+    assert!(store.settle_call(result).await.unwrap());
+    let claimed = store
+        .claim_batch(&run_id("r"))
+        .await
+        .unwrap()
+        .expect("the batch is settled");
+    assert_eq!(claimed.outputs.len(), 1);
+    assert!(claimed.outputs[0].1.is_ok());
+    let log = store.events_after(&run_id("r"), 0, 100).await.unwrap();
+    assert!(
+        log.last()
+            .is_some_and(|event| event.json.contains("\"step\":50")),
+        "the result's events are in the run's log"
+    );
+}
+
 #[tokio::test]
 async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
     use sqlx::Executor;

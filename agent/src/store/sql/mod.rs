@@ -287,10 +287,27 @@ fn migrator(dialect: Dialect) -> Migrator {
     Migrator::with_migrations(migrations(dialect))
 }
 
-/// Events appended by running runs, waiting for the next group commit.
+/// What waits for the next group commit, in the order it was queued.
+enum Queued {
+    /// Events a running run appended under its claim.
+    Events(RunId, super::Epoch, Vec<NewEvent>),
+    /// A call's result (SQLite only): see [`SqlStore::settle_call`](super::Store::settle_call).
+    Settled(super::CallResult),
+}
+
+impl Queued {
+    fn run_id(&self) -> &RunId {
+        match self {
+            Self::Events(run_id, ..) => run_id,
+            Self::Settled(result) => &result.run_id,
+        }
+    }
+}
+
+/// Events appended by running runs and results of calls, waiting for the next group commit.
 #[derive(Default)]
 struct Appends {
-    queue: Vec<(RunId, super::Epoch, Vec<NewEvent>)>,
+    queue: Vec<Queued>,
     /// How many appends were ever queued.
     queued: u64,
 }
@@ -304,6 +321,9 @@ pub struct SqlStore {
     /// Scans: WAL lets SQLite's reader go on beside the writer. (Reads by key: see [`SqlStore::by_key`].)
     reader: Pool,
     appends: Arc<Mutex<Appends>>,
+    /// The calls this process began and has not settled yet (SQLite, whose file no other process writes: a call's
+    /// result is then queued, see [`Store::settle_call`](super::Store::settle_call)).
+    executing: Mutex<std::collections::HashSet<(RunId, crate::ids::ToolCallId)>>,
     /// Tells the appender to write now rather than after [`GROUP_COMMIT_WINDOW`]: someone waits.
     flush_now: Arc<Notify>,
     /// Wakes the appender (which holds only this and a weak reference to the store, so that the store, and its
@@ -403,6 +423,7 @@ impl SqlStore {
             writer,
             reader,
             appends: Arc::default(),
+            executing: Mutex::default(),
             flush_now: Arc::default(),
             appended: Arc::new(Notify::new()),
             written: watch::channel(0).0,
@@ -486,6 +507,7 @@ impl SqlStore {
             writer: reader.clone(),
             reader,
             appends: Arc::default(),
+            executing: Mutex::default(),
             flush_now: Arc::default(),
             appended: Arc::new(Notify::new()),
             written: watch::channel(0).0,
@@ -874,19 +896,27 @@ async fn append_forever(
 }
 
 /// Joins the appends of a batch that go to the same run under the same claim, in their order, so that each run's
-/// events of a group commit are one append (one update of the run, one insert).
-fn coalesce(
-    queue: Vec<(RunId, super::Epoch, Vec<NewEvent>)>,
-) -> Vec<(RunId, super::Epoch, Vec<NewEvent>)> {
-    let mut joined: Vec<(RunId, super::Epoch, Vec<NewEvent>)> = Vec::with_capacity(queue.len());
-    // Where each run's latest append is in `joined`.
+/// events of a group commit are one append (one update of the run, one insert). A call's result stays between the
+/// run's events before it and those after it: the run's log keeps the order things happened in.
+fn coalesce(queue: Vec<Queued>) -> Vec<Queued> {
+    let mut joined: Vec<Queued> = Vec::with_capacity(queue.len());
+    // Where each run's latest append of events is in `joined`, while nothing of the run came after it.
     let mut latest: std::collections::HashMap<RunId, usize> = std::collections::HashMap::new();
-    for (run_id, epoch, events) in queue {
-        match latest.get(&run_id) {
-            Some(&i) if joined[i].1 == epoch => joined[i].2.extend(events),
-            _ => {
-                latest.insert(run_id.clone(), joined.len());
-                joined.push((run_id, epoch, events));
+    for queued in queue {
+        let open = latest.get(queued.run_id()).copied();
+        match (queued, open) {
+            (Queued::Events(_, epoch, events), Some(i)) if matches!(&joined[i], Queued::Events(_, joined_epoch, _) if *joined_epoch == epoch) => {
+                if let Queued::Events(_, _, joined_events) = &mut joined[i] {
+                    joined_events.extend(events);
+                }
+            }
+            (queued @ Queued::Events(..), _) => {
+                latest.insert(queued.run_id().clone(), joined.len());
+                joined.push(queued);
+            }
+            (queued @ Queued::Settled(_), _) => {
+                latest.remove(queued.run_id());
+                joined.push(queued);
             }
         }
     }
@@ -1065,32 +1095,71 @@ mod tests {
         };
         let (a, b) = (run(1), run(2));
         let joined = coalesce(vec![
-            (a.clone(), 1, vec![event("a1")]),
-            (b.clone(), 1, vec![event("b1")]),
-            (a.clone(), 1, vec![event("a2"), event("a3")]),
-            (b.clone(), 2, vec![event("b2")]),
-            (a.clone(), 1, vec![event("a4")]),
+            Queued::Events(a.clone(), 1, vec![event("a1")]),
+            Queued::Events(b.clone(), 1, vec![event("b1")]),
+            Queued::Events(a.clone(), 1, vec![event("a2"), event("a3")]),
+            Queued::Events(b.clone(), 2, vec![event("b2")]),
+            Queued::Events(a.clone(), 1, vec![event("a4")]),
         ]);
-        let names = |events: &[NewEvent]| {
-            events
-                .iter()
-                .map(|e| e.json.to_string())
-                .collect::<Vec<_>>()
-        };
-        let shape: Vec<_> = joined
-            .iter()
-            .map(|(run, epoch, events)| (run.clone(), *epoch, names(events)))
-            .collect();
         assert_eq!(
-            shape,
+            shape(&joined),
             vec![
-                (
-                    a.clone(),
-                    1,
-                    vec!["a1".into(), "a2".into(), "a3".into(), "a4".into()]
-                ),
-                (b.clone(), 1, vec!["b1".into()]),
-                (b, 2, vec!["b2".into()]),
+                (a.clone(), "1: a1 a2 a3 a4".to_owned()),
+                (b.clone(), "1: b1".to_owned()),
+                (b, "2: b2".to_owned()),
+            ]
+        );
+    }
+
+    fn shape(joined: &[Queued]) -> Vec<(RunId, String)> {
+        joined
+            .iter()
+            .map(|queued| match queued {
+                Queued::Events(run, epoch, events) => {
+                    let names: Vec<_> = events.iter().map(|e| e.json.to_string()).collect();
+                    (run.clone(), format!("{epoch}: {}", names.join(" ")))
+                }
+                Queued::Settled(result) => {
+                    (result.run_id.clone(), format!("settled {}", result.call_id))
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_group_commit_keeps_a_calls_result_between_the_runs_events_before_and_after_it() {
+        let run = |n: u32| RunId::parse(format!("run_{n:032}")).unwrap();
+        let event = |name: &str| NewEvent {
+            kind: "debug",
+            json: name.into(),
+        };
+        let settled = |run_id: &RunId| {
+            Queued::Settled(crate::store::CallResult {
+                run_id: run_id.clone(),
+                call_id: crate::ids::ToolCallId::parse("call_1").unwrap(),
+                output: crate::wire::ToolOutput::Ok {
+                    content: serde_json::json!("done"),
+                },
+                events: Vec::new(),
+                audit: Vec::new(),
+            })
+        };
+        let (a, b) = (run(1), run(2));
+        let joined = coalesce(vec![
+            Queued::Events(a.clone(), 1, vec![event("a1")]),
+            Queued::Events(b.clone(), 1, vec![event("b1")]),
+            settled(&a),
+            Queued::Events(b.clone(), 1, vec![event("b2")]),
+            Queued::Events(a.clone(), 1, vec![event("a2")]),
+            Queued::Events(a.clone(), 1, vec![event("a3")]),
+        ]);
+        assert_eq!(
+            shape(&joined),
+            vec![
+                (a.clone(), "1: a1".to_owned()),
+                (b.clone(), "1: b1 b2".to_owned()),
+                (a.clone(), "settled call_1".to_owned()),
+                (a, "1: a2 a3".to_owned()),
             ]
         );
     }

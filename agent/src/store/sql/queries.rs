@@ -337,13 +337,19 @@ impl SqlStore {
         };
         let mut touched = Vec::new();
         let mut failed = None;
-        for (run_id, epoch, events) in &batch {
-            // A writer that lost the run appends nothing: its events are dropped here, not written late.
-            match self
-                .append_in(tx, run_id, events, Some((&self.instance, *epoch)))
-                .await
-            {
-                Ok(Some(seq)) => touched.push((run_id.clone(), seq)),
+        for queued in &batch {
+            let written = match queued {
+                // A writer that lost the run appends nothing: its events are dropped here, not written late.
+                super::Queued::Events(run_id, epoch, events) => self
+                    .append_in(tx, run_id, events, Some((&self.instance, *epoch)))
+                    .await
+                    .map_err(unavailable),
+                super::Queued::Settled(result) => {
+                    self.settle_in(tx, result).await.map(Option::flatten)
+                }
+            };
+            match written {
+                Ok(Some(seq)) => touched.push((queued.run_id().clone(), seq)),
                 Ok(None) => {}
                 Err(error) => {
                     failed = Some(error);
@@ -360,7 +366,7 @@ impl SqlStore {
             wake.notify_one();
         });
         match failed {
-            Some(error) => Err(unavailable(error)),
+            Some(error) => Err(error),
             None => Ok(Taken {
                 touched,
                 through: Some(through),
@@ -411,6 +417,79 @@ impl SqlStore {
         let mut tx = self.writer.begin().await.map_err(unavailable)?;
         let taken = self.take_appends_in(&mut tx).await?;
         Ok((tx, taken))
+    }
+
+    /// Begins a state change that reads or changes calls: on SQLite after the results of calls queued before it
+    /// (written in the same transaction), so that it finds each call as it stands; on PostgreSQL, whose results are
+    /// written as they come, at once.
+    async fn begin_after_results(&self) -> StoreResult<(Tx, Taken)> {
+        match self.dialect {
+            super::Dialect::Sqlite => self.begin_change().await,
+            super::Dialect::Postgres => Ok((
+                self.writer.begin().await.map_err(unavailable)?,
+                Taken::default(),
+            )),
+        }
+    }
+
+    /// Whether a result of one of the run's calls waits in the queue (SQLite).
+    fn result_queued(&self, run_id: &RunId) -> bool {
+        self.appends.lock().queue.iter().any(
+            |queued| matches!(queued, super::Queued::Settled(result) if &result.run_id == run_id),
+        )
+    }
+
+    /// Records a call's result in `tx`, if this instance still runs the call (recovery may have declared it
+    /// interrupted): its row, its events, its audit entries. `None` when it does not; else the run's newest
+    /// sequence number, if the result appended events.
+    async fn settle_in(
+        &self,
+        tx: &mut Tx,
+        result: &CallResult,
+    ) -> StoreResult<Option<Option<u64>>> {
+        lock_run_in(self.dialect, &mut *tx, &result.run_id)
+            .await
+            .map_err(unavailable)?;
+        let row = query(format!(
+            "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
+             AND status = 'executing' AND executing_on = $3{}",
+            self.dialect.for_update()
+        ))
+        .bind(result.run_id.as_str())
+        .bind(result.call_id.as_str())
+        .bind(self.instance.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(unavailable)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let mut record = call_record(&row)?;
+        record.status = CallStatus::Settled;
+        record.executing_on = None;
+        record.output = Some(result.output.clone());
+        let changed = query(
+            "UPDATE calls SET status = 'settled', record = $3, executing_on = NULL \
+             WHERE run_id = $1 AND call_id = $2 AND status = 'executing' AND executing_on = $4",
+        )
+        .bind(result.run_id.as_str())
+        .bind(result.call_id.as_str())
+        .bind(json(&record))
+        .bind(self.instance.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(unavailable)?;
+        if changed.rows_affected() != 1 {
+            return Ok(None);
+        }
+        let seq = self
+            .append_in(&mut *tx, &result.run_id, &result.events, None)
+            .await
+            .map_err(unavailable)?;
+        audit_in(&mut *tx, &result.audit)
+            .await
+            .map_err(unavailable)?;
+        Ok(Some(seq))
     }
 
     /// Waits until every append queued so far is written.
@@ -647,7 +726,9 @@ impl Store for SqlStore {
         }
         {
             let mut appends = self.appends.lock();
-            appends.queue.push((run_id.clone(), epoch, events));
+            appends
+                .queue
+                .push(super::Queued::Events(run_id.clone(), epoch, events));
             appends.queued += 1;
         }
         self.appended.notify_one();
@@ -686,7 +767,7 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         let call_id = call_id.clone();
         async move {
-            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let (mut tx, taken) = self.begin_after_results().await?;
             lock_run_in(self.dialect, &mut tx, &run_id)
                 .await
                 .map_err(unavailable)?;
@@ -727,6 +808,7 @@ impl Store for SqlStore {
                 .map_err(unavailable)?;
             audit_in(&mut tx, &audit).await.map_err(unavailable)?;
             tx.commit().await.map_err(unavailable)?;
+            self.appends_written(taken);
             if let Some(seq) = seq {
                 self.touched(&run_id, seq);
             }
@@ -821,7 +903,7 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         let call_id = call_id.clone();
         async move {
-            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let (mut tx, taken) = self.begin_after_results().await?;
             if !self.alive_in(&mut tx).await? {
                 // This instance's lease ran out: another may be taking its work over. It starts nothing.
                 return Ok(None);
@@ -916,56 +998,46 @@ impl Store for SqlStore {
                 }
             };
             tx.commit().await.map_err(unavailable)?;
+            self.appends_written(taken);
+            if let Some(record) = &begun
+                && self.dialect == super::Dialect::Sqlite
+            {
+                self.executing
+                    .lock()
+                    .insert((record.run_id.clone(), record.call.id.clone()));
+            }
             Ok(begun)
         }
         .boxed()
     }
 
+    /// On SQLite a call's result joins the queue of the next group commit (the next state change of any run takes
+    /// it into its transaction, or the appender writes it within a millisecond): the run's next change (its next
+    /// sampling's end, or the claim of its settled batch) is then one commit with the result, not two. Nothing is
+    /// read from the result before it is written: its events wait in the same queue, the state changes that read
+    /// calls take the queue first, and reads of a run's calls wait for its queued results. A crash before the
+    /// write leaves the call executing in the file, which the next start records as interrupted, effect unknown,
+    /// never run again: what a crash while the tool ran records too. Only this process writes the file, so the
+    /// calls it began and has not settled are known here, and a second result for the same call is refused.
     fn settle_call(&self, result: CallResult) -> StoreFuture<'_, bool> {
         async move {
+            if self.dialect == super::Dialect::Sqlite {
+                let key = (result.run_id.clone(), result.call_id.clone());
+                if !self.executing.lock().remove(&key) {
+                    return Ok(false);
+                }
+                {
+                    let mut appends = self.appends.lock();
+                    appends.queue.push(super::Queued::Settled(result));
+                    appends.queued += 1;
+                }
+                self.appended.notify_one();
+                return Ok(true);
+            }
             let (mut tx, taken) = self.begin_change().await?;
-            lock_run_in(self.dialect, &mut tx, &result.run_id)
-                .await
-                .map_err(unavailable)?;
-            let row = query(format!(
-                "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
-                 AND status = 'executing' AND executing_on = $3{}",
-                self.dialect.for_update()
-            ))
-            .bind(result.run_id.as_str())
-            .bind(result.call_id.as_str())
-            .bind(self.instance.as_str())
-            .fetch_optional(&mut tx)
-            .await
-            .map_err(unavailable)?;
-            let Some(row) = row else {
+            let Some(seq) = self.settle_in(&mut tx, &result).await? else {
                 return Ok(false);
             };
-            let mut record = call_record(&row)?;
-            record.status = CallStatus::Settled;
-            record.executing_on = None;
-            record.output = Some(result.output);
-            let changed = query(
-                "UPDATE calls SET status = 'settled', record = $3, executing_on = NULL \
-                 WHERE run_id = $1 AND call_id = $2 AND status = 'executing' AND executing_on = $4",
-            )
-            .bind(result.run_id.as_str())
-            .bind(result.call_id.as_str())
-            .bind(json(&record))
-            .bind(self.instance.as_str())
-            .execute(&mut tx)
-            .await
-            .map_err(unavailable)?;
-            if changed.rows_affected() != 1 {
-                return Ok(false);
-            }
-            let seq = self
-                .append_in(&mut tx, &result.run_id, &result.events, None)
-                .await
-                .map_err(unavailable)?;
-            audit_in(&mut tx, &result.audit)
-                .await
-                .map_err(unavailable)?;
             tx.commit().await.map_err(unavailable)?;
             self.appends_written(taken);
             if let Some(seq) = seq {
@@ -979,7 +1051,7 @@ impl Store for SqlStore {
     fn claim_batch(&self, run_id: &RunId) -> StoreFuture<'_, Option<Claimed>> {
         let run_id = run_id.clone();
         async move {
-            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let (mut tx, taken) = self.begin_after_results().await?;
             let row = query(format!(
                 "SELECT state, batch, abort, epoch FROM runs WHERE id = $1{}",
                 self.dialect.for_update()
@@ -1035,6 +1107,7 @@ impl Store for SqlStore {
                 .await
                 .map_err(unavailable)?;
             tx.commit().await.map_err(unavailable)?;
+            self.appends_written(taken);
             Ok(Some(Claimed {
                 epoch,
                 batch: parse(&batch, "a waiting run's batch")?,
@@ -1154,7 +1227,7 @@ impl Store for SqlStore {
     ) -> StoreFuture<'_, Option<Aborted>> {
         let run_id = run_id.clone();
         async move {
-            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            let (mut tx, taken) = self.begin_after_results().await?;
             let row = query(format!(
                 "SELECT {RUN_COLUMNS}, owner FROM runs WHERE id = $1{}",
                 self.dialect.for_update()
@@ -1205,6 +1278,7 @@ impl Store for SqlStore {
                 .await
                 .map_err(unavailable)?;
             tx.commit().await.map_err(unavailable)?;
+            self.appends_written(taken);
             if let Some(seq) = seq {
                 info.last_seq = seq;
                 self.touched(&run_id, seq);
@@ -1519,6 +1593,10 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         let call_id = call_id.clone();
         async move {
+            // A result of the run's calls still queued is written first: a call reads as it stands.
+            if self.result_queued(&run_id) {
+                self.flush_appends().await;
+            }
             let row = query(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2",
             )
@@ -1535,6 +1613,9 @@ impl Store for SqlStore {
     fn calls(&self, run_id: &RunId) -> StoreFuture<'_, Vec<CallRecord>> {
         let run_id = run_id.clone();
         async move {
+            if self.result_queued(&run_id) {
+                self.flush_appends().await;
+            }
             let rows = query(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx",
             )
