@@ -10,7 +10,8 @@
 //! committed in batches (group commit): they are durable before anyone can read them, and each run's log keeps the
 //! order they were appended in. A background task writes what gathered for a millisecond; a state change that comes
 //! first takes the queue into its own transaction on SQLite (one commit instead of two), and on PostgreSQL waits for
-//! the queue to be written.
+//! the queue to be written. On SQLite the results of tool calls join the same queue, so that a call's result and
+//! the run's next change are one commit.
 //!
 //! On SQLite, the newest committed events of each run stay in memory for the readers that follow the run ([`tail`]),
 //! and reads by key go through the writer's connection, whose page cache stays warm; scans go through a reader
@@ -757,7 +758,7 @@ fn sqlite_connection(path: &Path, read_only: bool) -> rusqlite::Result<rusqlite:
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 
 /// WAL frames (pages of about 4 KiB) past which the checkpointer makes sure the WAL starts over.
-const RESTART_WAL_AT: i64 = 2048;
+const RESTART_WAL_AT: i64 = 4096;
 
 /// Copies what the WAL holds into the database file, as long as the store lives, on its own thread and connection
 /// (it waits for the disk). PASSIVE: it never blocks the writer or a reader. But under a steady load a passive
