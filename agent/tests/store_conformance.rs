@@ -1076,6 +1076,18 @@ async fn a_child_process_never_holds_the_sqlite_files_lock() {
     reopened.expect("the lock went with the store, whatever children this process has");
 }
 
+/// How the tests' recovery words what it records: a failed run's event is step 77.
+fn recovery_events() -> RecoveryEvents {
+    RecoveryEvents {
+        run_failed: Box::new(|info| vec![step_event(info.run_id.as_str(), 77)]),
+        call_interrupted: Box::new(|record| Settlement {
+            status: CallStatus::Interrupted,
+            output: Some(ToolOutput::error(ToolErrorCode::ToolFailed, "interrupted")),
+            ..deny(record, DenialSource::Abort)
+        }),
+    }
+}
+
 #[tokio::test]
 async fn what_a_sqlite_store_holds_survives_the_process_and_recovery_marks_what_it_was_doing() {
     let dir = tempfile::tempdir().unwrap();
@@ -1102,17 +1114,7 @@ async fn what_a_sqlite_store_holds_survives_the_process_and_recovery_marks_what_
         // The process dies here: nothing more is written.
     }
     let store = SqlStore::open(&url).await.unwrap();
-    let recovered = store
-        .recover(RecoveryEvents {
-            run_failed: Box::new(|info| vec![step_event(info.run_id.as_str(), 77)]),
-            call_interrupted: Box::new(|record| Settlement {
-                status: CallStatus::Interrupted,
-                output: Some(ToolOutput::error(ToolErrorCode::ToolFailed, "interrupted")),
-                ..deny(record, DenialSource::Abort)
-            }),
-        })
-        .await
-        .unwrap();
+    let recovered = store.recover(recovery_events()).await.unwrap();
     assert_eq!(recovered.failed_runs, vec![run_id("sampling")]);
     assert_eq!(
         recovered.interrupted_calls,
@@ -1150,76 +1152,10 @@ async fn what_a_sqlite_store_holds_survives_the_process_and_recovery_marks_what_
     );
 }
 
-/// On SQLite a call's result waits for the next commit (the run's next change takes it along). A process that dies
-/// before that commit leaves the call as a crash while it ran leaves it: interrupted, effect unknown, never run
-/// again; never executing, never settled without its result.
-#[tokio::test]
-async fn a_result_the_process_had_not_written_when_it_died_leaves_the_call_interrupted() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
-    {
-        let store = SqlStore::open(&url).await.unwrap();
-        store.start_run(new_run("r", "s")).await.unwrap().unwrap();
-        open_waiting(&*store, "r", &[], &["free"]).await;
-        store
-            .begin_call(&run_id("r"), &call_id("free"), None)
-            .await
-            .unwrap()
-            .unwrap();
-        let result = CallResult {
-            run_id: run_id("r"),
-            call_id: call_id("free"),
-            output: ToolOutput::Ok {
-                content: json!("done"),
-            },
-            events: vec![step_event("r", 50)],
-            audit: vec![],
-        };
-        assert!(store.settle_call(result).await.unwrap());
-        // The process dies here, the result maybe still queued.
-    }
-    let store = SqlStore::open(&url).await.unwrap();
-    store
-        .recover(RecoveryEvents {
-            run_failed: Box::new(|info| vec![step_event(info.run_id.as_str(), 77)]),
-            call_interrupted: Box::new(|record| Settlement {
-                status: CallStatus::Interrupted,
-                output: Some(ToolOutput::error(ToolErrorCode::ToolFailed, "interrupted")),
-                ..deny(record, DenialSource::Abort)
-            }),
-        })
-        .await
-        .unwrap();
-    let call = store
-        .call(&run_id("r"), &call_id("free"))
-        .await
-        .unwrap()
-        .unwrap();
-    match call.status {
-        CallStatus::Settled => assert!(call.output.unwrap().is_ok(), "settled with its result"),
-        CallStatus::Interrupted => {}
-        other => panic!("the call is {other:?} after the restart"),
-    }
-    assert!(
-        store
-            .begin_call(&run_id("r"), &call_id("free"), None)
-            .await
-            .unwrap()
-            .is_none(),
-        "the call never runs again"
-    );
-}
-
-/// On SQLite a call's result rides in the run's next commit; the claim of its settled batch is that commit here,
-/// and finds the call settled with its output, its events in the run's log before the claim returns.
-#[tokio::test]
-async fn the_claim_of_a_batch_takes_a_calls_result_still_queued_along() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqlStore::open(&DatabaseUrl::Sqlite(dir.path().join("toolgate.db")))
-        .await
-        .unwrap();
+/// Run `r` waits on a batch of one allowed call, `free`, which the store began and whose result it was given.
+async fn settle_the_free_call_of_a_waiting_run(store: &dyn Store) {
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
-    open_waiting(&*store, "r", &[], &["free"]).await;
+    open_waiting(store, "r", &[], &["free"]).await;
     store
         .begin_call(&run_id("r"), &call_id("free"), None)
         .await
@@ -1235,6 +1171,49 @@ async fn the_claim_of_a_batch_takes_a_calls_result_still_queued_along() {
         audit: vec![],
     };
     assert!(store.settle_call(result).await.unwrap());
+}
+
+/// On SQLite a call's result waits for the next commit (the run's next change takes it along). A process that dies
+/// before that commit leaves the call as a crash while it ran leaves it: interrupted, effect unknown, never run
+/// again; never executing.
+#[tokio::test]
+async fn a_result_the_process_had_not_written_when_it_died_leaves_the_call_interrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    {
+        let store = SqlStore::open(&url).await.unwrap();
+        settle_the_free_call_of_a_waiting_run(&*store).await;
+        // The process dies here, the result maybe still queued.
+    }
+    let store = SqlStore::open(&url).await.unwrap();
+    store.recover(recovery_events()).await.unwrap();
+    let call = store
+        .call(&run_id("r"), &call_id("free"))
+        .await
+        .unwrap()
+        .unwrap();
+    // This test's runtime has one thread, and nothing gave the appender a turn before the store went.
+    assert_eq!(call.status, CallStatus::Interrupted);
+    assert!(
+        !call.output.unwrap().is_ok(),
+        "its output says it was interrupted"
+    );
+    assert_eq!(
+        store.stalled_runs().await.unwrap(),
+        vec![run_id("r")],
+        "its batch is settled: the restarted server claims it and samples on"
+    );
+}
+
+/// On SQLite a call's result rides in the run's next commit; the claim of its settled batch is that commit here,
+/// and finds the call settled with its output, its events in the run's log before the claim returns.
+#[tokio::test]
+async fn the_claim_of_a_batch_takes_a_calls_result_still_queued_along() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqlStore::open(&DatabaseUrl::Sqlite(dir.path().join("toolgate.db")))
+        .await
+        .unwrap();
+    settle_the_free_call_of_a_waiting_run(&*store).await;
     let claimed = store
         .claim_batch(&run_id("r"))
         .await

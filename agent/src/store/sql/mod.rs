@@ -775,16 +775,16 @@ fn checkpoint_forever(connection: rusqlite::Connection, store: std::sync::Weak<S
     };
     loop {
         std::thread::sleep(CHECKPOINT_EVERY);
-        let Some(store) = store.upgrade() else {
-            return;
+        // Only the writer's connection is held while this round works, never the store: the store (and its file
+        // lock) goes as soon as its last user lets go.
+        let writer = match store.upgrade().as_deref().map(|store| &store.writer) {
+            Some(Pool::Sqlite(writer)) => Arc::clone(writer),
+            _ => return,
         };
         let copied = passive(&connection).and_then(|frames| {
             if frames < RESTART_WAL_AT {
                 return Ok(frames);
             }
-            let Pool::Sqlite(writer) = &store.writer else {
-                return Ok(frames);
-            };
             // No transaction of this process is open while the guard is held: the second pass copies the WAL
             // whole (unless a reader still reads an older snapshot; then the next round does).
             let _writer = writer.blocking_lock();
@@ -1089,11 +1089,6 @@ mod tests {
 
     #[test]
     fn a_group_commit_joins_each_runs_appends_in_order_and_keeps_claims_apart() {
-        let run = |n: u32| RunId::parse(format!("run_{n:032}")).unwrap();
-        let event = |name: &str| NewEvent {
-            kind: "debug",
-            json: name.into(),
-        };
         let (a, b) = (run(1), run(2));
         let joined = coalesce(vec![
             Queued::Events(a.clone(), 1, vec![event("a1")]),
@@ -1110,6 +1105,17 @@ mod tests {
                 (b, "2: b2".to_owned()),
             ]
         );
+    }
+
+    fn run(n: u32) -> RunId {
+        RunId::parse(format!("run_{n:032}")).unwrap()
+    }
+
+    fn event(name: &str) -> NewEvent {
+        NewEvent {
+            kind: "debug",
+            json: name.into(),
+        }
     }
 
     fn shape(joined: &[Queued]) -> Vec<(RunId, String)> {
@@ -1129,11 +1135,6 @@ mod tests {
 
     #[test]
     fn a_group_commit_keeps_a_calls_result_between_the_runs_events_before_and_after_it() {
-        let run = |n: u32| RunId::parse(format!("run_{n:032}")).unwrap();
-        let event = |name: &str| NewEvent {
-            kind: "debug",
-            json: name.into(),
-        };
         let settled = |run_id: &RunId| {
             Queued::Settled(crate::store::CallResult {
                 run_id: run_id.clone(),

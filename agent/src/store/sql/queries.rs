@@ -344,9 +344,15 @@ impl SqlStore {
                     .append_in(tx, run_id, events, Some((&self.instance, *epoch)))
                     .await
                     .map_err(unavailable),
-                super::Queued::Settled(result) => {
-                    self.settle_in(tx, result).await.map(Option::flatten)
-                }
+                super::Queued::Settled(result) => match self.settle_in(tx, result).await {
+                    // A call whose row cannot be read fails alone (it stays executing, and the next start records it
+                    // interrupted), not every change that takes the queue.
+                    Err(StoreError::Corrupt(error)) => {
+                        tracing::error!(run_id = %result.run_id, call_id = %result.call_id, %error, "cannot record a call's result");
+                        Ok(None)
+                    }
+                    settled => settled.map(Option::flatten),
+                },
             };
             match written {
                 Ok(Some(seq)) => touched.push((queued.run_id().clone(), seq)),
@@ -830,7 +836,8 @@ impl Store for SqlStore {
             }
             let mut expired = Vec::new();
             for run_id in due {
-                let mut tx = self.writer.begin().await.map_err(unavailable)?;
+                // After the results queued before it, so that the run's log keeps the order things happened in.
+                let (mut tx, taken) = self.begin_after_results().await?;
                 lock_run_in(self.dialect, &mut tx, &run_id)
                     .await
                     .map_err(unavailable)?;
@@ -871,6 +878,7 @@ impl Store for SqlStore {
                     .map_err(unavailable)?;
                 audit_in(&mut tx, &audit).await.map_err(unavailable)?;
                 tx.commit().await.map_err(unavailable)?;
+                self.appends_written(taken);
                 if let Some(seq) = seq {
                     self.touched(&run_id, seq);
                 }
