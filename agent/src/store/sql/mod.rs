@@ -904,20 +904,21 @@ fn coalesce(queue: Vec<Queued>) -> Vec<Queued> {
     // Where each run's latest append of events is in `joined`, while nothing of the run came after it.
     let mut latest: std::collections::HashMap<RunId, usize> = std::collections::HashMap::new();
     for queued in queue {
-        let open = latest.get(queued.run_id()).copied();
-        match (queued, open) {
-            (Queued::Events(_, epoch, events), Some(i)) if matches!(&joined[i], Queued::Events(_, joined_epoch, _) if *joined_epoch == epoch) => {
-                if let Queued::Events(_, _, joined_events) = &mut joined[i] {
+        match queued {
+            Queued::Events(run_id, epoch, events) => {
+                if let Some(&i) = latest.get(&run_id)
+                    && let Queued::Events(_, joined_epoch, joined_events) = &mut joined[i]
+                    && *joined_epoch == epoch
+                {
                     joined_events.extend(events);
+                } else {
+                    latest.insert(run_id.clone(), joined.len());
+                    joined.push(Queued::Events(run_id, epoch, events));
                 }
             }
-            (queued @ Queued::Events(..), _) => {
-                latest.insert(queued.run_id().clone(), joined.len());
-                joined.push(queued);
-            }
-            (queued @ Queued::Settled(_), _) => {
-                latest.remove(queued.run_id());
-                joined.push(queued);
+            Queued::Settled(result) => {
+                latest.remove(&result.run_id);
+                joined.push(Queued::Settled(result));
             }
         }
     }

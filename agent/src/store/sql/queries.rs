@@ -438,6 +438,16 @@ impl SqlStore {
         }
     }
 
+    /// Queues `queued` for the next group commit and wakes the appender.
+    fn enqueue(&self, queued: super::Queued) {
+        {
+            let mut appends = self.appends.lock();
+            appends.queue.push(queued);
+            appends.queued += 1;
+        }
+        self.appended.notify_one();
+    }
+
     /// Whether a result of one of the run's calls waits in the queue (SQLite).
     fn result_queued(&self, run_id: &RunId) -> bool {
         self.appends.lock().queue.iter().any(
@@ -730,14 +740,7 @@ impl Store for SqlStore {
         if events.is_empty() {
             return;
         }
-        {
-            let mut appends = self.appends.lock();
-            appends
-                .queue
-                .push(super::Queued::Events(run_id.clone(), epoch, events));
-            appends.queued += 1;
-        }
-        self.appended.notify_one();
+        self.enqueue(super::Queued::Events(run_id.clone(), epoch, events));
     }
 
     fn flush(&self) -> StoreFuture<'_, ()> {
@@ -1034,12 +1037,7 @@ impl Store for SqlStore {
                 if !self.executing.lock().remove(&key) {
                     return Ok(false);
                 }
-                {
-                    let mut appends = self.appends.lock();
-                    appends.queue.push(super::Queued::Settled(result));
-                    appends.queued += 1;
-                }
-                self.appended.notify_one();
+                self.enqueue(super::Queued::Settled(result));
                 return Ok(true);
             }
             let (mut tx, taken) = self.begin_change().await?;
