@@ -7,15 +7,24 @@
 //! cache and does not wait for the disk, so running it inline blocks a worker for microseconds). Both crates link
 //! the same bundled SQLite.
 //!
+//! SQLite's state changes commit in groups: a change that is done while another waits for the connection leaves
+//! the transaction open for it (its own part is a savepoint, released into the transaction), and the last change of
+//! the group commits for all of them; each waits for that commit before it returns. Most pages a change writes are
+//! the same few for every change (the database's header, the newest rows of the runs and sessions, the small index
+//! of unfinished runs), so a group writes them once instead of once per change. A change alone commits at once.
+//!
 //! The SQL uses `$n` parameters, which both databases accept; a statement may name them in any order. Values are
 //! the few types the schema has: 64-bit integers and text, each maybe null.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
 use sqlx::Row as _;
 use sqlx::postgres::{PgPool, PgRow, Postgres};
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 /// Something a database call could not do.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +35,9 @@ pub(super) enum DbError {
     Sqlite(#[from] rusqlite::Error),
     #[error("{0}")]
     Decode(String),
+    /// The commit of the group a change was in failed: none of the group's changes happened.
+    #[error("the commit failed: {0}")]
+    GroupCommit(String),
 }
 
 pub(super) type Db<T> = Result<T, DbError>;
@@ -108,12 +120,171 @@ impl Done {
 /// A pool of connections to one database: for SQLite, one connection.
 #[derive(Clone)]
 pub(super) enum Pool {
-    Sqlite(Arc<Mutex<rusqlite::Connection>>),
+    Sqlite(Arc<Sqlite>),
     Postgres(PgPool),
 }
 
 /// What runs once a transaction committed, or once it rolled back.
 type Hook = Box<dyn FnOnce() + Send>;
+
+/// How many changes one group commits at most: each waits for the last, so this bounds how long the first waits.
+const GROUP_CHANGES: usize = 32;
+
+/// How long a change waits for its group's commit before it commits the group itself: the change the group was
+/// left open for may have gone (its task was cancelled while it waited for the connection).
+const GROUP_WAIT: Duration = Duration::from_millis(2);
+
+/// A SQLite connection, behind an async mutex, and the group of changes its open transaction holds.
+pub(super) struct Sqlite {
+    writer: Arc<Mutex<Writer>>,
+    /// How many changes wait for the connection: while one does, a change that is done leaves the group open.
+    waiting: AtomicUsize,
+    /// Numbers the groups.
+    groups: AtomicU64,
+}
+
+/// The connection and its open group.
+pub(super) struct Writer {
+    connection: rusqlite::Connection,
+    group: Option<Group>,
+}
+
+/// Changes released into the open transaction, waiting for its commit.
+struct Group {
+    id: u64,
+    changes: usize,
+    /// The changes' hooks, in the order the changes were done.
+    after_commit: Vec<Hook>,
+    after_rollback: Vec<Hook>,
+    /// The commit's outcome, for the changes that wait for it.
+    done: watch::Sender<Option<Result<(), String>>>,
+}
+
+impl Writer {
+    /// Commits the open group, if any: its hooks run in the order its changes were done, before the connection is
+    /// let go. If the commit fails, none of the group's changes happened: their rollback hooks run, newest first.
+    fn finish_group(&mut self) {
+        let Some(group) = self.group.take() else {
+            return;
+        };
+        let outcome = match run_cached(&self.connection, "COMMIT") {
+            Ok(()) => {
+                for hook in group.after_commit {
+                    hook();
+                }
+                Ok(())
+            }
+            Err(error) => {
+                tracing::error!(%error, changes = group.changes, "cannot commit a group of changes");
+                if !self.connection.is_autocommit()
+                    && let Err(error) = self.connection.execute_batch("ROLLBACK")
+                {
+                    tracing::error!(%error, "cannot roll a SQLite transaction back");
+                }
+                for hook in group.after_rollback.into_iter().rev() {
+                    hook();
+                }
+                Err(error.to_string())
+            }
+        };
+        group.done.send_replace(Some(outcome));
+    }
+}
+
+/// Runs a statement of the transactions' own from the connection's cache: it is parsed once, not at every change.
+fn run_cached(connection: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
+    connection.prepare_cached(sql)?.raw_execute().map(drop)
+}
+
+/// The connection, held. Letting it go commits the open group unless a change waits to join it.
+pub(super) struct Held {
+    writer: OwnedMutexGuard<Writer>,
+    pool: Arc<Sqlite>,
+}
+
+impl std::ops::Deref for Held {
+    type Target = rusqlite::Connection;
+    fn deref(&self) -> &rusqlite::Connection {
+        &self.writer.connection
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let full = self
+            .writer
+            .group
+            .as_ref()
+            .is_some_and(|group| group.changes >= GROUP_CHANGES);
+        if full || self.pool.waiting.load(Ordering::Acquire) == 0 {
+            self.writer.finish_group();
+        }
+    }
+}
+
+/// Counts a change waiting for the connection, until it has it or is cancelled.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Sqlite {
+    /// The connection, for a change: the open group stays open for it.
+    async fn hold_for_change(self: &Arc<Self>) -> Held {
+        let waiting = {
+            self.waiting.fetch_add(1, Ordering::AcqRel);
+            Waiting(&self.waiting)
+        };
+        let writer = Arc::clone(&self.writer).lock_owned().await;
+        drop(waiting);
+        Held {
+            writer,
+            pool: Arc::clone(self),
+        }
+    }
+
+    /// The connection, for a statement outside any change: what the open group holds is committed first, so that
+    /// the statement reads only what is committed (and a write is not taken into the group).
+    pub(super) async fn hold(self: &Arc<Self>) -> Held {
+        let mut writer = Arc::clone(&self.writer).lock_owned().await;
+        writer.finish_group();
+        Held {
+            writer,
+            pool: Arc::clone(self),
+        }
+    }
+
+    /// As [`Sqlite::hold`], from a thread outside the runtime.
+    pub(super) fn hold_blocking(self: &Arc<Self>) -> Held {
+        let mut writer = Arc::clone(&self.writer).blocking_lock_owned();
+        writer.finish_group();
+        Held {
+            writer,
+            pool: Arc::clone(self),
+        }
+    }
+
+    /// Commits a group that nobody is left to commit (every change in it was cancelled while it waited), if the
+    /// connection is free now.
+    pub(super) fn finish_orphaned_group(&self) {
+        if self.waiting.load(Ordering::Acquire) == 0
+            && let Ok(mut writer) = self.writer.try_lock()
+        {
+            writer.finish_group();
+        }
+    }
+
+    /// Commits group `id` unless it is committed already.
+    async fn finish(self: &Arc<Self>, id: u64) {
+        let mut writer = Arc::clone(&self.writer).lock_owned().await;
+        if writer.group.as_ref().is_some_and(|group| group.id == id) {
+            writer.finish_group();
+        }
+    }
+}
 
 /// A transaction: it commits on [`Tx::commit`] and rolls back when dropped before.
 pub(super) struct Tx {
@@ -124,10 +295,16 @@ pub(super) struct Tx {
 }
 
 enum TxConnection {
-    /// The connection, in a transaction until committed.
-    Sqlite(OwnedMutexGuard<rusqlite::Connection>),
+    /// The connection, in the group's transaction, with this change's savepoint open until committed.
+    Sqlite(Held),
     /// `None` only once committed.
     Postgres(Option<sqlx::Transaction<'static, Postgres>>),
+    /// Committed (SQLite: released into its group).
+    Done,
+}
+
+fn after_commit() -> DbError {
+    DbError::Decode("a statement after the transaction committed".to_owned())
 }
 
 /// The connection of a PostgreSQL transaction.
@@ -136,9 +313,7 @@ fn in_tx<'t>(
 ) -> Db<&'t mut sqlx::PgConnection> {
     match tx {
         Some(tx) => Ok(&mut **tx),
-        None => Err(DbError::Decode(
-            "a statement after the transaction committed".to_owned(),
-        )),
+        None => Err(after_commit()),
     }
 }
 
@@ -162,22 +337,43 @@ impl<'e> From<&'e Pool> for On<'e> {
 
 impl Pool {
     pub(super) fn sqlite(connection: rusqlite::Connection) -> Self {
-        Self::Sqlite(Arc::new(Mutex::new(connection)))
+        Self::Sqlite(Arc::new(Sqlite {
+            writer: Arc::new(Mutex::new(Writer {
+                connection,
+                group: None,
+            })),
+            waiting: AtomicUsize::new(0),
+            groups: AtomicU64::new(0),
+        }))
     }
 
     /// Begins a transaction. SQLite's takes the write lock at once (`IMMEDIATE`): a transaction that reads and then
-    /// writes never finds the database changed under it.
+    /// writes never finds the database changed under it. It joins the open group, if there is one.
     pub(super) async fn begin(&self) -> Db<Tx> {
         match self {
-            Self::Sqlite(connection) => {
-                let connection = Arc::clone(connection).lock_owned().await;
-                // A transaction whose rollback failed (logged when it was dropped) would otherwise refuse every
-                // later one: end it first.
-                if !connection.is_autocommit() {
-                    connection.execute_batch("ROLLBACK")?;
+            Self::Sqlite(pool) => {
+                let mut held = pool.hold_for_change().await;
+                if held.writer.group.is_none() {
+                    // A transaction whose rollback failed (logged when it was dropped) would otherwise refuse every
+                    // later one: end it first.
+                    if !held.is_autocommit() {
+                        held.execute_batch("ROLLBACK")?;
+                    }
+                    run_cached(&held, "BEGIN IMMEDIATE")?;
+                    held.writer.group = Some(Group {
+                        id: pool.groups.fetch_add(1, Ordering::Relaxed),
+                        changes: 0,
+                        after_commit: Vec::new(),
+                        after_rollback: Vec::new(),
+                        done: watch::channel(None).0,
+                    });
                 }
-                connection.execute_batch("BEGIN IMMEDIATE")?;
-                Ok(Tx::new(TxConnection::Sqlite(connection)))
+                if let Err(error) = run_cached(&held, "SAVEPOINT change") {
+                    // The group cannot go on in a transaction that refuses a savepoint.
+                    held.writer.finish_group();
+                    return Err(error.into());
+                }
+                Ok(Tx::new(TxConnection::Sqlite(held)))
             }
             Self::Postgres(pool) => Ok(Tx::new(TxConnection::Postgres(Some(pool.begin().await?)))),
         }
@@ -205,14 +401,48 @@ impl Tx {
         self.after_rollback.push(Box::new(hook));
     }
 
+    /// Commits. On SQLite the change is released into its group, and this waits for the group's commit; the hooks
+    /// run with the group's, even if this future is dropped while it waits.
     pub(super) async fn commit(mut self) -> Db<()> {
         match &mut self.connection {
-            TxConnection::Sqlite(connection) => connection.execute_batch("COMMIT")?,
+            TxConnection::Sqlite(held) => {
+                run_cached(&held, "RELEASE change")?;
+                let pool = Arc::clone(&held.pool);
+                let Some(group) = held.writer.group.as_mut() else {
+                    return Err(DbError::GroupCommit(
+                        "the transaction ended early".to_owned(),
+                    ));
+                };
+                group.changes += 1;
+                group.after_commit.append(&mut self.after_commit);
+                group.after_rollback.append(&mut self.after_rollback);
+                let (id, mut done) = (group.id, group.done.subscribe());
+                self.committed = true;
+                // Letting the connection go commits the group, unless a change waits to join it.
+                self.connection = TxConnection::Done;
+                loop {
+                    if let Some(outcome) = done.borrow_and_update().clone() {
+                        return outcome.map_err(DbError::GroupCommit);
+                    }
+                    match tokio::time::timeout(GROUP_WAIT, done.changed()).await {
+                        Ok(Ok(())) => {}
+                        // The group is gone: its outcome was sent before.
+                        Ok(Err(_)) => {
+                            let outcome = done.borrow().clone();
+                            return outcome
+                                .unwrap_or_else(|| Err("the group was dropped".to_owned()))
+                                .map_err(DbError::GroupCommit);
+                        }
+                        Err(_) => pool.finish(id).await,
+                    }
+                }
+            }
             TxConnection::Postgres(tx) => {
                 if let Some(tx) = tx.take() {
                     tx.commit().await?;
                 }
             }
+            TxConnection::Done => {}
         }
         self.committed = true;
         for hook in std::mem::take(&mut self.after_commit) {
@@ -227,11 +457,25 @@ impl Drop for Tx {
         if self.committed {
             return;
         }
-        // sqlx rolls a PostgreSQL transaction back when it is dropped.
-        if let TxConnection::Sqlite(connection) = &self.connection
-            && let Err(error) = connection.execute_batch("ROLLBACK")
+        // sqlx rolls a PostgreSQL transaction back when it is dropped. On SQLite only this change is undone; the
+        // group's other changes stay.
+        if let TxConnection::Sqlite(held) = &mut self.connection
+            && let Err(error) = held.execute_batch("ROLLBACK TO change; RELEASE change")
         {
-            tracing::error!(%error, "cannot roll a SQLite transaction back");
+            tracing::error!(%error, "cannot roll a SQLite change back; its group fails with it");
+            if !held.is_autocommit()
+                && let Err(error) = held.execute_batch("ROLLBACK")
+            {
+                tracing::error!(%error, "cannot roll a SQLite transaction back");
+            }
+            if let Some(group) = held.writer.group.take() {
+                for hook in group.after_rollback.into_iter().rev() {
+                    hook();
+                }
+                group
+                    .done
+                    .send_replace(Some(Err(format!("a change of its group failed: {error}"))));
+            }
         }
         for hook in std::mem::take(&mut self.after_rollback) {
             hook();
@@ -248,12 +492,10 @@ impl<'q> Query<'q> {
     pub(super) async fn execute<'e>(self, on: impl Into<On<'e>>) -> Db<Done> {
         match on.into() {
             On::Tx(Tx {
-                connection: TxConnection::Sqlite(connection),
+                connection: TxConnection::Sqlite(held),
                 ..
-            }) => self.sqlite_execute(connection),
-            On::Pool(Pool::Sqlite(connection)) => {
-                self.sqlite_execute(&mut *connection.lock().await)
-            }
+            }) => self.sqlite_execute(held),
+            On::Pool(Pool::Sqlite(pool)) => self.sqlite_execute(&*pool.hold().await),
             On::Tx(Tx {
                 connection: TxConnection::Postgres(tx),
                 ..
@@ -263,18 +505,20 @@ impl<'q> Query<'q> {
             On::Pool(Pool::Postgres(pool)) => Ok(Done {
                 rows: self.postgres().execute(pool).await?.rows_affected(),
             }),
+            On::Tx(Tx {
+                connection: TxConnection::Done,
+                ..
+            }) => Err(after_commit()),
         }
     }
 
     pub(super) async fn fetch_all<'e>(self, on: impl Into<On<'e>>) -> Db<Vec<Row>> {
         match on.into() {
             On::Tx(Tx {
-                connection: TxConnection::Sqlite(connection),
+                connection: TxConnection::Sqlite(held),
                 ..
-            }) => self.sqlite_rows(connection, usize::MAX),
-            On::Pool(Pool::Sqlite(connection)) => {
-                self.sqlite_rows(&mut *connection.lock().await, usize::MAX)
-            }
+            }) => self.sqlite_rows(held, usize::MAX),
+            On::Pool(Pool::Sqlite(pool)) => self.sqlite_rows(&*pool.hold().await, usize::MAX),
             On::Tx(Tx {
                 connection: TxConnection::Postgres(tx),
                 ..
@@ -292,19 +536,22 @@ impl<'q> Query<'q> {
                 .into_iter()
                 .map(Row::Postgres)
                 .collect()),
+            On::Tx(Tx {
+                connection: TxConnection::Done,
+                ..
+            }) => Err(after_commit()),
         }
     }
 
     pub(super) async fn fetch_optional<'e>(self, on: impl Into<On<'e>>) -> Db<Option<Row>> {
         match on.into() {
             On::Tx(Tx {
-                connection: TxConnection::Sqlite(connection),
+                connection: TxConnection::Sqlite(held),
                 ..
-            }) => Ok(self.sqlite_rows(connection, 1)?.into_iter().next()),
-            On::Pool(Pool::Sqlite(connection)) => Ok(self
-                .sqlite_rows(&mut *connection.lock().await, 1)?
-                .into_iter()
-                .next()),
+            }) => Ok(self.sqlite_rows(held, 1)?.into_iter().next()),
+            On::Pool(Pool::Sqlite(pool)) => {
+                Ok(self.sqlite_rows(&*pool.hold().await, 1)?.into_iter().next())
+            }
             On::Tx(Tx {
                 connection: TxConnection::Postgres(tx),
                 ..
@@ -318,6 +565,10 @@ impl<'q> Query<'q> {
                 .fetch_optional(pool)
                 .await?
                 .map(Row::Postgres)),
+            On::Tx(Tx {
+                connection: TxConnection::Done,
+                ..
+            }) => Err(after_commit()),
         }
     }
 
@@ -364,13 +615,13 @@ impl<'q> Query<'q> {
         Ok(statement)
     }
 
-    fn sqlite_execute(&self, connection: &mut rusqlite::Connection) -> Db<Done> {
+    fn sqlite_execute(&self, connection: &rusqlite::Connection) -> Db<Done> {
         let mut statement = self.sqlite_statement(connection)?;
         let rows = statement.raw_execute()?;
         Ok(Done { rows: rows as u64 })
     }
 
-    fn sqlite_rows(&self, connection: &mut rusqlite::Connection, limit: usize) -> Db<Vec<Row>> {
+    fn sqlite_rows(&self, connection: &rusqlite::Connection, limit: usize) -> Db<Vec<Row>> {
         let mut statement = self.sqlite_statement(connection)?;
         let names: Arc<[String]> = statement
             .column_names()
@@ -475,5 +726,171 @@ impl Row {
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer pool on a fresh WAL file with one table, and a second connection to read what is committed.
+    fn pool() -> (tempfile::TempDir, Pool, Arc<Sqlite>, rusqlite::Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("groups.db");
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        connection
+            .execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE notes (n INTEGER PRIMARY KEY);")
+            .unwrap();
+        let pool = Pool::sqlite(connection);
+        let Pool::Sqlite(sqlite) = &pool else {
+            unreachable!()
+        };
+        let sqlite = Arc::clone(sqlite);
+        (dir, pool, sqlite, rusqlite::Connection::open(path).unwrap())
+    }
+
+    fn committed(reader: &rusqlite::Connection) -> Vec<i64> {
+        let mut statement = reader.prepare("SELECT n FROM notes ORDER BY n").unwrap();
+        statement
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    async fn note(tx: &mut Tx, n: i64) {
+        query("INSERT INTO notes (n) VALUES ($1)")
+            .bind(n)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+
+    /// Holds the connection as a change does until `waiting` changes wait for it.
+    async fn until_waiting(sqlite: &Sqlite, waiting: usize) {
+        while sqlite.waiting.load(Ordering::Acquire) < waiting {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Waits until `changes` changes are released into the open group and the connection is free.
+    async fn until_released(sqlite: &Sqlite, changes: usize) {
+        while !sqlite.writer.try_lock().is_ok_and(|writer| {
+            writer
+                .group
+                .as_ref()
+                .is_some_and(|group| group.changes == changes)
+        }) {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn changes_that_wait_for_the_connection_commit_as_one_group_and_a_failed_one_alone_is_undone()
+     {
+        let (_dir, pool, sqlite, reader) = pool();
+        let first = pool.begin().await.unwrap();
+        let groups_before = sqlite.groups.load(Ordering::Relaxed);
+        let changes: Vec<_> = (1..=6)
+            .map(|n| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let mut tx = pool.begin().await.unwrap();
+                    note(&mut tx, n).await;
+                    hooks(&mut tx, n);
+                    if n == 3 {
+                        // Dropped: only this change is undone.
+                        return Ok(());
+                    }
+                    tx.commit().await
+                })
+            })
+            .collect();
+        until_waiting(&sqlite, 6).await;
+        first.commit().await.unwrap();
+        for change in changes {
+            change.await.unwrap().unwrap();
+        }
+        assert_eq!(committed(&reader), vec![1, 2, 4, 5, 6]);
+        assert_eq!(
+            sqlite.groups.load(Ordering::Relaxed) - groups_before,
+            0,
+            "every change joined the group the first one opened"
+        );
+
+        fn hooks(tx: &mut Tx, n: i64) {
+            tx.after_commit(move || assert_ne!(n, 3, "the undone change's commit hook ran"));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_alone_commits_at_once_and_a_read_commits_the_open_group_first() {
+        let (_dir, pool, sqlite, reader) = pool();
+        let mut tx = pool.begin().await.unwrap();
+        note(&mut tx, 1).await;
+        tx.commit().await.unwrap();
+        assert_eq!(committed(&reader), vec![1]);
+
+        // A change that the group is left open for never comes: the one that is done commits the group itself
+        // (time is paused: the runtime, idle, moves the clock on to the wait's end).
+        sqlite.waiting.fetch_add(1, Ordering::AcqRel);
+        let mut tx = pool.begin().await.unwrap();
+        note(&mut tx, 2).await;
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let hook = Arc::clone(&ran);
+        tx.after_commit(move || hook.store(true, Ordering::Release));
+        tx.commit().await.unwrap();
+        assert!(ran.load(Ordering::Acquire));
+        assert_eq!(committed(&reader), vec![1, 2]);
+
+        // A change released into the group left open for a waiter: a read outside any change commits it first,
+        // and sees only what is committed.
+        let mut tx = pool.begin().await.unwrap();
+        note(&mut tx, 3).await;
+        let commit = tokio::spawn(tx.commit());
+        until_released(&sqlite, 1).await;
+        assert_eq!(committed(&reader), vec![1, 2], "the group is still open");
+        let rows = query("SELECT n FROM notes ORDER BY n")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let seen: Vec<i64> = rows.iter().map(|row| row.try_get(0).unwrap()).collect();
+        assert_eq!(seen, vec![1, 2, 3]);
+        assert_eq!(
+            committed(&reader),
+            seen,
+            "the read saw only what is committed"
+        );
+        sqlite.waiting.fetch_sub(1, Ordering::AcqRel);
+        commit.await.unwrap().unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_cancelled_while_it_waits_for_its_group_still_commits_and_runs_its_hooks() {
+        let (_dir, pool, sqlite, reader) = pool();
+        // The group is left open for a change said to wait (time is paused: the first one's wait does not end).
+        sqlite.waiting.fetch_add(1, Ordering::AcqRel);
+        let mut first = pool.begin().await.unwrap();
+        note(&mut first, 6).await;
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let hook = Arc::clone(&ran);
+        first.after_commit(move || hook.store(true, Ordering::Release));
+        let first = tokio::spawn(first.commit());
+        until_released(&sqlite, 1).await;
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        assert!(!ran.load(Ordering::Acquire), "nothing is committed yet");
+        assert_eq!(committed(&reader), Vec::<i64>::new());
+
+        // The next change joins the group and commits it: the cancelled one's row and hook with it.
+        sqlite.waiting.fetch_sub(1, Ordering::AcqRel);
+        let mut second = pool.begin().await.unwrap();
+        note(&mut second, 7).await;
+        second.commit().await.unwrap();
+        assert!(
+            ran.load(Ordering::Acquire),
+            "the cancelled change's hook ran with its group"
+        );
+        assert_eq!(committed(&reader), vec![6, 7]);
     }
 }

@@ -4,7 +4,8 @@
 //! where the two differ. The schema comes with the binary, one migration set per dialect (a migration whose SQL both
 //! take is one file, in `migrations/both`), applied by sqlx.
 //!
-//! Every state change is one transaction. SQLite has one writer connection, so this process's state changes never
+//! Every state change is one transaction (on SQLite, one savepoint of a transaction that commits a group of them:
+//! see [`db`]). SQLite has one writer connection, so this process's state changes never
 //! race each other there; PostgreSQL serialises them with row locks and conditional updates, which is also what
 //! makes a decision or a claim exactly once across instances. Events a running run appends are queued and
 //! committed in batches (group commit): they are durable before anyone can read them, and each run's log keeps the
@@ -341,6 +342,8 @@ pub struct SqlStore {
     /// How long this instance's heartbeat holds its work (PostgreSQL).
     lease: Duration,
     _lock: Option<FileLock>,
+    /// The store itself, for what runs once a transaction commits ([`SqlStore::on_commit`]).
+    me: std::sync::Weak<SqlStore>,
 }
 
 impl std::fmt::Debug for SqlStore {
@@ -418,7 +421,7 @@ impl SqlStore {
                 (Pool::Postgres(writer), Pool::Postgres(reader))
             }
         };
-        let store = Arc::new(Self {
+        let store = Arc::new_cyclic(|me| Self {
             dialect,
             instance: InstanceId::generate(),
             writer,
@@ -435,6 +438,7 @@ impl SqlStore {
             aborts: broadcast::channel(256).0,
             lease,
             _lock: lock,
+            me: me.clone(),
         });
         store
             .register_instance()
@@ -502,7 +506,7 @@ impl SqlStore {
                     (Dialect::Postgres, Pool::Postgres(pool))
                 }
             };
-        Ok(Arc::new(Self {
+        Ok(Arc::new_cyclic(|me| Self {
             dialect,
             instance: InstanceId::generate(),
             writer: reader.clone(),
@@ -518,6 +522,7 @@ impl SqlStore {
             aborts: broadcast::channel(1).0,
             lease: DEFAULT_LEASE,
             _lock: None,
+            me: me.clone(),
         }))
     }
 
@@ -781,13 +786,16 @@ fn checkpoint_forever(connection: rusqlite::Connection, store: std::sync::Weak<S
             Some(Pool::Sqlite(writer)) => Arc::clone(writer),
             _ => return,
         };
+        // A group of changes whose every change was cancelled while it waited has nobody left to commit it.
+        writer.finish_orphaned_group();
         let copied = passive(&connection).and_then(|frames| {
             if frames < RESTART_WAL_AT {
                 return Ok(frames);
             }
-            // No transaction of this process is open while the guard is held: the second pass copies the WAL
-            // whole (unless a reader still reads an older snapshot; then the next round does).
-            let _writer = writer.blocking_lock();
+            // No transaction of this process is open while the connection is held (taking it commits the open
+            // group): the second pass copies the WAL whole (unless a reader still reads an older snapshot; then
+            // the next round does).
+            let _writer = writer.hold_blocking();
             passive(&connection)
         });
         if let Err(error) = copied {

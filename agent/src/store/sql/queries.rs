@@ -380,6 +380,28 @@ impl SqlStore {
         }
     }
 
+    /// Commits `tx`. Once it committed, the appends it took are written and each of `runs` is committed through its
+    /// sequence number (their readers wake): with the commit itself, even if this future is dropped while it waits
+    /// for the commit of its group (SQLite).
+    async fn commit_change(
+        &self,
+        mut tx: Tx,
+        taken: Taken,
+        runs: impl IntoIterator<Item = (RunId, u64)>,
+    ) -> StoreResult<()> {
+        let runs: Vec<(RunId, u64)> = runs.into_iter().collect();
+        let me = self.me.clone();
+        tx.after_commit(move || {
+            if let Some(store) = me.upgrade() {
+                store.appends_written(taken);
+                for (run_id, seq) in &runs {
+                    store.touched(run_id, *seq);
+                }
+            }
+        });
+        tx.commit().await.map_err(unavailable)
+    }
+
     /// The appends `taken` committed: their readers wake, and whoever waits for them to be written goes on.
     pub(super) fn appends_written(&self, taken: Taken) {
         for (run_id, seq) in taken.touched {
@@ -406,8 +428,7 @@ impl SqlStore {
             // A state change took them first.
             return Ok(false);
         }
-        tx.commit().await.map_err(unavailable)?;
-        self.appends_written(taken);
+        self.commit_change(tx, taken, None).await?;
         Ok(true)
     }
 
@@ -600,9 +621,17 @@ impl SqlStore {
         self.doorbell(&mut tx, &format!("session {} {ordinal}", run.session_id))
             .await
             .map_err(unavailable)?;
+        let (me, run_id, session_id) = (self.me.clone(), run.run_id, run.session_id);
+        tx.after_commit(move || {
+            if let Some(store) = me.upgrade() {
+                if let Some(tails) = &store.tails {
+                    tails.started(&run_id, seq);
+                }
+                store.touched(&run_id, seq);
+                store.sessions.notify(&session_id, ordinal as u64);
+            }
+        });
         tx.commit().await.map_err(unavailable)?;
-        self.touched(&run.run_id, seq);
-        self.sessions.notify(&run.session_id, ordinal as u64);
         Ok(Ok(1))
     }
 
@@ -670,9 +699,8 @@ impl SqlStore {
                 .map_err(unavailable)?,
         };
         audit_in(&mut tx, &batch.audit).await.map_err(unavailable)?;
-        tx.commit().await.map_err(unavailable)?;
-        self.appends_written(taken);
-        self.touched(&batch.run_id, seq);
+        self.commit_change(tx, taken, Some((batch.run_id.clone(), seq)))
+            .await?;
         Ok(Ok(()))
     }
 
@@ -816,11 +844,8 @@ impl Store for SqlStore {
                 .await
                 .map_err(unavailable)?;
             audit_in(&mut tx, &audit).await.map_err(unavailable)?;
-            tx.commit().await.map_err(unavailable)?;
-            self.appends_written(taken);
-            if let Some(seq) = seq {
-                self.touched(&run_id, seq);
-            }
+            self.commit_change(tx, taken, seq.map(|seq| (run_id.clone(), seq)))
+                .await?;
             Ok(Ok(record))
         }
         .boxed()
@@ -880,11 +905,8 @@ impl Store for SqlStore {
                     .await
                     .map_err(unavailable)?;
                 audit_in(&mut tx, &audit).await.map_err(unavailable)?;
-                tx.commit().await.map_err(unavailable)?;
-                self.appends_written(taken);
-                if let Some(seq) = seq {
-                    self.touched(&run_id, seq);
-                }
+                self.commit_change(tx, taken, seq.map(|seq| (run_id.clone(), seq)))
+                    .await?;
             }
             Ok(expired)
         }
@@ -1008,8 +1030,7 @@ impl Store for SqlStore {
                     }
                 }
             };
-            tx.commit().await.map_err(unavailable)?;
-            self.appends_written(taken);
+            self.commit_change(tx, taken, None).await?;
             if let Some(record) = &begun
                 && self.dialect == super::Dialect::Sqlite
             {
@@ -1044,11 +1065,8 @@ impl Store for SqlStore {
             let Some(seq) = self.settle_in(&mut tx, &result).await? else {
                 return Ok(false);
             };
-            tx.commit().await.map_err(unavailable)?;
-            self.appends_written(taken);
-            if let Some(seq) = seq {
-                self.touched(&result.run_id, seq);
-            }
+            self.commit_change(tx, taken, seq.map(|seq| (result.run_id.clone(), seq)))
+                .await?;
             Ok(true)
         }
         .boxed()
@@ -1112,8 +1130,7 @@ impl Store for SqlStore {
                 .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
-            tx.commit().await.map_err(unavailable)?;
-            self.appends_written(taken);
+            self.commit_change(tx, taken, None).await?;
             Ok(Some(Claimed {
                 epoch,
                 batch: parse(&batch, "a waiting run's batch")?,
@@ -1217,9 +1234,8 @@ impl Store for SqlStore {
             .await
             .map_err(unavailable)?;
             audit_in(&mut tx, &audit).await.map_err(unavailable)?;
-            tx.commit().await.map_err(unavailable)?;
-            self.appends_written(taken);
-            self.touched(&finish.run_id, seq);
+            self.commit_change(tx, taken, Some((finish.run_id.clone(), seq)))
+                .await?;
             Ok(Ok(()))
         }
         .boxed()
@@ -1283,11 +1299,10 @@ impl Store for SqlStore {
             self.doorbell(&mut tx, &format!("abort {run_id} {}", reason.as_str()))
                 .await
                 .map_err(unavailable)?;
-            tx.commit().await.map_err(unavailable)?;
-            self.appends_written(taken);
+            self.commit_change(tx, taken, seq.map(|seq| (run_id.clone(), seq)))
+                .await?;
             if let Some(seq) = seq {
                 info.last_seq = seq;
-                self.touched(&run_id, seq);
             }
             Ok(Some(Aborted {
                 running_on: (info.state == RunState::Running)
@@ -1359,10 +1374,12 @@ impl Store for SqlStore {
                         .await
                         .map_err(unavailable)?;
                     audit_in(&mut tx, &audit).await.map_err(unavailable)?;
-                    tx.commit().await.map_err(unavailable)?;
-                    if let Some(seq) = seq {
-                        self.touched(&record.run_id, seq);
-                    }
+                    self.commit_change(
+                        tx,
+                        Taken::default(),
+                        seq.map(|seq| (record.run_id.clone(), seq)),
+                    )
+                    .await?;
                     recovered
                         .interrupted_calls
                         .push((record.run_id.clone(), record.call.id.clone()));

@@ -23,27 +23,28 @@ use crate::store::{EncodedEvent, NewEvent};
 /// How many bytes of event JSON the tails hold over all runs, by default.
 pub(super) const DEFAULT_BYTES: usize = 4 << 20;
 
-#[derive(Default)]
 struct RunTail {
-    /// Consecutive sequence numbers, oldest first.
+    /// Consecutive sequence numbers from `from` on, oldest first.
     events: VecDeque<Arc<EncodedEvent>>,
+    /// The sequence number of the first event held, or of the next one when none is.
+    from: u64,
     /// The newest sequence number this process knows is committed for the run.
     known: u64,
 }
 
 impl RunTail {
-    fn next_seq(&self) -> Option<u64> {
-        self.events.back().map(|event| event.seq + 1)
+    fn next_seq(&self) -> u64 {
+        self.from + self.events.len() as u64
     }
 
     /// Whether the tail holds every committed event after `after`.
     fn covers(&self, after: u64) -> bool {
-        match (self.events.front(), self.events.back()) {
-            (Some(first), Some(last)) => first.seq <= after + 1 && last.seq >= self.known,
-            _ => false,
-        }
+        self.from <= after + 1 && self.next_seq() > self.known
     }
 }
+
+/// What a run's tail counts against the bound while it holds no event (a run that started without one).
+const EMPTY_TAIL_BYTES: usize = 64;
 
 struct Inner {
     runs: HashMap<RunId, RunTail>,
@@ -51,6 +52,27 @@ struct Inner {
     order: VecDeque<(RunId, u64, usize)>,
     bytes: usize,
     limit: usize,
+}
+
+impl Inner {
+    /// Lets the oldest events go until the tails are within their bound; a tail left empty goes.
+    fn evict(&mut self) {
+        while self.bytes > self.limit {
+            let Some((run, seq, bytes)) = self.order.pop_front() else {
+                break;
+            };
+            self.bytes -= bytes;
+            if let Some(tail) = self.runs.get_mut(&run) {
+                if tail.events.front().is_some_and(|event| event.seq == seq) {
+                    tail.events.pop_front();
+                    tail.from += 1;
+                }
+                if tail.events.is_empty() {
+                    self.runs.remove(&run);
+                }
+            }
+        }
+    }
 }
 
 /// The tails of every run, bounded.
@@ -77,11 +99,16 @@ impl Tails {
         };
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
-        let tail = inner.runs.entry(run_id.clone()).or_default();
-        if tail.next_seq() != Some(first) {
+        let tail = inner.runs.entry(run_id.clone()).or_insert(RunTail {
+            events: VecDeque::new(),
+            from: first,
+            known: 0,
+        });
+        if tail.next_seq() != first {
             // A gap (or the first events this process sees of the run): the tail starts again here. The events it
             // held stay counted in `order` until evicted, and are skipped then.
             tail.events.clear();
+            tail.from = first;
         }
         tail.known = tail.known.max(first + count - 1);
         for (seq, event) in (first..).zip(events) {
@@ -94,20 +121,30 @@ impl Tails {
             inner.order.push_back((run_id.clone(), seq, bytes));
             inner.bytes += bytes;
         }
-        while inner.bytes > inner.limit {
-            let Some((run, seq, bytes)) = inner.order.pop_front() else {
-                break;
-            };
-            inner.bytes -= bytes;
-            if let Some(tail) = inner.runs.get_mut(&run) {
-                if tail.events.front().is_some_and(|event| event.seq == seq) {
-                    tail.events.pop_front();
-                }
-                if tail.events.is_empty() {
-                    inner.runs.remove(&run);
-                }
-            }
+        inner.evict();
+    }
+
+    /// A run this process just started, whose log is committed through `seq`: its readers are answered from here
+    /// from the start, even before its first event. (A run that already has a tail keeps it.)
+    pub(super) fn started(&self, run_id: &RunId, seq: u64) {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        if inner.runs.contains_key(run_id) {
+            return;
         }
+        inner.runs.insert(
+            run_id.clone(),
+            RunTail {
+                events: VecDeque::new(),
+                from: seq + 1,
+                known: seq,
+            },
+        );
+        // Counted like an event (one that never matches a sequence number), so that the tail of a run that never
+        // gets an event is evicted too.
+        inner.order.push_back((run_id.clone(), 0, EMPTY_TAIL_BYTES));
+        inner.bytes += EMPTY_TAIL_BYTES;
+        inner.evict();
     }
 
     /// The run's log is committed through `seq`: a tail that does not reach it is not whole.
@@ -129,8 +166,7 @@ impl Tails {
         if !tail.covers(after) {
             return None;
         }
-        let first = tail.events.front()?.seq;
-        let skip = usize::try_from((after + 1).saturating_sub(first)).ok()?;
+        let skip = usize::try_from((after + 1).saturating_sub(tail.from)).ok()?;
         Some(tail.events.iter().skip(skip).take(limit).cloned().collect())
     }
 
@@ -187,6 +223,38 @@ mod tests {
 
         tails.forget(&r);
         assert_eq!(seqs(tails.read(&r, 7, 10)), None);
+    }
+
+    #[test]
+    fn a_run_started_here_is_answered_before_its_first_event_and_its_empty_tail_is_bounded_too() {
+        let tails = Tails::new(200);
+        let r = run(1);
+        tails.started(&r, 0);
+        assert_eq!(
+            seqs(tails.read(&r, 0, 10)),
+            Some(vec![]),
+            "nothing yet, known"
+        );
+        tails.touched(&r, 2);
+        assert_eq!(
+            seqs(tails.read(&r, 0, 10)),
+            None,
+            "committed further elsewhere"
+        );
+        tails.committed(&r, 1, events(2));
+        assert_eq!(seqs(tails.read(&r, 0, 10)), Some(vec![1, 2]));
+        // Started again (a second start is not a new log): the tail stays.
+        tails.started(&r, 0);
+        assert_eq!(seqs(tails.read(&r, 0, 10)), Some(vec![1, 2]));
+
+        // Runs that never get an event: the oldest empty tails go past the bound.
+        let empty: Vec<RunId> = (10..20).map(run).collect();
+        for r in &empty {
+            tails.started(r, 0);
+        }
+        assert_eq!(seqs(tails.read(&empty[0], 0, 10)), None, "evicted");
+        assert_eq!(seqs(tails.read(&empty[9], 0, 10)), Some(vec![]));
+        assert!(tails.inner.lock().bytes <= 200);
     }
 
     #[test]
