@@ -406,7 +406,7 @@ impl Tx {
     pub(super) async fn commit(mut self) -> Db<()> {
         match &mut self.connection {
             TxConnection::Sqlite(held) => {
-                run_cached(&held, "RELEASE change")?;
+                run_cached(held, "RELEASE change")?;
                 let pool = Arc::clone(&held.pool);
                 let Some(group) = held.writer.group.as_mut() else {
                     return Err(DbError::GroupCommit(
