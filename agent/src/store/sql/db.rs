@@ -232,18 +232,20 @@ impl Drop for Waiting<'_> {
 }
 
 impl Sqlite {
-    /// The connection, for a change: the open group stays open for it.
-    async fn hold_for_change(self: &Arc<Self>) -> Held {
-        let waiting = {
-            self.waiting.fetch_add(1, Ordering::AcqRel);
-            Waiting(&self.waiting)
-        };
-        let writer = Arc::clone(&self.writer).lock_owned().await;
-        drop(waiting);
+    fn held(self: &Arc<Self>, writer: OwnedMutexGuard<Writer>) -> Held {
         Held {
             writer,
             pool: Arc::clone(self),
         }
+    }
+
+    /// The connection, for a change: the open group stays open for it.
+    async fn hold_for_change(self: &Arc<Self>) -> Held {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let waiting = Waiting(&self.waiting);
+        let writer = Arc::clone(&self.writer).lock_owned().await;
+        drop(waiting);
+        self.held(writer)
     }
 
     /// The connection, for a statement outside any change: what the open group holds is committed first, so that
@@ -251,20 +253,14 @@ impl Sqlite {
     pub(super) async fn hold(self: &Arc<Self>) -> Held {
         let mut writer = Arc::clone(&self.writer).lock_owned().await;
         writer.finish_group();
-        Held {
-            writer,
-            pool: Arc::clone(self),
-        }
+        self.held(writer)
     }
 
     /// As [`Sqlite::hold`], from a thread outside the runtime.
     pub(super) fn hold_blocking(self: &Arc<Self>) -> Held {
         let mut writer = Arc::clone(&self.writer).blocking_lock_owned();
         writer.finish_group();
-        Held {
-            writer,
-            pool: Arc::clone(self),
-        }
+        self.held(writer)
     }
 
     /// Commits a group that nobody is left to commit (every change in it was cancelled while it waited), if the
@@ -766,11 +762,19 @@ mod tests {
             .unwrap();
     }
 
-    /// Holds the connection as a change does until `waiting` changes wait for it.
+    /// Waits until `waiting` changes wait for the connection.
     async fn until_waiting(sqlite: &Sqlite, waiting: usize) {
         while sqlite.waiting.load(Ordering::Acquire) < waiting {
             tokio::task::yield_now().await;
         }
+    }
+
+    /// Turns true once `tx` committed.
+    fn ran_on_commit(tx: &mut Tx) -> Arc<std::sync::atomic::AtomicBool> {
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let hook = Arc::clone(&ran);
+        tx.after_commit(move || hook.store(true, Ordering::Release));
+        ran
     }
 
     /// Waits until `changes` changes are released into the open group and the connection is free.
@@ -836,9 +840,7 @@ mod tests {
         sqlite.waiting.fetch_add(1, Ordering::AcqRel);
         let mut tx = pool.begin().await.unwrap();
         note(&mut tx, 2).await;
-        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let hook = Arc::clone(&ran);
-        tx.after_commit(move || hook.store(true, Ordering::Release));
+        let ran = ran_on_commit(&mut tx);
         tx.commit().await.unwrap();
         assert!(ran.load(Ordering::Acquire));
         assert_eq!(committed(&reader), vec![1, 2]);
@@ -872,9 +874,7 @@ mod tests {
         sqlite.waiting.fetch_add(1, Ordering::AcqRel);
         let mut first = pool.begin().await.unwrap();
         note(&mut first, 6).await;
-        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let hook = Arc::clone(&ran);
-        first.after_commit(move || hook.store(true, Ordering::Release));
+        let ran = ran_on_commit(&mut first);
         let first = tokio::spawn(first.commit());
         until_released(&sqlite, 1).await;
         first.abort();

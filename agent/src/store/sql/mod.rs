@@ -342,7 +342,7 @@ pub struct SqlStore {
     /// How long this instance's heartbeat holds its work (PostgreSQL).
     lease: Duration,
     _lock: Option<FileLock>,
-    /// The store itself, for what runs once a transaction commits ([`SqlStore::on_commit`]).
+    /// The store itself, for what runs once a transaction commits (`SqlStore::commit_change`).
     me: std::sync::Weak<SqlStore>,
 }
 

@@ -380,21 +380,20 @@ impl SqlStore {
         }
     }
 
-    /// Commits `tx`. Once it committed, the appends it took are written and each of `runs` is committed through its
-    /// sequence number (their readers wake): with the commit itself, even if this future is dropped while it waits
-    /// for the commit of its group (SQLite).
+    /// Commits `tx`. Once it committed, the appends it took are written and `run`, if any, is committed through its
+    /// sequence number (its readers wake): with the commit itself, even if this future is dropped while it waits for
+    /// the commit of its group (SQLite).
     async fn commit_change(
         &self,
         mut tx: Tx,
         taken: Taken,
-        runs: impl IntoIterator<Item = (RunId, u64)>,
+        run: Option<(RunId, u64)>,
     ) -> StoreResult<()> {
-        let runs: Vec<(RunId, u64)> = runs.into_iter().collect();
         let me = self.me.clone();
         tx.after_commit(move || {
             if let Some(store) = me.upgrade() {
                 store.appends_written(taken);
-                for (run_id, seq) in &runs {
+                if let Some((run_id, seq)) = &run {
                     store.touched(run_id, *seq);
                 }
             }
@@ -621,17 +620,17 @@ impl SqlStore {
         self.doorbell(&mut tx, &format!("session {} {ordinal}", run.session_id))
             .await
             .map_err(unavailable)?;
-        let (me, run_id, session_id) = (self.me.clone(), run.run_id, run.session_id);
+        let (me, run_id, session_id) = (self.me.clone(), run.run_id.clone(), run.session_id);
         tx.after_commit(move || {
             if let Some(store) = me.upgrade() {
                 if let Some(tails) = &store.tails {
                     tails.started(&run_id, seq);
                 }
-                store.touched(&run_id, seq);
                 store.sessions.notify(&session_id, ordinal as u64);
             }
         });
-        tx.commit().await.map_err(unavailable)?;
+        self.commit_change(tx, Taken::default(), Some((run.run_id, seq)))
+            .await?;
         Ok(Ok(1))
     }
 
