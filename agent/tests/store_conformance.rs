@@ -323,6 +323,47 @@ async fn appended_events_are_read_back_in_order_once_durable(kind: Kind) {
     );
 }
 
+async fn a_reader_at_the_end_of_a_log_is_told_whether_more_may_come(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    let r = run_id("r");
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    assert!(
+        store.continues_after(&r, 1).await.unwrap(),
+        "a run that just started goes on past its first event"
+    );
+    store.append(&r, 1, vec![step_event("r", 2)]);
+    store.flush().await.unwrap();
+    assert!(store.continues_after(&r, 2).await.unwrap(), "unfinished");
+    store
+        .finish_run(FinishRun {
+            run_id: r.clone(),
+            epoch: Some(1),
+            state: RunState::Done,
+            history: vec![],
+            conversation: None,
+            suspension: None,
+            events: vec![step_event("r", 3)],
+            audit: vec![],
+            settle_pending: None,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        store.continues_after(&r, 2).await.unwrap(),
+        "finished, but its last event is still to be read"
+    );
+    assert!(
+        !store.continues_after(&r, 3).await.unwrap(),
+        "finished and read to its end"
+    );
+    assert!(
+        !store.continues_after(&run_id("unknown"), 0).await.unwrap(),
+        "a run that is not there says nothing more"
+    );
+}
+
 async fn a_writer_that_lost_its_claim_appends_nothing(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -1010,6 +1051,7 @@ macro_rules! conformance {
 conformance!(
     a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time,
     appended_events_are_read_back_in_order_once_durable,
+    a_reader_at_the_end_of_a_log_is_told_whether_more_may_come,
     a_writer_that_lost_its_claim_appends_nothing,
     an_open_batch_is_stored_whole_with_its_events_and_audit,
     concurrent_decisions_have_exactly_one_winner,
@@ -1120,9 +1162,21 @@ async fn what_a_sqlite_store_holds_survives_the_process_and_recovery_marks_what_
         recovered.interrupted_calls,
         vec![(run_id("waiting"), call_id("running"))]
     );
-    assert_eq!(
-        store.run(&run_id("sampling")).await.unwrap().unwrap().state,
-        RunState::Failed
+    let sampling = store.run(&run_id("sampling")).await.unwrap().unwrap();
+    assert_eq!(sampling.state, RunState::Failed);
+    assert!(
+        !store
+            .continues_after(&run_id("sampling"), sampling.last_seq)
+            .await
+            .unwrap()
+    );
+    let waiting = store.run(&run_id("waiting")).await.unwrap().unwrap();
+    assert!(
+        store
+            .continues_after(&run_id("waiting"), waiting.last_seq)
+            .await
+            .unwrap(),
+        "a run started before the restart is read from its row: still waiting"
     );
     let pending = store.pending(None).await.unwrap();
     assert_eq!(

@@ -192,9 +192,11 @@ impl Cursor {
                 return Some(page);
             }
             // Nothing new: a run that ended (or was forgotten) has nothing more to say.
-            match store.run(&self.run_id).await {
-                Ok(Some(info)) if !info.state.is_finished() || info.last_seq > self.after => {}
-                _ => return None,
+            if !matches!(
+                store.continues_after(&self.run_id, self.after).await,
+                Ok(true)
+            ) {
+                return None;
             }
             if self.closed {
                 return None;

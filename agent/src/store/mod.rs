@@ -681,6 +681,11 @@ pub enum StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Whether a run as read may still add events after `after`: [`Store::continues_after`] from its row.
+pub fn continues_after(run: Option<&RunInfo>, after: u64) -> bool {
+    run.is_some_and(|info| !info.state.is_finished() || info.last_seq > after)
+}
 pub type StoreFuture<'a, T> = BoxFuture<'a, StoreResult<T>>;
 
 /// The store. Object-safe: the harness holds an `Arc<dyn Store>`.
@@ -782,6 +787,13 @@ pub trait Store: Send + Sync + 'static {
         after: u64,
         limit: usize,
     ) -> StoreFuture<'_, Vec<Arc<EncodedEvent>>>;
+
+    /// After [`Store::events_after`] found nothing after `after`: whether the run may still add events after it
+    /// (it is there, and unfinished or its log goes past `after`). `false` tells a reader it has read the whole log.
+    fn continues_after(&self, run_id: &RunId, after: u64) -> StoreFuture<'_, bool> {
+        let run_id = run_id.clone();
+        Box::pin(async move { Ok(continues_after(self.run(&run_id).await?.as_ref(), after)) })
+    }
 
     /// Changes when the run's log or state changes (the newest sequence number).
     fn watch_run(&self, run_id: &RunId) -> watch::Receiver<u64>;

@@ -1233,6 +1233,10 @@ impl Store for SqlStore {
             .await
             .map_err(unavailable)?;
             audit_in(&mut tx, &audit).await.map_err(unavailable)?;
+            if let Some(tails) = &self.tails {
+                let (tails, run_id) = (Arc::clone(tails), finish.run_id.clone());
+                tx.after_commit(move || tails.finished(&run_id, seq));
+            }
             self.commit_change(tx, taken, Some((finish.run_id.clone(), seq)))
                 .await?;
             Ok(Ok(()))
@@ -1502,6 +1506,21 @@ impl Store for SqlStore {
                     }))
                 })
                 .collect()
+        }
+        .boxed()
+    }
+
+    fn continues_after(&self, run_id: &RunId, after: u64) -> StoreFuture<'_, bool> {
+        let known = self
+            .tails
+            .as_ref()
+            .and_then(|tails| tails.continues_after(run_id, after));
+        let run_id = run_id.clone();
+        async move {
+            match known {
+                Some(continues) => Ok(continues),
+                None => Ok(continues_after(self.run(&run_id).await?.as_ref(), after)),
+            }
         }
         .boxed()
     }

@@ -30,6 +30,19 @@ struct RunTail {
     from: u64,
     /// The newest sequence number this process knows is committed for the run.
     known: u64,
+    /// Whether the run is finished, as far as this process saw it go.
+    progress: Progress,
+}
+
+/// What a tail knows of its run's state. Only a run this process started is known from its start, and only the
+/// commit of its end marks it finished; a tail that began with events of a run started before (after a restart,
+/// or after its tail was evicted) knows nothing of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Progress {
+    Unknown,
+    Unfinished,
+    /// Finished, with its log ending at this sequence number.
+    FinishedAt(u64),
 }
 
 impl RunTail {
@@ -103,6 +116,7 @@ impl Tails {
             events: VecDeque::new(),
             from: first,
             known: 0,
+            progress: Progress::Unknown,
         });
         if tail.next_seq() != first {
             // A gap (or the first events this process sees of the run): the tail starts again here. The events it
@@ -129,7 +143,8 @@ impl Tails {
     pub(super) fn started(&self, run_id: &RunId, seq: u64) {
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
-        if inner.runs.contains_key(run_id) {
+        if let Some(tail) = inner.runs.get_mut(run_id) {
+            tail.progress = Progress::Unfinished;
             return;
         }
         inner.runs.insert(
@@ -138,6 +153,7 @@ impl Tails {
                 events: VecDeque::new(),
                 from: seq + 1,
                 known: seq,
+                progress: Progress::Unfinished,
             },
         );
         // Counted like an event (one that never matches a sequence number), so that the tail of a run that never
@@ -151,6 +167,23 @@ impl Tails {
     pub(super) fn touched(&self, run_id: &RunId, seq: u64) {
         if let Some(tail) = self.inner.lock().runs.get_mut(run_id) {
             tail.known = tail.known.max(seq);
+        }
+    }
+
+    /// The run's end committed, its log ending at `seq`.
+    pub(super) fn finished(&self, run_id: &RunId, seq: u64) {
+        if let Some(tail) = self.inner.lock().runs.get_mut(run_id) {
+            tail.progress = Progress::FinishedAt(seq);
+        }
+    }
+
+    /// Whether the run may still add events after `after` (it is unfinished, or its log goes past `after`), when
+    /// the tail knows.
+    pub(super) fn continues_after(&self, run_id: &RunId, after: u64) -> Option<bool> {
+        match self.inner.lock().runs.get(run_id)?.progress {
+            Progress::Unknown => None,
+            Progress::Unfinished => Some(true),
+            Progress::FinishedAt(last) => Some(last > after),
         }
     }
 
@@ -255,6 +288,32 @@ mod tests {
         assert_eq!(seqs(tails.read(&empty[0], 0, 10)), None, "evicted");
         assert_eq!(seqs(tails.read(&empty[9], 0, 10)), Some(vec![]));
         assert!(tails.inner.lock().bytes <= 200);
+    }
+
+    #[test]
+    fn a_tail_tells_whether_its_run_goes_on_only_for_a_run_this_process_started() {
+        let tails = Tails::new(DEFAULT_BYTES);
+        let (here, before) = (run(1), run(2));
+        tails.started(&here, 0);
+        tails.committed(&before, 5, events(1));
+        assert_eq!(tails.continues_after(&here, 0), Some(true));
+        assert_eq!(
+            tails.continues_after(&before, 5),
+            None,
+            "a run started before this process: its row tells"
+        );
+        tails.committed(&here, 1, events(2));
+        tails.finished(&here, 2);
+        assert_eq!(
+            tails.continues_after(&here, 1),
+            Some(true),
+            "its end is to be read"
+        );
+        assert_eq!(tails.continues_after(&here, 2), Some(false));
+        tails.finished(&before, 5);
+        assert_eq!(tails.continues_after(&before, 5), Some(false));
+        tails.forget(&here);
+        assert_eq!(tails.continues_after(&here, 2), None);
     }
 
     #[test]
