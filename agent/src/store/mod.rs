@@ -188,6 +188,13 @@ pub struct RunInfo {
     pub created_at: u64,
 }
 
+impl RunInfo {
+    /// Whether the run, as read, may still add events after `after`: it is unfinished, or its log goes past it.
+    pub fn continues_after(&self, after: u64) -> bool {
+        !self.state.is_finished() || self.last_seq > after
+    }
+}
+
 /// A run about to start.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewRun {
@@ -681,11 +688,6 @@ pub enum StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
-
-/// Whether a run as read may still add events after `after`: [`Store::continues_after`] from its row.
-pub fn continues_after(run: Option<&RunInfo>, after: u64) -> bool {
-    run.is_some_and(|info| !info.state.is_finished() || info.last_seq > after)
-}
 pub type StoreFuture<'a, T> = BoxFuture<'a, StoreResult<T>>;
 
 /// The store. Object-safe: the harness holds an `Arc<dyn Store>`.
@@ -792,7 +794,12 @@ pub trait Store: Send + Sync + 'static {
     /// (it is there, and unfinished or its log goes past `after`). `false` tells a reader it has read the whole log.
     fn continues_after(&self, run_id: &RunId, after: u64) -> StoreFuture<'_, bool> {
         let run_id = run_id.clone();
-        Box::pin(async move { Ok(continues_after(self.run(&run_id).await?.as_ref(), after)) })
+        Box::pin(async move {
+            Ok(self
+                .run(&run_id)
+                .await?
+                .is_some_and(|info| info.continues_after(after)))
+        })
     }
 
     /// Changes when the run's log or state changes (the newest sequence number).

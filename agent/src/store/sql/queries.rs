@@ -1519,7 +1519,10 @@ impl Store for SqlStore {
         async move {
             match known {
                 Some(continues) => Ok(continues),
-                None => Ok(continues_after(self.run(&run_id).await?.as_ref(), after)),
+                None => Ok(self
+                    .run(&run_id)
+                    .await?
+                    .is_some_and(|info| info.continues_after(after))),
             }
         }
         .boxed()

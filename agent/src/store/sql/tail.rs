@@ -34,9 +34,10 @@ struct RunTail {
     progress: Progress,
 }
 
-/// What a tail knows of its run's state. Only a run this process started is known from its start, and only the
-/// commit of its end marks it finished; a tail that began with events of a run started before (after a restart,
-/// or after its tail was evicted) knows nothing of it.
+/// What a tail knows of its run's state. Unlike the events, a claim the database is not asked about: a run this
+/// process started is known unfinished from its start, and every end of a run commits through the store's
+/// `finish_run`, which marks it finished. A tail that began with events of a run started before (after a restart,
+/// or after its tail was evicted) knows nothing of it, and its readers ask the run's row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Progress {
     Unknown,
