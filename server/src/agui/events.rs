@@ -3,12 +3,19 @@
 //! A run's own events already say everything; this keeps the little state AG-UI needs on top (which text message
 //! is open, which message id each step's assistant message has) and builds the `MESSAGES_SNAPSHOT` that ends a
 //! run: the client's messages as it sent them, then the run's new ones.
+//!
+//! Each AG-UI event is a typed value that borrows from the run's event and is serialized once, straight into the
+//! text that goes out: no tree of JSON values is built on the way (that tree, its map inserts and its walk were
+//! about a tenth of the server's CPU per AG-UI round trip with the `memory` store).
 
 use std::collections::HashSet;
+use std::sync::LazyLock;
 
 use agent::ids::{RunId, SessionId, ToolCallId};
-use agent::wire::{InterruptRequest, Message, StreamEvent, ToolOutput};
-use serde_json::{Map, Value, json};
+use agent::wire::{InterruptRequest, Message, RunErrorCode, StreamEvent, ToolCall, ToolOutput};
+use serde::ser::SerializeSeq;
+use serde::{Serialize, Serializer};
+use serde_json::Value;
 
 use super::resume::response_schema;
 
@@ -25,17 +32,193 @@ pub fn iso8601(ms: u64) -> String {
     )
 }
 
+/// What a resume may answer to an interrupt: the same for every interrupt, so built once.
+static RESPONSE_SCHEMA: LazyLock<Value> = LazyLock::new(response_schema);
+
+/// The AG-UI events this server sends, each borrowing what it says from the run.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "SCREAMING_SNAKE_CASE")]
+enum AguiEvent<'a> {
+    #[serde(rename_all = "camelCase")]
+    RunStarted {
+        thread_id: &'a SessionId,
+        run_id: &'a RunId,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        parent_run_id: Option<&'a RunId>,
+    },
+    #[serde(rename_all = "camelCase")]
+    TextMessageStart {
+        message_id: &'a str,
+        role: &'static str,
+    },
+    #[serde(rename_all = "camelCase")]
+    TextMessageContent { message_id: &'a str, delta: &'a str },
+    #[serde(rename_all = "camelCase")]
+    TextMessageEnd { message_id: &'a str },
+    #[serde(rename_all = "camelCase")]
+    ToolCallStart {
+        tool_call_id: &'a ToolCallId,
+        tool_call_name: &'a str,
+        parent_message_id: &'a str,
+    },
+    #[serde(rename_all = "camelCase")]
+    ToolCallArgs {
+        tool_call_id: &'a ToolCallId,
+        delta: &'a str,
+    },
+    #[serde(rename_all = "camelCase")]
+    ToolCallEnd { tool_call_id: &'a ToolCallId },
+    #[serde(rename_all = "camelCase")]
+    ToolCallResult {
+        message_id: &'a str,
+        tool_call_id: &'a ToolCallId,
+        content: &'a str,
+        role: &'static str,
+    },
+    MessagesSnapshot { messages: Snapshot<'a> },
+    #[serde(rename_all = "camelCase")]
+    RunFinished {
+        thread_id: &'a SessionId,
+        run_id: &'a RunId,
+        outcome: Outcome<'a>,
+    },
+    RunError {
+        message: &'a str,
+        code: RunErrorCode,
+    },
+    Custom {
+        name: &'static str,
+        value: TrimmedContext,
+    },
+}
+
+/// How a run ended, as `RUN_FINISHED` says it.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum Outcome<'a> {
+    Success,
+    Interrupt { interrupts: Vec<Interrupt<'a>> },
+}
+
 /// One interrupt as AG-UI clients read it.
-pub fn interrupt_json(interrupt: &InterruptRequest) -> Value {
-    json!({
-        "id": interrupt.id,
-        "reason": "tool_call",
-        "message": interrupt.reason,
-        "toolCallId": interrupt.tool_call_id,
-        "responseSchema": response_schema(),
-        "expiresAt": iso8601(interrupt.expires_at),
-        "metadata": {"toolName": interrupt.tool_name, "arguments": interrupt.arguments},
-    })
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Interrupt<'a> {
+    id: &'a str,
+    reason: &'static str,
+    message: &'a str,
+    tool_call_id: &'a ToolCallId,
+    response_schema: &'static Value,
+    expires_at: String,
+    metadata: InterruptMetadata<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct InterruptMetadata<'a> {
+    tool_name: &'a str,
+    arguments: &'a Value,
+}
+
+impl<'a> From<&'a InterruptRequest> for Interrupt<'a> {
+    fn from(interrupt: &'a InterruptRequest) -> Self {
+        Self {
+            id: &interrupt.id,
+            reason: "tool_call",
+            message: &interrupt.reason,
+            tool_call_id: &interrupt.tool_call_id,
+            response_schema: &RESPONSE_SCHEMA,
+            expires_at: iso8601(interrupt.expires_at),
+            metadata: InterruptMetadata {
+                tool_name: &interrupt.tool_name,
+                arguments: &interrupt.arguments,
+            },
+        }
+    }
+}
+
+/// The value of the `toolgate.contextTrimmed` custom event.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TrimmedContext {
+    omitted_messages: u32,
+}
+
+/// The conversation at the end of a run: the client's messages as sent, then the run's new ones.
+struct Snapshot<'a> {
+    client: &'a [Value],
+    new: Vec<SnapshotMessage<'a>>,
+}
+
+impl Serialize for Snapshot<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.client.len() + self.new.len()))?;
+        for message in self.client {
+            seq.serialize_element(message)?;
+        }
+        for message in &self.new {
+            seq.serialize_element(message)?;
+        }
+        seq.end()
+    }
+}
+
+/// The AG-UI form of one of the run's new messages.
+#[derive(Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+enum SnapshotMessage<'a> {
+    #[serde(rename_all = "camelCase")]
+    Assistant {
+        id: String,
+        #[serde(skip_serializing_if = "str::is_empty")]
+        content: &'a str,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<SnapshotCall<'a>>,
+    },
+    #[serde(rename_all = "camelCase")]
+    Tool {
+        id: String,
+        tool_call_id: &'a ToolCallId,
+        content: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<&'a str>,
+    },
+}
+
+impl SnapshotMessage<'_> {
+    fn id(&self) -> &str {
+        match self {
+            Self::Assistant { id, .. } | Self::Tool { id, .. } => id,
+        }
+    }
+}
+
+/// A tool call of an assistant message, in the OpenAI shape AG-UI uses.
+#[derive(Serialize)]
+struct SnapshotCall<'a> {
+    id: &'a ToolCallId,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: SnapshotFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct SnapshotFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+impl<'a> From<&'a ToolCall> for SnapshotCall<'a> {
+    fn from(call: &'a ToolCall) -> Self {
+        Self {
+            id: &call.id,
+            kind: "function",
+            function: SnapshotFunction {
+                name: &call.name,
+                arguments: &call.arguments,
+            },
+        }
+    }
 }
 
 /// The id of a tool result message: the same in `TOOL_CALL_RESULT` and in the snapshot.
@@ -44,51 +227,43 @@ fn result_id(tool_call_id: &ToolCallId) -> String {
 }
 
 /// The AG-UI form of one of the run's new messages.
-fn message_json(message: &Message, assistant_id: &mut impl FnMut() -> String) -> Option<Value> {
+fn snapshot_message<'a>(
+    message: &'a Message,
+    assistant_id: &mut impl FnMut() -> String,
+) -> Option<SnapshotMessage<'a>> {
     match message {
         Message::Assistant {
             content,
             tool_calls,
-        } => {
-            let mut object = Map::new();
-            object.insert("id".into(), Value::String(assistant_id()));
-            object.insert("role".into(), Value::String("assistant".into()));
-            if !content.is_empty() {
-                object.insert("content".into(), Value::String(content.clone()));
-            }
-            if !tool_calls.is_empty() {
-                let calls = tool_calls
-                    .iter()
-                    .map(|call| {
-                        json!({
-                            "id": call.id,
-                            "type": "function",
-                            "function": {"name": call.name, "arguments": call.arguments},
-                        })
-                    })
-                    .collect();
-                object.insert("toolCalls".into(), Value::Array(calls));
-            }
-            Some(Value::Object(object))
-        }
+        } => Some(SnapshotMessage::Assistant {
+            id: assistant_id(),
+            content,
+            tool_calls: tool_calls.iter().map(SnapshotCall::from).collect(),
+        }),
         Message::Tool {
             tool_call_id,
             output,
             ..
-        } => {
-            let mut object = json!({
-                "id": result_id(tool_call_id),
-                "role": "tool",
-                "toolCallId": tool_call_id,
-                "content": output.model_text(),
-            });
-            if let ToolOutput::Error { message, .. } = output {
-                object["error"] = Value::String(message.clone());
-            }
-            Some(object)
-        }
+        } => Some(SnapshotMessage::Tool {
+            id: result_id(tool_call_id),
+            tool_call_id,
+            content: output.model_text(),
+            error: match output {
+                ToolOutput::Error { message, .. } => Some(message),
+                ToolOutput::Ok { .. } => None,
+            },
+        }),
         // The user's message and context came from the client, which has them.
         Message::User { .. } | Message::System { .. } => None,
+    }
+}
+
+/// One AG-UI event as the text of an SSE `data:` line.
+fn encode(event: &AguiEvent<'_>, out: &mut Vec<String>) {
+    match serde_json::to_string(event) {
+        Ok(json) => out.push(json),
+        // Nothing in these types can fail to serialize (no map has non-string keys); say so if it ever does.
+        Err(error) => tracing::error!(%error, "an AG-UI event could not be encoded"),
     }
 }
 
@@ -126,6 +301,13 @@ impl Translator {
         }
     }
 
+    /// Whether events of this `type` become no AG-UI event and change nothing here (AG-UI has no event for
+    /// approvals or debug notes; the snapshot at the end carries what the client needs), so that they need not be
+    /// read back at all.
+    pub fn ignores(kind: &str) -> bool {
+        matches!(kind, "approvalRequired" | "approvalResolved" | "debug")
+    }
+
     fn step_id(&self) -> String {
         self.step_ids
             .last()
@@ -133,18 +315,23 @@ impl Translator {
             .unwrap_or_else(|| format!("msg_{}_0", self.run_id))
     }
 
-    fn close_text(&mut self, out: &mut Vec<Value>) {
+    fn close_text(&mut self, out: &mut Vec<String>) {
         if let Some(message_id) = self.open_text.take() {
-            out.push(json!({"type": "TEXT_MESSAGE_END", "messageId": message_id}));
+            encode(
+                &AguiEvent::TextMessageEnd {
+                    message_id: &message_id,
+                },
+                out,
+            );
         }
     }
 
-    /// The snapshot of the whole conversation once the run ended.
-    fn snapshot(&self, conversation: Option<&[Message]>) -> Value {
-        let mut messages = self.client_messages.clone();
-        let have: HashSet<String> = messages
+    /// The run's new messages for the snapshot, without those the client sent already.
+    fn new_messages<'a>(&self, conversation: &'a [Message]) -> Vec<SnapshotMessage<'a>> {
+        let have: HashSet<&str> = self
+            .client_messages
             .iter()
-            .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_owned))
+            .filter_map(|m| m.get("id").and_then(Value::as_str))
             .collect();
         // The k-th assistant message of the run was made in its k-th step, whose id the text events used.
         let mut step_ids = self.step_ids.iter();
@@ -156,61 +343,86 @@ impl Translator {
                 format!("msg_{}_extra{unnamed}", self.run_id)
             }
         };
-        for message in conversation.unwrap_or_default().iter().skip(self.known) {
-            if let Some(json) = message_json(message, &mut assistant_id)
-                && json["id"].as_str().is_some_and(|id| !have.contains(id))
-            {
-                messages.push(json);
-            }
-        }
-        json!({"type": "MESSAGES_SNAPSHOT", "messages": messages})
+        conversation
+            .iter()
+            .skip(self.known)
+            .filter_map(|message| snapshot_message(message, &mut assistant_id))
+            .filter(|message| !have.contains(message.id()))
+            .collect()
     }
 
     /// Ends the run: the conversation's snapshot, then `RUN_FINISHED` with its outcome.
     fn finish(
         &mut self,
-        out: &mut Vec<Value>,
-        outcome: Value,
+        out: &mut Vec<String>,
+        outcome: Outcome<'_>,
         conversation: impl FnOnce() -> Option<Vec<Message>>,
     ) {
         self.close_text(out);
-        out.push(self.snapshot(conversation().as_deref()));
-        out.push(json!({
-            "type": "RUN_FINISHED",
-            "threadId": self.thread_id,
-            "runId": self.run_id,
-            "outcome": outcome,
-        }));
+        let conversation = conversation().unwrap_or_default();
+        encode(
+            &AguiEvent::MessagesSnapshot {
+                messages: Snapshot {
+                    client: &self.client_messages,
+                    new: self.new_messages(&conversation),
+                },
+            },
+            out,
+        );
+        encode(
+            &AguiEvent::RunFinished {
+                thread_id: &self.thread_id,
+                run_id: &self.run_id,
+                outcome,
+            },
+            out,
+        );
     }
 
-    /// The AG-UI events for one of the run's events. `conversation` is read only when the run ends.
+    /// The AG-UI events for one of the run's events, each as the JSON text of one SSE `data:` line.
+    /// `conversation` is read only when the run ends.
     pub fn translate(
         &mut self,
         event: &StreamEvent,
         conversation: impl FnOnce() -> Option<Vec<Message>>,
-    ) -> Vec<Value> {
+    ) -> Vec<String> {
         let mut out = Vec::new();
         match event {
-            StreamEvent::RunStarted { parent_run_id, .. } => {
-                let mut started = json!({"type": "RUN_STARTED", "threadId": self.thread_id, "runId": self.run_id});
-                if let Some(parent) = parent_run_id {
-                    started["parentRunId"] = json!(parent);
-                }
-                out.push(started);
-            }
+            StreamEvent::RunStarted { parent_run_id, .. } => encode(
+                &AguiEvent::RunStarted {
+                    thread_id: &self.thread_id,
+                    run_id: &self.run_id,
+                    parent_run_id: parent_run_id.as_ref(),
+                },
+                &mut out,
+            ),
             StreamEvent::Step { step, .. } => {
                 self.close_text(&mut out);
                 self.step_ids.push(format!("msg_{}_{step}", self.run_id));
             }
             StreamEvent::AssistantDelta { delta, .. } => {
-                if self.open_text.is_none() {
-                    let message_id = self.step_id();
-                    out.push(json!({"type": "TEXT_MESSAGE_START", "messageId": message_id, "role": "assistant"}));
-                    self.open_text = Some(message_id);
-                }
-                if let Some(message_id) = &self.open_text {
-                    out.push(json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": message_id, "delta": delta}));
-                }
+                let message_id = match &self.open_text {
+                    Some(open) => open.clone(),
+                    None => {
+                        let message_id = self.step_id();
+                        encode(
+                            &AguiEvent::TextMessageStart {
+                                message_id: &message_id,
+                                role: "assistant",
+                            },
+                            &mut out,
+                        );
+                        self.open_text = Some(message_id.clone());
+                        message_id
+                    }
+                };
+                encode(
+                    &AguiEvent::TextMessageContent {
+                        message_id: &message_id,
+                        delta,
+                    },
+                    &mut out,
+                );
             }
             StreamEvent::ToolCall {
                 tool_call_id,
@@ -220,18 +432,29 @@ impl Translator {
             } => {
                 self.close_text(&mut out);
                 if !self.resumed.contains(tool_call_id) {
+                    let other;
                     let arguments = match arguments {
-                        Value::String(raw) => raw.clone(),
-                        other => other.to_string(),
+                        Value::String(raw) => raw.as_str(),
+                        value => {
+                            other = value.to_string();
+                            other.as_str()
+                        }
                     };
-                    out.push(json!({
-                        "type": "TOOL_CALL_START",
-                        "toolCallId": tool_call_id,
-                        "toolCallName": tool_name,
-                        "parentMessageId": self.step_id(),
-                    }));
-                    out.push(json!({"type": "TOOL_CALL_ARGS", "toolCallId": tool_call_id, "delta": arguments}));
-                    out.push(json!({"type": "TOOL_CALL_END", "toolCallId": tool_call_id}));
+                    let parent_message_id = self.step_id();
+                    for event in [
+                        AguiEvent::ToolCallStart {
+                            tool_call_id,
+                            tool_call_name: tool_name,
+                            parent_message_id: &parent_message_id,
+                        },
+                        AguiEvent::ToolCallArgs {
+                            tool_call_id,
+                            delta: arguments,
+                        },
+                        AguiEvent::ToolCallEnd { tool_call_id },
+                    ] {
+                        encode(&event, &mut out);
+                    }
                 }
             }
             StreamEvent::ToolResult {
@@ -240,40 +463,48 @@ impl Translator {
                 ..
             } => {
                 self.close_text(&mut out);
-                out.push(json!({
-                    "type": "TOOL_CALL_RESULT",
-                    "messageId": result_id(tool_call_id),
-                    "toolCallId": tool_call_id,
-                    "content": output.model_text(),
-                    "role": "tool",
-                }));
-            }
-            StreamEvent::Done { .. } => {
-                self.finish(&mut out, json!({"type": "success"}), conversation)
-            }
-            StreamEvent::Interrupted { interrupts, .. } => {
-                let interrupts: Vec<Value> = interrupts.iter().map(interrupt_json).collect();
-                self.finish(
+                encode(
+                    &AguiEvent::ToolCallResult {
+                        message_id: &result_id(tool_call_id),
+                        tool_call_id,
+                        content: &output.model_text(),
+                        role: "tool",
+                    },
                     &mut out,
-                    json!({"type": "interrupt", "interrupts": interrupts}),
-                    conversation,
                 );
             }
+            StreamEvent::Done { .. } => self.finish(&mut out, Outcome::Success, conversation),
+            StreamEvent::Interrupted { interrupts, .. } => self.finish(
+                &mut out,
+                Outcome::Interrupt {
+                    interrupts: interrupts.iter().map(Interrupt::from).collect(),
+                },
+                conversation,
+            ),
             StreamEvent::Error { code, message, .. } => {
                 self.close_text(&mut out);
-                out.push(json!({"type": "RUN_ERROR", "message": message, "code": code}));
+                encode(
+                    &AguiEvent::RunError {
+                        message,
+                        code: *code,
+                    },
+                    &mut out,
+                );
             }
             StreamEvent::ContextTrimmed {
                 omitted_messages, ..
             } => {
                 // The client owns the conversation; it should know the model saw less of it.
-                out.push(json!({
-                    "type": "CUSTOM",
-                    "name": "toolgate.contextTrimmed",
-                    "value": {"omittedMessages": omitted_messages},
-                }));
+                encode(
+                    &AguiEvent::Custom {
+                        name: "toolgate.contextTrimmed",
+                        value: TrimmedContext {
+                            omitted_messages: *omitted_messages,
+                        },
+                    },
+                    &mut out,
+                );
             }
-            // AG-UI has no event for these; the snapshot at the end carries what the client needs.
             StreamEvent::ApprovalRequired { .. }
             | StreamEvent::ApprovalResolved { .. }
             | StreamEvent::Debug { .. } => {}
@@ -284,12 +515,312 @@ impl Translator {
 
 #[cfg(test)]
 mod tests {
+    use agent::wire::{ApprovalMode, ApprovalPolicy, PermissionDecision, ToolErrorCode};
+    use serde_json::json;
+
     use super::*;
+
+    fn run_id(id: &str) -> RunId {
+        RunId::parse(id).unwrap()
+    }
+
+    fn call_id() -> ToolCallId {
+        ToolCallId::parse("call_1").unwrap()
+    }
+
+    fn started(run: &str, parent: Option<&str>) -> StreamEvent {
+        StreamEvent::RunStarted {
+            run_id: run_id(run),
+            session_id: SessionId::parse("thread-1").unwrap(),
+            message: "delete a.txt".into(),
+            policy: ApprovalPolicy::OnRequest,
+            approval_mode: ApprovalMode::Interrupt,
+            parent_run_id: parent.map(run_id),
+        }
+    }
+
+    fn delta(run: &str, step: u32, text: &str) -> StreamEvent {
+        StreamEvent::AssistantDelta {
+            run_id: run_id(run),
+            step,
+            delta: text.into(),
+        }
+    }
+
+    fn tool_call(run: &str) -> StreamEvent {
+        StreamEvent::ToolCall {
+            run_id: run_id(run),
+            step: 1,
+            tool_call_id: call_id(),
+            tool_name: "delete_file".into(),
+            arguments: Value::String(r#"{"path":"a.txt"}"#.into()),
+            permission: PermissionDecision::Ask {
+                reason: "it deletes".into(),
+            },
+        }
+    }
+
+    fn call() -> ToolCall {
+        ToolCall {
+            id: call_id(),
+            name: "delete_file".into(),
+            arguments: r#"{"path":"a.txt"}"#.into(),
+        }
+    }
+
+    fn denied() -> ToolOutput {
+        ToolOutput::error(ToolErrorCode::ApprovalDenied, "Not today.")
+    }
+
+    /// Every AG-UI event the translator made for `events`, parsed back.
+    fn project(
+        translator: &mut Translator,
+        events: &[StreamEvent],
+        conversation: &[Message],
+    ) -> Vec<Value> {
+        events
+            .iter()
+            .flat_map(|event| translator.translate(event, || Some(conversation.to_vec())))
+            .map(|json| serde_json::from_str(&json).unwrap())
+            .collect()
+    }
 
     #[test]
     fn iso8601_is_utc_with_milliseconds() {
         assert_eq!(iso8601(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(iso8601(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(iso8601(1_796_001_492_433), "2026-11-30T01:18:12.433Z");
+    }
+
+    #[test]
+    fn a_run_that_meets_a_call_needing_a_person_ends_with_its_snapshot_and_an_interrupt() {
+        let user = json!({"id": "user-1", "role": "user", "content": "delete a.txt"});
+        let mut translator = Translator::new(
+            SessionId::parse("thread-1").unwrap(),
+            run_id("run-a"),
+            vec![user.clone()],
+            1,
+            HashSet::new(),
+        );
+        let interrupt = InterruptRequest {
+            id: "int_1".into(),
+            tool_call_id: call_id(),
+            tool_name: "delete_file".into(),
+            arguments: json!({"path": "a.txt"}),
+            reason: "it deletes".into(),
+            expires_at: 1_796_001_492_433,
+        };
+        let events = [
+            started("run-a", None),
+            StreamEvent::Step {
+                run_id: run_id("run-a"),
+                step: 1,
+            },
+            delta("run-a", 1, "Let me "),
+            delta("run-a", 1, "check."),
+            tool_call("run-a"),
+            StreamEvent::Debug {
+                run_id: run_id("run-a"),
+                at: 1,
+                message: "policy asked".into(),
+                data: None,
+            },
+            StreamEvent::Interrupted {
+                run_id: run_id("run-a"),
+                interrupts: vec![interrupt],
+            },
+        ];
+        let conversation = [
+            Message::User {
+                content: "delete a.txt".into(),
+            },
+            Message::Assistant {
+                content: "Let me check.".into(),
+                tool_calls: vec![call()],
+            },
+        ];
+
+        let projected = project(&mut translator, &events, &conversation);
+
+        assert_eq!(
+            projected,
+            [
+                json!({"type": "RUN_STARTED", "threadId": "thread-1", "runId": "run-a"}),
+                json!({"type": "TEXT_MESSAGE_START", "messageId": "msg_run-a_1", "role": "assistant"}),
+                json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": "msg_run-a_1", "delta": "Let me "}),
+                json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": "msg_run-a_1", "delta": "check."}),
+                json!({"type": "TEXT_MESSAGE_END", "messageId": "msg_run-a_1"}),
+                json!({"type": "TOOL_CALL_START", "toolCallId": "call_1", "toolCallName": "delete_file", "parentMessageId": "msg_run-a_1"}),
+                json!({"type": "TOOL_CALL_ARGS", "toolCallId": "call_1", "delta": r#"{"path":"a.txt"}"#}),
+                json!({"type": "TOOL_CALL_END", "toolCallId": "call_1"}),
+                json!({"type": "MESSAGES_SNAPSHOT", "messages": [
+                    user,
+                    {"id": "msg_run-a_1", "role": "assistant", "content": "Let me check.", "toolCalls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "delete_file", "arguments": r#"{"path":"a.txt"}"#}},
+                    ]},
+                ]}),
+                json!({"type": "RUN_FINISHED", "threadId": "thread-1", "runId": "run-a", "outcome": {
+                    "type": "interrupt",
+                    "interrupts": [{
+                        "id": "int_1",
+                        "reason": "tool_call",
+                        "message": "it deletes",
+                        "toolCallId": "call_1",
+                        "responseSchema": response_schema(),
+                        "expiresAt": "2026-11-30T01:18:12.433Z",
+                        "metadata": {"toolName": "delete_file", "arguments": {"path": "a.txt"}},
+                    }],
+                }}),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_resume_reports_the_result_not_the_call_again_and_snapshots_only_what_is_new() {
+        let client = vec![
+            json!({"id": "user-1", "role": "user", "content": "delete a.txt"}),
+            json!({"id": "msg_run-a_1", "role": "assistant", "toolCalls": [
+                {"id": "call_1", "type": "function", "function": {"name": "delete_file", "arguments": r#"{"path":"a.txt"}"#}},
+            ]}),
+        ];
+        let mut translator = Translator::new(
+            SessionId::parse("thread-1").unwrap(),
+            run_id("run-b"),
+            client.clone(),
+            2,
+            HashSet::from([call_id()]),
+        );
+        let events = [
+            started("run-b", Some("run-a")),
+            tool_call("run-b"),
+            StreamEvent::ToolResult {
+                run_id: run_id("run-b"),
+                tool_call_id: call_id(),
+                tool_name: "delete_file".into(),
+                executed_arguments: None,
+                output: denied(),
+                duration_ms: 0,
+            },
+            StreamEvent::Step {
+                run_id: run_id("run-b"),
+                step: 2,
+            },
+            delta("run-b", 2, "I left it."),
+            StreamEvent::ContextTrimmed {
+                run_id: run_id("run-b"),
+                step: 2,
+                omitted_messages: 3,
+            },
+            StreamEvent::Done {
+                run_id: run_id("run-b"),
+                answer: "I left it.".into(),
+                steps: 2,
+            },
+        ];
+        let conversation = [
+            Message::User {
+                content: "delete a.txt".into(),
+            },
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![call()],
+            },
+            Message::Tool {
+                tool_call_id: call_id(),
+                tool_name: "delete_file".into(),
+                output: denied(),
+            },
+            Message::Assistant {
+                content: "I left it.".into(),
+                tool_calls: Vec::new(),
+            },
+        ];
+
+        let projected = project(&mut translator, &events, &conversation);
+
+        let denied_text = denied().model_text();
+        let mut snapshot = client.clone();
+        snapshot.push(json!({"id": "result_call_1", "role": "tool", "toolCallId": "call_1", "content": denied_text, "error": "Not today."}));
+        snapshot.push(json!({"id": "msg_run-b_2", "role": "assistant", "content": "I left it."}));
+        assert_eq!(
+            projected,
+            [
+                json!({"type": "RUN_STARTED", "threadId": "thread-1", "runId": "run-b", "parentRunId": "run-a"}),
+                json!({"type": "TOOL_CALL_RESULT", "messageId": "result_call_1", "toolCallId": "call_1", "content": denied_text, "role": "tool"}),
+                json!({"type": "TEXT_MESSAGE_START", "messageId": "msg_run-b_2", "role": "assistant"}),
+                json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": "msg_run-b_2", "delta": "I left it."}),
+                json!({"type": "CUSTOM", "name": "toolgate.contextTrimmed", "value": {"omittedMessages": 3}}),
+                json!({"type": "TEXT_MESSAGE_END", "messageId": "msg_run-b_2"}),
+                json!({"type": "MESSAGES_SNAPSHOT", "messages": snapshot}),
+                json!({"type": "RUN_FINISHED", "threadId": "thread-1", "runId": "run-b", "outcome": {"type": "success"}}),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_run_that_fails_closes_its_text_and_says_why() {
+        let mut translator = Translator::new(
+            SessionId::parse("thread-1").unwrap(),
+            run_id("run-c"),
+            Vec::new(),
+            0,
+            HashSet::new(),
+        );
+        let events = [
+            delta("run-c", 1, "Hm"),
+            StreamEvent::Error {
+                run_id: run_id("run-c"),
+                code: RunErrorCode::StepLimit,
+                message: "Too many steps.".into(),
+            },
+        ];
+
+        let projected = project(&mut translator, &events, &[]);
+
+        assert_eq!(
+            projected,
+            [
+                json!({"type": "TEXT_MESSAGE_START", "messageId": "msg_run-c_0", "role": "assistant"}),
+                json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": "msg_run-c_0", "delta": "Hm"}),
+                json!({"type": "TEXT_MESSAGE_END", "messageId": "msg_run-c_0"}),
+                json!({"type": "RUN_ERROR", "message": "Too many steps.", "code": "STEP_LIMIT"}),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_kinds_it_skips_unread_are_kinds_it_makes_nothing_of() {
+        let run = run_id("run-d");
+        for event in [
+            StreamEvent::Debug {
+                run_id: run.clone(),
+                at: 1,
+                message: "note".into(),
+                data: Some(json!({"k": 1})),
+            },
+            StreamEvent::ApprovalResolved {
+                run_id: run.clone(),
+                tool_call_id: call_id(),
+                tool_name: "delete_file".into(),
+                resolution: agent::wire::Resolution::Denied {
+                    source: agent::wire::DenialSource::User,
+                    reason: "no".into(),
+                },
+                grant: None,
+            },
+        ] {
+            let mut translator = Translator::new(
+                SessionId::parse("thread-1").unwrap(),
+                run.clone(),
+                Vec::new(),
+                0,
+                HashSet::new(),
+            );
+            assert!(Translator::ignores(event.kind()), "{}", event.kind());
+            assert!(translator.translate(&event, || None).is_empty());
+        }
+        for kept in ["runStarted", "step", "assistantDelta", "toolCall", "toolResult", "done"] {
+            assert!(!Translator::ignores(kept), "{kept}");
+        }
     }
 }

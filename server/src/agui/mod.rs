@@ -232,13 +232,12 @@ pub async fn run(
     let events = run
         .subscribe(0)
         .then(move |encoded| {
-            let run = conversations.clone();
+            // The closing snapshot needs the whole conversation, which the run keeps once it ended.
+            let ending = is_terminal(encoded.kind).then(|| conversations.clone());
             async move {
-                // The closing snapshot needs the whole conversation, which the run keeps once it ended.
-                let conversation = if is_terminal(encoded.kind) {
-                    run.conversation().await.ok().flatten()
-                } else {
-                    None
+                let conversation = match ending {
+                    Some(run) => run.conversation().await.ok().flatten(),
+                    None => None,
                 };
                 (encoded, conversation)
             }
@@ -248,17 +247,21 @@ pub async fn run(
             if is_terminal(encoded.kind) {
                 ended.store(true, std::sync::atomic::Ordering::Release);
             }
-            let translated = match serde_json::from_str::<StreamEvent>(&encoded.json) {
-                Ok(event) => translator.translate(&event, || conversation),
-                Err(error) => {
-                    tracing::error!(%error, "an event of the run could not be read back");
-                    Vec::new()
+            let translated = if Translator::ignores(encoded.kind) {
+                Vec::new()
+            } else {
+                match serde_json::from_str::<StreamEvent>(&encoded.json) {
+                    Ok(event) => translator.translate(&event, || conversation),
+                    Err(error) => {
+                        tracing::error!(%error, "an event of the run could not be read back");
+                        Vec::new()
+                    }
                 }
             };
             futures::stream::iter(
                 translated
                     .into_iter()
-                    .map(|event| Event::default().data(event.to_string())),
+                    .map(|json| Event::default().data(json)),
             )
         });
     Ok(event_stream(events, permit, state.keep_alive))
