@@ -332,6 +332,17 @@ impl<'e> From<&'e Pool> for On<'e> {
 }
 
 impl Pool {
+    /// Whether SQLite's connection is taken, or kept in a group that a change waits to join: a statement on it
+    /// would wait for the change, and then end the group early. Never on PostgreSQL's pool.
+    pub(super) fn is_busy(&self) -> bool {
+        match self {
+            Self::Sqlite(pool) => {
+                pool.waiting.load(Ordering::Acquire) > 0 || pool.writer.try_lock().is_err()
+            }
+            Self::Postgres(_) => false,
+        }
+    }
+
     pub(super) fn sqlite(connection: rusqlite::Connection) -> Self {
         Self::Sqlite(Arc::new(Sqlite {
             writer: Arc::new(Mutex::new(Writer {

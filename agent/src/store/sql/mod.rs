@@ -526,12 +526,16 @@ impl SqlStore {
         }))
     }
 
-    /// Where a read by key goes. On SQLite, the writer connection: every commit leaves its page cache warm, while
-    /// the reader's starts cold after each commit of the writer; a read by key takes microseconds, so it holds the
-    /// writer no longer than a small state change does. Scans, which may take long, go to the reader, beside the
-    /// writer. On PostgreSQL, the reader pool.
+    /// Where a read by key goes. On SQLite, the writer connection when it is free: every commit leaves its page
+    /// cache warm, while the reader's starts cold after each commit of the writer; a read by key takes
+    /// microseconds, so it holds the writer no longer than a small state change does. While a change holds the
+    /// writer, or a group of changes is kept open for one that waits, the reader: on the writer the read would wait
+    /// for them and then commit their group early (a read there commits the open group first, to read only what is
+    /// committed), and the reader reads the same thing, what is committed, without waiting. Scans, which may take
+    /// long, always go to the reader, beside the writer. On PostgreSQL, the reader pool.
     fn by_key(&self) -> &Pool {
         match self.dialect {
+            Dialect::Sqlite if self.writer.is_busy() => &self.reader,
             Dialect::Sqlite => &self.writer,
             Dialect::Postgres => &self.reader,
         }
@@ -1015,6 +1019,44 @@ mod tests {
             pages < 9_000,
             "the WAL held {pages} pages at its longest, near the automatic threshold of 10,000"
         );
+    }
+
+    /// A read by key while a change holds the writer reads what is committed on the reader: it neither waits for
+    /// the change nor ends the group the change is in (before, it waited for the connection, then committed the
+    /// group early).
+    #[tokio::test]
+    async fn a_read_by_key_while_a_change_holds_the_writer_reads_what_is_committed_without_waiting()
+    {
+        use crate::store::{NewRun, Store};
+        use crate::wire::ApprovalMode;
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqlStore::open(&DatabaseUrl::Sqlite(dir.path().join("toolgate.db")))
+            .await
+            .unwrap();
+        let run = RunId::parse("run_1").unwrap();
+        store
+            .start_run(NewRun {
+                run_id: run.clone(),
+                session_id: SessionId::parse("sess_1").unwrap(),
+                parent_run_id: None,
+                mode: ApprovalMode::Interactive,
+                message: "hello".into(),
+                events: Vec::new(),
+                at: 1_000,
+            })
+            .await
+            .unwrap()
+            .unwrap();
+
+        let change = store.writer.begin().await.unwrap();
+        let read = tokio::time::timeout(Duration::from_secs(5), store.run(&run)).await;
+
+        let info = read
+            .expect("the read waited for the change that holds the writer")
+            .unwrap()
+            .expect("the committed run");
+        assert_eq!(info.run_id, run);
+        change.commit().await.unwrap();
     }
 
     #[tokio::test]
