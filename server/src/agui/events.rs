@@ -52,9 +52,14 @@ enum AguiEvent<'a> {
         role: &'static str,
     },
     #[serde(rename_all = "camelCase")]
-    TextMessageContent { message_id: &'a str, delta: &'a str },
+    TextMessageContent {
+        message_id: &'a str,
+        delta: &'a str,
+    },
     #[serde(rename_all = "camelCase")]
-    TextMessageEnd { message_id: &'a str },
+    TextMessageEnd {
+        message_id: &'a str,
+    },
     #[serde(rename_all = "camelCase")]
     ToolCallStart {
         tool_call_id: &'a ToolCallId,
@@ -67,7 +72,9 @@ enum AguiEvent<'a> {
         delta: &'a str,
     },
     #[serde(rename_all = "camelCase")]
-    ToolCallEnd { tool_call_id: &'a ToolCallId },
+    ToolCallEnd {
+        tool_call_id: &'a ToolCallId,
+    },
     #[serde(rename_all = "camelCase")]
     ToolCallResult {
         message_id: &'a str,
@@ -75,7 +82,9 @@ enum AguiEvent<'a> {
         content: &'a str,
         role: &'static str,
     },
-    MessagesSnapshot { messages: Snapshot<'a> },
+    MessagesSnapshot {
+        messages: Snapshot<'a>,
+    },
     #[serde(rename_all = "camelCase")]
     RunFinished {
         thread_id: &'a SessionId,
@@ -819,7 +828,14 @@ mod tests {
             assert!(Translator::ignores(event.kind()), "{}", event.kind());
             assert!(translator.translate(&event, || None).is_empty());
         }
-        for kept in ["runStarted", "step", "assistantDelta", "toolCall", "toolResult", "done"] {
+        for kept in [
+            "runStarted",
+            "step",
+            "assistantDelta",
+            "toolCall",
+            "toolResult",
+            "done",
+        ] {
             assert!(!Translator::ignores(kept), "{kept}");
         }
     }
