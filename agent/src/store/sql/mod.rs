@@ -15,8 +15,8 @@
 //! the run's next change are one commit.
 //!
 //! On SQLite, the newest committed events of each run stay in memory for the readers that follow the run ([`tail`]),
-//! and reads by key go through the writer's connection, whose page cache stays warm; scans go through a reader
-//! connection beside it.
+//! and reads by key go through the writer's connection when it is free, whose page cache stays warm (while a change
+//! holds it, through the reader: see [`SqlStore::by_key`]); scans go through a reader connection beside it.
 
 mod db;
 mod queries;
@@ -531,11 +531,23 @@ impl SqlStore {
     /// microseconds, so it holds the writer no longer than a small state change does. While a change holds the
     /// writer, or a group of changes is kept open for one that waits, the reader: on the writer the read would wait
     /// for them and then commit their group early (a read there commits the open group first, to read only what is
-    /// committed), and the reader reads the same thing, what is committed, without waiting. Scans, which may take
-    /// long, always go to the reader, beside the writer. On PostgreSQL, the reader pool.
+    /// committed), and the reader reads the same thing, what is committed, without waiting for the writer (though
+    /// behind a scan that holds the reader). Reads of calls are the exception ([`SqlStore::calls_by_key`]). Scans,
+    /// which may take long, always go to the reader, beside the writer. On PostgreSQL, the reader pool.
     fn by_key(&self) -> &Pool {
         match self.dialect {
             Dialect::Sqlite if self.writer.is_busy() => &self.reader,
+            Dialect::Sqlite => &self.writer,
+            Dialect::Postgres => &self.reader,
+        }
+    }
+
+    /// Where a read of a run's calls goes. On SQLite, the writer connection even while it is busy: a call's result
+    /// that a state change has taken from the queue into the open group is written only when that group commits,
+    /// and a read on the writer commits the open group first (see [`Store::settle_call`](super::Store::settle_call)).
+    /// On PostgreSQL, whose results are written as they come, the reader pool.
+    fn calls_by_key(&self) -> &Pool {
+        match self.dialect {
             Dialect::Sqlite => &self.writer,
             Dialect::Postgres => &self.reader,
         }

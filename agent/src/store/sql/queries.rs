@@ -1646,7 +1646,7 @@ impl Store for SqlStore {
             )
             .bind(run_id.as_str())
             .bind(call_id.as_str())
-            .fetch_optional(self.by_key())
+            .fetch_optional(self.calls_by_key())
             .await
             .map_err(unavailable)?;
             row.as_ref().map(call_record).transpose()
@@ -1664,7 +1664,7 @@ impl Store for SqlStore {
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx",
             )
             .bind(run_id.as_str())
-            .fetch_all(self.by_key())
+            .fetch_all(self.calls_by_key())
             .await
             .map_err(unavailable)?;
             rows.iter().map(call_record).collect()
@@ -2023,5 +2023,104 @@ impl Store for SqlStore {
             Ok(pruned)
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::sql::DatabaseUrl;
+    use crate::wire::{ApprovalPolicy, ToolCall, ToolOutput};
+
+    /// A result that a state change has taken into the open group of changes is written when that group commits:
+    /// a read of the run's calls meanwhile waits for the commit and finds the call settled, not still executing.
+    #[tokio::test]
+    async fn a_read_of_calls_finds_a_result_that_an_open_group_has_taken_from_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqlStore::open(&DatabaseUrl::Sqlite(dir.path().join("toolgate.db")))
+            .await
+            .unwrap();
+        let run = RunId::parse("run_1").unwrap();
+        let call = ToolCall {
+            id: ToolCallId::parse("call_1").unwrap(),
+            name: "delete_file".into(),
+            arguments: r#"{"path":"a.txt"}"#.into(),
+        };
+        let epoch = store
+            .start_run(NewRun {
+                run_id: run.clone(),
+                session_id: SessionId::parse("sess_1").unwrap(),
+                parent_run_id: None,
+                mode: ApprovalMode::Interactive,
+                message: "delete a.txt".into(),
+                events: Vec::new(),
+                at: 1_000,
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        store
+            .open_batch(OpenBatch {
+                run_id: run.clone(),
+                epoch,
+                batch: SavedBatch {
+                    history: vec![Message::User {
+                        content: "delete a.txt".into(),
+                    }],
+                    prior: 0,
+                    owned_by_session: true,
+                    policy: ApprovalPolicy::OnRequest,
+                    step: 1,
+                    calls: vec![call.clone()],
+                    repeat: RepeatCounts::default(),
+                },
+                calls: vec![CallRecord::new(
+                    run.clone(),
+                    call.clone(),
+                    json!({"path": "a.txt"}),
+                    CallStatus::Allowed,
+                )],
+                events: Vec::new(),
+                audit: Vec::new(),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        store
+            .begin_call(&run, &call.id, None)
+            .await
+            .unwrap()
+            .unwrap();
+        let settled = store
+            .settle_call(CallResult {
+                run_id: run.clone(),
+                call_id: call.id.clone(),
+                output: ToolOutput::Ok {
+                    content: json!("done"),
+                },
+                events: Vec::new(),
+                audit: Vec::new(),
+            })
+            .await
+            .unwrap();
+        assert!(settled);
+
+        // A change takes the queued result into its transaction and holds the connection.
+        let (change, taken) = store.begin_change().await.unwrap();
+        let read = tokio::spawn({
+            let store = Arc::clone(&store);
+            let run = run.clone();
+            async move { store.calls(&run).await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        store.commit_change(change, taken, None).await.unwrap();
+        let calls = read.await.unwrap();
+
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].status, CallStatus::Settled, "the result is read");
     }
 }
