@@ -2028,8 +2028,6 @@ impl Store for SqlStore {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use serde_json::json;
 
     use super::*;
@@ -2116,7 +2114,12 @@ mod tests {
             let run = run.clone();
             async move { store.calls(&run).await.unwrap() }
         });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // One turn of this (single-threaded) runtime: the read runs until it waits.
+        tokio::task::yield_now().await;
+        assert!(
+            !read.is_finished(),
+            "the read waits for the commit of the group that holds the result"
+        );
         store.commit_change(change, taken, None).await.unwrap();
         let calls = read.await.unwrap();
 
