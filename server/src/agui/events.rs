@@ -235,7 +235,7 @@ fn result_id(tool_call_id: &ToolCallId) -> String {
     format!("result_{tool_call_id}")
 }
 
-/// The AG-UI form of one of the run's new messages.
+/// A message of the run's conversation as the snapshot shows it; `None` for those the client sent.
 fn snapshot_message<'a>(
     message: &'a Message,
     assistant_id: &mut impl FnMut() -> String,
@@ -410,28 +410,23 @@ impl Translator {
                 self.step_ids.push(format!("msg_{}_{step}", self.run_id));
             }
             StreamEvent::AssistantDelta { delta, .. } => {
-                let message_id = match &self.open_text {
-                    Some(open) => open.clone(),
-                    None => {
-                        let message_id = self.step_id();
-                        encode(
-                            &AguiEvent::TextMessageStart {
-                                message_id: &message_id,
-                                role: "assistant",
-                            },
-                            &mut out,
-                        );
-                        self.open_text = Some(message_id.clone());
-                        message_id
-                    }
-                };
-                encode(
-                    &AguiEvent::TextMessageContent {
-                        message_id: &message_id,
-                        delta,
-                    },
-                    &mut out,
-                );
+                if self.open_text.is_none() {
+                    let message_id = self.step_id();
+                    encode(
+                        &AguiEvent::TextMessageStart {
+                            message_id: &message_id,
+                            role: "assistant",
+                        },
+                        &mut out,
+                    );
+                    self.open_text = Some(message_id);
+                }
+                if let Some(message_id) = &self.open_text {
+                    encode(
+                        &AguiEvent::TextMessageContent { message_id, delta },
+                        &mut out,
+                    );
+                }
             }
             StreamEvent::ToolCall {
                 tool_call_id,
