@@ -885,6 +885,65 @@ async fn retention_forgets_old_runs_and_keeps_open_suspensions(kind: Kind) {
     );
 }
 
+async fn a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store
+        .start_run(new_run("first", "s1"))
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .start_run(new_run("newest", "s2"))
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .finish_run(FinishRun {
+            run_id: run_id("newest"),
+            epoch: Some(1),
+            state: RunState::Done,
+            history: vec![],
+            conversation: None,
+            suspension: None,
+            events: vec![step_event("newest", 2)],
+            audit: vec![],
+            settle_pending: None,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let limits = RetentionLimits {
+        max_age_ms: 0,
+        max_event_bytes: u64::MAX,
+    };
+    let now = agent::clock::now_ms() + 1;
+    assert_eq!(store.prune(limits, now).await.unwrap(), 1);
+    // A store that numbers runs may give the pruned run's number again: none of its events may come with it.
+    store
+        .start_run(new_run("next", "s3"))
+        .await
+        .unwrap()
+        .unwrap();
+    store.append(&run_id("next"), 1, vec![step_event("next", 2)]);
+    store.flush().await.unwrap();
+    let log = store.events_after(&run_id("next"), 0, 10).await.unwrap();
+    assert_eq!(
+        log.iter()
+            .map(|event| (event.seq, event.json.contains("\"next\"")))
+            .collect::<Vec<_>>(),
+        vec![(1, true), (2, true)],
+        "the new run's own two events, and nothing of the pruned run's"
+    );
+    assert!(
+        store
+            .events_after(&run_id("newest"), 0, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 async fn grants_rules_and_the_audit_log_are_kept_and_filtered(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -1062,6 +1121,7 @@ conformance!(
     finishing_a_run_frees_its_session_and_leaves_nothing_pending,
     a_suspension_is_taken_once_and_a_replay_is_told_who_took_it,
     retention_forgets_old_runs_and_keeps_open_suspensions,
+    a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own,
     grants_rules_and_the_audit_log_are_kept_and_filtered,
     a_decision_and_a_claim_at_once_never_fail_on_locks,
 );

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use super::db::{Db, DbError, Row, Tx, query};
+use super::db::{Db, DbError, Row, Tx, Value, query};
 use super::{SqlStore, unavailable};
 use crate::clock::now_ms;
 use crate::ids::{RunId, SessionId, ToolCallId};
@@ -105,12 +105,17 @@ impl SqlStore {
     ) -> Db<Option<u64>> {
         let count = events.len() as i64;
         let bytes: i64 = events.iter().map(|event| event.json.len() as i64).sum();
+        // What the events table names the run by: its number on SQLite, its id on PostgreSQL.
+        let returning = match self.dialect {
+            super::Dialect::Sqlite => "last_seq, number",
+            super::Dialect::Postgres => "last_seq",
+        };
         let row = match fence {
         Some((owner, epoch)) => {
-            query(
+            query(format!(
                 "UPDATE runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
-                 WHERE id = $1 AND state = 'running' AND owner = $4 AND epoch = $5 RETURNING last_seq",
-            )
+                 WHERE id = $1 AND state = 'running' AND owner = $4 AND epoch = $5 RETURNING {returning}",
+            ))
             .bind(run_id.as_str())
             .bind(count)
             .bind(bytes)
@@ -120,10 +125,10 @@ impl SqlStore {
             .await?
         }
         None => {
-            query(
+            query(format!(
                 "UPDATE runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
-                 WHERE id = $1 RETURNING last_seq",
-            )
+                 WHERE id = $1 RETURNING {returning}",
+            ))
             .bind(run_id.as_str())
             .bind(count)
             .bind(bytes)
@@ -136,9 +141,13 @@ impl SqlStore {
         };
         let last: i64 = row.try_get(0)?;
         let first = last - count + 1;
+        let (column, run): (&str, Value) = match self.dialect {
+            super::Dialect::Sqlite => ("run", row.try_get::<i64, _>(1)?.into()),
+            super::Dialect::Postgres => ("run_id", run_id.as_str().into()),
+        };
         // Several rows per statement, within both databases' limits on parameters.
         for (chunk_index, chunk) in events.chunks(256).enumerate() {
-            let mut sql = String::from("INSERT INTO events (run_id, seq, kind, json) VALUES ");
+            let mut sql = format!("INSERT INTO events ({column}, seq, kind, json) VALUES ");
             for i in 0..chunk.len() {
                 let p = i * 4;
                 if i > 0 {
@@ -150,7 +159,7 @@ impl SqlStore {
             for (i, event) in chunk.iter().enumerate() {
                 let seq = first + (chunk_index * 256 + i) as i64;
                 query = query
-                    .bind(run_id.as_str())
+                    .bind(run.clone())
                     .bind(seq)
                     .bind(event.kind)
                     .bind(&*event.json);
@@ -1482,9 +1491,10 @@ impl Store for SqlStore {
             {
                 return Ok(events);
             }
-            let rows = query(
-                "SELECT seq, kind, json FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-            )
+            let rows = query(format!(
+                "SELECT seq, kind, json FROM events WHERE {} AND seq > $2 ORDER BY seq LIMIT $3",
+                self.dialect.events_of_run()
+            ))
             .bind(run_id.as_str())
             .bind(after as i64)
             .bind(limit.min(i64::MAX as usize) as i64)
@@ -2002,10 +2012,11 @@ impl Store for SqlStore {
                 lock_run_in(self.dialect, &mut tx, &run_id(id.clone())?)
                     .await
                     .map_err(unavailable)?;
+                // The events first: SQLite finds them by the run's row.
                 for sql in [
-                    "DELETE FROM events WHERE run_id = $1",
-                    "DELETE FROM calls WHERE run_id = $1",
-                    "DELETE FROM runs WHERE id = $1",
+                    format!("DELETE FROM events WHERE {}", self.dialect.events_of_run()),
+                    "DELETE FROM calls WHERE run_id = $1".to_owned(),
+                    "DELETE FROM runs WHERE id = $1".to_owned(),
                 ] {
                     query(sql)
                         .bind(&id)
