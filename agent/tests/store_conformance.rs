@@ -25,7 +25,28 @@ use serde_json::json;
 /// A store under test, and what must live as long as it.
 struct Backend {
     store: Arc<dyn Store>,
+    /// Where a SQL store's database is, to open it again.
+    url: Option<DatabaseUrl>,
     _dir: Option<tempfile::TempDir>,
+}
+
+impl Backend {
+    /// The same database behind a store opened anew, as after a restart, so that reads go to the database instead
+    /// of what the store kept in memory. The memory store has no second life: it stays as it is.
+    async fn reopened(self) -> Backend {
+        let Some(url) = self.url.clone() else {
+            return self;
+        };
+        self.store.close().await.unwrap();
+        drop(self.store);
+        Backend {
+            store: SqlStore::open(&url)
+                .await
+                .expect("the database opens again"),
+            url: Some(url),
+            _dir: self._dir,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -39,6 +60,7 @@ async fn open(kind: Kind) -> Backend {
     match kind {
         Kind::Memory => Backend {
             store: Arc::new(MemoryStore::new()),
+            url: None,
             _dir: None,
         },
         Kind::Sqlite => {
@@ -46,6 +68,7 @@ async fn open(kind: Kind) -> Backend {
             let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
             Backend {
                 store: SqlStore::open(&url).await.expect("SQLite opens"),
+                url: Some(url),
                 _dir: Some(dir),
             }
         }
@@ -53,6 +76,7 @@ async fn open(kind: Kind) -> Backend {
             let url = DatabaseUrl::Postgres(postgres::database());
             Backend {
                 store: SqlStore::open(&url).await.expect("PostgreSQL opens"),
+                url: Some(url),
                 _dir: None,
             }
         }
@@ -886,7 +910,7 @@ async fn retention_forgets_old_runs_and_keeps_open_suspensions(kind: Kind) {
 }
 
 async fn a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own(kind: Kind) {
-    let backend = open(kind).await;
+    let mut backend = open(kind).await;
     let store = &*backend.store;
     store
         .start_run(new_run("first", "s1"))
@@ -919,14 +943,25 @@ async fn a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own(kind: Ki
     };
     let now = agent::clock::now_ms() + 1;
     assert_eq!(store.prune(limits, now).await.unwrap(), 1);
-    // A store that numbers runs may give the pruned run's number again: none of its events may come with it.
+    // A store that numbers runs may give the pruned run's number again: none of its events may come with it. The
+    // new run's log is read from the database, by a store opened anew: what the first store keeps in memory knows
+    // only what it wrote itself.
     store
-        .start_run(new_run("next", "s3"))
+        .start_run(NewRun {
+            events: vec![],
+            ..new_run("next", "s3")
+        })
         .await
         .unwrap()
         .unwrap();
-    store.append(&run_id("next"), 1, vec![step_event("next", 2)]);
+    store.append(
+        &run_id("next"),
+        1,
+        vec![step_event("next", 1), step_event("next", 2)],
+    );
     store.flush().await.unwrap();
+    backend = backend.reopened().await;
+    let store = &*backend.store;
     let log = store.events_after(&run_id("next"), 0, 10).await.unwrap();
     assert_eq!(
         log.iter()

@@ -46,7 +46,8 @@ CREATE TABLE events_numbered (
 ) WITHOUT ROWID;
 INSERT INTO events_numbered (run, seq, kind, json)
     SELECT runs_numbered.number, events.seq, events.kind, events.json
-    FROM events JOIN runs_numbered ON runs_numbered.id = events.run_id;
+    FROM events JOIN runs_numbered ON runs_numbered.id = events.run_id
+    ORDER BY runs_numbered.number, events.seq;
 
 DROP TABLE events;
 ALTER TABLE events_numbered RENAME TO events;
