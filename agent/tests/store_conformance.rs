@@ -298,9 +298,7 @@ async fn a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time(kind: Kind)
             run_id: run_id("r1"),
             epoch: Some(1),
             state: RunState::Done,
-            history: vec![Message::User {
-                content: "hello".into(),
-            }],
+            history: vec![user("hello"), user("and more")],
             conversation: None,
             suspension: None,
             events: vec![step_event("r1", 9)],
@@ -315,11 +313,41 @@ async fn a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time(kind: Kind)
         store.session_runs(&session("s"), 10).await.unwrap(),
         vec![run_id("r1"), run_id("r2")]
     );
-    assert_eq!(store.history(&session("s")).await.unwrap().len(), 1);
     let sessions = store.sessions(10).await.unwrap();
     assert_eq!(sessions.len(), 1);
     assert_eq!(sessions[0].title, "the message of r1");
     assert_eq!(sessions[0].runs, 2);
+    store
+        .finish_run(FinishRun {
+            run_id: run_id("r2"),
+            epoch: Some(1),
+            state: RunState::Done,
+            history: vec![user("then"), user("the end")],
+            conversation: None,
+            suspension: None,
+            events: vec![],
+            audit: vec![],
+            settle_pending: None,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store.history(&session("s")).await.unwrap(),
+        vec![
+            user("hello"),
+            user("and more"),
+            user("then"),
+            user("the end")
+        ],
+        "the session's conversation: each run's messages after the runs' before, in their order"
+    );
+}
+
+fn user(content: &str) -> Message {
+    Message::User {
+        content: content.into(),
+    }
 }
 
 async fn appended_events_are_read_back_in_order_once_durable(kind: Kind) {
