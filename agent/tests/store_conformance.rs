@@ -294,17 +294,11 @@ async fn a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time(kind: Kind)
         "nothing of the refused run was written"
     );
     store
-        .finish_run(FinishRun {
-            run_id: run_id("r1"),
-            epoch: Some(1),
-            state: RunState::Done,
-            history: vec![user("hello"), user("and more")],
-            conversation: None,
-            suspension: None,
-            events: vec![step_event("r1", 9)],
-            audit: vec![],
-            settle_pending: None,
-        })
+        .finish_run(done(
+            "r1",
+            vec![user("hello"), user("and more")],
+            vec![step_event("r1", 9)],
+        ))
         .await
         .unwrap()
         .unwrap();
@@ -318,17 +312,7 @@ async fn a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time(kind: Kind)
     assert_eq!(sessions[0].title, "the message of r1");
     assert_eq!(sessions[0].runs, 2);
     store
-        .finish_run(FinishRun {
-            run_id: run_id("r2"),
-            epoch: Some(1),
-            state: RunState::Done,
-            history: vec![user("then"), user("the end")],
-            conversation: None,
-            suspension: None,
-            events: vec![],
-            audit: vec![],
-            settle_pending: None,
-        })
+        .finish_run(done("r2", vec![user("then"), user("the end")], vec![]))
         .await
         .unwrap()
         .unwrap();
@@ -342,6 +326,21 @@ async fn a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time(kind: Kind)
         ],
         "the session's conversation: each run's messages after the runs' before, in their order"
     );
+}
+
+/// A run's end, done under its first claim: the messages it adds to its session's conversation, and its last events.
+fn done(run: &str, history: Vec<Message>, events: Vec<NewEvent>) -> FinishRun {
+    FinishRun {
+        run_id: run_id(run),
+        epoch: Some(1),
+        state: RunState::Done,
+        history,
+        conversation: None,
+        suspension: None,
+        events,
+        audit: vec![],
+        settle_pending: None,
+    }
 }
 
 fn user(content: &str) -> Message {
@@ -388,17 +387,7 @@ async fn a_reader_at_the_end_of_a_log_is_told_whether_more_may_come(kind: Kind) 
     store.flush().await.unwrap();
     assert!(store.continues_after(&r, 2).await.unwrap(), "unfinished");
     store
-        .finish_run(FinishRun {
-            run_id: r.clone(),
-            epoch: Some(1),
-            state: RunState::Done,
-            history: vec![],
-            conversation: None,
-            suspension: None,
-            events: vec![step_event("r", 3)],
-            audit: vec![],
-            settle_pending: None,
-        })
+        .finish_run(done("r", vec![], vec![step_event("r", 3)]))
         .await
         .unwrap()
         .unwrap();
@@ -442,17 +431,7 @@ async fn a_writer_that_lost_its_claim_appends_nothing(kind: Kind) {
     store.flush().await.unwrap();
     assert_eq!(kinds(store, "r").await, vec![1, 2, 3]);
     let fenced = store
-        .finish_run(FinishRun {
-            run_id: run_id("r"),
-            epoch: Some(1),
-            state: RunState::Done,
-            history: vec![],
-            conversation: None,
-            suspension: None,
-            events: vec![step_event("r", 6)],
-            audit: vec![],
-            settle_pending: None,
-        })
+        .finish_run(done("r", vec![], vec![step_event("r", 6)]))
         .await
         .unwrap();
     assert_eq!(fenced, Err(Fenced::Lost));
@@ -843,17 +822,7 @@ async fn a_suspension_is_taken_once_and_a_replay_is_told_who_took_it(kind: Kind)
         "the interrupts stay open when the resuming run did not start"
     );
     store
-        .finish_run(FinishRun {
-            run_id: run_id("busy"),
-            epoch: Some(1),
-            state: RunState::Done,
-            history: vec![],
-            conversation: None,
-            suspension: None,
-            events: vec![step_event("busy", 2)],
-            audit: vec![],
-            settle_pending: None,
-        })
+        .finish_run(done("busy", vec![], vec![step_event("busy", 2)]))
         .await
         .unwrap()
         .unwrap();
@@ -885,15 +854,8 @@ async fn retention_forgets_old_runs_and_keeps_open_suspensions(kind: Kind) {
     }
     store
         .finish_run(FinishRun {
-            run_id: run_id("old"),
-            epoch: Some(1),
-            state: RunState::Done,
-            history: vec![],
-            conversation: None,
-            suspension: None,
-            events: vec![step_event("old", 2)],
             audit: vec![request_audit("old", "x")],
-            settle_pending: None,
+            ..done("old", vec![], vec![step_event("old", 2)])
         })
         .await
         .unwrap()
@@ -951,17 +913,7 @@ async fn a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own(kind: Ki
         .unwrap()
         .unwrap();
     store
-        .finish_run(FinishRun {
-            run_id: run_id("newest"),
-            epoch: Some(1),
-            state: RunState::Done,
-            history: vec![],
-            conversation: None,
-            suspension: None,
-            events: vec![step_event("newest", 2)],
-            audit: vec![],
-            settle_pending: None,
-        })
+        .finish_run(done("newest", vec![], vec![step_event("newest", 2)]))
         .await
         .unwrap()
         .unwrap();
