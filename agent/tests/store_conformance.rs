@@ -405,6 +405,49 @@ async fn a_reader_at_the_end_of_a_log_is_told_whether_more_may_come(kind: Kind) 
     );
 }
 
+async fn a_runs_end_follows_the_events_it_queued(kind: Kind) {
+    let mut backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    // Still queued when the run ends, one of them under a claim the run never had.
+    store.append(&run_id("r"), 1, vec![step_event("r", 2)]);
+    store.append(&run_id("r"), 7, vec![step_event("r", 70)]);
+    store.append(
+        &run_id("r"),
+        1,
+        vec![step_event("r", 3), step_event("r", 4)],
+    );
+    store
+        .finish_run(done("r", vec![], vec![step_event("r", 5)]))
+        .await
+        .unwrap()
+        .unwrap();
+    let steps = |events: Vec<std::sync::Arc<EncodedEvent>>| -> Vec<(u64, u64)> {
+        events
+            .iter()
+            .map(|event| {
+                let json: serde_json::Value = serde_json::from_str(&event.json).unwrap();
+                (event.seq, json["step"].as_u64().unwrap())
+            })
+            .collect()
+    };
+    let expected = vec![(1, 1), (2, 2), (3, 3), (4, 4), (5, 5)];
+    let log = store.events_after(&run_id("r"), 0, 10).await.unwrap();
+    assert_eq!(
+        steps(log),
+        expected,
+        "the log, in order, without the stray claim's"
+    );
+    assert_eq!(store.run(&run_id("r")).await.unwrap().unwrap().last_seq, 5);
+    backend = backend.reopened().await;
+    let log = backend
+        .store
+        .events_after(&run_id("r"), 0, 10)
+        .await
+        .unwrap();
+    assert_eq!(steps(log), expected, "the same, read from the database");
+}
+
 async fn a_writer_that_lost_its_claim_appends_nothing(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -959,6 +1002,53 @@ async fn a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own(kind: Ki
     );
 }
 
+async fn a_run_reads_back_the_conversation_its_end_recorded(kind: Kind) {
+    let mut backend = open(kind).await;
+    let store = &*backend.store;
+    for (run, session_id) in [("kept", "s1"), ("none", "s2"), ("going", "s3")] {
+        store
+            .start_run(new_run(run, session_id))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let conversation = vec![user("hello"), user("and more")];
+    store
+        .finish_run(FinishRun {
+            conversation: Some(conversation.clone()),
+            ..done("kept", vec![], vec![step_event("kept", 2)])
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .finish_run(done("none", vec![], vec![step_event("none", 2)]))
+        .await
+        .unwrap()
+        .unwrap();
+    let expected = [
+        ("kept", Some(conversation)),
+        ("none", None),
+        ("going", None),
+        ("never", None),
+    ];
+    for (run, conversation) in &expected {
+        assert_eq!(
+            &store.conversation(&run_id(run)).await.unwrap(),
+            conversation,
+            "{run}, in the store that ended it"
+        );
+    }
+    backend = backend.reopened().await;
+    for (run, conversation) in &expected {
+        assert_eq!(
+            &backend.store.conversation(&run_id(run)).await.unwrap(),
+            conversation,
+            "{run}, read from the database"
+        );
+    }
+}
+
 async fn grants_rules_and_the_audit_log_are_kept_and_filtered(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -1126,6 +1216,7 @@ conformance!(
     a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time,
     appended_events_are_read_back_in_order_once_durable,
     a_reader_at_the_end_of_a_log_is_told_whether_more_may_come,
+    a_runs_end_follows_the_events_it_queued,
     a_writer_that_lost_its_claim_appends_nothing,
     an_open_batch_is_stored_whole_with_its_events_and_audit,
     concurrent_decisions_have_exactly_one_winner,
@@ -1137,6 +1228,7 @@ conformance!(
     a_suspension_is_taken_once_and_a_replay_is_told_who_took_it,
     retention_forgets_old_runs_and_keeps_open_suspensions,
     a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own,
+    a_run_reads_back_the_conversation_its_end_recorded,
     grants_rules_and_the_audit_log_are_kept_and_filtered,
     a_decision_and_a_claim_at_once_never_fail_on_locks,
 );

@@ -79,6 +79,11 @@ fn run_info(row: &Row) -> StoreResult<RunInfo> {
     })
 }
 
+/// How many bytes of JSON `events` add to their run's log.
+fn event_bytes(events: &[NewEvent]) -> i64 {
+    events.iter().map(|event| event.json.len() as i64).sum()
+}
+
 fn call_record(row: &Row) -> StoreResult<CallRecord> {
     let get = |error: DbError| StoreError::Corrupt(error.to_string());
     let mut record: CallRecord =
@@ -104,12 +109,8 @@ impl SqlStore {
         fence: Option<(&InstanceId, Epoch)>,
     ) -> Db<Option<u64>> {
         let count = events.len() as i64;
-        let bytes: i64 = events.iter().map(|event| event.json.len() as i64).sum();
-        // What the events table names the run by: its number on SQLite, its id on PostgreSQL.
-        let returning = match self.dialect {
-            super::Dialect::Sqlite => "last_seq, number",
-            super::Dialect::Postgres => "last_seq",
-        };
+        let bytes = event_bytes(events);
+        let returning = self.seq_returning();
         let row = match fence {
         Some((owner, epoch)) => {
             query(format!(
@@ -139,8 +140,32 @@ impl SqlStore {
         let Some(row) = row else {
             return Ok(None);
         };
+        self.insert_events_in(connection, run_id, &row, events)
+            .await
+            .map(Some)
+    }
+
+    /// What an update of a run's row that makes room for events returns, after `RETURNING`: its newest sequence
+    /// number, then on SQLite its number (what the events table names it by).
+    fn seq_returning(&self) -> &'static str {
+        match self.dialect {
+            super::Dialect::Sqlite => "last_seq, number",
+            super::Dialect::Postgres => "last_seq",
+        }
+    }
+
+    /// Writes `events` into the room `row` made for them in their run's log (the run's row, updated by
+    /// `last_seq = last_seq + events.len()`, returning [`Self::seq_returning`]), and returns the run's newest
+    /// sequence number. Rings the other instances' doorbell for the run.
+    async fn insert_events_in(
+        &self,
+        connection: &mut Tx,
+        run_id: &RunId,
+        row: &Row,
+        events: &[NewEvent],
+    ) -> Db<u64> {
         let last: i64 = row.try_get(0)?;
-        let first = last - count + 1;
+        let first = last - events.len() as i64 + 1;
         let (column, run): (&str, Value) = match self.dialect {
             super::Dialect::Sqlite => ("run", row.try_get::<i64, _>(1)?.into()),
             super::Dialect::Postgres => ("run_id", run_id.as_str().into()),
@@ -172,7 +197,7 @@ impl SqlStore {
         }
         self.doorbell(&mut *connection, &format!("run {run_id} {last}"))
             .await?;
-        Ok(Some(last as u64))
+        Ok(last as u64)
     }
 }
 
@@ -333,20 +358,40 @@ impl SqlStore {
     /// writer connection; on PostgreSQL only the appender takes it), so each run's events keep the order they were
     /// appended in, and come before what `tx` appends itself. If `tx` rolls back, they go back to the front of the
     /// queue.
-    async fn take_appends_in(&self, tx: &mut Tx) -> StoreResult<Taken> {
+    ///
+    /// With `finishing`, the run whose end `tx` commits under that claim: its events queued last (after its last
+    /// call result, if any) are not written here but returned, for the end to write before its own in the one
+    /// update of the run's row it makes anyway. Its end checks the same claim their append would have.
+    async fn take_appends_in(
+        &self,
+        tx: &mut Tx,
+        finishing: Option<(&RunId, Epoch)>,
+    ) -> StoreResult<(Taken, Vec<NewEvent>)> {
         let (batch, through) = {
             let mut appends = self.appends.lock();
             if appends.queue.is_empty() {
-                return Ok(Taken::default());
+                return Ok((Taken::default(), Vec::new()));
             }
             (
                 super::coalesce(std::mem::take(&mut appends.queue)),
                 appends.queued,
             )
         };
+        let held = finishing.and_then(|(run_id, epoch)| {
+            let last = batch.iter().rposition(|queued| queued.run_id() == run_id)?;
+            match &batch[last] {
+                super::Queued::Events(_, queued_epoch, events) if *queued_epoch == epoch => {
+                    Some((last, events.clone()))
+                }
+                _ => None,
+            }
+        });
         let mut touched = Vec::new();
         let mut failed = None;
-        for queued in &batch {
+        for (index, queued) in batch.iter().enumerate() {
+            if held.as_ref().is_some_and(|(last, _)| *last == index) {
+                continue;
+            }
             let written = match queued {
                 // A writer that lost the run appends nothing: its events are dropped here, not written late.
                 super::Queued::Events(run_id, epoch, events) => self
@@ -382,10 +427,13 @@ impl SqlStore {
         });
         match failed {
             Some(error) => Err(error),
-            None => Ok(Taken {
-                touched,
-                through: Some(through),
-            }),
+            None => Ok((
+                Taken {
+                    touched,
+                    through: Some(through),
+                },
+                held.map(|(_, events)| events).unwrap_or_default(),
+            )),
         }
     }
 
@@ -431,7 +479,7 @@ impl SqlStore {
             return Ok(false);
         }
         let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let taken = self.take_appends_in(&mut tx).await?;
+        let (taken, _) = self.take_appends_in(&mut tx, None).await?;
         if taken.through.is_none() {
             // A state change took them first.
             return Ok(false);
@@ -444,14 +492,25 @@ impl SqlStore {
     /// transaction (one commit instead of two); on PostgreSQL, whose state changes run on several connections at
     /// once, the appender writes them first.
     async fn begin_change(&self) -> StoreResult<(Tx, Taken)> {
+        let (tx, taken, _) = self.begin_finish(None).await?;
+        Ok((tx, taken))
+    }
+
+    /// Begins the change that ends a run (`finishing`: the run and the claim its end is made under), like
+    /// [`Self::begin_change`]; on SQLite, also returns the run's events queued last, for the end to write first
+    /// (see [`Self::take_appends_in`]).
+    async fn begin_finish(
+        &self,
+        finishing: Option<(&RunId, Epoch)>,
+    ) -> StoreResult<(Tx, Taken, Vec<NewEvent>)> {
         if self.dialect == super::Dialect::Postgres {
             self.flush_appends().await;
             let tx = self.writer.begin().await.map_err(unavailable)?;
-            return Ok((tx, Taken::default()));
+            return Ok((tx, Taken::default(), Vec::new()));
         }
         let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let taken = self.take_appends_in(&mut tx).await?;
-        Ok((tx, taken))
+        let (taken, held) = self.take_appends_in(&mut tx, finishing).await?;
+        Ok((tx, taken, held))
     }
 
     /// Begins a state change that reads or changes calls: on SQLite after the results of calls queued before it
@@ -1149,9 +1208,16 @@ impl Store for SqlStore {
         .boxed()
     }
 
-    fn finish_run(&self, finish: FinishRun) -> StoreFuture<'_, Result<(), Fenced>> {
+    fn finish_run(&self, mut finish: FinishRun) -> StoreFuture<'_, Result<(), Fenced>> {
         async move {
-            let (mut tx, taken) = self.begin_change().await?;
+            // (Not when the end settles pending calls first: their events come before the end's, after the queued.)
+            let finishing = finish
+                .epoch
+                .filter(|_| finish.settle_pending.is_none())
+                .map(|epoch| (&finish.run_id, epoch));
+            let (mut tx, taken, mut events) = self.begin_finish(finishing).await?;
+            // The run's events queued last come before those of its end.
+            events.append(&mut finish.events);
             let row = query(format!(
                 "SELECT state, owner, epoch, session_id FROM runs WHERE id = $1{}",
                 self.dialect.for_update()
@@ -1188,28 +1254,37 @@ impl Store for SqlStore {
                 audit.append(&mut settled_audit);
             }
             let now = now_ms() as i64;
-            query(
+            let conversation = finish.conversation.map(|messages| {
+                let text = json(&messages);
+                (messages, text)
+            });
+            // The run's end and the room for its last events, in one update of its row.
+            let row = query(format!(
                 "UPDATE runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, suspension_expires_at = $4, \
-                 conversation = $5, finished_at = $6 WHERE id = $1",
-            )
+                 conversation = $5, finished_at = $6, last_seq = last_seq + $7, event_bytes = event_bytes + $8 \
+                 WHERE id = $1 RETURNING {}",
+                self.seq_returning()
+            ))
             .bind(finish.run_id.as_str())
             .bind(finish.state.as_str())
             .bind(finish.suspension.as_ref().map(json))
             .bind(finish.suspension.as_ref().map(|s| s.expires_at() as i64))
-            .bind(finish.conversation.as_ref().map(json))
+            .bind(conversation.as_ref().map(|(_, text)| text.as_str()))
             .bind(now)
-            .execute(&mut tx)
+            .bind(events.len() as i64)
+            .bind(event_bytes(&events))
+            .fetch_one(&mut tx)
             .await
             .map_err(unavailable)?;
+            let seq = self
+                .insert_events_in(&mut tx, &finish.run_id, &row, &events)
+                .await
+                .map_err(unavailable)?;
             query("DELETE FROM calls WHERE run_id = $1")
                 .bind(finish.run_id.as_str())
                 .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
-            let seq = self.append_in(&mut tx, &finish.run_id, &finish.events, None)
-                .await
-                .map_err(unavailable)?
-                .unwrap_or(0);
             if !finish.history.is_empty() {
                 let next: i64 = query(
                     "SELECT COALESCE(MAX(idx), -1) + 1 FROM session_messages WHERE session_id = $1",
@@ -1244,7 +1319,9 @@ impl Store for SqlStore {
             audit_in(&mut tx, &audit).await.map_err(unavailable)?;
             if let Some(tails) = &self.tails {
                 let (tails, run_id) = (Arc::clone(tails), finish.run_id.clone());
-                tx.after_commit(move || tails.finished(&run_id, seq));
+                let conversation =
+                    conversation.map(|(messages, text)| (messages, text.len()));
+                tx.after_commit(move || tails.finished(&run_id, seq, conversation));
             }
             self.commit_change(tx, taken, Some((finish.run_id.clone(), seq)))
                 .await?;
@@ -1734,6 +1811,13 @@ impl Store for SqlStore {
     fn conversation(&self, run_id: &RunId) -> StoreFuture<'_, Option<Vec<Message>>> {
         let run_id = run_id.clone();
         async move {
+            if let Some(conversation) = self
+                .tails
+                .as_ref()
+                .and_then(|tails| tails.conversation(&run_id))
+            {
+                return Ok(conversation);
+            }
             let row = query("SELECT conversation FROM runs WHERE id = $1")
                 .bind(run_id.as_str())
                 .fetch_optional(self.by_key())

@@ -8,6 +8,11 @@
 //! every other case (a run whose tail was evicted or never kept, a gap, a run changed by a path that does not
 //! feed the tail) it reads the database, as before. The tail is a cache: a miss costs a read, never an event.
 //!
+//! A run that ended here keeps, beside its tail, the conversation its end recorded (for runs whose client owns
+//! the conversation: an AG-UI stream closes with it), so that the stream reads it back without a database read.
+//! Only the end of a run records a conversation, and every end commits through the store's `finish_run`, which
+//! hands it to the tail.
+//!
 //! Bounded by bytes over all runs: the oldest events go first.
 //!
 //! PostgreSQL keeps no tail: other instances append to the same logs.
@@ -19,6 +24,7 @@ use parking_lot::Mutex;
 
 use crate::ids::RunId;
 use crate::store::{EncodedEvent, NewEvent};
+use crate::wire::Message;
 
 /// How many bytes of event JSON the tails hold over all runs, by default.
 pub(super) const DEFAULT_BYTES: usize = 4 << 20;
@@ -38,12 +44,15 @@ struct RunTail {
 /// process started is known unfinished from its start, and every end of a run commits through the store's
 /// `finish_run`, which marks it finished. A tail that began with events of a run started before (after a restart,
 /// or after its tail was evicted) knows nothing of it, and its readers ask the run's row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 enum Progress {
     Unknown,
     Unfinished,
-    /// Finished, with its log ending at this sequence number.
-    FinishedAt(u64),
+    /// Finished, with its log ending at `last`, and the conversation its end recorded (what the run's row holds).
+    Finished {
+        last: u64,
+        conversation: Option<Arc<Vec<Message>>>,
+    },
 }
 
 impl RunTail {
@@ -77,6 +86,8 @@ impl Inner {
             };
             self.bytes -= bytes;
             if let Some(tail) = self.runs.get_mut(&run) {
+                // An entry numbered 0 (a run's empty tail, or its conversation) matches no event: the run goes
+                // now if it holds no event, else with its last one.
                 if tail.events.front().is_some_and(|event| event.seq == seq) {
                     tail.events.pop_front();
                     tail.from += 1;
@@ -171,10 +182,36 @@ impl Tails {
         }
     }
 
-    /// The run's end committed, its log ending at `seq`.
-    pub(super) fn finished(&self, run_id: &RunId, seq: u64) {
-        if let Some(tail) = self.inner.lock().runs.get_mut(run_id) {
-            tail.progress = Progress::FinishedAt(seq);
+    /// The run's end committed, its log ending at `seq`, with `conversation` (`bytes` of JSON) in its row.
+    pub(super) fn finished(
+        &self,
+        run_id: &RunId,
+        seq: u64,
+        conversation: Option<(Vec<Message>, usize)>,
+    ) {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let Some(tail) = inner.runs.get_mut(run_id) else {
+            return;
+        };
+        let conversation = conversation.map(|(messages, bytes)| {
+            // Counted like an event that never matches a sequence number: evicted after the run's events.
+            inner.order.push_back((run_id.clone(), 0, bytes));
+            inner.bytes += bytes;
+            Arc::new(messages)
+        });
+        tail.progress = Progress::Finished {
+            last: seq,
+            conversation,
+        };
+        inner.evict();
+    }
+
+    /// The conversation the run's end recorded, when the run ended here and its tail is still kept.
+    pub(super) fn conversation(&self, run_id: &RunId) -> Option<Option<Vec<Message>>> {
+        match &self.inner.lock().runs.get(run_id)?.progress {
+            Progress::Finished { conversation, .. } => Some(conversation.as_deref().cloned()),
+            Progress::Unknown | Progress::Unfinished => None,
         }
     }
 
@@ -184,7 +221,7 @@ impl Tails {
         match self.inner.lock().runs.get(run_id)?.progress {
             Progress::Unknown => None,
             Progress::Unfinished => Some(true),
-            Progress::FinishedAt(last) => Some(last > after),
+            Progress::Finished { last, .. } => Some(last > after),
         }
     }
 
@@ -304,17 +341,48 @@ mod tests {
             "a run started before this process: its row tells"
         );
         tails.committed(&here, 1, events(2));
-        tails.finished(&here, 2);
+        tails.finished(&here, 2, None);
         assert_eq!(
             tails.continues_after(&here, 1),
             Some(true),
             "its end is to be read"
         );
         assert_eq!(tails.continues_after(&here, 2), Some(false));
-        tails.finished(&before, 5);
+        tails.finished(&before, 5, None);
         assert_eq!(tails.continues_after(&before, 5), Some(false));
         tails.forget(&here);
         assert_eq!(tails.continues_after(&here, 2), None);
+    }
+
+    #[test]
+    fn a_run_that_ended_here_keeps_its_conversation_within_the_bound() {
+        // Room for two empty tails (64 bytes each), an event of 7 and a conversation of 20, and not much more.
+        let tails = Tails::new(160);
+        let (ended, going, before) = (run(1), run(2), run(3));
+        let conversation = vec![Message::User {
+            content: "hello".into(),
+        }];
+        tails.started(&ended, 0);
+        tails.started(&going, 0);
+        tails.committed(&ended, 1, events(1));
+        tails.finished(&ended, 1, Some((conversation.clone(), 20)));
+        assert_eq!(tails.conversation(&ended), Some(Some(conversation)));
+        assert_eq!(tails.conversation(&going), None, "not ended: the row tells");
+        tails.finished(&going, 0, None);
+        assert_eq!(tails.conversation(&going), Some(None), "ended without one");
+        tails.finished(&before, 5, Some((vec![], 2)));
+        assert_eq!(
+            tails.conversation(&before),
+            None,
+            "a run this process kept no tail of: the row tells"
+        );
+
+        // The conversation counts against the bound: past it, the run goes whole, its conversation with it.
+        tails.committed(&going, 1, events(20));
+        assert_eq!(tails.conversation(&ended), None);
+        assert_eq!(seqs(tails.read(&ended, 0, 10)), None);
+        assert_eq!(tails.conversation(&going), Some(None));
+        assert!(tails.inner.lock().bytes <= 160);
     }
 
     #[test]
