@@ -145,7 +145,7 @@ impl SqlStore {
             .map(Some)
     }
 
-    /// What an update of a run's row that makes room for events returns, after `RETURNING`: its newest sequence
+    /// What a write of a run's row that makes room for events returns, after `RETURNING`: its newest sequence
     /// number, then on SQLite its number (what the events table names it by).
     fn seq_returning(&self) -> &'static str {
         match self.dialect {
@@ -154,8 +154,8 @@ impl SqlStore {
         }
     }
 
-    /// Writes `events` into the room `row` made for them in their run's log (the run's row, updated by
-    /// `last_seq = last_seq + events.len()`, returning [`Self::seq_returning`]), and returns the run's newest
+    /// Writes `events` into the room `row` made for them in their run's log (the run's row, written with
+    /// `last_seq` grown by `events.len()`, returning [`Self::seq_returning`]), and returns the run's newest
     /// sequence number. Rings the other instances' doorbell for the run.
     async fn insert_events_in(
         &self,
@@ -662,10 +662,13 @@ impl SqlStore {
             }));
         };
         let ordinal: i64 = claimed.try_get(0).map_err(unavailable)?;
-        query(
+        // The run's row, with room for its first events.
+        let row = query(format!(
             "INSERT INTO runs (id, session_id, ordinal, parent_run_id, mode, state, owner, epoch, last_seq, \
-             event_bytes, message, created_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, 1, 0, 0, $7, $8)",
-        )
+             event_bytes, message, created_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, 1, $9, $10, $7, $8) \
+             RETURNING {}",
+            self.seq_returning()
+        ))
         .bind(run.run_id.as_str())
         .bind(run.session_id.as_str())
         .bind(ordinal)
@@ -674,16 +677,17 @@ impl SqlStore {
         .bind(self.instance.as_str())
         .bind(run.message.clone())
         .bind(run.at as i64)
-        .execute(&mut tx)
+        .bind(run.events.len() as i64)
+        .bind(event_bytes(&run.events))
+        .fetch_one(&mut tx)
         .await
         .map_err(unavailable)?;
         let seq = if run.events.is_empty() {
             0
         } else {
-            self.append_in(&mut tx, &run.run_id, &run.events, None)
+            self.insert_events_in(&mut tx, &run.run_id, &row, &run.events)
                 .await
                 .map_err(unavailable)?
-                .unwrap_or(0)
         };
         self.doorbell(&mut tx, &format!("session {} {ordinal}", run.session_id))
             .await
