@@ -1049,6 +1049,45 @@ async fn a_run_reads_back_the_conversation_its_end_recorded(kind: Kind) {
     }
 }
 
+async fn a_sessions_grants_are_its_own_and_outlive_the_process(kind: Kind) {
+    let mut backend = open(kind).await;
+    let grant = |id: &str| StoredGrant {
+        id: id.into(),
+        grant: json!({"tool": "delete_file"}),
+        created_at: 5,
+    };
+    for (run, session_id) in [("r1", "granted"), ("r2", "other")] {
+        backend
+            .store
+            .start_run(new_run(run, session_id))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    backend
+        .store
+        .add_grant(&session("granted"), grant("g1"))
+        .await
+        .unwrap();
+    backend = backend.reopened().await;
+    let store = &*backend.store;
+    assert_eq!(
+        store.grants(&session("granted")).await.unwrap(),
+        vec![grant("g1")],
+        "a grant from before the restart"
+    );
+    assert!(store.grants(&session("other")).await.unwrap().is_empty());
+    store
+        .add_grant(&session("other"), grant("g2"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.grants(&session("other")).await.unwrap(),
+        vec![grant("g2")],
+        "a grant to a session that held none"
+    );
+}
+
 async fn grants_rules_and_the_audit_log_are_kept_and_filtered(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -1229,6 +1268,7 @@ conformance!(
     retention_forgets_old_runs_and_keeps_open_suspensions,
     a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own,
     a_run_reads_back_the_conversation_its_end_recorded,
+    a_sessions_grants_are_its_own_and_outlive_the_process,
     grants_rules_and_the_audit_log_are_kept_and_filtered,
     a_decision_and_a_claim_at_once_never_fail_on_locks,
 );

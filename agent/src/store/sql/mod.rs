@@ -351,6 +351,11 @@ pub struct SqlStore {
     sessions: Watches<SessionId>,
     /// The newest committed events of each run, for its readers (SQLite only: see [`tail`]).
     tails: Option<Arc<tail::Tails>>,
+    /// The sessions that may hold grants (SQLite only, whose file no other process writes): those that held one
+    /// when the store opened, and every session a grant was added to since, from before its grant is written. A
+    /// session not in it holds none, and its grants are not read: most sessions never get one, and every run's
+    /// start asks. (Never fewer than hold one: a session stays after its grants are revoked.)
+    granted: Option<Mutex<std::collections::HashSet<SessionId>>>,
     /// Runs another instance aborted (its doorbell), for this one's tasks and tools.
     aborts: broadcast::Sender<(RunId, AbortReason)>,
     /// How long this instance's heartbeat holds its work (PostgreSQL).
@@ -449,6 +454,7 @@ impl SqlStore {
             sessions: Watches::default(),
             tails: (dialect == Dialect::Sqlite)
                 .then(|| Arc::new(tail::Tails::new(tail::DEFAULT_BYTES))),
+            granted: (dialect == Dialect::Sqlite).then(Mutex::default),
             aborts: broadcast::channel(256).0,
             lease,
             _lock: lock,
@@ -461,6 +467,13 @@ impl SqlStore {
                 what: what.clone(),
                 message: error.to_string(),
             })?;
+        if let Some(granted) = &store.granted {
+            let sessions = store
+                .sessions_with_grants()
+                .await
+                .map_err(|error| connect_error(&error))?;
+            granted.lock().extend(sessions);
+        }
         let appender = Arc::downgrade(&store);
         let wake = Arc::clone(&store.appended);
         let flush_now = Arc::clone(&store.flush_now);
@@ -533,6 +546,7 @@ impl SqlStore {
             runs: Watches::default(),
             sessions: Watches::default(),
             tails: None,
+            granted: None,
             aborts: broadcast::channel(1).0,
             lease: DEFAULT_LEASE,
             _lock: None,

@@ -612,6 +612,17 @@ impl SqlStore {
         }
     }
 
+    /// The sessions that hold grants.
+    pub(super) async fn sessions_with_grants(&self) -> StoreResult<Vec<SessionId>> {
+        let rows = query("SELECT DISTINCT session_id FROM grants")
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+        rows.iter()
+            .map(|row| session_id(row.try_get(0).map_err(unavailable)?))
+            .collect()
+    }
+
     async fn start_run_tx(&self, run: NewRun) -> StoreResult<Result<Epoch, StartConflict>> {
         let mut tx = self.writer.begin().await.map_err(unavailable)?;
         let taken = query("SELECT 1 FROM runs WHERE id = $1")
@@ -1839,6 +1850,11 @@ impl Store for SqlStore {
     fn grants(&self, session_id: &SessionId) -> StoreFuture<'_, Vec<StoredGrant>> {
         let session_id = session_id.clone();
         async move {
+            if let Some(granted) = &self.granted
+                && !granted.lock().contains(&session_id)
+            {
+                return Ok(Vec::new());
+            }
             let rows = query(
                 "SELECT id, grant_json, created_at FROM grants WHERE session_id = $1 ORDER BY created_at, id",
             )
@@ -1862,6 +1878,10 @@ impl Store for SqlStore {
     fn add_grant(&self, session_id: &SessionId, grant: StoredGrant) -> StoreFuture<'_, ()> {
         let session_id = session_id.clone();
         async move {
+            if let Some(granted) = &self.granted {
+                // Before the grant is written: a read that finds the session not here finds it holds none.
+                granted.lock().insert(session_id.clone());
+            }
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
             query("DELETE FROM grants WHERE session_id = $1 AND id = $2")
                 .bind(session_id.as_str())
