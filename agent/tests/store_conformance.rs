@@ -883,6 +883,12 @@ async fn a_suspension_is_taken_once_and_a_replay_is_told_who_took_it(kind: Kind)
         "a replay is refused and told who resumed it"
     );
     assert_eq!(store.open_interrupt(&session("t")).await.unwrap(), None);
+    let backend = backend.reopened().await;
+    assert_eq!(
+        backend.store.interrupt(&run_id("r1")).await.unwrap(),
+        Some((suspension, Some(run_id("r2")))),
+        "the same, read from the database"
+    );
 }
 
 async fn retention_forgets_old_runs_and_keeps_open_suspensions(kind: Kind) {

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::db::{Db, DbError, Row, Tx, Value, query};
-use super::{SqlStore, unavailable};
+use super::{SqlStore, tail, unavailable};
 use crate::clock::now_ms;
 use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::interrupts::Suspension;
@@ -637,6 +637,10 @@ impl SqlStore {
             && let Err(refused) = take_interrupt_in(&mut tx, parent, &run.run_id).await?
         {
             return Ok(Err(StartConflict::Resume(refused)));
+        }
+        if let (Some(parent), Some(tails)) = (&run.parent_run_id, &self.tails) {
+            let (tails, parent, by) = (Arc::clone(tails), parent.clone(), run.run_id.clone());
+            tx.after_commit(move || tails.resumed(&parent, &by));
         }
         query(
             "INSERT INTO sessions (id, title, created_at, updated_at, run_count) VALUES ($1, $2, $3, $3, 0) \
@@ -1269,10 +1273,8 @@ impl Store for SqlStore {
                 audit.append(&mut settled_audit);
             }
             let now = now_ms() as i64;
-            let conversation = finish.conversation.map(|messages| {
-                let text = json(&messages);
-                (messages, text)
-            });
+            let conversation = finish.conversation.as_ref().map(json);
+            let suspension = finish.suspension.as_ref().map(json);
             // The run's end and the room for its last events, in one update of its row.
             let row = query(format!(
                 "UPDATE runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, suspension_expires_at = $4, \
@@ -1282,9 +1284,9 @@ impl Store for SqlStore {
             ))
             .bind(finish.run_id.as_str())
             .bind(finish.state.as_str())
-            .bind(finish.suspension.as_ref().map(json))
+            .bind(suspension.as_deref())
             .bind(finish.suspension.as_ref().map(|s| s.expires_at() as i64))
-            .bind(conversation.as_ref().map(|(_, text)| text.as_str()))
+            .bind(conversation.as_deref())
             .bind(now)
             .bind(events.len() as i64)
             .bind(event_bytes(&events))
@@ -1334,9 +1336,13 @@ impl Store for SqlStore {
             audit_in(&mut tx, &audit).await.map_err(unavailable)?;
             if let Some(tails) = &self.tails {
                 let (tails, run_id) = (Arc::clone(tails), finish.run_id.clone());
-                let conversation =
-                    conversation.map(|(messages, text)| (messages, text.len()));
-                tx.after_commit(move || tails.finished(&run_id, seq, conversation));
+                let ending = tail::Ending {
+                    bytes: conversation.map_or(0, |text| text.len())
+                        + suspension.map_or(0, |text| text.len()),
+                    conversation: finish.conversation,
+                    suspension: finish.suspension,
+                };
+                tx.after_commit(move || tails.finished(&run_id, seq, ending));
             }
             self.commit_change(tx, taken, Some((finish.run_id.clone(), seq)))
                 .await?;
@@ -1514,6 +1520,13 @@ impl Store for SqlStore {
     fn interrupt(&self, parent: &RunId) -> StoreFuture<'_, Option<(Suspension, Option<RunId>)>> {
         let parent = parent.clone();
         async move {
+            if let Some(kept) = self
+                .tails
+                .as_ref()
+                .and_then(|tails| tails.suspension(&parent))
+            {
+                return Ok(kept);
+            }
             let row = query(
                 "SELECT suspension, resumed_by FROM runs WHERE id = $1 AND suspension IS NOT NULL",
             )

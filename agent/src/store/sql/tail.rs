@@ -8,10 +8,11 @@
 //! every other case (a run whose tail was evicted or never kept, a gap, a run changed by a path that does not
 //! feed the tail) it reads the database, as before. The tail is a cache: a miss costs a read, never an event.
 //!
-//! A run that ended here keeps, beside its tail, the conversation its end recorded (for runs whose client owns
-//! the conversation: an AG-UI stream closes with it), so that the stream reads it back without a database read.
-//! Only the end of a run records a conversation, and every end commits through the store's `finish_run`, which
-//! hands it to the tail.
+//! A run that ended here keeps, beside its tail, what its end recorded in its row ([`Ending`]): the conversation
+//! (for runs whose client owns it: an AG-UI stream closes with it) and the suspension of a run ended by an
+//! interrupt (its resume checks against it), with who took it. Only the end of a run records them, and every end
+//! commits through the store's `finish_run`, which hands them to the tail; the take of a suspension commits through
+//! the start of the run that takes it, which tells the tail.
 //!
 //! Bounded by bytes over all runs: the oldest events go first.
 //!
@@ -23,6 +24,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::ids::RunId;
+use crate::interrupts::Suspension;
 use crate::store::{EncodedEvent, NewEvent};
 use crate::wire::Message;
 
@@ -48,11 +50,23 @@ struct RunTail {
 enum Progress {
     Unknown,
     Unfinished,
-    /// Finished, with its log ending at `last`, and the conversation its end recorded (what the run's row holds).
+    /// Finished, with its log ending at `last`; what its end recorded, and the run that took its suspension.
     Finished {
         last: u64,
-        conversation: Option<Arc<Vec<Message>>>,
+        ending: Arc<Ending>,
+        resumed_by: Option<RunId>,
     },
+}
+
+/// What a run's end recorded in its row beside its state.
+#[derive(Debug, Default)]
+pub(super) struct Ending {
+    /// The whole conversation, for runs whose client owns it.
+    pub(super) conversation: Option<Vec<Message>>,
+    /// What a run ended by an interrupt issued, for its resume.
+    pub(super) suspension: Option<Suspension>,
+    /// The size of their JSON, counted against the tails' bound.
+    pub(super) bytes: usize,
 }
 
 impl RunTail {
@@ -182,35 +196,57 @@ impl Tails {
         }
     }
 
-    /// The run's end committed, its log ending at `seq`, with `conversation` (`bytes` of JSON) in its row.
-    pub(super) fn finished(
-        &self,
-        run_id: &RunId,
-        seq: u64,
-        conversation: Option<(Vec<Message>, usize)>,
-    ) {
+    /// The run's end committed, its log ending at `seq`, with `ending` in its row.
+    pub(super) fn finished(&self, run_id: &RunId, seq: u64, ending: Ending) {
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
         let Some(tail) = inner.runs.get_mut(run_id) else {
             return;
         };
-        let conversation = conversation.map(|(messages, bytes)| {
+        if ending.bytes > 0 {
             // Counted like an event that never matches a sequence number: evicted after the run's events.
-            inner.order.push_back((run_id.clone(), 0, bytes));
-            inner.bytes += bytes;
-            Arc::new(messages)
-        });
+            inner.order.push_back((run_id.clone(), 0, ending.bytes));
+            inner.bytes += ending.bytes;
+        }
         tail.progress = Progress::Finished {
             last: seq,
-            conversation,
+            ending: Arc::new(ending),
+            resumed_by: None,
         };
         inner.evict();
+    }
+
+    /// The run `by` took the suspension of `parent`: its start committed.
+    pub(super) fn resumed(&self, parent: &RunId, by: &RunId) {
+        if let Some(RunTail {
+            progress: Progress::Finished { resumed_by, .. },
+            ..
+        }) = self.inner.lock().runs.get_mut(parent)
+        {
+            *resumed_by = Some(by.clone());
+        }
     }
 
     /// The conversation the run's end recorded, when the run ended here and its tail is still kept.
     pub(super) fn conversation(&self, run_id: &RunId) -> Option<Option<Vec<Message>>> {
         match &self.inner.lock().runs.get(run_id)?.progress {
-            Progress::Finished { conversation, .. } => Some(conversation.as_deref().cloned()),
+            Progress::Finished { ending, .. } => Some(ending.conversation.clone()),
+            Progress::Unknown | Progress::Unfinished => None,
+        }
+    }
+
+    /// The suspension the run's end recorded and the run that took it, when the run ended here and its tail is
+    /// still kept.
+    pub(super) fn suspension(&self, run_id: &RunId) -> Option<Option<(Suspension, Option<RunId>)>> {
+        match &self.inner.lock().runs.get(run_id)?.progress {
+            Progress::Finished {
+                ending, resumed_by, ..
+            } => Some(
+                ending
+                    .suspension
+                    .clone()
+                    .map(|suspension| (suspension, resumed_by.clone())),
+            ),
             Progress::Unknown | Progress::Unfinished => None,
         }
     }
@@ -218,10 +254,10 @@ impl Tails {
     /// Whether the run may still add events after `after` (it is unfinished, or its log goes past `after`), when
     /// the tail knows.
     pub(super) fn continues_after(&self, run_id: &RunId, after: u64) -> Option<bool> {
-        match self.inner.lock().runs.get(run_id)?.progress {
+        match &self.inner.lock().runs.get(run_id)?.progress {
             Progress::Unknown => None,
             Progress::Unfinished => Some(true),
-            Progress::Finished { last, .. } => Some(last > after),
+            Progress::Finished { last, .. } => Some(*last > after),
         }
     }
 
@@ -341,14 +377,14 @@ mod tests {
             "a run started before this process: its row tells"
         );
         tails.committed(&here, 1, events(2));
-        tails.finished(&here, 2, None);
+        tails.finished(&here, 2, Ending::default());
         assert_eq!(
             tails.continues_after(&here, 1),
             Some(true),
             "its end is to be read"
         );
         assert_eq!(tails.continues_after(&here, 2), Some(false));
-        tails.finished(&before, 5, None);
+        tails.finished(&before, 5, Ending::default());
         assert_eq!(tails.continues_after(&before, 5), Some(false));
         tails.forget(&here);
         assert_eq!(tails.continues_after(&here, 2), None);
@@ -365,12 +401,28 @@ mod tests {
         tails.started(&ended, 0);
         tails.started(&going, 0);
         tails.committed(&ended, 1, events(1));
-        tails.finished(&ended, 1, Some((conversation.clone(), 20)));
+        tails.finished(
+            &ended,
+            1,
+            Ending {
+                conversation: Some(conversation.clone()),
+                suspension: None,
+                bytes: 20,
+            },
+        );
         assert_eq!(tails.conversation(&ended), Some(Some(conversation)));
         assert_eq!(tails.conversation(&going), None, "not ended: the row tells");
-        tails.finished(&going, 0, None);
+        tails.finished(&going, 0, Ending::default());
         assert_eq!(tails.conversation(&going), Some(None), "ended without one");
-        tails.finished(&before, 5, Some((vec![], 2)));
+        tails.finished(
+            &before,
+            5,
+            Ending {
+                conversation: Some(vec![]),
+                suspension: None,
+                bytes: 2,
+            },
+        );
         assert_eq!(
             tails.conversation(&before),
             None,
