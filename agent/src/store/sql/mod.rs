@@ -14,9 +14,11 @@
 //! the queue to be written. On SQLite the results of tool calls join the same queue, so that a call's result and
 //! the run's next change are one commit.
 //!
-//! On SQLite, the newest committed events of each run stay in memory for the readers that follow the run ([`tail`]),
-//! and reads by key go through the writer's connection when it is free, whose page cache stays warm (while a change
-//! holds it, through the reader: see [`SqlStore::by_key`]); scans go through a reader connection beside it.
+//! On SQLite, the newest committed events of each run, and what a run's end recorded (its conversation, its
+//! suspension and who took it), stay in memory for the readers that follow the run ([`tail`]), as does the set of
+//! sessions that may hold grants; reads by key go through the writer's connection when it is free, whose page cache
+//! stays warm (while a change holds it, through the reader: see [`SqlStore::by_key`]); scans go through a reader
+//! connection beside it.
 
 mod db;
 mod queries;
