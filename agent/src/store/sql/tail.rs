@@ -31,6 +31,10 @@ use crate::wire::Message;
 /// How many bytes of event JSON the tails hold over all runs, by default.
 pub(super) const DEFAULT_BYTES: usize = 4 << 20;
 
+/// The largest share of the bound one run's end may take: a larger one is not kept (its readers read its row), so
+/// that one long conversation does not push every other run's tail out.
+const ENDING_SHARE: usize = 16;
+
 struct RunTail {
     /// Consecutive sequence numbers from `from` on, oldest first.
     events: VecDeque<Arc<EncodedEvent>>,
@@ -50,10 +54,11 @@ struct RunTail {
 enum Progress {
     Unknown,
     Unfinished,
-    /// Finished, with its log ending at `last`; what its end recorded, and the run that took its suspension.
+    /// Finished, with its log ending at `last`; what its end recorded (unless it was too large to keep), and the
+    /// run that took its suspension.
     Finished {
         last: u64,
-        ending: Arc<Ending>,
+        ending: Option<Arc<Ending>>,
         resumed_by: Option<RunId>,
     },
 }
@@ -100,8 +105,9 @@ impl Inner {
             };
             self.bytes -= bytes;
             if let Some(tail) = self.runs.get_mut(&run) {
-                // An entry numbered 0 (a run's empty tail, or its conversation) matches no event: the run goes
-                // now if it holds no event, else with its last one.
+                // An entry numbered 0 (a run's empty tail, or what its end recorded) matches no event: the run
+                // goes now if it holds no event, else with its last one (its entry stays counted until it comes
+                // up here: the bound errs on the safe side).
                 if tail.events.front().is_some_and(|event| event.seq == seq) {
                     tail.events.pop_front();
                     tail.from += 1;
@@ -203,14 +209,15 @@ impl Tails {
         let Some(tail) = inner.runs.get_mut(run_id) else {
             return;
         };
-        if ending.bytes > 0 {
-            // Counted like an event that never matches a sequence number: evicted after the run's events.
+        let kept = ending.bytes <= inner.limit / ENDING_SHARE;
+        if kept && ending.bytes > 0 {
+            // Counted like an event that never matches a sequence number.
             inner.order.push_back((run_id.clone(), 0, ending.bytes));
             inner.bytes += ending.bytes;
         }
         tail.progress = Progress::Finished {
             last: seq,
-            ending: Arc::new(ending),
+            ending: kept.then(|| Arc::new(ending)),
             resumed_by: None,
         };
         inner.evict();
@@ -227,28 +234,35 @@ impl Tails {
         }
     }
 
-    /// The conversation the run's end recorded, when the run ended here and its tail is still kept.
-    pub(super) fn conversation(&self, run_id: &RunId) -> Option<Option<Vec<Message>>> {
+    /// What the run's end recorded and who took its suspension, when the run ended here and its end is kept.
+    fn ending(&self, run_id: &RunId) -> Option<(Arc<Ending>, Option<RunId>)> {
         match &self.inner.lock().runs.get(run_id)?.progress {
-            Progress::Finished { ending, .. } => Some(ending.conversation.clone()),
-            Progress::Unknown | Progress::Unfinished => None,
+            Progress::Finished {
+                ending: Some(ending),
+                resumed_by,
+                ..
+            } => Some((Arc::clone(ending), resumed_by.clone())),
+            _ => None,
         }
     }
 
-    /// The suspension the run's end recorded and the run that took it, when the run ended here and its tail is
-    /// still kept.
+    /// The conversation the run's end recorded, when the run ended here and its end is kept. (Copied once the
+    /// tails' lock is let go: the writer takes it after each commit.)
+    pub(super) fn conversation(&self, run_id: &RunId) -> Option<Option<Vec<Message>>> {
+        let (ending, _) = self.ending(run_id)?;
+        Some(ending.conversation.clone())
+    }
+
+    /// The suspension the run's end recorded and the run that took it, when the run ended here and its end is
+    /// kept.
     pub(super) fn suspension(&self, run_id: &RunId) -> Option<Option<(Suspension, Option<RunId>)>> {
-        match &self.inner.lock().runs.get(run_id)?.progress {
-            Progress::Finished {
-                ending, resumed_by, ..
-            } => Some(
-                ending
-                    .suspension
-                    .clone()
-                    .map(|suspension| (suspension, resumed_by.clone())),
-            ),
-            Progress::Unknown | Progress::Unfinished => None,
-        }
+        let (ending, resumed_by) = self.ending(run_id)?;
+        Some(
+            ending
+                .suspension
+                .clone()
+                .map(|suspension| (suspension, resumed_by)),
+        )
     }
 
     /// Whether the run may still add events after `after` (it is unfinished, or its log goes past `after`), when
@@ -392,7 +406,8 @@ mod tests {
 
     #[test]
     fn a_run_that_ended_here_keeps_its_conversation_within_the_bound() {
-        // Room for two empty tails (64 bytes each), an event of 7 and a conversation of 20, and not much more.
+        // Room for two empty tails (64 bytes each), an event of 7 and a conversation of 10 (the most one end may
+        // take: a sixteenth), and not much more.
         let tails = Tails::new(160);
         let (ended, going, before) = (run(1), run(2), run(3));
         let conversation = vec![Message::User {
@@ -407,7 +422,7 @@ mod tests {
             Ending {
                 conversation: Some(conversation.clone()),
                 suspension: None,
-                bytes: 20,
+                bytes: 10,
             },
         );
         assert_eq!(tails.conversation(&ended), Some(Some(conversation)));
@@ -430,11 +445,27 @@ mod tests {
         );
 
         // The conversation counts against the bound: past it, the run goes whole, its conversation with it.
-        tails.committed(&going, 1, events(20));
+        tails.committed(&going, 1, events(21));
         assert_eq!(tails.conversation(&ended), None);
         assert_eq!(seqs(tails.read(&ended, 0, 10)), None);
         assert_eq!(tails.conversation(&going), Some(None));
         assert!(tails.inner.lock().bytes <= 160);
+
+        // An end larger than its share of the bound is not kept, and pushes no other tail out: its row tells.
+        let long = run(4);
+        tails.started(&long, 0);
+        tails.finished(
+            &long,
+            0,
+            Ending {
+                conversation: Some(vec![]),
+                suspension: None,
+                bytes: 160 / ENDING_SHARE + 1,
+            },
+        );
+        assert_eq!(tails.conversation(&long), None);
+        assert_eq!(tails.continues_after(&long, 0), Some(false), "known ended");
+        assert_eq!(tails.conversation(&going), Some(None), "still kept");
     }
 
     #[test]
