@@ -1283,6 +1283,9 @@ impl Store for SqlStore {
             let now = now_ms() as i64;
             let conversation = finish.conversation.as_ref().map(json);
             let suspension = finish.suspension.as_ref().map(json);
+            // What the tail counts the end at, before the texts go to the statement.
+            let ending_bytes = conversation.as_ref().map_or(0, String::len)
+                + suspension.as_ref().map_or(0, String::len);
             // The run's end and the room for its last events, in one update of its row.
             let row = query(format!(
                 "UPDATE runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, suspension_expires_at = $4, \
@@ -1292,9 +1295,9 @@ impl Store for SqlStore {
             ))
             .bind(finish.run_id.as_str())
             .bind(finish.state.as_str())
-            .bind(suspension.as_deref())
+            .bind(suspension)
             .bind(finish.suspension.as_ref().map(|s| s.expires_at() as i64))
-            .bind(conversation.as_deref())
+            .bind(conversation)
             .bind(now)
             .bind(events.len() as i64)
             .bind(event_bytes(&events))
@@ -1345,8 +1348,7 @@ impl Store for SqlStore {
             if let Some(tails) = &self.tails {
                 let (tails, run_id) = (Arc::clone(tails), finish.run_id.clone());
                 let ending = tail::Ending {
-                    bytes: conversation.map_or(0, |text| text.len())
-                        + suspension.map_or(0, |text| text.len()),
+                    bytes: ending_bytes,
                     conversation: finish.conversation,
                     suspension: finish.suspension,
                 };
