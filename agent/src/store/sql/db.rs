@@ -464,6 +464,11 @@ impl Drop for Tx {
         if self.committed {
             return;
         }
+        // Rollback hooks run newest first: this change's, then (if the group fails with it) the group's, whose
+        // changes came before it. A hook that puts something back in front of a queue then leaves the queue in the
+        // order it was taken in.
+        let mut undone = std::mem::take(&mut self.after_rollback);
+        undone.reverse();
         // sqlx rolls a PostgreSQL transaction back when it is dropped. On SQLite only this change is undone; the
         // group's other changes stay.
         if let TxConnection::Sqlite(held) = &mut self.connection
@@ -476,7 +481,8 @@ impl Drop for Tx {
                 tracing::error!(%error, "cannot roll a SQLite transaction back");
             }
             if let Some(group) = held.writer.group.take() {
-                for hook in group.after_rollback.into_iter().rev() {
+                undone.extend(group.after_rollback.into_iter().rev());
+                for hook in undone.drain(..) {
                     hook();
                 }
                 group
@@ -484,7 +490,7 @@ impl Drop for Tx {
                     .send_replace(Some(Err(format!("a change of its group failed: {error}"))));
             }
         }
-        for hook in std::mem::take(&mut self.after_rollback) {
+        for hook in undone {
             hook();
         }
     }
@@ -876,6 +882,59 @@ mod tests {
         );
         sqlite.waiting.fetch_sub(1, Ordering::AcqRel);
         commit.await.unwrap().unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_whose_undo_fails_fails_its_group_and_every_rollback_hook_runs_newest_first() {
+        let (_dir, pool, sqlite, reader) = pool();
+        // A note of 0 rolls the whole transaction back, as SQLite does on some errors (a full disk, for one): the
+        // change's savepoint goes with it, so undoing the change alone fails.
+        query(
+            "CREATE TRIGGER no_zero BEFORE INSERT ON notes WHEN NEW.n = 0 \
+             BEGIN SELECT RAISE(ROLLBACK, 'no zero'); END",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let undone = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let on_rollback = |tx: &mut Tx, n: i64| {
+            let undone = Arc::clone(&undone);
+            tx.after_rollback(move || undone.lock().push(n));
+        };
+
+        // The group is left open for a change said to wait (time is paused: the first one's wait does not end).
+        sqlite.waiting.fetch_add(1, Ordering::AcqRel);
+        let mut first = pool.begin().await.unwrap();
+        note(&mut first, 1).await;
+        on_rollback(&mut first, 1);
+        let first = tokio::spawn(first.commit());
+        until_released(&sqlite, 1).await;
+        sqlite.waiting.fetch_sub(1, Ordering::AcqRel);
+
+        let mut second = pool.begin().await.unwrap();
+        on_rollback(&mut second, 2);
+        on_rollback(&mut second, 3);
+        query("INSERT INTO notes (n) VALUES (0)")
+            .execute(&mut second)
+            .await
+            .unwrap_err();
+        drop(second);
+        assert_eq!(
+            *undone.lock(),
+            vec![3, 2, 1],
+            "the failed change's hooks, newest first, then its group's"
+        );
+        assert!(
+            first.await.unwrap().is_err(),
+            "the change released into the failed group reports it"
+        );
+        assert_eq!(committed(&reader), Vec::<i64>::new());
+
+        // The connection serves the next change.
+        let mut third = pool.begin().await.unwrap();
+        note(&mut third, 4).await;
+        third.commit().await.unwrap();
+        assert_eq!(committed(&reader), vec![4]);
     }
 
     #[tokio::test(start_paused = true)]
