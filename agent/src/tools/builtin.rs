@@ -58,16 +58,20 @@ fn blocking(
     })
 }
 
-/// Runs a file tool's body on the task that calls it, within one poll: for a body of a few system calls on names
-/// and metadata, whose cost does not grow with any file's content (as an approval card's preview, which reads a
-/// file's head on the calling task too). A hand-off to the blocking pool and back costs two thread wake-ups, more
-/// than such a body: about a tenth of the server's CPU per approval round trip of `delete_file`, on either store.
-/// On a file system that hangs (a network mount gone), such a body holds a runtime worker while it hangs, as the
-/// preview does; the other workers go on, and the runtime's bounded shutdown (see the server) still ends.
-fn at_once(
+/// Runs a file tool's body whose cost does not grow with any file's content (a few system calls on names and
+/// metadata): on a workspace whose file system answers from this machine, on the task that calls it, within one
+/// poll, as an approval card's preview reads a file's head; on any other, on the blocking pool, since a call there
+/// may hang. The hand-off to the pool and back costs two thread wake-ups, more than such a body: about a tenth of
+/// the server's CPU per approval round trip of `delete_file`, on either store.
+fn small(
+    workspace: &Workspace,
     work: impl FnOnce() -> Result<Value, ToolError> + Send + 'static,
 ) -> ToolFuture<'static> {
-    Box::pin(async move { work() })
+    if workspace.answered_here() {
+        Box::pin(async move { work() })
+    } else {
+        blocking(work)
+    }
 }
 
 /// The five built-in tools over one workspace.
@@ -315,7 +319,7 @@ impl Tool for DeleteFile {
     fn execute<'a>(&'a self, input: Value, _: &'a ToolContext) -> ToolFuture<'a> {
         let workspace = self.workspace.clone();
         // A lookup of the name and its unlink.
-        at_once(move || {
+        small(&self.workspace, move || {
             let path = WorkspacePath::parse(str_field(&input, "path"))?;
             workspace.remove_file(&path)?;
             Ok(json!({"path": path.to_string(), "deleted": true}))

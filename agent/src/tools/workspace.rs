@@ -165,6 +165,43 @@ pub struct Workspace {
     root: PathBuf,
     /// The workspace, opened once: every file operation is relative to it.
     dir: Arc<Dir>,
+    /// Whether its file system answers from this machine: see [`Workspace::answered_here`].
+    answered_here: bool,
+}
+
+/// The types of file system (`statfs`'s `f_type`, from Linux's `magic.h`) whose calls this machine answers itself,
+/// from a local disk or from memory: ext2/3/4, XFS, Btrfs, tmpfs, ramfs, overlayfs (a container's root), F2FS, ZFS
+/// and bcachefs. Any other (NFS, SMB, FUSE, Ceph, 9p, one not known here) may wait on a network or on another
+/// process for as long as it likes.
+const ANSWERED_HERE: [u32; 9] = [
+    0xEF53,
+    0x5846_5342,
+    0x9123_683E,
+    0x0102_1994,
+    0x8584_58F6,
+    0x794C_7630,
+    0xF2F5_2010,
+    0x2FC1_2FC1,
+    0xCA45_1A4E,
+];
+
+/// Whether a file system of type `kind` is one of [`ANSWERED_HERE`].
+fn answered_here(kind: u64) -> bool {
+    // The type is a 32-bit magic number in a field as wide as a C `long`.
+    ANSWERED_HERE.contains(&((kind & 0xFFFF_FFFF) as u32))
+}
+
+/// Whether the file system `dir` is on answers from this machine (false when it cannot be told).
+fn file_system_answered_here(dir: &Dir) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: fstatfs writes a whole `statfs` into the buffer when it returns 0, and reads nothing from it.
+    if unsafe { libc::fstatfs(dir.as_raw_fd(), stat.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: initialized by the successful call above.
+    let stat = unsafe { stat.assume_init() };
+    answered_here(stat.f_type as u64)
 }
 
 impl Workspace {
@@ -183,6 +220,7 @@ impl Workspace {
         let dir = Dir::open_ambient_dir(&root, cap_std::ambient_authority())?;
         Ok(Self {
             root,
+            answered_here: file_system_answered_here(&dir),
             dir: Arc::new(dir),
         })
     }
@@ -190,6 +228,13 @@ impl Workspace {
     /// The canonical workspace directory.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Whether the workspace's file system answers from this machine, a local disk or memory (by its type when the
+    /// workspace was opened; a file system mounted inside the workspace is not looked at). A call on one that does
+    /// takes microseconds; on any other (a network's, a FUSE process's) it may hang.
+    pub(crate) fn answered_here(&self) -> bool {
+        self.answered_here
     }
 
     /// Opens a directory of the workspace to list it.
@@ -450,6 +495,41 @@ mod tests {
         let mut file = ws.create_file(&path(relative))?;
         file.write_all(content.as_bytes()).unwrap();
         Ok(())
+    }
+
+    #[test]
+    fn local_file_systems_are_told_from_those_that_may_hang() {
+        // ext4, XFS, tmpfs, overlayfs; a wide field whose upper half is set (a sign-extended `long`) still reads.
+        for kind in [
+            0xEF53,
+            0x5846_5342,
+            0x0102_1994,
+            0x794C_7630,
+            0xFFFF_FFFF_9123_683E,
+        ] {
+            assert!(answered_here(kind), "{kind:#x}");
+        }
+        // NFS, SMB2, CIFS, FUSE, Ceph, 9p, and nothing at all.
+        for kind in [
+            0x6969,
+            0xFE53_4D42,
+            0xFF53_4D42,
+            0x6573_5546,
+            0x00C3_6400,
+            0x0102_1997,
+            0,
+        ] {
+            assert!(!answered_here(kind), "{kind:#x}");
+        }
+    }
+
+    #[test]
+    fn a_workspace_on_this_machines_disk_is_answered_here() {
+        let (_dir, workspace) = workspace();
+        assert!(
+            workspace.answered_here(),
+            "the temporary directory is on a local file system"
+        );
     }
 
     #[test]
