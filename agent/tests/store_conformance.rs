@@ -448,6 +448,48 @@ async fn a_runs_end_follows_the_events_it_queued(kind: Kind) {
     assert_eq!(steps(log), expected, "the same, read from the database");
 }
 
+async fn an_end_refused_for_a_claim_it_lacks_loses_no_events_queued_with_it(kind: Kind) {
+    let mut backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("a", "s1")).await.unwrap().unwrap();
+    store.start_run(new_run("b", "s2")).await.unwrap().unwrap();
+    // Queued together when `a` ends under a claim it never had: the end takes the queue (SQLite) and is refused.
+    store.append(&run_id("b"), 1, vec![step_event("b", 2)]);
+    store.append(&run_id("a"), 7, vec![step_event("a", 70)]);
+    store.append(&run_id("b"), 1, vec![step_event("b", 3)]);
+    let stray = FinishRun {
+        epoch: Some(7),
+        ..done("a", vec![], vec![step_event("a", 71)])
+    };
+    assert_eq!(store.finish_run(stray).await.unwrap(), Err(Fenced::Lost));
+    store.flush().await.unwrap();
+    assert_eq!(
+        kinds(store, "b").await,
+        vec![1, 2, 3],
+        "the other run's events, in order"
+    );
+    assert_eq!(
+        kinds(store, "a").await,
+        vec![1],
+        "nothing of the stray claim"
+    );
+    // The run goes on under its own claim, and ends.
+    store.append(&run_id("a"), 1, vec![step_event("a", 2)]);
+    store
+        .finish_run(done("a", vec![], vec![step_event("a", 3)]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kinds(store, "a").await, vec![1, 2, 3]);
+    backend = backend.reopened().await;
+    assert_eq!(
+        kinds(&*backend.store, "b").await,
+        vec![1, 2, 3],
+        "read from the database"
+    );
+    assert_eq!(kinds(&*backend.store, "a").await, vec![1, 2, 3]);
+}
+
 async fn a_writer_that_lost_its_claim_appends_nothing(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -1262,6 +1304,7 @@ conformance!(
     appended_events_are_read_back_in_order_once_durable,
     a_reader_at_the_end_of_a_log_is_told_whether_more_may_come,
     a_runs_end_follows_the_events_it_queued,
+    an_end_refused_for_a_claim_it_lacks_loses_no_events_queued_with_it,
     a_writer_that_lost_its_claim_appends_nothing,
     an_open_batch_is_stored_whole_with_its_events_and_audit,
     concurrent_decisions_have_exactly_one_winner,
