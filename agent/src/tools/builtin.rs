@@ -58,20 +58,25 @@ fn blocking(
     })
 }
 
-/// Runs a file tool's body whose cost does not grow with any file's content (a few system calls on names and
-/// metadata): on a workspace whose file system answers from this machine, on the task that calls it, within one
-/// poll, as an approval card's preview reads a file's head; on any other, on the blocking pool, since a call there
-/// may hang. The hand-off to the pool and back costs two thread wake-ups, more than such a body: about a tenth of
-/// the server's CPU per approval round trip of `delete_file`, on either store.
-fn small(
-    workspace: &Workspace,
+/// Runs a file tool's body on the task that calls it, within one poll, when `quick` says so (a few system calls that
+/// this machine answers at once: see [`Workspace::removes_quickly`]); else on the blocking pool. Both are asked only
+/// once the call is polled. The hand-off to the pool and back costs two thread wake-ups, more than such a body:
+/// about a tenth of the server's CPU per approval round trip of `delete_file`, on either store. A panic in the body
+/// fails the call, as on the pool, not the run.
+fn quick_or_blocking(
+    quick: impl FnOnce() -> bool + Send + 'static,
     work: impl FnOnce() -> Result<Value, ToolError> + Send + 'static,
 ) -> ToolFuture<'static> {
-    if workspace.answered_here() {
-        Box::pin(async move { work() })
-    } else {
-        blocking(work)
-    }
+    Box::pin(async move {
+        if !quick() {
+            return blocking(work).await;
+        }
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|_| {
+            Err(ToolError::failed(
+                "The tool stopped unexpectedly: it panicked.",
+            ))
+        })
+    })
 }
 
 /// The five built-in tools over one workspace.
@@ -317,9 +322,11 @@ impl Tool for DeleteFile {
     }
 
     fn execute<'a>(&'a self, input: Value, _: &'a ToolContext) -> ToolFuture<'a> {
-        let workspace = self.workspace.clone();
-        // A lookup of the name and its unlink.
-        small(&self.workspace, move || {
+        let (workspace, looked_at) = (self.workspace.clone(), self.workspace.clone());
+        let named = str_field(&input, "path").to_owned();
+        let quick =
+            move || WorkspacePath::parse(&named).is_ok_and(|path| looked_at.removes_quickly(&path));
+        quick_or_blocking(quick, move || {
             let path = WorkspacePath::parse(str_field(&input, "path"))?;
             workspace.remove_file(&path)?;
             Ok(json!({"path": path.to_string(), "deleted": true}))
@@ -628,6 +635,46 @@ mod tests {
             .await
             .unwrap_err();
         assert!(error.message.contains("directory"));
+    }
+
+    #[tokio::test]
+    async fn a_quick_body_runs_on_the_calling_task_any_other_on_the_pool_and_a_panic_fails_the_call()
+     {
+        let here = format!("{:?}", std::thread::current().id());
+        let ran_on = |quick: bool| {
+            quick_or_blocking(
+                move || quick,
+                || Ok(json!(format!("{:?}", std::thread::current().id()))),
+            )
+        };
+        assert_eq!(ran_on(true).await.unwrap(), json!(here));
+        assert_ne!(ran_on(false).await.unwrap(), json!(here));
+        let error = quick_or_blocking(|| true, || panic!("a bug in a tool"))
+            .await
+            .unwrap_err();
+        assert!(error.message.contains("panicked"), "{}", error.message);
+    }
+
+    #[tokio::test]
+    async fn delete_file_deletes_on_a_workspace_that_may_hang_and_a_large_file_too() {
+        let (_dir, ws, _) = setup();
+        std::fs::write(ws.root().join("small.txt"), "a").unwrap();
+        std::fs::write(ws.root().join("large.bin"), vec![b'x'; 4 << 20]).unwrap();
+        let limits = CommandLimits {
+            timeout: Duration::from_secs(5),
+            output_bytes: 1024,
+        };
+        let remote = workspace_tools(&ws.clone().seen_as_remote(), limits);
+        let deleted = call(&remote, "delete_file", json!({"path": "small.txt"}))
+            .await
+            .unwrap();
+        assert_eq!(deleted["deleted"], true);
+        let local = workspace_tools(&ws, limits);
+        call(&local, "delete_file", json!({"path": "large.bin"}))
+            .await
+            .unwrap();
+        assert!(!ws.root().join("small.txt").exists());
+        assert!(!ws.root().join("large.bin").exists());
     }
 
     #[tokio::test]

@@ -165,9 +165,13 @@ pub struct Workspace {
     root: PathBuf,
     /// The workspace, opened once: every file operation is relative to it.
     dir: Arc<Dir>,
-    /// Whether its file system answers from this machine: see [`Workspace::answered_here`].
-    answered_here: bool,
+    /// The device the workspace is on, when its file system answers from this machine (see [`ANSWERED_HERE`]).
+    local_device: Option<u64>,
 }
+
+/// The most a file may hold for its removal to be done on the calling task: the unlink of a file's last name frees
+/// its blocks inside the call, which takes longer the more there are.
+const QUICK_REMOVAL_BYTES: u64 = 1024 * 1024;
 
 /// The types of file system (`statfs`'s `f_type`, from Linux's `magic.h`) whose calls this machine answers itself,
 /// from a local disk or from memory: ext2/3/4, XFS, Btrfs, tmpfs, ramfs, overlayfs (a container's root), F2FS, ZFS
@@ -192,6 +196,7 @@ fn answered_here(kind: u64) -> bool {
 }
 
 /// Whether the file system `dir` is on answers from this machine (false when it cannot be told).
+#[cfg(target_os = "linux")]
 fn file_system_answered_here(dir: &Dir) -> bool {
     use std::os::fd::AsRawFd;
     let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
@@ -202,6 +207,12 @@ fn file_system_answered_here(dir: &Dir) -> bool {
     // SAFETY: initialized by the successful call above.
     let stat = unsafe { stat.assume_init() };
     answered_here(stat.f_type as u64)
+}
+
+/// Elsewhere `f_type` does not hold Linux's numbers: never told.
+#[cfg(not(target_os = "linux"))]
+fn file_system_answered_here(_: &Dir) -> bool {
+    false
 }
 
 impl Workspace {
@@ -218,9 +229,14 @@ impl Workspace {
         }
         // The one use of ambient authority: from here on, nothing is opened by an absolute path.
         let dir = Dir::open_ambient_dir(&root, cap_std::ambient_authority())?;
+        let local_device = if file_system_answered_here(&dir) {
+            Some(dir.dir_metadata()?.dev())
+        } else {
+            None
+        };
         Ok(Self {
             root,
-            answered_here: file_system_answered_here(&dir),
+            local_device,
             dir: Arc::new(dir),
         })
     }
@@ -230,11 +246,29 @@ impl Workspace {
         &self.root
     }
 
-    /// Whether the workspace's file system answers from this machine, a local disk or memory (by its type when the
-    /// workspace was opened; a file system mounted inside the workspace is not looked at). A call on one that does
-    /// takes microseconds; on any other (a network's, a FUSE process's) it may hang.
-    pub(crate) fn answered_here(&self) -> bool {
-        self.answered_here
+    /// Whether removing what `path` names takes a few microseconds, so that it may be done on the calling task: the
+    /// workspace's file system answers from this machine, a local disk or memory (by its type when the workspace
+    /// was opened; on any other, a network's or a FUSE process's, a call may hang), and what the path names now is
+    /// on that same device (not on a file system mounted inside the workspace) and holds at most
+    /// [`QUICK_REMOVAL_BYTES`]. Looks at the name (an `lstat`, on the calling task: a mount inside the workspace
+    /// that hangs would hang it). A name that cannot be looked at is quick: its removal fails the same way at once.
+    pub(crate) fn removes_quickly(&self, path: &WorkspacePath) -> bool {
+        let Some(device) = self.local_device else {
+            return false;
+        };
+        match self.beneath(path, FollowSymlinks::No, |p| self.dir.symlink_metadata(p)) {
+            Ok(meta) => {
+                meta.dev() == device && meta.blocks().saturating_mul(512) <= QUICK_REMOVAL_BYTES
+            }
+            Err(_) => true,
+        }
+    }
+
+    /// The same workspace, taken for one on a file system that may hang.
+    #[cfg(test)]
+    pub(crate) fn seen_as_remote(mut self) -> Self {
+        self.local_device = None;
+        self
     }
 
     /// Opens a directory of the workspace to list it.
@@ -523,13 +557,27 @@ mod tests {
         }
     }
 
+    /// (Linux only: elsewhere no file system is told local.)
+    #[cfg(target_os = "linux")]
     #[test]
-    fn a_workspace_on_this_machines_disk_is_answered_here() {
+    fn only_a_small_file_on_the_workspaces_own_local_device_is_removed_quickly() {
         let (_dir, workspace) = workspace();
+        write(&workspace, "small.txt", "a few bytes").unwrap();
+        write(&workspace, "large.bin", &"x".repeat(4 * 1024 * 1024)).unwrap();
         assert!(
-            workspace.answered_here(),
+            workspace.removes_quickly(&path("small.txt")),
             "the temporary directory is on a local file system"
         );
+        assert!(
+            workspace.removes_quickly(&path("missing.txt")),
+            "fails at once"
+        );
+        assert!(
+            !workspace.removes_quickly(&path("large.bin")),
+            "its blocks are freed inside the unlink"
+        );
+        let remote = workspace.seen_as_remote();
+        assert!(!remote.removes_quickly(&path("small.txt")));
     }
 
     #[test]

@@ -485,6 +485,7 @@ impl Drop for Tx {
                 for hook in undone.drain(..) {
                     hook();
                 }
+                // Its changes learn the outcome once every hook ran, as after a failed group commit.
                 group
                     .done
                     .send_replace(Some(Err(format!("a change of its group failed: {error}"))));
