@@ -229,11 +229,10 @@ impl Workspace {
         }
         // The one use of ambient authority: from here on, nothing is opened by an absolute path.
         let dir = Dir::open_ambient_dir(&root, cap_std::ambient_authority())?;
-        let local_device = if file_system_answered_here(&dir) {
-            Some(dir.dir_metadata()?.dev())
-        } else {
-            None
-        };
+        // (A workspace whose device cannot be read is only never quick.)
+        let local_device = file_system_answered_here(&dir)
+            .then(|| dir.dir_metadata().ok().map(|meta| meta.dev()))
+            .flatten();
         Ok(Self {
             root,
             local_device,
