@@ -269,6 +269,20 @@ async fn kinds(store: &dyn Store, run: &str) -> Vec<u64> {
         .collect()
 }
 
+/// A run's log as (sequence number, step) pairs.
+async fn steps(store: &dyn Store, run: &str) -> Vec<(u64, u64)> {
+    store
+        .events_after(&run_id(run), 0, 10_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|event| {
+            let json: serde_json::Value = serde_json::from_str(&event.json).unwrap();
+            (event.seq, json["step"].as_u64().unwrap())
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The promises
 // ---------------------------------------------------------------------------------------------------------------
@@ -422,30 +436,19 @@ async fn a_runs_end_follows_the_events_it_queued(kind: Kind) {
         .await
         .unwrap()
         .unwrap();
-    let steps = |events: Vec<std::sync::Arc<EncodedEvent>>| -> Vec<(u64, u64)> {
-        events
-            .iter()
-            .map(|event| {
-                let json: serde_json::Value = serde_json::from_str(&event.json).unwrap();
-                (event.seq, json["step"].as_u64().unwrap())
-            })
-            .collect()
-    };
     let expected = vec![(1, 1), (2, 2), (3, 3), (4, 4), (5, 5)];
-    let log = store.events_after(&run_id("r"), 0, 10).await.unwrap();
     assert_eq!(
-        steps(log),
+        steps(store, "r").await,
         expected,
         "the log, in order, without the stray claim's"
     );
     assert_eq!(store.run(&run_id("r")).await.unwrap().unwrap().last_seq, 5);
     backend = backend.reopened().await;
-    let log = backend
-        .store
-        .events_after(&run_id("r"), 0, 10)
-        .await
-        .unwrap();
-    assert_eq!(steps(log), expected, "the same, read from the database");
+    assert_eq!(
+        steps(&*backend.store, "r").await,
+        expected,
+        "the same, read from the database"
+    );
 }
 
 async fn an_end_refused_for_a_claim_it_lacks_loses_no_events_queued_with_it(kind: Kind) {
@@ -490,20 +493,6 @@ async fn an_end_refused_for_a_claim_it_lacks_loses_no_events_queued_with_it(kind
         "read from the database"
     );
     assert_eq!(steps(&*backend.store, "a").await, a_steps);
-}
-
-/// A run's log as (sequence number, step) pairs.
-async fn steps(store: &dyn Store, run: &str) -> Vec<(u64, u64)> {
-    store
-        .events_after(&run_id(run), 0, 10_000)
-        .await
-        .unwrap()
-        .iter()
-        .map(|event| {
-            let json: serde_json::Value = serde_json::from_str(&event.json).unwrap();
-            (event.seq, json["step"].as_u64().unwrap())
-        })
-        .collect()
 }
 
 async fn a_writer_that_lost_its_claim_appends_nothing(kind: Kind) {
