@@ -8,8 +8,9 @@
 //! the same bundled SQLite.
 //!
 //! SQLite's state changes commit in groups: a change that is done while another waits for the connection leaves
-//! the transaction open for it (its own part is a savepoint, released into the transaction), and the last change of
-//! the group commits for all of them; each waits for that commit before it returns. Most pages a change writes are
+//! the transaction open for it (the change that joins is a savepoint, released into the transaction, so that it can
+//! be undone alone; the change that began the transaction needs none), and the last change of the group commits
+//! for all of them; each waits for that commit before it returns. Most pages a change writes are
 //! the same few for every change (the database's header, the newest rows of the runs and sessions, the small index
 //! of unfinished runs), so a group writes them once instead of once per change. A change alone commits at once.
 //!
@@ -291,12 +292,23 @@ pub(super) struct Tx {
 }
 
 enum TxConnection {
-    /// The connection, in the group's transaction, with this change's savepoint open until committed.
-    Sqlite(Held),
+    /// The connection, in the group's transaction, and how this change is undone until committed.
+    Sqlite(Held, Undo),
     /// `None` only once committed.
     Postgres(Option<sqlx::Transaction<'static, Postgres>>),
     /// Committed (SQLite: released into its group).
     Done,
+}
+
+/// How a SQLite change that is not committed yet is undone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Undo {
+    /// The change began its group's transaction and is all of it until it is released: undone by rolling the
+    /// transaction back. It needs no savepoint, so SQLite copies none of the pages it changes to a savepoint's
+    /// journal (at concurrency 1, every change is such a change).
+    Transaction,
+    /// The change joined an open group: its own part is the savepoint `change`, undone alone.
+    Savepoint,
 }
 
 fn after_commit() -> DbError {
@@ -360,27 +372,28 @@ impl Pool {
         match self {
             Self::Sqlite(pool) => {
                 let mut held = pool.hold_for_change().await;
-                if held.writer.group.is_none() {
-                    // A transaction whose rollback failed (logged when it was dropped) would otherwise refuse every
-                    // later one: end it first.
-                    if !held.is_autocommit() {
-                        held.execute_batch("ROLLBACK")?;
+                if held.writer.group.is_some() {
+                    if let Err(error) = run_cached(&held, "SAVEPOINT change") {
+                        // The group cannot go on in a transaction that refuses a savepoint.
+                        held.writer.finish_group();
+                        return Err(error.into());
                     }
-                    run_cached(&held, "BEGIN IMMEDIATE")?;
-                    held.writer.group = Some(Group {
-                        id: pool.groups.fetch_add(1, Ordering::Relaxed),
-                        changes: 0,
-                        after_commit: Vec::new(),
-                        after_rollback: Vec::new(),
-                        done: watch::channel(None).0,
-                    });
+                    return Ok(Tx::new(TxConnection::Sqlite(held, Undo::Savepoint)));
                 }
-                if let Err(error) = run_cached(&held, "SAVEPOINT change") {
-                    // The group cannot go on in a transaction that refuses a savepoint.
-                    held.writer.finish_group();
-                    return Err(error.into());
+                // A transaction whose rollback failed (logged when it was dropped) would otherwise refuse every later
+                // one: end it first.
+                if !held.is_autocommit() {
+                    held.execute_batch("ROLLBACK")?;
                 }
-                Ok(Tx::new(TxConnection::Sqlite(held)))
+                run_cached(&held, "BEGIN IMMEDIATE")?;
+                held.writer.group = Some(Group {
+                    id: pool.groups.fetch_add(1, Ordering::Relaxed),
+                    changes: 0,
+                    after_commit: Vec::new(),
+                    after_rollback: Vec::new(),
+                    done: watch::channel(None).0,
+                });
+                Ok(Tx::new(TxConnection::Sqlite(held, Undo::Transaction)))
             }
             Self::Postgres(pool) => Ok(Tx::new(TxConnection::Postgres(Some(pool.begin().await?)))),
         }
@@ -412,8 +425,10 @@ impl Tx {
     /// run with the group's, even if this future is dropped while it waits.
     pub(super) async fn commit(mut self) -> Db<()> {
         match &mut self.connection {
-            TxConnection::Sqlite(held) => {
-                run_cached(held, "RELEASE change")?;
+            TxConnection::Sqlite(held, undo) => {
+                if *undo == Undo::Savepoint {
+                    run_cached(held, "RELEASE change")?;
+                }
                 let pool = Arc::clone(&held.pool);
                 let Some(group) = held.writer.group.as_mut() else {
                     return Err(DbError::GroupCommit(
@@ -471,7 +486,18 @@ impl Drop for Tx {
         undone.reverse();
         // sqlx rolls a PostgreSQL transaction back when it is dropped. On SQLite only this change is undone; the
         // group's other changes stay.
-        if let TxConnection::Sqlite(held) = &mut self.connection
+        if let TxConnection::Sqlite(held, Undo::Transaction) = &mut self.connection {
+            // The change is all that its group's transaction holds (no other joins while it holds the connection):
+            // the transaction goes, and the group with it.
+            let group = held.writer.group.take();
+            debug_assert!(group.is_none_or(|group| group.changes == 0));
+            if !held.is_autocommit()
+                && let Err(error) = held.execute_batch("ROLLBACK")
+            {
+                tracing::error!(%error, "cannot roll a SQLite transaction back");
+            }
+        }
+        if let TxConnection::Sqlite(held, Undo::Savepoint) = &mut self.connection
             && let Err(error) = held.execute_batch("ROLLBACK TO change; RELEASE change")
         {
             tracing::error!(%error, "cannot roll a SQLite change back; its group fails with it");
@@ -506,7 +532,7 @@ impl<'q> Query<'q> {
     pub(super) async fn execute<'e>(self, on: impl Into<On<'e>>) -> Db<Done> {
         match on.into() {
             On::Tx(Tx {
-                connection: TxConnection::Sqlite(held),
+                connection: TxConnection::Sqlite(held, _),
                 ..
             }) => self.sqlite_execute(held),
             On::Pool(Pool::Sqlite(pool)) => self.sqlite_execute(&*pool.hold().await),
@@ -529,7 +555,7 @@ impl<'q> Query<'q> {
     pub(super) async fn fetch_all<'e>(self, on: impl Into<On<'e>>) -> Db<Vec<Row>> {
         match on.into() {
             On::Tx(Tx {
-                connection: TxConnection::Sqlite(held),
+                connection: TxConnection::Sqlite(held, _),
                 ..
             }) => self.sqlite_rows(held, usize::MAX),
             On::Pool(Pool::Sqlite(pool)) => self.sqlite_rows(&*pool.hold().await, usize::MAX),
@@ -560,7 +586,7 @@ impl<'q> Query<'q> {
     pub(super) async fn fetch_optional<'e>(self, on: impl Into<On<'e>>) -> Db<Option<Row>> {
         match on.into() {
             On::Tx(Tx {
-                connection: TxConnection::Sqlite(held),
+                connection: TxConnection::Sqlite(held, _),
                 ..
             }) => Ok(self.sqlite_rows(held, 1)?.into_iter().next()),
             On::Pool(Pool::Sqlite(pool)) => {
@@ -883,6 +909,31 @@ mod tests {
         );
         sqlite.waiting.fetch_sub(1, Ordering::AcqRel);
         commit.await.unwrap().unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_that_began_its_group_is_undone_with_the_transaction_and_the_next_change_begins_anew()
+     {
+        let (_dir, pool, sqlite, reader) = pool();
+        let undone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut first = pool.begin().await.unwrap();
+        note(&mut first, 1).await;
+        let hook = Arc::clone(&undone);
+        first.after_rollback(move || hook.store(true, Ordering::Release));
+        drop(first);
+        assert!(undone.load(Ordering::Acquire), "its rollback hook ran");
+        assert!(
+            sqlite
+                .writer
+                .try_lock()
+                .is_ok_and(|writer| writer.group.is_none() && writer.connection.is_autocommit()),
+            "no transaction and no group is left open"
+        );
+
+        let mut second = pool.begin().await.unwrap();
+        note(&mut second, 2).await;
+        second.commit().await.unwrap();
+        assert_eq!(committed(&reader), vec![2]);
     }
 
     #[tokio::test(start_paused = true)]
