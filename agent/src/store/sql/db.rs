@@ -937,6 +937,41 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_statement_that_fails_halfway_without_its_own_undo_is_undone_with_its_change() {
+        // `OR FAIL` keeps what a statement wrote before the row that broke a constraint (the store's statements
+        // take it, see `Dialect::insert`): the change the statement fails is undone whole, that row included.
+        let (_dir, pool, sqlite, reader) = pool();
+        let mut tx = pool.begin().await.unwrap();
+        note(&mut tx, 1).await;
+        tx.commit().await.unwrap();
+        let halfway = "INSERT OR FAIL INTO notes (n) VALUES (5), (1)";
+
+        // A change that began its group.
+        let mut alone = pool.begin().await.unwrap();
+        query(halfway).execute(&mut alone).await.unwrap_err();
+        let kept = query("SELECT n FROM notes WHERE n = 5")
+            .fetch_optional(&mut alone)
+            .await
+            .unwrap();
+        assert!(kept.is_some(), "the failed statement kept its first row");
+        drop(alone);
+        assert_eq!(committed(&reader), vec![1]);
+
+        // A change that joined one (time is paused: the first one's wait for a joiner does not end).
+        sqlite.waiting.fetch_add(1, Ordering::AcqRel);
+        let mut first = pool.begin().await.unwrap();
+        note(&mut first, 2).await;
+        let first = tokio::spawn(first.commit());
+        until_released(&sqlite, 1).await;
+        sqlite.waiting.fetch_sub(1, Ordering::AcqRel);
+        let mut joined = pool.begin().await.unwrap();
+        query(halfway).execute(&mut joined).await.unwrap_err();
+        drop(joined);
+        first.await.unwrap().unwrap();
+        assert_eq!(committed(&reader), vec![1, 2]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_change_whose_undo_fails_fails_its_group_and_every_rollback_hook_runs_newest_first() {
         let (_dir, pool, sqlite, reader) = pool();
         // A note of 0 rolls the whole transaction back, as SQLite does on some errors (a full disk, for one): the

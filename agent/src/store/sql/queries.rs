@@ -114,8 +114,9 @@ impl SqlStore {
         let row = match fence {
         Some((owner, epoch)) => {
             query(format!(
-                "UPDATE runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
+                "{} runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
                  WHERE id = $1 AND state = 'running' AND owner = $4 AND epoch = $5 RETURNING {returning}",
+                self.dialect.update()
             ))
             .bind(run_id.as_str())
             .bind(count)
@@ -127,8 +128,9 @@ impl SqlStore {
         }
         None => {
             query(format!(
-                "UPDATE runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
+                "{} runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
                  WHERE id = $1 RETURNING {returning}",
+                self.dialect.update()
             ))
             .bind(run_id.as_str())
             .bind(count)
@@ -172,7 +174,10 @@ impl SqlStore {
         };
         // Several rows per statement, within both databases' limits on parameters.
         for (chunk_index, chunk) in events.chunks(256).enumerate() {
-            let mut sql = format!("INSERT INTO events ({column}, seq, kind, json) VALUES ");
+            let mut sql = format!(
+                "{} INTO events ({column}, seq, kind, json) VALUES ",
+                self.dialect.insert()
+            );
             for i in 0..chunk.len() {
                 let p = i * 4;
                 if i > 0 {
@@ -660,11 +665,12 @@ impl SqlStore {
         .execute(&mut tx)
         .await
         .map_err(unavailable)?;
-        let claimed = query(
-            "UPDATE sessions SET active_run = $2, run_count = run_count + 1, updated_at = $3, \
+        let claimed = query(format!(
+            "{} sessions SET active_run = $2, run_count = run_count + 1, updated_at = $3, \
              title = CASE WHEN title = '' THEN $4 ELSE title END \
              WHERE id = $1 AND active_run IS NULL RETURNING run_count",
-        )
+            self.dialect.update()
+        ))
         .bind(run.session_id.as_str())
         .bind(run.run_id.as_str())
         .bind(run.at as i64)
@@ -687,9 +693,10 @@ impl SqlStore {
         let ordinal: i64 = claimed.try_get(0).map_err(unavailable)?;
         // The run's row, with room for its first events.
         let row = query(format!(
-            "INSERT INTO runs (id, session_id, ordinal, parent_run_id, mode, state, owner, epoch, last_seq, \
+            "{} INTO runs (id, session_id, ordinal, parent_run_id, mode, state, owner, epoch, last_seq, \
              event_bytes, message, created_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, 1, $9, $10, $7, $8) \
              RETURNING {}",
+            self.dialect.insert(),
             self.seq_returning()
         ))
         .bind(run.run_id.as_str())
@@ -1288,9 +1295,10 @@ impl Store for SqlStore {
                 + suspension.as_ref().map_or(0, String::len);
             // The run's end and the room for its last events, in one update of its row.
             let row = query(format!(
-                "UPDATE runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, suspension_expires_at = $4, \
+                "{} runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, suspension_expires_at = $4, \
                  conversation = $5, finished_at = $6, last_seq = last_seq + $7, event_bytes = event_bytes + $8 \
                  WHERE id = $1 RETURNING {}",
+                self.dialect.update(),
                 self.seq_returning()
             ))
             .bind(finish.run_id.as_str())
