@@ -489,12 +489,23 @@ impl Drop for Tx {
         if let TxConnection::Sqlite(held, Undo::Transaction) = &mut self.connection {
             // The change is all that its group's transaction holds (no other joins while it holds the connection):
             // the transaction goes, and the group with it.
-            let group = held.writer.group.take();
-            debug_assert!(group.is_none_or(|group| group.changes == 0));
             if !held.is_autocommit()
                 && let Err(error) = held.execute_batch("ROLLBACK")
             {
                 tracing::error!(%error, "cannot roll a SQLite transaction back");
+            }
+            if let Some(group) = held.writer.group.take()
+                && group.changes > 0
+            {
+                // Never so, but were a change released into it, it went with the transaction: as after a failed
+                // group commit.
+                undone.extend(group.after_rollback.into_iter().rev());
+                for hook in undone.drain(..) {
+                    hook();
+                }
+                group.done.send_replace(Some(Err(
+                    "the change that began its group was undone".to_owned()
+                )));
             }
         }
         if let TxConnection::Sqlite(held, Undo::Savepoint) = &mut self.connection
@@ -918,9 +929,16 @@ mod tests {
         let undone = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut first = pool.begin().await.unwrap();
         note(&mut first, 1).await;
+        query("RELEASE change")
+            .execute(&mut first)
+            .await
+            .expect_err("the change that began the transaction has no savepoint");
         let hook = Arc::clone(&undone);
         first.after_rollback(move || hook.store(true, Ordering::Release));
+        // A change waits for the connection: letting it go would leave an open group as it is.
+        sqlite.waiting.fetch_add(1, Ordering::AcqRel);
         drop(first);
+        sqlite.waiting.fetch_sub(1, Ordering::AcqRel);
         assert!(undone.load(Ordering::Acquire), "its rollback hook ran");
         assert!(
             sqlite

@@ -4,8 +4,8 @@
 //! where the two differ. The schema comes with the binary, one migration set per dialect (a migration whose SQL both
 //! take is one file, in `migrations/both`), applied by sqlx.
 //!
-//! Every state change is one transaction (on SQLite, one savepoint of a transaction that commits a group of them:
-//! see [`db`]). SQLite has one writer connection, so this process's state changes never
+//! Every state change is one transaction (on SQLite, part of a transaction that commits a group of them: see
+//! [`db`]). SQLite has one writer connection, so this process's state changes never
 //! race each other there; PostgreSQL serialises them with row locks and conditional updates, which is also what
 //! makes a decision or a claim exactly once across instances. Events a running run appends are queued and
 //! committed in batches (group commit): they are durable before anyone can read them, and each run's log keeps the
@@ -66,8 +66,11 @@ impl Dialect {
     /// How a change's statement that writes several rows, or returns what it wrote, begins: `INSERT`, on SQLite
     /// `INSERT OR FAIL`. Such a statement (several rows, or `RETURNING`) otherwise keeps a journal of every page it
     /// changes, so that SQLite can undo the statement alone if a constraint stops it halfway: a copy of each page
-    /// into memory, 6% of a round trip's instructions at concurrency 1. A statement that fails fails its
-    /// change, which is undone whole (its savepoint, or the transaction it began), so that journal buys nothing.
+    /// into memory, 6% of a round trip's instructions at concurrency 1. A statement that fails fails its change,
+    /// which is undone whole (its savepoint, or the transaction it began), so that journal buys nothing but in one
+    /// case: on a full disk (or out of memory) SQLite, with no journal to undo the statement by, rolls the whole
+    /// transaction back, and the change's group fails with it, as when a group's commit fails (each of its changes
+    /// is told, and their rollback hooks run). Every change would fail on a full disk anyway.
     fn insert(self) -> &'static str {
         match self {
             Self::Sqlite => "INSERT OR FAIL",
@@ -805,8 +808,8 @@ fn postgres_pool(connections: u32) -> PgPoolOptions {
 /// counts in the process's resident memory for as long as it stays mapped, so one scan of a large table (the
 /// listing of 10,000 pending approvals) kept about 90 MiB of the file resident in the server. Read with system
 /// calls, a page lives in SQLite's page cache, bounded per connection, and beyond it in the kernel's. Temporary
-/// storage in memory: a change is a savepoint within its group's transaction (see [`db`]), and SQLite keeps the
-/// pages a savepoint changes in a sub-journal, which by default goes to a temporary file once past 64 KiB; at a
+/// storage in memory: a change that joins a group is a savepoint within the group's transaction (see [`db`]), and
+/// SQLite keeps the pages a savepoint changes in a sub-journal, which by default goes to a temporary file once past 64 KiB; at a
 /// busy server's pace that spill was a file created, written and deleted for most groups (7% of the server's CPU
 /// in a profile). A change's sub-journal is the few pages it changed: it stays in memory and goes at its release.
 fn sqlite_connection(path: &Path, read_only: bool) -> rusqlite::Result<rusqlite::Connection> {
