@@ -10,9 +10,9 @@
 //! SQLite's state changes commit in groups: a change that is done while another waits for the connection leaves
 //! the transaction open for it (the change that joins is a savepoint, released into the transaction, so that it can
 //! be undone alone; the change that began the transaction needs none), and the last change of the group commits
-//! for all of them; each waits for that commit before it returns. Most pages a change writes are
-//! the same few for every change (the database's header, the newest rows of the runs and sessions, the small index
-//! of unfinished runs), so a group writes them once instead of once per change. A change alone commits at once.
+//! for all of them; each waits for that commit before it returns. Most pages a change writes are the same few for
+//! every change (the database's header, the newest rows of the runs and sessions, the small index of unfinished
+//! runs), so a group writes them once instead of once per change. A change alone commits at once.
 //!
 //! The SQL uses `$n` parameters, which both databases accept; a statement may name them in any order. Values are
 //! the few types the schema has: 64-bit integers and text, each maybe null.

@@ -809,9 +809,10 @@ fn postgres_pool(connections: u32) -> PgPoolOptions {
 /// listing of 10,000 pending approvals) kept about 90 MiB of the file resident in the server. Read with system
 /// calls, a page lives in SQLite's page cache, bounded per connection, and beyond it in the kernel's. Temporary
 /// storage in memory: a change that joins a group is a savepoint within the group's transaction (see [`db`]), and
-/// SQLite keeps the pages a savepoint changes in a sub-journal, which by default goes to a temporary file once past 64 KiB; at a
-/// busy server's pace that spill was a file created, written and deleted for most groups (7% of the server's CPU
-/// in a profile). A change's sub-journal is the few pages it changed: it stays in memory and goes at its release.
+/// SQLite keeps the pages a savepoint changes in a sub-journal, which by default goes to a temporary file once past
+/// 64 KiB; at a busy server's pace that spill was a file created, written and deleted for most groups (7% of the
+/// server's CPU in a profile). A change's sub-journal is the few pages it changed: it stays in memory and goes at its
+/// release.
 fn sqlite_connection(path: &Path, read_only: bool) -> rusqlite::Result<rusqlite::Connection> {
     use rusqlite::OpenFlags;
     let flags = if read_only {
