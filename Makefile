@@ -11,7 +11,7 @@ ARGS ?=
 ## Build the release binary (site embedded) and start it with the scripted model on http://127.0.0.1:3000
 run:
 	scripts/bootstrap.sh build
-	cargo leptos build --release --precompress
+	scripts/site.sh
 	./target/release/toolgate $(ARGS)
 
 ## Every check and test: formatting, lints, unit and integration tests, the browser tests, the load-generator smoke run
@@ -30,7 +30,7 @@ bootstrap:
 ## The release binary with the site embedded
 site:
 	scripts/bootstrap.sh build
-	cargo leptos build --release --precompress
+	scripts/site.sh
 
 lint:
 	scripts/test.sh lint
@@ -49,7 +49,7 @@ BENCH_ARGS ?= --json target/bench.json
 ## pending, browser bytes and hydration; then toolgate side by side with TanStack AI and the transport floor
 bench:
 	scripts/bootstrap.sh
-	cargo leptos build --release --precompress
+	scripts/site.sh
 	cargo build --release -p bench
 	./target/release/toolgate-bench $(BENCH_ARGS)
 	bench/peers/side-by-side.sh target/release/toolgate

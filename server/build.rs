@@ -1,6 +1,8 @@
-//! The release binary embeds the built site (target/site). cargo-leptos builds the site before the server in
-//! release (with --precompress), and this makes cargo rebuild the server when the site changed, so the binary never
-//! embeds a stale or missing site. Debug builds read the site from disk at run time and need no rebuild.
+//! The release binary embeds the built site (target/site). `scripts/site.sh` (what `make run`, `make site` and
+//! `make test` use) builds the site before the server in release (with --precompress), and this makes cargo rebuild
+//! the server when the site changed, so the binary never embeds a stale or missing site. Cargo decides by the
+//! files' modification times: cargo-leptos writes every file again, so that script gives back their old times to
+//! those whose contents are the same. Debug builds read the site from disk at run time and need no rebuild.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

@@ -146,7 +146,7 @@ impl Server {
         let binary = &options.binary;
         if !binary.is_file() {
             return Err(StartFailure::Other(anyhow::anyhow!(
-                "no server binary at {}: build it with `make site` (or `cargo leptos build --release --precompress`), \
+                "no server binary at {}: build it with `make site` (or `scripts/site.sh`), \
                  or pass --server PATH",
                 binary.display()
             )));
