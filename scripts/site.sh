@@ -6,7 +6,8 @@
 # server's build script reruns on the site's modification times (cargo offers nothing else): with nothing changed,
 # the server (whole-program LTO) was compiled again, about five minutes on 2 cores. So the page is built first, the
 # files and folders whose contents it did not change get their old modification times back, and the server is built
-# after: cargo rebuilds it only when the site really changed (a file's bytes, or a folder's list of names).
+# after: cargo rebuilds it only when the site really changed (a file's bytes, decompressed for a gzip file, or a
+# folder's list of names).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ trap 'rm -f "$saved"' EXIT
 # saved before the page's build; restored after it for what is the same.
 stamps() {
   python3 - "$1" "$SITE" "$2" <<'PY'
-import gzip, hashlib, json, os, sys
+import gzip, hashlib, json, os, sys, zlib
 
 action, site, saved = sys.argv[1:]
 
@@ -31,7 +32,7 @@ def digest(path):
     if path.endswith(".gz"):
         try:
             data = gzip.decompress(data)
-        except (OSError, EOFError):
+        except (OSError, EOFError, zlib.error):
             pass
     return "file:" + hashlib.sha256(data).hexdigest()
 
