@@ -43,7 +43,8 @@ site() {
   # the binary itself, whatever colour or quietness the caller's cargo settings ask for.
   local before again
   before=$(stat -c %y target/release/toolgate)
-  again=$(CARGO_TERM_COLOR=never CARGO_TERM_QUIET=false scripts/site.sh 2>&1 | tee /dev/stderr)
+  again=$(CARGO_TERM_COLOR=never CARGO_TERM_QUIET=false scripts/site.sh 2>&1) || { printf '%s\n' "$again"; return 1; }
+  printf '%s\n' "$again"
   if grep -E '^ +Compiling ' <<<"$again" || [ "$(stat -c %y target/release/toolgate)" != "$before" ]; then
     echo "the site's second build, with nothing changed, compiled again" >&2
     return 1
