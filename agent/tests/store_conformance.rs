@@ -1586,3 +1586,67 @@ async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
         );
     }
 }
+
+/// A pending call's record (its arguments, its card with the preview) is more than a quarter of a page, and each of
+/// its changes rewrites it whole. It stays on the calls table's own page through those changes: before, the table
+/// was keyed by its primary key alone (WITHOUT ROWID), which keeps at most about a quarter of a page of a row
+/// in place, so every change freed the record's overflow page and took another, with the free list's page and the
+/// database's header written too.
+#[tokio::test]
+async fn a_calls_record_stays_on_its_tables_page_through_its_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("toolgate.db");
+    let store = SqlStore::open(&DatabaseUrl::Sqlite(path.clone()))
+        .await
+        .unwrap();
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    // A card as a deletion of a small text file shows it: the file's first lines.
+    let mut call = pending_call("r", "a", u64::MAX);
+    if let Some(approval) = call.approval.as_mut() {
+        approval.preview = Some(ApprovalPreview::FileDelete {
+            path: "notes/todo.txt".into(),
+            bytes: 640,
+            head: (1..=10)
+                .map(|line| format!("{line}. a line of the file that is about to be deleted, as the card shows it"))
+                .collect(),
+            more: false,
+            note: None,
+        });
+    }
+    store
+        .open_batch(OpenBatch {
+            run_id: run_id("r"),
+            epoch: 1,
+            batch: saved_batch(&["a"]),
+            calls: vec![call],
+            events: vec![step_event("r", 2)],
+            audit: vec![request_audit("r", "a")],
+        })
+        .await
+        .unwrap()
+        .expect("the run's owner opens its batch");
+    store
+        .decide(&run_id("r"), &call_id("a"), Box::new(|r| Ok(approve(r))))
+        .await
+        .unwrap()
+        .expect("the pending call is decided");
+    store.close().await.unwrap();
+
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    let (record, overflow): (i64, i64) = connection
+        .query_row(
+            "SELECT (SELECT length(record) FROM calls WHERE call_id = 'a'),
+                    (SELECT COUNT(*) FROM dbstat WHERE name = 'calls' AND pagetype = 'overflow')",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .unwrap();
+    assert!(
+        record > 1_100,
+        "the record ({record} bytes) is more than a WITHOUT ROWID table keeps in place"
+    );
+    assert_eq!(
+        overflow, 0,
+        "a {record}-byte record spilled to overflow pages"
+    );
+}

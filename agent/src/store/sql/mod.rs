@@ -301,6 +301,11 @@ fn migrations(dialect: Dialect) -> Vec<Migration> {
                 "events by run number",
                 include_str!("migrations/sqlite/0004_events_by_run_number.sql"),
             ),
+            (
+                5,
+                "calls inline",
+                include_str!("migrations/sqlite/0005_calls_inline.sql"),
+            ),
         ],
         Dialect::Postgres => &[
             (1, "init", include_str!("migrations/postgres/0001_init.sql")),
@@ -844,14 +849,9 @@ const RESTART_WAL_AT: i64 = 6_000;
 /// checkpoint never copies the WAL whole (commits go on while it copies), and the WAL starts over from its
 /// beginning only once it was copied whole: it grew until the automatic threshold, past which every commit ran a
 /// checkpoint of its own, inline, over a WAL of 10,000 pages. So once the WAL is past [`RESTART_WAL_AT`] frames,
-/// the checkpointer copies the bulk beside the writer, then holds the writer (this process's only one) for the
-/// short second pass that copies the rest: the WAL is then copied whole, and the next commit starts it over.
+/// the checkpointer copies the bulk beside the writer ([`copy_round`]), then holds the writer (this process's only
+/// one) for a short pass that copies the rest: the WAL is then copied whole, and the next commit starts it over.
 fn checkpoint_forever(connection: rusqlite::Connection, store: std::sync::Weak<SqlStore>) {
-    let passive = |connection: &rusqlite::Connection| {
-        connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-            row.get::<_, i64>(1)
-        })
-    };
     loop {
         std::thread::sleep(CHECKPOINT_EVERY);
         // Only the writer's connection is held while this round works, never the store: the store (and its file
@@ -862,19 +862,85 @@ fn checkpoint_forever(connection: rusqlite::Connection, store: std::sync::Weak<S
         };
         // A group of changes whose every change was cancelled while it waited has nobody left to commit it.
         writer.finish_orphaned_group();
-        let copied = passive(&connection).and_then(|frames| {
-            if frames < RESTART_WAL_AT {
-                return Ok(frames);
+        let copied = copy_round(&connection).and_then(|restart| {
+            if !restart {
+                return Ok(());
             }
             // No transaction of this process is open while the connection is held (taking it commits the open
-            // group): the second pass copies the WAL whole (unless a reader still reads an older snapshot; then
-            // the next round does).
+            // group): this pass copies the WAL whole (unless a reader still reads an older snapshot; then the
+            // next round does).
             let _writer = writer.hold_blocking();
-            passive(&connection)
+            passive(&connection).map(drop)
         });
         if let Err(error) = copied {
             tracing::warn!(%error, "cannot checkpoint the database's WAL");
         }
+    }
+}
+
+/// A passive checkpoint: copies what it can beside the writer and the readers. Returns the WAL's frames.
+fn passive(connection: &rusqlite::Connection) -> rusqlite::Result<i64> {
+    connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| row.get(1))
+}
+
+/// One round of copying, beside the writer. When the WAL has grown past [`RESTART_WAL_AT`] frames, it also copies
+/// what was committed meanwhile and flushes both files to the disk, and says that the held pass is due: whatever
+/// that pass copies and waits for the disk for, every commit waits for too. Right after a single pass, its two
+/// flushes (of the WAL, then of the database) took 2.2 to 2.5 ms on this project's test machine at concurrency 1;
+/// after this round, 0.9 ms (medians of about 20 holds in each of two alternating runs, under `strace`).
+fn copy_round(connection: &rusqlite::Connection) -> rusqlite::Result<bool> {
+    if passive(connection)? < RESTART_WAL_AT {
+        return Ok(false);
+    }
+    passive(connection)?;
+    flush(connection, DatabaseFile::Main)?;
+    flush(connection, DatabaseFile::Wal)?;
+    Ok(true)
+}
+
+/// A file of a SQLite database that a checkpoint writes.
+#[derive(Clone, Copy, Debug)]
+enum DatabaseFile {
+    Main,
+    Wal,
+}
+
+/// Waits until what `connection` wrote to `file` (and anyone else did: the disk's cache is the file's) is on the
+/// disk. Through SQLite's own handle of the file: a handle opened beside SQLite's would, once closed, drop the
+/// POSIX locks SQLite holds on the file for the whole process. A file the connection has not opened yet has
+/// nothing of it to flush.
+fn flush(connection: &rusqlite::Connection, file: DatabaseFile) -> rusqlite::Result<()> {
+    use rusqlite::ffi;
+    let op = match file {
+        DatabaseFile::Main => ffi::SQLITE_FCNTL_FILE_POINTER,
+        DatabaseFile::Wal => ffi::SQLITE_FCNTL_JOURNAL_POINTER,
+    };
+    let failed = |code| Err(rusqlite::Error::SqliteFailure(ffi::Error::new(code), None));
+    let mut handle: *mut ffi::sqlite3_file = std::ptr::null_mut();
+    // SAFETY: the connection is open and used on this thread alone; both operations write to the pointer given
+    // the connection's handle of the file, which stays valid while the connection is open.
+    let code = unsafe {
+        ffi::sqlite3_file_control(
+            connection.handle(),
+            c"main".as_ptr(),
+            op,
+            (&raw mut handle).cast(),
+        )
+    };
+    if code != ffi::SQLITE_OK {
+        return failed(code);
+    }
+    // SAFETY: as above; a handle that is not open has no methods.
+    let sync = unsafe { handle.as_ref() }
+        .and_then(|handle| unsafe { handle.pMethods.as_ref() })
+        .and_then(|methods| methods.xSync);
+    let Some(sync) = sync else {
+        return Ok(());
+    };
+    // SAFETY: the file's own method, on its open handle, from the connection's thread.
+    match unsafe { sync(handle, ffi::SQLITE_SYNC_NORMAL) } {
+        ffi::SQLITE_OK => Ok(()),
+        code => failed(code),
     }
 }
 
@@ -1190,14 +1256,17 @@ mod tests {
             )
             .unwrap();
         assert_eq!(calls, 1);
-        let without_rowid: i64 = connection
+        let without_rowid: String = connection
             .query_row(
-                "SELECT COUNT(*) FROM sqlite_schema WHERE name IN ('events', 'calls') AND sql LIKE '%WITHOUT ROWID%'",
+                "SELECT group_concat(name) FROM sqlite_schema WHERE name IN ('events', 'calls') AND sql LIKE '%WITHOUT ROWID%'",
                 [],
                 |row| row.get(0),
             )
             .unwrap();
-        assert_eq!(without_rowid, 2);
+        assert_eq!(
+            without_rowid, "events",
+            "events are keyed by their primary key alone; calls keep their records on their table's pages"
+        );
         let run_events: i64 = connection
             .query_row(
                 "SELECT COUNT(*) FROM events JOIN runs ON runs.number = events.run WHERE runs.id = 'run_1'",
