@@ -1588,10 +1588,10 @@ async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
 }
 
 /// A pending call's record (its arguments, its card with the preview) is more than a quarter of a page, and each of
-/// its changes rewrites it whole. It stays on the calls table's own page through those changes: before, the table
-/// was keyed by its primary key alone (WITHOUT ROWID), which keeps at most about a quarter of a page of a row
-/// in place, so every change freed the record's overflow page and took another, with the free list's page and the
-/// database's header written too.
+/// its changes rewrites it whole. It stays on the calls table's own page through those changes (decided, then
+/// executing): before, the table was keyed by its primary key alone (WITHOUT ROWID), which keeps at most about a
+/// quarter of a page of a row in place, so every change freed the record's overflow page and took another, with the
+/// free list's page and the database's header written too.
 #[tokio::test]
 async fn a_calls_record_stays_on_its_tables_page_through_its_changes() {
     let dir = tempfile::tempdir().unwrap();
@@ -1599,6 +1599,19 @@ async fn a_calls_record_stays_on_its_tables_page_through_its_changes() {
     let store = SqlStore::open(&DatabaseUrl::Sqlite(path.clone()))
         .await
         .unwrap();
+    // What the database holds of the call, read beside the store: the record's length and the calls table's
+    // overflow pages.
+    let pages = || {
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        connection
+            .query_row(
+                "SELECT (SELECT length(record) FROM calls WHERE call_id = 'a'),
+                        (SELECT COUNT(*) FROM dbstat WHERE name = 'calls' AND pagetype = 'overflow')",
+                [],
+                |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)),
+            )
+            .unwrap()
+    };
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
     // A card as a deletion of a small text file shows it: the file's first lines.
     let mut call = pending_call("r", "a", u64::MAX);
@@ -1625,28 +1638,26 @@ async fn a_calls_record_stays_on_its_tables_page_through_its_changes() {
         .await
         .unwrap()
         .expect("the run's owner opens its batch");
+
     store
         .decide(&run_id("r"), &call_id("a"), Box::new(|r| Ok(approve(r))))
         .await
         .unwrap()
         .expect("the pending call is decided");
-    store.close().await.unwrap();
-
-    let connection = rusqlite::Connection::open(&path).unwrap();
-    let (record, overflow): (i64, i64) = connection
-        .query_row(
-            "SELECT (SELECT length(record) FROM calls WHERE call_id = 'a'),
-                    (SELECT COUNT(*) FROM dbstat WHERE name = 'calls' AND pagetype = 'overflow')",
-            [],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )
-        .unwrap();
+    let (record, overflow) = pages();
     assert!(
         record > 1_100,
         "the record ({record} bytes) is more than a WITHOUT ROWID table keeps in place"
     );
     assert_eq!(
         overflow, 0,
-        "a {record}-byte record spilled to overflow pages"
+        "the decided record spilled to an overflow page"
     );
+
+    store
+        .begin_call(&run_id("r"), &call_id("a"), None)
+        .await
+        .unwrap()
+        .expect("the approved call is taken");
+    assert_eq!(pages().1, 0, "the executing record spilled");
 }

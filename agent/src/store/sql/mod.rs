@@ -884,7 +884,7 @@ fn passive(connection: &rusqlite::Connection) -> rusqlite::Result<i64> {
 }
 
 /// One round of copying, beside the writer. When the WAL has grown past [`RESTART_WAL_AT`] frames, it also copies
-/// what was committed meanwhile and flushes both files to the disk, and says that the held pass is due: whatever
+/// what was committed meanwhile and writes both files through to the disk, and says that the held pass is due: whatever
 /// that pass copies and waits for the disk for, every commit waits for too. Right after a single pass, its two
 /// flushes (of the WAL, then of the database) took 2.2 to 2.5 ms on this project's test machine at concurrency 1;
 /// after this round, 0.9 ms (medians of about 20 holds in each of two alternating runs, under `strace`).
@@ -893,8 +893,9 @@ fn copy_round(connection: &rusqlite::Connection) -> rusqlite::Result<bool> {
         return Ok(false);
     }
     passive(connection)?;
-    flush(connection, DatabaseFile::Main)?;
-    flush(connection, DatabaseFile::Wal)?;
+    // The WAL last: commits go on adding to it meanwhile.
+    sync_file(connection, DatabaseFile::Main)?;
+    sync_file(connection, DatabaseFile::Wal)?;
     Ok(true)
 }
 
@@ -905,11 +906,11 @@ enum DatabaseFile {
     Wal,
 }
 
-/// Waits until what `connection` wrote to `file` (and anyone else did: the disk's cache is the file's) is on the
-/// disk. Through SQLite's own handle of the file: a handle opened beside SQLite's would, once closed, drop the
-/// POSIX locks SQLite holds on the file for the whole process. A file the connection has not opened yet has
-/// nothing of it to flush.
-fn flush(connection: &rusqlite::Connection, file: DatabaseFile) -> rusqlite::Result<()> {
+/// Waits until what the kernel holds of `file` is on the disk: what any connection wrote to it, since the kernel
+/// caches a file's pages for the file, not for a handle. Through `connection`'s own handle of the file: a handle of
+/// the database file opened beside SQLite's would, once closed, drop the POSIX locks SQLite holds on that file for
+/// the whole process. A file the connection has not opened yet has nothing of it to write.
+fn sync_file(connection: &rusqlite::Connection, file: DatabaseFile) -> rusqlite::Result<()> {
     use rusqlite::ffi;
     let op = match file {
         DatabaseFile::Main => ffi::SQLITE_FCNTL_FILE_POINTER,
@@ -917,8 +918,9 @@ fn flush(connection: &rusqlite::Connection, file: DatabaseFile) -> rusqlite::Res
     };
     let failed = |code| Err(rusqlite::Error::SqliteFailure(ffi::Error::new(code), None));
     let mut handle: *mut ffi::sqlite3_file = std::ptr::null_mut();
-    // SAFETY: the connection is open and used on this thread alone; both operations write to the pointer given
-    // the connection's handle of the file, which stays valid while the connection is open.
+    // SAFETY: the connection is open, and used on one thread at a time (a rusqlite connection is not `Sync`, which
+    // is what SQLITE_OPEN_NO_MUTEX asks); both operations write to the pointer given the connection's handle of the
+    // file, which stays valid while the connection is open.
     let code = unsafe {
         ffi::sqlite3_file_control(
             connection.handle(),
@@ -1110,7 +1112,7 @@ mod tests {
     }
 
     /// Under a steady stream of commits the WAL starts over long before SQLite's automatic threshold of 10,000
-    /// pages: the checkpointer copies it whole (its second pass holds the writer), so no commit runs a checkpoint
+    /// pages: the checkpointer copies it whole (its last pass holds the writer), so no commit runs a checkpoint
     /// of its own. Before, a passive checkpoint beside the commits never copied the WAL whole, it grew to the
     /// threshold, and from there every commit checkpointed inline, with its fsyncs, on the task that committed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
