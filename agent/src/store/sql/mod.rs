@@ -306,6 +306,11 @@ fn migrations(dialect: Dialect) -> Vec<Migration> {
                 "calls inline",
                 include_str!("migrations/sqlite/0005_calls_inline.sql"),
             ),
+            (
+                6,
+                "unfinished runs by end",
+                include_str!("migrations/sqlite/0006_unfinished_runs_by_end.sql"),
+            ),
         ],
         Dialect::Postgres => &[
             (1, "init", include_str!("migrations/postgres/0001_init.sql")),
@@ -1108,6 +1113,39 @@ mod tests {
         ] {
             let plan = plan(sql);
             assert!(plan.contains(&format!("INDEX {index}")), "{sql}: {plan}");
+        }
+        assert!(
+            queries::UNFINISHED_RUNS.ends_with(queries::UNFINISHED),
+            "the query of unfinished runs reads the runs of the index's condition"
+        );
+    }
+
+    /// A run that waits for a person and goes on after the decision leaves the index of unfinished runs as it was:
+    /// the index names neither the run's state nor anything else those changes write (before, it was keyed by the
+    /// state, and both changes moved the run's entry, a page written in each commit).
+    #[tokio::test]
+    async fn the_index_of_unfinished_runs_names_nothing_a_wait_or_a_resumption_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("toolgate.db");
+        drop(
+            SqlStore::open(&DatabaseUrl::Sqlite(path.clone()))
+                .await
+                .unwrap(),
+        );
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        let definition: String = connection
+            .query_row(
+                "SELECT sql FROM sqlite_schema WHERE type = 'index' AND name = 'runs_unfinished'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        // What a run's wait (the opening of its batch) and its resumption (the claim of the batch) write of its row.
+        for column in ["state", "owner", "epoch", "batch"] {
+            assert!(
+                !definition.contains(column),
+                "the index of unfinished runs names {column}: {definition}"
+            );
         }
     }
 

@@ -334,9 +334,13 @@ pub(super) const DUE_CALLS: &str =
     "SELECT run_id FROM calls WHERE status = 'pending' AND expires_at <= $1";
 /// When the next pending call expires.
 pub(super) const NEXT_EXPIRY: &str = "SELECT MIN(expires_at) FROM calls WHERE status = 'pending'";
+/// The condition of the index of unfinished runs, in both databases' forms: SQLite's index holds the runs without
+/// an end (a run's wait and resumption then leave it alone), PostgreSQL's the runs running or waiting. The two
+/// are the same runs: a run's end, the one change that takes it out of both, records when it ended.
+pub(super) const UNFINISHED: &str = "finished_at IS NULL AND state IN ('running', 'waiting')";
 /// The runs not finished.
 pub(super) const UNFINISHED_RUNS: &str =
-    "SELECT id FROM runs WHERE state IN ('running', 'waiting')";
+    "SELECT id FROM runs WHERE finished_at IS NULL AND state IN ('running', 'waiting')";
 
 /// Appends taken from the queue into a transaction, written once it commits ([`SqlStore::appends_written`]).
 #[must_use]
@@ -1450,9 +1454,9 @@ impl Store for SqlStore {
             // running is a dead process's. With PostgreSQL, the dead are those whose heartbeat stopped.
             let live = self.live_instances().await?;
             let is_dead = |owner: &Option<String>| owner.as_ref().is_none_or(|owner| !live.contains(owner));
-            // The `IN` term is the condition of the index of unfinished runs, so that the query reads that index.
+            // [`UNFINISHED`] is the condition of the index of unfinished runs, so that the query reads that index.
             let running = query(format!(
-                "SELECT {RUN_COLUMNS}, owner FROM runs WHERE state IN ('running', 'waiting') AND state = 'running'"
+                "SELECT {RUN_COLUMNS}, owner FROM runs WHERE {UNFINISHED} AND state = 'running'"
             ))
             .fetch_all(&self.reader)
             .await
@@ -1820,10 +1824,9 @@ impl Store for SqlStore {
 
     fn counts(&self) -> StoreFuture<'_, Counts> {
         async move {
-            let row = query(
-                "SELECT (SELECT COUNT(*) FROM runs WHERE state IN ('running', 'waiting')), \
-                 (SELECT COUNT(*) FROM sessions)",
-            )
+            let row = query(format!(
+                "SELECT (SELECT COUNT(*) FROM runs WHERE {UNFINISHED}), (SELECT COUNT(*) FROM sessions)"
+            ))
             .fetch_one(&self.reader)
             .await
             .map_err(unavailable)?;
@@ -1837,13 +1840,13 @@ impl Store for SqlStore {
 
     fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>> {
         async move {
-            // The `IN` term: see `recover`.
-            let rows = query(
-                "SELECT id FROM runs r WHERE state IN ('running', 'waiting') AND state = 'waiting' AND ( \
+            // [`UNFINISHED`]: see `recover`.
+            let rows = query(format!(
+                "SELECT id FROM runs r WHERE {UNFINISHED} AND state = 'waiting' AND ( \
                    EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id AND c.status IN ('allowed', 'approved')) \
                    OR NOT EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id \
                      AND c.status NOT IN ('refused', 'denied', 'settled', 'interrupted')))",
-            )
+            ))
             .fetch_all(&self.reader)
             .await
             .map_err(unavailable)?;
