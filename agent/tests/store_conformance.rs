@@ -202,10 +202,16 @@ async fn open_waiting(store: &dyn Store, run: &str, pending: &[(&str, u64)], all
             CallStatus::Allowed,
         )
     }));
-    let ids: Vec<&str> = pending
+    open_batch_of(store, run, calls).await;
+}
+
+/// Opens a batch of `calls` in a run started just before, with an audit entry for each call that asks.
+async fn open_batch_of(store: &dyn Store, run: &str, calls: Vec<CallRecord>) {
+    let ids: Vec<&str> = calls.iter().map(|call| call.call.id.as_str()).collect();
+    let audit = calls
         .iter()
-        .map(|(id, _)| *id)
-        .chain(allowed.iter().copied())
+        .filter(|call| call.status == CallStatus::Pending)
+        .map(|call| request_audit(run, call.call.id.as_str()))
         .collect();
     store
         .open_batch(OpenBatch {
@@ -214,10 +220,7 @@ async fn open_waiting(store: &dyn Store, run: &str, pending: &[(&str, u64)], all
             batch: saved_batch(&ids),
             calls,
             events: vec![step_event(run, 2)],
-            audit: pending
-                .iter()
-                .map(|(id, _)| request_audit(run, id))
-                .collect(),
+            audit,
         })
         .await
         .unwrap()
@@ -1626,18 +1629,7 @@ async fn a_calls_record_stays_on_its_tables_page_through_its_changes() {
             note: None,
         });
     }
-    store
-        .open_batch(OpenBatch {
-            run_id: run_id("r"),
-            epoch: 1,
-            batch: saved_batch(&["a"]),
-            calls: vec![call],
-            events: vec![step_event("r", 2)],
-            audit: vec![request_audit("r", "a")],
-        })
-        .await
-        .unwrap()
-        .expect("the run's owner opens its batch");
+    open_batch_of(&*store, "r", vec![call]).await;
 
     store
         .decide(&run_id("r"), &call_id("a"), Box::new(|r| Ok(approve(r))))

@@ -1114,10 +1114,6 @@ mod tests {
             let plan = plan(sql);
             assert!(plan.contains(&format!("INDEX {index}")), "{sql}: {plan}");
         }
-        assert!(
-            queries::UNFINISHED_RUNS.ends_with(queries::UNFINISHED),
-            "the query of unfinished runs reads the runs of the index's condition"
-        );
     }
 
     /// A run that waits for a person and goes on after the decision leaves the index of unfinished runs as it was:

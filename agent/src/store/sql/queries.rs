@@ -336,11 +336,16 @@ pub(super) const DUE_CALLS: &str =
 pub(super) const NEXT_EXPIRY: &str = "SELECT MIN(expires_at) FROM calls WHERE status = 'pending'";
 /// The condition of the index of unfinished runs, in both databases' forms: SQLite's index holds the runs without
 /// an end (a run's wait and resumption then leave it alone), PostgreSQL's the runs running or waiting. The two
-/// are the same runs: a run's end, the one change that takes it out of both, records when it ended.
-pub(super) const UNFINISHED: &str = "finished_at IS NULL AND state IN ('running', 'waiting')";
+/// are the same runs: a run's end, the one change that takes it out of both, records when it ended. A macro, so
+/// that constant queries can be made of it with `concat!`.
+macro_rules! unfinished {
+    () => {
+        "finished_at IS NULL AND state IN ('running', 'waiting')"
+    };
+}
+pub(super) const UNFINISHED: &str = unfinished!();
 /// The runs not finished.
-pub(super) const UNFINISHED_RUNS: &str =
-    "SELECT id FROM runs WHERE finished_at IS NULL AND state IN ('running', 'waiting')";
+pub(super) const UNFINISHED_RUNS: &str = concat!("SELECT id FROM runs WHERE ", unfinished!());
 
 /// Appends taken from the queue into a transaction, written once it commits ([`SqlStore::appends_written`]).
 #[must_use]
