@@ -1653,3 +1653,46 @@ async fn a_calls_record_stays_on_its_tables_page_through_its_changes() {
         .expect("the approved call is taken");
     assert_eq!(pages().1, 0, "the executing record spilled");
 }
+
+/// An event of more than a quarter of a page (a card's `approvalRequired` with its preview, a paragraph of the
+/// model's text) stays on the events table's own page, and a run's events read back in order. Before, the table
+/// was keyed by (run, seq) alone (WITHOUT ROWID), which keeps at most 1,002 bytes of a row in place: the rest of
+/// each such event went to an overflow page, one more page written.
+#[tokio::test]
+async fn an_event_of_more_than_a_quarter_page_stays_on_the_events_tables_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("toolgate.db");
+    let store = SqlStore::open(&DatabaseUrl::Sqlite(path.clone()))
+        .await
+        .unwrap();
+    let paragraph = NewEvent::encode(&StreamEvent::AssistantDelta {
+        run_id: run_id("r"),
+        step: 1,
+        delta: "A paragraph of the model's answer, as it arrives. ".repeat(30),
+    })
+    .unwrap();
+    assert!(paragraph.json.len() > 1_400, "{}", paragraph.json.len());
+    let mut run = new_run("r", "s");
+    run.events.push(paragraph);
+    let epoch = store.start_run(run).await.unwrap().unwrap();
+    store.append(&run_id("r"), epoch, vec![step_event("r", 2)]);
+    store.flush().await.unwrap();
+
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    let overflow: i64 = connection
+        .query_row(
+            "SELECT COUNT(*) FROM dbstat WHERE name = 'events' AND pagetype = 'overflow'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(overflow, 0, "the paragraph spilled to an overflow page");
+    let kinds: Vec<(u64, &str)> = store
+        .events_after(&run_id("r"), 0, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|event| (event.seq, event.kind))
+        .collect();
+    assert_eq!(kinds, [(1, "step"), (2, "assistantDelta"), (3, "step")]);
+}

@@ -36,6 +36,9 @@ pub(super) enum DbError {
     Sqlite(#[from] rusqlite::Error),
     #[error("{0}")]
     Decode(String),
+    /// An event's key does not fit SQLite's events table (see `event_row`).
+    #[error("the event {seq} of the run numbered {run} does not fit a row number")]
+    EventKey { run: i64, seq: i64 },
     /// The commit of the group a change was in failed: none of the group's changes happened.
     #[error("the commit failed: {0}")]
     GroupCommit(String),

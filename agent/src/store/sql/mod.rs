@@ -86,14 +86,57 @@ impl Dialect {
         }
     }
 
-    /// How the events table names a run, as a condition on the run's id `$1`. SQLite keys events by the run's
-    /// number (its migration 4 says why); PostgreSQL's by the run's id.
-    fn events_of_run(self) -> &'static str {
+    /// A run's events after the sequence number `$2`, at most `$3`, oldest first: each one's sequence number, kind
+    /// and JSON. `$1` is the run's id. On SQLite, one range of row numbers: the run's number (found by its id)
+    /// times 2^32, plus `$2` (which [`Dialect::seq_after`] keeps below 2^32).
+    fn events_after(self) -> &'static str {
         match self {
-            Self::Sqlite => "run = (SELECT number FROM runs WHERE id = $1)",
-            Self::Postgres => "run_id = $1",
+            Self::Sqlite => concat!(
+                "SELECT run_seq & 4294967295, kind, json FROM events ",
+                "WHERE run_seq > (SELECT number * 4294967296 + $2 FROM runs WHERE id = $1) ",
+                "AND run_seq < (SELECT (number + 1) * 4294967296 FROM runs WHERE id = $1) ",
+                "ORDER BY run_seq LIMIT $3"
+            ),
+            Self::Postgres => {
+                "SELECT seq, kind, json FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+            }
         }
     }
+
+    /// Deletes the events of the run whose id is `$1`.
+    fn delete_events(self) -> &'static str {
+        match self {
+            Self::Sqlite => concat!(
+                "DELETE FROM events ",
+                "WHERE run_seq >= (SELECT number * 4294967296 FROM runs WHERE id = $1) ",
+                "AND run_seq < (SELECT (number + 1) * 4294967296 FROM runs WHERE id = $1)"
+            ),
+            Self::Postgres => "DELETE FROM events WHERE run_id = $1",
+        }
+    }
+
+    /// The sequence number after which [`Dialect::events_after`] reads, as its parameter: none of a run's events
+    /// comes after the highest sequence number the table can hold.
+    fn seq_after(self, after: u64) -> i64 {
+        match self {
+            Self::Sqlite => after.min(MAX_SEQ as u64) as i64,
+            Self::Postgres => after.min(i64::MAX as u64) as i64,
+        }
+    }
+}
+
+/// The highest sequence number an event can have on SQLite: its row number holds it in its low 32 bits.
+const MAX_SEQ: i64 = u32::MAX as i64;
+
+/// The row number of a run's event in SQLite's events table (its migration 7 says why): the run's number times
+/// 2^32, plus the event's sequence number. A run's events are one range of the table, in order, and the newest
+/// run's at its end. `None` past what a row number holds: a run numbered 2^31 or more, or a sequence number past
+/// [`MAX_SEQ`].
+fn event_row(run_number: i64, seq: i64) -> Option<i64> {
+    if run_number < 0 || !(0..=MAX_SEQ).contains(&seq) {
+        return None;
+    }
+    run_number.checked_mul(MAX_SEQ + 1)?.checked_add(seq)
 }
 
 /// What the configuration names as the database. Its `Debug` hides a password.
@@ -310,6 +353,11 @@ fn migrations(dialect: Dialect) -> Vec<Migration> {
                 6,
                 "unfinished runs by end",
                 include_str!("migrations/sqlite/0006_unfinished_runs_by_end.sql"),
+            ),
+            (
+                7,
+                "events by row number",
+                include_str!("migrations/sqlite/0007_events_by_row_number.sql"),
             ),
         ],
         Dialect::Postgres => &[
@@ -1097,7 +1145,12 @@ mod tests {
         let connection = rusqlite::Connection::open(&path).unwrap();
         let plan = |sql: &str| -> String {
             let mut statement = connection
-                .prepare(&format!("EXPLAIN QUERY PLAN {}", sql.replace("$1", "0")))
+                .prepare(&format!(
+                    "EXPLAIN QUERY PLAN {}",
+                    sql.replace("$1", "'0'")
+                        .replace("$2", "0")
+                        .replace("$3", "10")
+                ))
                 .unwrap();
             let details = statement
                 .query_map([], |row| row.get::<_, String>(3))
@@ -1114,6 +1167,30 @@ mod tests {
             let plan = plan(sql);
             assert!(plan.contains(&format!("INDEX {index}")), "{sql}: {plan}");
         }
+        // A run's events are one range of the events table's row numbers.
+        for sql in [
+            Dialect::Sqlite.events_after(),
+            Dialect::Sqlite.delete_events(),
+        ] {
+            let plan = plan(sql);
+            assert!(
+                plan.contains("events USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)"),
+                "{sql}: {plan}"
+            );
+        }
+    }
+
+    /// An event's row number holds its run's number and its sequence number apart, up to the largest of each that
+    /// fits; past them there is no row number, rather than one that lands among another run's events.
+    #[test]
+    fn an_events_row_number_is_its_runs_range_plus_its_sequence_number() {
+        assert_eq!(event_row(1, 1), Some((1 << 32) + 1));
+        assert_eq!(event_row(2, 0), Some(2 << 32));
+        assert_eq!(event_row((1 << 31) - 1, MAX_SEQ), Some(i64::MAX));
+        assert_eq!(event_row(1, MAX_SEQ + 1), None);
+        assert_eq!(event_row(1 << 31, 0), None);
+        assert_eq!(event_row(1, -1), None);
+        assert_eq!(event_row(-1, 1), None);
     }
 
     /// A run that waits for a person and goes on after the decision leaves the index of unfinished runs as it was:
@@ -1292,7 +1369,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(calls, 1);
-        let without_rowid: String = connection
+        let without_rowid: Option<String> = connection
             .query_row(
                 "SELECT group_concat(name) FROM sqlite_schema WHERE name IN ('events', 'calls') AND sql LIKE '%WITHOUT ROWID%'",
                 [],
@@ -1300,19 +1377,22 @@ mod tests {
             )
             .unwrap();
         assert_eq!(
-            without_rowid, "events",
-            "events are keyed by their primary key alone; calls keep their records on their table's pages"
+            without_rowid, None,
+            "events and calls keep their rows on their tables' pages"
         );
-        let run_events: i64 = connection
-            .query_row(
-                "SELECT COUNT(*) FROM events JOIN runs ON runs.number = events.run WHERE runs.id = 'run_1'",
-                [],
-                |row| row.get(0),
+        let run_seqs: Vec<i64> = connection
+            .prepare(
+                "SELECT run_seq - (SELECT number FROM runs WHERE id = 'run_1') * 4294967296 FROM events ORDER BY run_seq",
             )
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
             .unwrap();
         assert_eq!(
-            run_events, 2,
-            "a run's events are keyed by the run's number"
+            run_seqs,
+            [1, 2],
+            "a run's events are keyed by the run's number and their sequence numbers"
         );
         assert!(
             connection

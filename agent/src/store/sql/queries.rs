@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use super::db::{Db, DbError, Row, Tx, Value, query};
+use super::db::{Db, DbError, Row, Tx, query};
 use super::{SqlStore, tail, unavailable};
 use crate::clock::now_ms;
 use crate::ids::{RunId, SessionId, ToolCallId};
@@ -168,31 +168,39 @@ impl SqlStore {
     ) -> Db<u64> {
         let last: i64 = row.try_get(0)?;
         let first = last - events.len() as i64 + 1;
-        let (column, run): (&str, Value) = match self.dialect {
-            super::Dialect::Sqlite => ("run", row.try_get::<i64, _>(1)?.into()),
-            super::Dialect::Postgres => ("run_id", run_id.as_str().into()),
+        // SQLite names the run by its number, within each event's row number; PostgreSQL by its id.
+        let run = match self.dialect {
+            super::Dialect::Sqlite => EventsOf::Number(row.try_get(1)?),
+            super::Dialect::Postgres => EventsOf::Id(run_id.as_str()),
         };
+        let per_row = run.parameters();
         // Several rows per statement, within both databases' limits on parameters.
         for (chunk_index, chunk) in events.chunks(256).enumerate() {
             let mut sql = format!(
-                "{} INTO events ({column}, seq, kind, json) VALUES ",
-                self.dialect.insert()
+                "{} INTO events ({}) VALUES ",
+                self.dialect.insert(),
+                run.columns()
             );
             for i in 0..chunk.len() {
-                let p = i * 4;
                 if i > 0 {
                     sql.push(',');
                 }
-                sql.push_str(&format!("(${}, ${}, ${}, ${})", p + 1, p + 2, p + 3, p + 4));
+                let p = i * per_row;
+                let placeholders: Vec<String> =
+                    (p + 1..=p + per_row).map(|n| format!("${n}")).collect();
+                sql.push_str(&format!("({})", placeholders.join(", ")));
             }
             let mut query = query(sql);
             for (i, event) in chunk.iter().enumerate() {
                 let seq = first + (chunk_index * 256 + i) as i64;
-                query = query
-                    .bind(run.clone())
-                    .bind(seq)
-                    .bind(event.kind)
-                    .bind(&*event.json);
+                query = match run {
+                    EventsOf::Number(number) => query.bind(
+                        super::event_row(number, seq)
+                            .ok_or(DbError::EventKey { run: number, seq })?,
+                    ),
+                    EventsOf::Id(id) => query.bind(id).bind(seq),
+                };
+                query = query.bind(event.kind).bind(&*event.json);
             }
             query.execute(&mut *connection).await?;
         }
@@ -203,6 +211,33 @@ impl SqlStore {
         self.doorbell(&mut *connection, &format!("run {run_id} {last}"))
             .await?;
         Ok(last as u64)
+    }
+}
+
+/// How the events table names the run whose events a statement writes.
+#[derive(Clone, Copy)]
+enum EventsOf<'a> {
+    /// SQLite: the run's number, within each event's row number.
+    Number(i64),
+    /// PostgreSQL: the run's id.
+    Id(&'a str),
+}
+
+impl EventsOf<'_> {
+    /// The columns of an event's row, in the order its parameters are bound.
+    fn columns(self) -> &'static str {
+        match self {
+            Self::Number(_) => "run_seq, kind, json",
+            Self::Id(_) => "run_id, seq, kind, json",
+        }
+    }
+
+    /// The parameters of an event's row: one per column.
+    fn parameters(self) -> usize {
+        match self {
+            Self::Number(_) => 3,
+            Self::Id(_) => 4,
+        }
     }
 }
 
@@ -1623,16 +1658,13 @@ impl Store for SqlStore {
             {
                 return Ok(events);
             }
-            let rows = query(format!(
-                "SELECT seq, kind, json FROM events WHERE {} AND seq > $2 ORDER BY seq LIMIT $3",
-                self.dialect.events_of_run()
-            ))
-            .bind(run_id.as_str())
-            .bind(after as i64)
-            .bind(limit.min(i64::MAX as usize) as i64)
-            .fetch_all(self.by_key())
-            .await
-            .map_err(unavailable)?;
+            let rows = query(self.dialect.events_after())
+                .bind(run_id.as_str())
+                .bind(self.dialect.seq_after(after))
+                .bind(limit.min(i64::MAX as usize) as i64)
+                .fetch_all(self.by_key())
+                .await
+                .map_err(unavailable)?;
             rows.iter()
                 .map(|row| {
                     let kind: String = row.try_get(1).map_err(unavailable)?;
@@ -2161,7 +2193,7 @@ impl Store for SqlStore {
                     .map_err(unavailable)?;
                 // The events first: SQLite finds them by the run's row.
                 for sql in [
-                    format!("DELETE FROM events WHERE {}", self.dialect.events_of_run()),
+                    self.dialect.delete_events().to_owned(),
                     "DELETE FROM calls WHERE run_id = $1".to_owned(),
                     "DELETE FROM runs WHERE id = $1".to_owned(),
                 ] {
