@@ -1590,6 +1590,18 @@ async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
     }
 }
 
+/// The overflow pages of a table of the SQLite file at `path`, read beside the store.
+fn overflow_pages(path: &std::path::Path, table: &str) -> i64 {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row(
+            "SELECT COUNT(*) FROM dbstat WHERE name = $1 AND pagetype = 'overflow'",
+            [table],
+            |row| row.get(0),
+        )
+        .unwrap()
+}
+
 /// A pending call's record (its arguments, its card with the preview) is more than a quarter of a page, and each of
 /// its changes rewrites it whole. It stays on the calls table's own page through those changes (decided, then
 /// executing): before, the table was keyed by its primary key alone (WITHOUT ROWID), which keeps at most about a
@@ -1605,15 +1617,15 @@ async fn a_calls_record_stays_on_its_tables_page_through_its_changes() {
     // What the database holds of the call, read beside the store: the record's length and the calls table's
     // overflow pages.
     let pages = || {
-        let connection = rusqlite::Connection::open(&path).unwrap();
-        connection
-            .query_row(
-                "SELECT (SELECT length(record) FROM calls WHERE call_id = 'a'),
-                        (SELECT COUNT(*) FROM dbstat WHERE name = 'calls' AND pagetype = 'overflow')",
-                [],
-                |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)),
-            )
+        let record: i64 = rusqlite::Connection::open(&path)
             .unwrap()
+            .query_row(
+                "SELECT length(record) FROM calls WHERE call_id = 'a'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        (record, overflow_pages(&path, "calls"))
     };
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
     // A card as a deletion of a small text file shows it: the file's first lines.
@@ -1678,15 +1690,11 @@ async fn an_event_of_more_than_a_quarter_page_stays_on_the_events_tables_page() 
     store.append(&run_id("r"), epoch, vec![step_event("r", 2)]);
     store.flush().await.unwrap();
 
-    let connection = rusqlite::Connection::open(&path).unwrap();
-    let overflow: i64 = connection
-        .query_row(
-            "SELECT COUNT(*) FROM dbstat WHERE name = 'events' AND pagetype = 'overflow'",
-            [],
-            |row| row.get(0),
-        )
-        .unwrap();
-    assert_eq!(overflow, 0, "the paragraph spilled to an overflow page");
+    assert_eq!(
+        overflow_pages(&path, "events"),
+        0,
+        "the paragraph spilled to an overflow page"
+    );
     let kinds: Vec<(u64, &str)> = store
         .events_after(&run_id("r"), 0, 10)
         .await

@@ -173,13 +173,13 @@ impl SqlStore {
             super::Dialect::Sqlite => EventsOf::Number(row.try_get(1)?),
             super::Dialect::Postgres => EventsOf::Id(run_id.as_str()),
         };
-        let per_row = run.parameters();
+        let per_row = run.columns().len();
         // Several rows per statement, within both databases' limits on parameters.
         for (chunk_index, chunk) in events.chunks(256).enumerate() {
             let mut sql = format!(
                 "{} INTO events ({}) VALUES ",
                 self.dialect.insert(),
-                run.columns()
+                run.columns().join(", ")
             );
             for i in 0..chunk.len() {
                 if i > 0 {
@@ -224,19 +224,11 @@ enum EventsOf<'a> {
 }
 
 impl EventsOf<'_> {
-    /// The columns of an event's row, in the order its parameters are bound.
-    fn columns(self) -> &'static str {
+    /// The columns of an event's row, in the order its parameters are bound (one each).
+    fn columns(self) -> &'static [&'static str] {
         match self {
-            Self::Number(_) => "run_seq, kind, json",
-            Self::Id(_) => "run_id, seq, kind, json",
-        }
-    }
-
-    /// The parameters of an event's row: one per column.
-    fn parameters(self) -> usize {
-        match self {
-            Self::Number(_) => 3,
-            Self::Id(_) => 4,
+            Self::Number(_) => &["run_seq", "kind", "json"],
+            Self::Id(_) => &["run_id", "seq", "kind", "json"],
         }
     }
 }
