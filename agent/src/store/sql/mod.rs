@@ -54,6 +54,21 @@ pub enum Dialect {
     Postgres,
 }
 
+/// On SQLite, the condition that an event's row number lies in the range of the run whose id is `$1` ([`event_row`]):
+/// `$from` (`>` or `>=`) the run's number times 2^32 with `$plus` added, and below the next run's number times 2^32.
+/// A macro, so that the queries made of it stay constants.
+macro_rules! run_rows {
+    ($from:literal, $plus:literal) => {
+        concat!(
+            "run_seq ",
+            $from,
+            " (SELECT number * 4294967296",
+            $plus,
+            " FROM runs WHERE id = $1) AND run_seq < (SELECT (number + 1) * 4294967296 FROM runs WHERE id = $1)"
+        )
+    };
+}
+
 impl Dialect {
     /// Locks the rows a transaction reads before it changes them (SQLite's one writer needs none).
     fn for_update(self) -> &'static str {
@@ -92,10 +107,9 @@ impl Dialect {
     fn events_after(self) -> &'static str {
         match self {
             Self::Sqlite => concat!(
-                "SELECT run_seq & 4294967295, kind, json FROM events ",
-                "WHERE run_seq > (SELECT number * 4294967296 + $2 FROM runs WHERE id = $1) ",
-                "AND run_seq < (SELECT (number + 1) * 4294967296 FROM runs WHERE id = $1) ",
-                "ORDER BY run_seq LIMIT $3"
+                "SELECT run_seq & 4294967295, kind, json FROM events WHERE ",
+                run_rows!(">", " + $2"),
+                " ORDER BY run_seq LIMIT $3"
             ),
             Self::Postgres => {
                 "SELECT seq, kind, json FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
@@ -106,11 +120,7 @@ impl Dialect {
     /// Deletes the events of the run whose id is `$1`.
     fn delete_events(self) -> &'static str {
         match self {
-            Self::Sqlite => concat!(
-                "DELETE FROM events ",
-                "WHERE run_seq >= (SELECT number * 4294967296 FROM runs WHERE id = $1) ",
-                "AND run_seq < (SELECT (number + 1) * 4294967296 FROM runs WHERE id = $1)"
-            ),
+            Self::Sqlite => concat!("DELETE FROM events WHERE ", run_rows!(">=", "")),
             Self::Postgres => "DELETE FROM events WHERE run_id = $1",
         }
     }
@@ -1356,6 +1366,15 @@ mod tests {
         assert_eq!(event_row(1 << 31, 0), None);
         assert_eq!(event_row(1, -1), None);
         assert_eq!(event_row(-1, 1), None);
+        // The SQL spells the same range: a run's rows from its number times 2^32, its sequence number the low bits.
+        let (range, low) = ((MAX_SEQ + 1).to_string(), format!("& {MAX_SEQ}"));
+        for sql in [
+            Dialect::Sqlite.events_after(),
+            Dialect::Sqlite.delete_events(),
+        ] {
+            assert_eq!(sql.matches(&range).count(), 2, "{sql}");
+        }
+        assert!(Dialect::Sqlite.events_after().contains(&low));
     }
 
     /// A run that waits for a person and goes on after the decision leaves the index of unfinished runs as it was:
