@@ -928,17 +928,30 @@ const RESTART_WAL_AT: i64 = 6_000;
 /// While commits come, it starts the WAL's writeback between rounds ([`WRITEBACK_EVERY`]); an idle server's
 /// checkpointer wakes ten times a second.
 fn checkpoint_forever(connection: rusqlite::Connection, store: std::sync::Weak<SqlStore>) {
-    let mut wal = connection.path().map(WalWriteback::of);
+    // SQLite names the WAL by the database's full path. A database without a file has no WAL of its own (its path
+    // is empty), and rusqlite shows no path that is not UTF-8: then the rounds' flushes write the WAL alone.
+    let mut wal = match connection.path().filter(|path| !path.is_empty()) {
+        Some(path) => Some(WalWriteback::of(path)),
+        None => {
+            tracing::debug!(
+                "no path of the database's WAL: its writeback is left to the checkpoints"
+            );
+            None
+        }
+    };
     let mut pace = Pace::Idle;
     // The WAL's frames at the last round.
     let mut frames = None;
     loop {
         match (pace, wal.as_mut()) {
             (Pace::Busy, Some(wal)) => {
-                for _ in 0..(CHECKPOINT_EVERY.as_millis() / WRITEBACK_EVERY.as_millis()) {
+                // A start on each tick but the last, after which the round's own flush writes what is left.
+                for _ in 1..(CHECKPOINT_EVERY.as_millis() / WRITEBACK_EVERY.as_millis()) {
                     std::thread::sleep(WRITEBACK_EVERY);
                     wal.start();
                 }
+                std::thread::sleep(WRITEBACK_EVERY);
+                wal.close();
             }
             _ => std::thread::sleep(CHECKPOINT_EVERY),
         }
@@ -999,7 +1012,7 @@ impl Pace {
 /// none, and SQLite exposes no descriptor. Only a start: what makes a checkpoint safe is still its own flush.
 struct WalWriteback {
     path: PathBuf,
-    /// Opened at the first start that finds the WAL there.
+    /// Opened at a round's first start that finds the WAL there, let go at the round's end ([`Self::close`]).
     file: Option<std::fs::File>,
 }
 
@@ -1021,6 +1034,13 @@ impl WalWriteback {
             tracing::debug!(%error, path = %self.path.display(), "cannot start the WAL's writeback");
             self.file = None;
         }
+    }
+
+    /// Lets the handle go; the next start opens the WAL again. Once a round: SQLite keeps its WAL file while the
+    /// store is open, but should something outside the process delete it (and SQLite make a new one), a handle of
+    /// the old file would start nothing useful, silently, for as long as it was kept.
+    fn close(&mut self) {
+        self.file = None;
     }
 
     #[cfg(target_os = "linux")]
@@ -1342,7 +1362,9 @@ mod tests {
             .execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
             .unwrap();
         let mut wal = WalWriteback::of(connection.path().unwrap());
-        assert_eq!(wal.path, dir.path().join("toolgate.db-wal"));
+        // SQLite's path is the database's, resolved.
+        let expected = dir.path().canonicalize().unwrap().join("toolgate.db-wal");
+        assert_eq!(wal.path, expected);
         wal.try_start().unwrap();
         if cfg!(target_os = "linux") {
             let file = wal.file.as_ref().expect("the WAL, open");
@@ -1351,8 +1373,12 @@ mod tests {
                 "the WAL holds the commit"
             );
         }
-        // The handle stays open for the next start.
+        // The handle lasts until the round ends; the next start opens the WAL again.
         wal.try_start().unwrap();
+        wal.close();
+        assert!(wal.file.is_none());
+        wal.try_start().unwrap();
+        assert!(wal.file.is_some() || !cfg!(target_os = "linux"));
     }
 
     /// An event's row number holds its run's number and its sequence number apart, up to the largest of each that
