@@ -1032,7 +1032,7 @@ impl WalWriteback {
     fn start(&mut self) {
         if let Err(error) = self.try_start() {
             tracing::debug!(%error, path = %self.path.display(), "cannot start the WAL's writeback");
-            self.file = None;
+            self.close();
         }
     }
 
