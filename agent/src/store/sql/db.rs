@@ -149,10 +149,11 @@ const LINGER_PROBE_EVERY: u32 = 16;
 /// Whether a change that is done while no other waits for the connection leaves its group open (lingers) for one
 /// turn of the runtime's queue before it commits it, so that the changes of the tasks that run meanwhile join the
 /// group instead of each committing one of their own. Under a load of many runs at once they do: at concurrency 32
-/// a trip's changes committed in 0.37 groups instead of 0.96, and the trip took 8% less CPU (measured, see the
-/// README). With one run at a time nobody joins, and the turn costs: the runtime wakes an idle worker for the task
-/// that yields (10% more CPU a trip at concurrency 1). So changes linger only while lingering finds company: after
-/// [`LINGER_MISSES`] lingers in a row that found none, only one change in [`LINGER_PROBE_EVERY`] does.
+/// an AG-UI trip's changes committed in 0.33 groups instead of 0.89, and the trip took about 4% less CPU (measured,
+/// see the README). With one run at a time nobody joins, and the turn costs: the runtime wakes an idle worker for
+/// the task that yields (11 to 14% more CPU a trip at concurrency 1 when every change lingered). So changes linger
+/// only while lingering finds company: after [`LINGER_MISSES`] lingers in a row that found none, only one change in
+/// [`LINGER_PROBE_EVERY`] does.
 #[derive(Default)]
 struct Linger {
     /// Lingers in a row that found no company (at most [`LINGER_MISSES`]).
@@ -191,7 +192,8 @@ impl Linger {
 /// A SQLite connection, behind an async mutex, and the group of changes its open transaction holds.
 pub(super) struct Sqlite {
     writer: Arc<Mutex<Writer>>,
-    /// How many changes wait for the connection: while one does, a change that is done leaves the group open.
+    /// How many changes wait for the connection: while one does, a change that is done leaves the group open (as
+    /// does one that lingers).
     waiting: AtomicUsize,
     /// Numbers the groups.
     groups: AtomicU64,
@@ -322,7 +324,8 @@ impl Sqlite {
     }
 
     /// Commits a group that nobody is left to commit (every change in it was cancelled while it waited), if the
-    /// connection is free now.
+    /// connection is free now. A group that a change lingers for is committed with it: the change then finds it
+    /// committed.
     pub(super) fn finish_orphaned_group(&self) {
         if self.waiting.load(Ordering::Acquire) == 0
             && let Ok(mut writer) = self.writer.try_lock()
@@ -343,18 +346,29 @@ impl Sqlite {
         Some(changes)
     }
 
-    /// Commits group `id` if it is still open and the connection free: for a change whose commit was dropped while it
-    /// lingered (whoever holds the connection commits the group, or lingers and commits it in turn).
-    fn finish_now(&self, id: u64) {
-        if let Ok(mut writer) = self.writer.try_lock()
-            && writer.group.as_ref().is_some_and(|group| group.id == id)
-        {
-            writer.finish_group();
+    /// Commits group `id` if it is still open: at once if the connection is free, else on a task of its own once
+    /// the connection is let go (whoever holds it may not commit the group: a read that only looks whether a group
+    /// is open, or a change's wait for another group). For a change whose commit was dropped while it lingered.
+    fn finish_soon(self: &Arc<Self>, id: u64) {
+        match self.writer.try_lock() {
+            Ok(mut writer) => {
+                if writer.group.as_ref().is_some_and(|group| group.id == id) {
+                    writer.finish_group();
+                }
+            }
+            Err(_) => {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let pool = Arc::clone(self);
+                    runtime.spawn(async move { pool.finish(id).await });
+                }
+                // Outside a runtime (it was shut down): the next change, read of calls or checkpointer round commits
+                // the group.
+            }
         }
     }
 }
 
-/// Commits a lingering change's group, if the change's commit is dropped before it did (else a no-op).
+/// Commits a lingering change's group if the change's commit is dropped before it did (else a no-op).
 struct Lingering<'a> {
     pool: &'a Arc<Sqlite>,
     id: u64,
@@ -362,7 +376,7 @@ struct Lingering<'a> {
 
 impl Drop for Lingering<'_> {
     fn drop(&mut self) {
-        self.pool.finish_now(self.id);
+        self.pool.finish_soon(self.id);
     }
 }
 
@@ -427,8 +441,9 @@ impl<'e> From<&'e Pool> for On<'e> {
 }
 
 impl Pool {
-    /// Whether SQLite's connection is taken, or kept in a group that a change waits to join: a statement on it
-    /// would wait for the change, and then end the group early. Never on PostgreSQL's pool.
+    /// Whether SQLite's connection is taken, or its group open (for a change that waits to join it, or one that
+    /// lingers): a statement on it would wait for the change, and then end the group early. Never on PostgreSQL's
+    /// pool.
     pub(super) fn is_busy(&self) -> bool {
         match self {
             Self::Sqlite(pool) => {
@@ -537,8 +552,10 @@ impl Tx {
                 if lingers {
                     let _lingering = Lingering { pool: &pool, id };
                     tokio::task::yield_now().await;
-                    // A group that another committed meanwhile was committed by a change that joined it (one that did
-                    // not linger, or filled the group), or now and then by the checkpointer's round: counted as company.
+                    // Committed meanwhile by another: mostly a change that joined the group (one that did not linger,
+                    // or filled the group), now and then a round of the checkpointer, a read of calls or the change
+                    // of a group member whose wait ran out. All count as company: the error only leans towards
+                    // lingering, which costs little while others run.
                     let committed = done.borrow_and_update().is_some();
                     let company = committed
                         || pool
@@ -990,7 +1007,8 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_change_alone_commits_at_once_and_a_read_commits_the_open_group_first() {
+    async fn a_change_alone_is_committed_when_its_commit_returns_and_a_read_commits_the_open_group_first()
+     {
         let (_dir, pool, sqlite, reader) = pool();
         let mut tx = pool.begin().await.unwrap();
         note(&mut tx, 1).await;
@@ -1218,6 +1236,29 @@ mod tests {
         assert_eq!(committed(&reader), vec![5]);
     }
 
+    #[tokio::test]
+    async fn a_lingering_change_dropped_while_the_connection_is_held_commits_once_it_is_let_go() {
+        let (_dir, pool, sqlite, reader) = pool();
+        let mut tx = pool.begin().await.unwrap();
+        note(&mut tx, 8).await;
+        let commit = tokio::spawn(tx.commit());
+        until_released(&sqlite, 1).await;
+        // Held by what does not commit the group (as a look at whether a group is open does).
+        let looking = Arc::clone(&sqlite.writer).lock_owned().await;
+        commit.abort();
+        assert!(commit.await.unwrap_err().is_cancelled());
+        assert_eq!(committed(&reader), Vec::<i64>::new());
+        drop(looking);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while committed(&reader).is_empty() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the group was committed once the connection was let go");
+        assert_eq!(committed(&reader), vec![8]);
+    }
+
     #[test]
     fn changes_stop_lingering_after_lingers_that_find_no_company_and_try_again_now_and_then() {
         let linger = Linger::default();
@@ -1225,7 +1266,18 @@ mod tests {
             assert!(linger.now());
             linger.found(false);
         }
-        let lingered: Vec<bool> = (0..2 * LINGER_PROBE_EVERY).map(|_| linger.now()).collect();
+        // More misses change nothing.
+        linger.found(false);
+        assert_eq!(linger.misses.load(Ordering::Relaxed), LINGER_MISSES);
+        let mut lingered = Vec::new();
+        for _ in 0..2 * LINGER_PROBE_EVERY {
+            let now = linger.now();
+            if now {
+                // A probe that finds no company: lingering stays off.
+                linger.found(false);
+            }
+            lingered.push(now);
+        }
         let probes: Vec<usize> = (0..lingered.len()).filter(|&i| lingered[i]).collect();
         let every = LINGER_PROBE_EVERY as usize;
         assert_eq!(probes, vec![every - 1, 2 * every - 1]);

@@ -17,7 +17,7 @@
 //! On SQLite, the newest committed events of each run, and what a run's end recorded (its conversation, its
 //! suspension and who took it), stay in memory for the readers that follow the run ([`tail`]), as does the set of
 //! sessions that may hold grants; reads by key go through the writer's connection when it is free, whose page cache
-//! stays warm (while a change holds it, through the reader: see [`SqlStore::by_key`]); scans go through a reader
+//! stays warm (while a change holds it or its group is open, through the reader: see [`SqlStore::by_key`]); scans go through a reader
 //! connection beside it.
 
 mod db;
@@ -650,7 +650,7 @@ impl SqlStore {
     /// Where a read by key goes. On SQLite, the writer connection when it is free: every commit leaves its page
     /// cache warm, while the reader's starts cold after each commit of the writer; a read by key takes
     /// microseconds, so it holds the writer no longer than a small state change does. While a change holds the
-    /// writer, or a group of changes is kept open for one that waits, the reader: on the writer the read would wait
+    /// writer, or a group of changes is open (for one that waits, or one that lingers), the reader: on the writer the read would wait
     /// for them and then commit their group early (a read there commits the open group first, to read only what is
     /// committed), and the reader reads the same thing, what is committed, without waiting for the writer (though
     /// behind a scan that holds the reader). Reads of calls are the exception ([`SqlStore::calls_by_key`]). Scans,
