@@ -794,12 +794,13 @@ impl SqlStore {
         Ok(())
     }
 
-    /// Rings the other instances' doorbell in `connection`'s transaction: they hear it once it commits.
-    async fn doorbell(&self, connection: &mut Tx, message: &str) -> db::Db<()> {
+    /// Rings the other instances' doorbell in `connection`'s transaction: they hear it once it commits. The message
+    /// is made only where there is a doorbell (PostgreSQL).
+    async fn doorbell(&self, connection: &mut Tx, message: impl FnOnce() -> String) -> db::Db<()> {
         if self.dialect == Dialect::Postgres {
             query("SELECT pg_notify($1, $2)")
                 .bind(CHANNEL)
-                .bind(message)
+                .bind(message())
                 .execute(&mut *connection)
                 .await?;
         }

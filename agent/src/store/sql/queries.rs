@@ -1,6 +1,6 @@
 //! The store's state changes and reads, in SQL. Each state change is one transaction.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use futures::FutureExt;
 use serde::Serialize;
@@ -173,26 +173,10 @@ impl SqlStore {
             super::Dialect::Sqlite => EventsOf::Number(row.try_get(1)?),
             super::Dialect::Postgres => EventsOf::Id(run_id.as_str()),
         };
-        let per_row = run.columns().len();
-        // Several rows per statement, within both databases' limits on parameters.
-        for (chunk_index, chunk) in events.chunks(256).enumerate() {
-            let mut sql = format!(
-                "{} INTO events ({}) VALUES ",
-                self.dialect.insert(),
-                run.columns().join(", ")
-            );
-            for i in 0..chunk.len() {
-                if i > 0 {
-                    sql.push(',');
-                }
-                let p = i * per_row;
-                let placeholders: Vec<String> =
-                    (p + 1..=p + per_row).map(|n| format!("${n}")).collect();
-                sql.push_str(&format!("({})", placeholders.join(", ")));
-            }
-            let mut query = query(sql);
+        for (chunk_index, chunk) in events.chunks(EVENTS_PER_INSERT).enumerate() {
+            let mut query = query(run.insert(chunk.len()));
             for (i, event) in chunk.iter().enumerate() {
-                let seq = first + (chunk_index * 256 + i) as i64;
+                let seq = first + (chunk_index * EVENTS_PER_INSERT + i) as i64;
                 query = match run {
                     EventsOf::Number(number) => query.bind(
                         super::event_row(number, seq)
@@ -208,7 +192,7 @@ impl SqlStore {
             let (tails, run_id, events) = (Arc::clone(tails), run_id.clone(), events.to_vec());
             connection.after_commit(move || tails.committed(&run_id, first as u64, events));
         }
-        self.doorbell(&mut *connection, &format!("run {run_id} {last}"))
+        self.doorbell(&mut *connection, || format!("run {run_id} {last}"))
             .await?;
         Ok(last as u64)
     }
@@ -223,6 +207,9 @@ enum EventsOf<'a> {
     Id(&'a str),
 }
 
+/// Events written by one statement at most: within both databases' limits on parameters.
+const EVENTS_PER_INSERT: usize = 256;
+
 impl EventsOf<'_> {
     /// The columns of an event's row, in the order its parameters are bound (one each).
     fn columns(self) -> &'static [&'static str] {
@@ -230,6 +217,49 @@ impl EventsOf<'_> {
             Self::Number(_) => &["run_seq", "kind", "json"],
             Self::Id(_) => &["run_id", "seq", "kind", "json"],
         }
+    }
+
+    /// The database whose events table names runs so.
+    fn dialect(self) -> super::Dialect {
+        match self {
+            Self::Number(_) => super::Dialect::Sqlite,
+            Self::Id(_) => super::Dialect::Postgres,
+        }
+    }
+
+    /// The statement that writes `rows` events (1 to [`EVENTS_PER_INSERT`]), its parameters numbered row by row in
+    /// the order of [`Self::columns`]. Made once for each number of rows and kept: an append writes a few events at
+    /// a time, and making the statement anew each time took about 1% of the durable store's CPU (a profile of the
+    /// AG-UI round trip at concurrency 32).
+    fn insert(self, rows: usize) -> &'static str {
+        static SQLITE: [OnceLock<String>; EVENTS_PER_INSERT] =
+            [const { OnceLock::new() }; EVENTS_PER_INSERT];
+        static POSTGRES: [OnceLock<String>; EVENTS_PER_INSERT] =
+            [const { OnceLock::new() }; EVENTS_PER_INSERT];
+        let made = match self {
+            Self::Number(_) => &SQLITE,
+            Self::Id(_) => &POSTGRES,
+        };
+        let rows = rows.clamp(1, EVENTS_PER_INSERT);
+        made[rows - 1].get_or_init(|| {
+            let columns = self.columns();
+            let mut sql = format!(
+                "{} INTO events ({}) VALUES ",
+                self.dialect().insert(),
+                columns.join(", ")
+            );
+            for row in 0..rows {
+                sql.push_str(if row == 0 { "(" } else { ",(" });
+                for column in 0..columns.len() {
+                    if column > 0 {
+                        sql.push_str(", ");
+                    }
+                    sql.push_str(&format!("${}", row * columns.len() + column + 1));
+                }
+                sql.push(')');
+            }
+            sql
+        })
     }
 }
 
@@ -755,7 +785,7 @@ impl SqlStore {
                 .await
                 .map_err(unavailable)?
         };
-        self.doorbell(&mut tx, &format!("session {} {ordinal}", run.session_id))
+        self.doorbell(&mut tx, || format!("session {} {ordinal}", run.session_id))
             .await
             .map_err(unavailable)?;
         let (me, run_id, session_id) = (self.me.clone(), run.run_id.clone(), run.session_id);
@@ -1460,7 +1490,7 @@ impl Store for SqlStore {
             .collect();
             audit_in(&mut tx, &audit).await.map_err(unavailable)?;
             // Other instances stop what they run of it.
-            self.doorbell(&mut tx, &format!("abort {run_id} {}", reason.as_str()))
+            self.doorbell(&mut tx, || format!("abort {run_id} {}", reason.as_str()))
                 .await
                 .map_err(unavailable)?;
             self.commit_change(tx, taken, seq.map(|seq| (run_id.clone(), seq)))
@@ -2215,6 +2245,40 @@ mod tests {
     use super::*;
     use crate::store::sql::DatabaseUrl;
     use crate::wire::{ApprovalPolicy, ToolCall, ToolOutput};
+
+    #[test]
+    fn the_statement_that_writes_events_numbers_its_parameters_row_by_row_for_each_database() {
+        let sqlite = EventsOf::Number(7);
+        let postgres = EventsOf::Id("run");
+        assert_eq!(
+            sqlite.insert(1),
+            "INSERT OR FAIL INTO events (run_seq, kind, json) VALUES ($1, $2, $3)"
+        );
+        assert_eq!(
+            sqlite.insert(2),
+            "INSERT OR FAIL INTO events (run_seq, kind, json) VALUES ($1, $2, $3),($4, $5, $6)"
+        );
+        assert_eq!(
+            postgres.insert(2),
+            "INSERT INTO events (run_id, seq, kind, json) VALUES ($1, $2, $3, $4),($5, $6, $7, $8)"
+        );
+        // Made once per number of rows, kept apart per database.
+        assert_eq!(sqlite.insert(1), sqlite.insert(1));
+        assert!(
+            sqlite
+                .insert(EVENTS_PER_INSERT)
+                .ends_with(",($766, $767, $768)")
+        );
+        assert!(
+            postgres
+                .insert(EVENTS_PER_INSERT)
+                .ends_with(",($1021, $1022, $1023, $1024)")
+        );
+        assert_eq!(
+            sqlite.insert(EVENTS_PER_INSERT).matches('(').count(),
+            EVENTS_PER_INSERT + 1
+        );
+    }
 
     /// A result that a state change has taken into the open group of changes is written when that group commits:
     /// a read of the run's calls meanwhile waits for the commit and finds the call settled, not still executing.
