@@ -9,8 +9,8 @@
 //!
 //! SQLite's state changes commit in groups: a change that is done while another waits for the connection leaves
 //! the transaction open for it (the change that joins is a savepoint, released into the transaction, so that it can
-//! be undone alone; the change that began the transaction needs none), and the last change of the group commits
-//! for all of them; each waits for that commit before it returns. Most pages a change writes are the same few for
+//! be undone alone; the change that began the transaction needs none), and the group commits once for all of
+//! them; each waits for that commit before it returns. Most pages a change writes are the same few for
 //! every change (the database's header, the newest rows of the runs and sessions, the small index of unfinished
 //! runs), so a group writes them once instead of once per change. A change that is done while nobody waits may
 //! also leave the group open for one turn of the runtime's queue, for changes about to begin ([`Linger`]), while

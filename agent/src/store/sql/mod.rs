@@ -17,8 +17,8 @@
 //! On SQLite, the newest committed events of each run, and what a run's end recorded (its conversation, its
 //! suspension and who took it), stay in memory for the readers that follow the run ([`tail`]), as does the set of
 //! sessions that may hold grants; reads by key go through the writer's connection when it is free, whose page cache
-//! stays warm (while a change holds it or its group is open, through the reader: see [`SqlStore::by_key`]); scans go through a reader
-//! connection beside it.
+//! stays warm (while a change holds it or its group is open, through the reader: see [`SqlStore::by_key`]); scans
+//! go through a reader connection beside it.
 
 mod db;
 mod queries;
@@ -650,11 +650,12 @@ impl SqlStore {
     /// Where a read by key goes. On SQLite, the writer connection when it is free: every commit leaves its page
     /// cache warm, while the reader's starts cold after each commit of the writer; a read by key takes
     /// microseconds, so it holds the writer no longer than a small state change does. While a change holds the
-    /// writer, or a group of changes is open (for one that waits, or one that lingers), the reader: on the writer the read would wait
-    /// for them and then commit their group early (a read there commits the open group first, to read only what is
-    /// committed), and the reader reads the same thing, what is committed, without waiting for the writer (though
-    /// behind a scan that holds the reader). Reads of calls are the exception ([`SqlStore::calls_by_key`]). Scans,
-    /// which may take long, always go to the reader, beside the writer. On PostgreSQL, the reader pool.
+    /// writer, or a group of changes is open (for one that waits, or one that lingers), the reader: on the writer the
+    /// read would wait for them and then commit their group early (a read there commits the open group first, to
+    /// read only what is committed), and the reader reads the same thing, what is committed, without waiting for the
+    /// writer (though behind a scan that holds the reader). Reads of calls are the exception
+    /// ([`SqlStore::calls_by_key`]). Scans, which may take long, always go to the reader, beside the writer. On
+    /// PostgreSQL, the reader pool.
     fn by_key(&self) -> &Pool {
         match self.dialect {
             Dialect::Sqlite if self.writer.is_busy() => &self.reader,
