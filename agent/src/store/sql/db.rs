@@ -22,7 +22,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::Row as _;
@@ -157,9 +157,9 @@ const LINGER_PROBE_EVERY: u32 = 16;
 #[derive(Default)]
 struct Linger {
     /// Lingers in a row that found no company (at most [`LINGER_MISSES`]).
-    misses: std::sync::atomic::AtomicU32,
+    misses: AtomicU32,
     /// Changes that did not linger since the last that did, while lingering does not pay.
-    skipped: std::sync::atomic::AtomicU32,
+    skipped: AtomicU32,
 }
 
 impl Linger {
@@ -368,10 +368,17 @@ impl Sqlite {
     }
 }
 
-/// Commits a lingering change's group if the change's commit is dropped before it did (else a no-op).
+/// Commits a lingering change's group if the change's commit is dropped before the group is known committed.
 struct Lingering<'a> {
     pool: &'a Arc<Sqlite>,
     id: u64,
+}
+
+impl Lingering<'_> {
+    /// The group is committed: nothing is left to do on the way out.
+    fn defuse(self) {
+        std::mem::forget(self);
+    }
 }
 
 impl Drop for Lingering<'_> {
@@ -550,7 +557,7 @@ impl Tx {
                 // Letting the connection go commits the group, unless a change waits to join it or this one lingers.
                 self.connection = TxConnection::Done;
                 if lingers {
-                    let _lingering = Lingering { pool: &pool, id };
+                    let lingering = Lingering { pool: &pool, id };
                     tokio::task::yield_now().await;
                     // Committed meanwhile by another: mostly a change that joined the group (one that did not linger,
                     // or filled the group), now and then a round of the checkpointer, a read of calls or the change
@@ -562,6 +569,7 @@ impl Tx {
                             .finish(id)
                             .await
                             .is_none_or(|committed| committed > changes);
+                    lingering.defuse();
                     pool.linger.found(company);
                 }
                 loop {
@@ -956,6 +964,30 @@ mod tests {
         ran
     }
 
+    /// A change that writes `n`, its commit spawned, once it is released into its group alone (where it waits for
+    /// the group's commit, or lingers); and whether its commit hook ran.
+    async fn released(
+        pool: &Pool,
+        sqlite: &Sqlite,
+        n: i64,
+    ) -> (
+        tokio::task::JoinHandle<Db<()>>,
+        Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let mut tx = pool.begin().await.unwrap();
+        note(&mut tx, n).await;
+        let ran = ran_on_commit(&mut tx);
+        let commit = tokio::spawn(tx.commit());
+        until_released(sqlite, 1).await;
+        (commit, ran)
+    }
+
+    /// Cancels a spawned commit.
+    async fn cancel(commit: tokio::task::JoinHandle<Db<()>>) {
+        commit.abort();
+        assert!(commit.await.unwrap_err().is_cancelled());
+    }
+
     /// Waits until `changes` changes are released into the open group and the connection is free.
     async fn until_released(sqlite: &Sqlite, changes: usize) {
         while !sqlite.writer.try_lock().is_ok_and(|writer| {
@@ -1172,13 +1204,8 @@ mod tests {
         let (_dir, pool, sqlite, reader) = pool();
         // The group is left open for a change said to wait (time is paused: the first one's wait does not end).
         sqlite.waiting.fetch_add(1, Ordering::AcqRel);
-        let mut first = pool.begin().await.unwrap();
-        note(&mut first, 6).await;
-        let ran = ran_on_commit(&mut first);
-        let first = tokio::spawn(first.commit());
-        until_released(&sqlite, 1).await;
-        first.abort();
-        assert!(first.await.unwrap_err().is_cancelled());
+        let (first, ran) = released(&pool, &sqlite, 6).await;
+        cancel(first).await;
         assert!(!ran.load(Ordering::Acquire), "nothing is committed yet");
         assert_eq!(committed(&reader), Vec::<i64>::new());
 
@@ -1224,14 +1251,9 @@ mod tests {
     #[tokio::test]
     async fn a_lingering_change_whose_commit_is_dropped_still_commits_its_group() {
         let (_dir, pool, sqlite, reader) = pool();
-        let mut tx = pool.begin().await.unwrap();
-        note(&mut tx, 5).await;
-        let ran = ran_on_commit(&mut tx);
-        let commit = tokio::spawn(tx.commit());
         // Released into its group, which it leaves open while it lingers.
-        until_released(&sqlite, 1).await;
-        commit.abort();
-        assert!(commit.await.unwrap_err().is_cancelled());
+        let (commit, ran) = released(&pool, &sqlite, 5).await;
+        cancel(commit).await;
         assert!(ran.load(Ordering::Acquire), "its hook ran with the commit");
         assert_eq!(committed(&reader), vec![5]);
     }
@@ -1239,14 +1261,11 @@ mod tests {
     #[tokio::test]
     async fn a_lingering_change_dropped_while_the_connection_is_held_commits_once_it_is_let_go() {
         let (_dir, pool, sqlite, reader) = pool();
-        let mut tx = pool.begin().await.unwrap();
-        note(&mut tx, 8).await;
-        let commit = tokio::spawn(tx.commit());
-        until_released(&sqlite, 1).await;
+        let (commit, ran) = released(&pool, &sqlite, 8).await;
         // Held by what does not commit the group (as a look at whether a group is open does).
         let looking = Arc::clone(&sqlite.writer).lock_owned().await;
-        commit.abort();
-        assert!(commit.await.unwrap_err().is_cancelled());
+        cancel(commit).await;
+        assert!(!ran.load(Ordering::Acquire));
         assert_eq!(committed(&reader), Vec::<i64>::new());
         drop(looking);
         tokio::time::timeout(Duration::from_secs(10), async {
@@ -1257,6 +1276,7 @@ mod tests {
         .await
         .expect("the group was committed once the connection was let go");
         assert_eq!(committed(&reader), vec![8]);
+        assert!(ran.load(Ordering::Acquire), "its hook ran with the commit");
     }
 
     #[test]
