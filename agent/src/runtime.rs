@@ -398,8 +398,8 @@ pub async fn execute(
 
 /// A `deny` rule beats a person too: arguments a person edited cannot reach what a rule forbids.
 fn denied_by_rule(context: &RunContext, call: &ToolCall, edited: &Value) -> Option<ToolOutput> {
-    let spec = context.toolbox.spec(&call.name)?;
-    match context.decide(&spec, edited) {
+    let tool = context.toolbox.lookup(&call.name)?;
+    match context.decide(tool.spec(), edited) {
         PermissionDecision::Deny { reason } => {
             Some(ToolOutput::error(ToolErrorCode::PermissionDenied, reason))
         }
@@ -417,8 +417,8 @@ pub async fn grant_for_session(
     input: &Value,
     scope: DecisionScope,
 ) -> Option<SessionGrant> {
-    let spec = context.toolbox.spec(&call.name)?;
-    let grant = context.permissions.grant_for(&spec, input, scope)?;
+    let tool = context.toolbox.lookup(&call.name)?;
+    let grant = context.permissions.grant_for(tool.spec(), input, scope)?;
     let granted = session_grant(grant, context.run_id.clone(), call.id.clone());
     if let Err(error) = context
         .store
@@ -510,11 +510,11 @@ pub fn call_record(context: &RunContext, prepared: &PreparedCall, requested_at: 
             if let PermissionDecision::Ask { reason } = permission {
                 let choices = context
                     .toolbox
-                    .spec(&call.name)
-                    .map(|spec| {
+                    .lookup(&call.name)
+                    .map(|tool| {
                         context
                             .permissions
-                            .approval_choices(&spec, input, &context.grants())
+                            .approval_choices(tool.spec(), input, &context.grants())
                     })
                     .unwrap_or_default();
                 record.approval = Some(crate::wire::ApprovalRequest {

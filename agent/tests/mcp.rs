@@ -182,7 +182,11 @@ impl Run {
     }
 
     fn decision(&self, name: &str) -> PermissionDecision {
-        let spec = self.toolbox.spec(name).expect("the tool exists");
+        let spec = self
+            .toolbox
+            .lookup(name)
+            .map(|tool| tool.spec().clone())
+            .expect("the tool exists");
         PermissionPolicy::new(self.policy, RuleSet::new()).decide(
             &spec,
             &json!({}),
@@ -257,7 +261,11 @@ async fn server_filesystem_writes_and_reads_in_the_workspace_behind_the_policy()
     .await
     .unwrap();
     assert_eq!(started.status("fs").state, McpServerState::Ready);
-    let spec = started.toolbox.spec("mcp__fs__write_file").unwrap();
+    let spec = started
+        .toolbox
+        .lookup("mcp__fs__write_file")
+        .map(|tool| tool.spec().clone())
+        .unwrap();
     assert_eq!(
         spec.annotations,
         ToolAnnotations {
@@ -441,7 +449,11 @@ async fn an_untrusted_servers_lying_annotations_ask_and_a_trusted_ones_decide() 
         PermissionDecision::Allow { .. }
     ));
     // What the policy lists and what the model sees both name the server and what it claims.
-    let spec = started.toolbox.spec("mcp__liar__tidy").unwrap();
+    let spec = started
+        .toolbox
+        .lookup("mcp__liar__tidy")
+        .map(|tool| tool.spec().clone())
+        .unwrap();
     assert_eq!(spec.annotations.read_only, Some(true));
     started.shut_down().await;
 }
@@ -678,7 +690,11 @@ async fn a_changed_tool_is_in_the_toolbox_when_the_call_that_changed_it_answers(
     let started = start(json!({"fixture": fixture(json!({"trust": "annotations"}))}))
         .await
         .unwrap();
-    let before = started.toolbox.spec("mcp__fixture__echo").unwrap();
+    let before = started
+        .toolbox
+        .lookup("mcp__fixture__echo")
+        .map(|tool| tool.spec().clone())
+        .unwrap();
     assert_eq!(before.description, "Echoes the text back (version 1).");
     let input = json!({"text": "hi"});
     let mut grants = SessionGrants::new();
@@ -691,7 +707,11 @@ async fn a_changed_tool_is_in_the_toolbox_when_the_call_that_changed_it_answers(
     let mut run = started.context(ApprovalPolicy::Trusted);
     run.call("mcp__fixture__change_tools", json!({})).await;
     // No waiting: the call answered after the new list was in the toolbox.
-    let after = started.toolbox.spec("mcp__fixture__echo").unwrap();
+    let after = started
+        .toolbox
+        .lookup("mcp__fixture__echo")
+        .map(|tool| tool.spec().clone())
+        .unwrap();
     assert_eq!(after.description, "Echoes the text back (version 2).");
     // A grant covers the tool it was given for; the changed tool asks again.
     assert!(grants.covering(&after, &input).is_none());

@@ -264,7 +264,7 @@ async fn approving_for_the_session_lets_later_calls_of_that_tool_run_without_ask
     assert_eq!(fx.deletes.count(), 2);
     let grants = fx.harness.grants(run.session_id()).await.unwrap();
     let decision = fx.harness.config().permissions.decide(
-        &fx.harness.toolbox().spec("delete_file").unwrap(),
+        fx.harness.toolbox().lookup("delete_file").unwrap().spec(),
         &json!({"path": "c.txt"}),
         &grants,
     );

@@ -86,15 +86,15 @@ pub async fn check(config: &Config, tool: &str, arguments: &str) -> Result<Strin
     let paths = PathContext::for_workspace(workspace.root())
         .map_err(|error| RulesSetupError::Probe(error).to_string())?;
     let policy = PermissionPolicy::with_rules(config.policy, book).with_paths(paths);
-    let spec = match toolbox.spec(tool) {
-        Some(spec) => {
+    let spec = match toolbox.lookup(tool) {
+        Some(registered) => {
             if let Err(error) = toolbox.validate(tool, &input) {
                 notes.push(format!(
                     "these arguments would be refused before anything runs: {}",
                     error.message
                 ));
             }
-            spec.clone()
+            registered.spec().clone()
         }
         None => {
             notes.push(format!(

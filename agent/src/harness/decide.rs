@@ -207,8 +207,8 @@ impl Harness {
         let input = arguments.as_ref().unwrap_or(&record.input);
         self.inner
             .toolbox
-            .spec(&record.call.name)
-            .and_then(|spec| grant::grant_for(&spec, input, *scope))
+            .lookup(&record.call.name)
+            .and_then(|tool| grant::grant_for(tool.spec(), input, *scope))
             .map(Some)
             .ok_or_else(|| not_offered("The edited arguments do not allow it."))
     }

@@ -29,7 +29,8 @@ pub fn is_terminal(kind: &str) -> bool {
 #[derive(Clone)]
 pub struct RunHandle {
     harness: Harness,
-    info: RunInfo,
+    /// Shared, so that a handle's clone copies no id.
+    info: Arc<RunInfo>,
 }
 
 impl std::fmt::Debug for RunHandle {
@@ -43,7 +44,10 @@ impl std::fmt::Debug for RunHandle {
 
 impl RunHandle {
     pub(super) fn new(harness: Harness, info: RunInfo) -> Self {
-        Self { harness, info }
+        Self {
+            harness,
+            info: Arc::new(info),
+        }
     }
 
     pub fn run_id(&self) -> &RunId {

@@ -332,11 +332,6 @@ impl Toolbox {
         }
     }
 
-    pub fn spec(&self, name: &str) -> Option<ToolSpec> {
-        self.lookup(name)
-            .map(|registered| registered.spec().clone())
-    }
-
     /// Every tool's spec, in name order; shared, not copied.
     pub fn specs(&self) -> Arc<[ToolSpec]> {
         if !self.sources_used.load(Ordering::Acquire) {
