@@ -316,11 +316,6 @@ impl Security {
         self.credentials().map(|_| login::routes(self.clone()))
     }
 
-    /// Puts every route, present and fallback, behind the checks.
-    pub fn protect(&self, router: Router) -> Router {
-        router.layer(axum::middleware::from_fn_with_state(self.clone(), guard))
-    }
-
     /// Admits a request or says why not; an admitted request is told who it comes from, for the audit log.
     fn admit(&self, method: &Method, path: &str, headers: &HeaderMap) -> Result<Actor, Refusal> {
         let host = match single(headers, &header::HOST, "Host")? {
@@ -457,7 +452,12 @@ fn harden(headers: &mut HeaderMap) {
     }
 }
 
-async fn guard(State(security): State<Security>, mut request: Request, next: Next) -> Response {
+/// The checks every request passes before it is routed (a layer around the whole router: see `startup`).
+pub(crate) async fn guard(
+    State(security): State<Security>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let verdict = security.admit(request.method(), request.uri().path(), request.headers());
     let mut response = match verdict {
         Ok(actor) => {

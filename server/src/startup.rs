@@ -203,7 +203,7 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
     );
     Ok(Application {
         listener,
-        router: security.protect(router(state, &security)),
+        router: router(state, &security),
         harness,
         mcp,
     })
@@ -290,12 +290,20 @@ fn router(state: AppState, security: &Security) -> Router {
         None => api.merge(pages),
     };
 
-    routes
-        .fallback(assets::static_file)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(axum::middleware::from_fn(limit_body))
+    let routes = routes.fallback(assets::static_file).with_state(state);
+    // The layers every request passes wrap the router once, not each of its routes: a layer on a `Router` wraps
+    // every route's boxed service in a box of its own, and each request cloned each of those boxes again at every
+    // level it went through (about twenty allocations a request with these four).
+    let layered = tower::ServiceBuilder::new()
+        .layer(axum::middleware::from_fn_with_state(
+            security.clone(),
+            crate::security::guard,
+        ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
-        .with_state(state)
+        .layer(axum::middleware::from_fn(limit_body))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .service(routes);
+    Router::new().fallback_service(layered)
 }
 
 impl Application {
