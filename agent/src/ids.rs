@@ -5,8 +5,10 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::de::Visitor;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The longest id we accept from a client.
 pub const MAX_ID_LEN: usize = 128;
@@ -44,22 +46,24 @@ fn validate(value: &str) -> Result<(), IdError> {
 macro_rules! id_type {
     ($(#[$meta:meta])* $name:ident, $prefix:literal) => {
         $(#[$meta])*
-        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-        #[serde(transparent)]
-        pub struct $name(String);
+        ///
+        /// Shared text: an id is cloned into every event, record and audit entry that names it, and a clone
+        /// counts a reference instead of copying the text.
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(Arc<str>);
 
         impl $name {
             /// Parses and validates an id received from outside.
-            pub fn parse(value: impl Into<String>) -> Result<Self, IdError> {
-                let value = value.into();
-                validate(&value)?;
-                Ok(Self(value))
+            pub fn parse(value: impl AsRef<str>) -> Result<Self, IdError> {
+                let value = value.as_ref();
+                validate(value)?;
+                Ok(Self(Arc::from(value)))
             }
 
             /// A fresh random id with a readable prefix.
             #[cfg(feature = "runtime")]
             pub fn generate() -> Self {
-                Self(format!(concat!($prefix, "_{}"), uuid::Uuid::new_v4().simple()))
+                Self(Arc::from(format!(concat!($prefix, "_{}"), uuid::Uuid::new_v4().simple())))
             }
 
             pub fn as_str(&self) -> &str {
@@ -80,10 +84,15 @@ macro_rules! id_type {
             }
         }
 
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.0)
+            }
+        }
+
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                let value = String::deserialize(deserializer)?;
-                Self::parse(value).map_err(serde::de::Error::custom)
+                deserializer.deserialize_str(IdVisitor).map(Self)
             }
         }
 
@@ -93,6 +102,22 @@ macro_rules! id_type {
             }
         }
     };
+}
+
+/// Reads an id's text, borrowed when the input allows, and validates it before it is kept.
+struct IdVisitor;
+
+impl Visitor<'_> for IdVisitor {
+    type Value = Arc<str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<Self::Value, E> {
+        validate(value).map_err(E::custom)?;
+        Ok(Arc::from(value))
+    }
 }
 
 id_type!(
@@ -164,5 +189,22 @@ mod tests {
         assert!(err.to_string().contains("may contain only"), "{err}");
         let ok: RunId = serde_json::from_str("\"run_1\"").unwrap();
         assert_eq!(ok.as_str(), "run_1");
+        // Escaped text, owned text and a value that is no string at all.
+        let escaped: RunId = serde_json::from_str("\"run\\u005f2\"").unwrap();
+        assert_eq!(escaped.as_str(), "run_2");
+        let owned: RunId = serde_json::from_value(serde_json::json!("run_3")).unwrap();
+        assert_eq!(owned.as_str(), "run_3");
+        let err = serde_json::from_value::<RunId>(serde_json::json!("a b")).unwrap_err();
+        assert!(err.to_string().contains("may contain only"), "{err}");
+        let err = serde_json::from_str::<RunId>("5").unwrap_err();
+        assert!(err.to_string().contains("expected a string"), "{err}");
+    }
+
+    #[test]
+    fn an_id_serializes_as_its_text_and_a_clone_shares_it() {
+        let id = SessionId::parse("thread:1.2").unwrap();
+        assert_eq!(serde_json::to_string(&id).unwrap(), "\"thread:1.2\"");
+        let copy = id.clone();
+        assert!(std::ptr::eq(id.as_str(), copy.as_str()));
     }
 }
