@@ -1090,16 +1090,21 @@ async fn a_run_reads_back_the_conversation_its_end_recorded(kind: Kind) {
     ];
     for (run, conversation) in &expected {
         assert_eq!(
-            &store.conversation(&run_id(run)).await.unwrap(),
-            conversation,
+            store.conversation(&run_id(run)).await.unwrap().as_deref(),
+            conversation.as_deref(),
             "{run}, in the store that ended it"
         );
     }
     backend = backend.reopened().await;
     for (run, conversation) in &expected {
         assert_eq!(
-            &backend.store.conversation(&run_id(run)).await.unwrap(),
-            conversation,
+            backend
+                .store
+                .conversation(&run_id(run))
+                .await
+                .unwrap()
+                .as_deref(),
+            conversation.as_deref(),
             "{run}, read from the database"
         );
     }

@@ -126,7 +126,7 @@ impl RunHandle {
     }
 
     /// The run's whole conversation, once it ended, for runs whose client owns the conversation.
-    pub async fn conversation(&self) -> Result<Option<Vec<Message>>, Unavailable> {
+    pub async fn conversation(&self) -> Result<Option<Arc<[Message]>>, Unavailable> {
         Ok(self
             .harness
             .inner

@@ -35,7 +35,7 @@ struct RunRow {
     calls: Vec<CallRecord>,
     suspension: Option<Suspension>,
     resumed_by: Option<RunId>,
-    conversation: Option<Vec<Message>>,
+    conversation: Option<Arc<[Message]>>,
     finished_at: Option<u64>,
 }
 
@@ -498,7 +498,7 @@ impl Store for MemoryStore {
                             row.batch = None;
                             row.calls.clear();
                             row.suspension = finish.suspension;
-                            row.conversation = finish.conversation;
+                            row.conversation = finish.conversation.map(Arc::from);
                             row.finished_at = Some(now_ms());
                             row.append(finish.events);
                             let seq = row.info.last_seq;
@@ -763,7 +763,7 @@ impl Store for MemoryStore {
         Self::ready(stalled)
     }
 
-    fn conversation(&self, run_id: &RunId) -> StoreFuture<'_, Option<Vec<Message>>> {
+    fn conversation(&self, run_id: &RunId) -> StoreFuture<'_, Option<Arc<[Message]>>> {
         let conversation = self
             .tables
             .lock()

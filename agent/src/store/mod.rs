@@ -835,8 +835,8 @@ pub trait Store: Send + Sync + 'static {
     /// Waiting runs that have work no instance is doing: calls to run, or a settled batch to claim.
     fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>>;
 
-    /// The conversation of a run whose client owns it, once it ended.
-    fn conversation(&self, run_id: &RunId) -> StoreFuture<'_, Option<Vec<Message>>>;
+    /// The conversation of a run whose client owns it, once it ended; shared with the store where it keeps it.
+    fn conversation(&self, run_id: &RunId) -> StoreFuture<'_, Option<Arc<[Message]>>>;
 
     // ---- grants, rules, audit
 

@@ -9,7 +9,7 @@
 //! about a tenth of the server's CPU per AG-UI round trip with the `memory` store).
 
 use std::collections::HashSet;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use agent::ids::{RunId, SessionId, ToolCallId};
 use agent::wire::{InterruptRequest, Message, RunErrorCode, StreamEvent, ToolCall, ToolOutput};
@@ -365,10 +365,10 @@ impl Translator {
         &mut self,
         out: &mut Vec<String>,
         outcome: Outcome<'_>,
-        conversation: impl FnOnce() -> Option<Vec<Message>>,
+        conversation: impl FnOnce() -> Option<Arc<[Message]>>,
     ) {
         self.close_text(out);
-        let conversation = conversation().unwrap_or_default();
+        let conversation = conversation().unwrap_or_else(|| Arc::from([]));
         encode(
             &AguiEvent::MessagesSnapshot {
                 messages: Snapshot {
@@ -393,7 +393,7 @@ impl Translator {
     pub fn translate(
         &mut self,
         event: &StreamEvent,
-        conversation: impl FnOnce() -> Option<Vec<Message>>,
+        conversation: impl FnOnce() -> Option<Arc<[Message]>>,
     ) -> Vec<String> {
         let mut out = Vec::new();
         match event {
@@ -584,7 +584,7 @@ mod tests {
     ) -> Vec<Value> {
         events
             .iter()
-            .flat_map(|event| translator.translate(event, || Some(conversation.to_vec())))
+            .flat_map(|event| translator.translate(event, || Some(Arc::from(conversation))))
             .map(|json| serde_json::from_str(&json).unwrap())
             .collect()
     }

@@ -1423,7 +1423,7 @@ impl Store for SqlStore {
                 let (tails, run_id) = (Arc::clone(tails), finish.run_id.clone());
                 let ending = tail::Ending {
                     bytes: ending_bytes,
-                    conversation: finish.conversation,
+                    conversation: finish.conversation.map(Arc::from),
                     suspension: finish.suspension,
                 };
                 tx.after_commit(move || tails.finished(&run_id, seq, ending));
@@ -1916,7 +1916,7 @@ impl Store for SqlStore {
         .boxed()
     }
 
-    fn conversation(&self, run_id: &RunId) -> StoreFuture<'_, Option<Vec<Message>>> {
+    fn conversation(&self, run_id: &RunId) -> StoreFuture<'_, Option<Arc<[Message]>>> {
         let run_id = run_id.clone();
         async move {
             if let Some(conversation) = self
@@ -1932,7 +1932,9 @@ impl Store for SqlStore {
                 .await
                 .map_err(unavailable)?;
             match row.map(|row| row.try_get::<Option<String>, _>(0)) {
-                Some(Ok(Some(text))) => Ok(Some(parse(&text, "a conversation")?)),
+                Some(Ok(Some(text))) => {
+                    Ok(Some(parse::<Vec<Message>>(&text, "a conversation")?.into()))
+                }
                 Some(Err(error)) => Err(unavailable(error)),
                 _ => Ok(None),
             }

@@ -67,7 +67,7 @@ enum Progress {
 #[derive(Debug, Default)]
 pub(super) struct Ending {
     /// The whole conversation, for runs whose client owns it.
-    pub(super) conversation: Option<Vec<Message>>,
+    pub(super) conversation: Option<Arc<[Message]>>,
     /// What a run ended by an interrupt issued, for its resume.
     pub(super) suspension: Option<Suspension>,
     /// The size of their JSON, counted against the tails' bound.
@@ -248,7 +248,7 @@ impl Tails {
 
     /// The conversation the run's end recorded, when the run ended here and its end is kept. (Copied once the
     /// tails' lock is let go: the writer takes it after each commit.)
-    pub(super) fn conversation(&self, run_id: &RunId) -> Option<Option<Vec<Message>>> {
+    pub(super) fn conversation(&self, run_id: &RunId) -> Option<Option<Arc<[Message]>>> {
         let (ending, _) = self.ending(run_id)?;
         Some(ending.conversation.clone())
     }
@@ -420,12 +420,15 @@ mod tests {
             &ended,
             1,
             Ending {
-                conversation: Some(conversation.clone()),
+                conversation: Some(Arc::from(conversation.clone())),
                 suspension: None,
                 bytes: 10,
             },
         );
-        assert_eq!(tails.conversation(&ended), Some(Some(conversation)));
+        assert_eq!(
+            tails.conversation(&ended),
+            Some(Some(Arc::from(conversation)))
+        );
         assert_eq!(tails.conversation(&going), None, "not ended: the row tells");
         tails.finished(&going, 0, Ending::default());
         assert_eq!(tails.conversation(&going), Some(None), "ended without one");
@@ -433,7 +436,7 @@ mod tests {
             &before,
             5,
             Ending {
-                conversation: Some(vec![]),
+                conversation: Some(Arc::from([])),
                 suspension: None,
                 bytes: 2,
             },
@@ -458,7 +461,7 @@ mod tests {
             &long,
             0,
             Ending {
-                conversation: Some(vec![]),
+                conversation: Some(Arc::from([])),
                 suspension: None,
                 bytes: 160 / ENDING_SHARE + 1,
             },
