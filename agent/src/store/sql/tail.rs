@@ -246,8 +246,8 @@ impl Tails {
         }
     }
 
-    /// The conversation the run's end recorded, when the run ended here and its end is kept. (Copied once the
-    /// tails' lock is let go: the writer takes it after each commit.)
+    /// The conversation the run's end recorded, when the run ended here and its end is kept. (Shared, and taken
+    /// once the tails' lock is let go: the writer takes that lock after each commit.)
     pub(super) fn conversation(&self, run_id: &RunId) -> Option<Option<Arc<[Message]>>> {
         let (ending, _) = self.ending(run_id)?;
         Some(ending.conversation.clone())
