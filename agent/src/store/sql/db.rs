@@ -218,6 +218,17 @@ struct Group {
 }
 
 impl Writer {
+    /// Commits group `id` if it is the open one. How many changes it committed, if it did.
+    fn finish_group_if(&mut self, id: u64) -> Option<usize> {
+        let changes = self
+            .group
+            .as_ref()
+            .filter(|group| group.id == id)
+            .map(|group| group.changes)?;
+        self.finish_group();
+        Some(changes)
+    }
+
     /// Commits the open group, if any: its hooks run in the order its changes were done, before the connection is
     /// let go. If the commit fails, none of the group's changes happened: their rollback hooks run, newest first.
     fn finish_group(&mut self) {
@@ -336,14 +347,10 @@ impl Sqlite {
 
     /// Commits group `id` unless it is committed already. How many changes it committed, if it did.
     async fn finish(self: &Arc<Self>, id: u64) -> Option<usize> {
-        let mut writer = Arc::clone(&self.writer).lock_owned().await;
-        let changes = writer
-            .group
-            .as_ref()
-            .filter(|group| group.id == id)
-            .map(|group| group.changes)?;
-        writer.finish_group();
-        Some(changes)
+        Arc::clone(&self.writer)
+            .lock_owned()
+            .await
+            .finish_group_if(id)
     }
 
     /// Commits group `id` if it is still open: at once if the connection is free, else on a task of its own once
@@ -352,9 +359,7 @@ impl Sqlite {
     fn finish_soon(self: &Arc<Self>, id: u64) {
         match self.writer.try_lock() {
             Ok(mut writer) => {
-                if writer.group.as_ref().is_some_and(|group| group.id == id) {
-                    writer.finish_group();
-                }
+                writer.finish_group_if(id);
             }
             Err(_) => {
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
