@@ -23,6 +23,7 @@
 mod db;
 mod queries;
 mod tail;
+mod wal_writes;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -882,15 +883,28 @@ fn postgres_pool(connections: u32) -> PgPoolOptions {
 /// SQLite keeps the pages a savepoint changes in a sub-journal, which by default goes to a temporary file once past
 /// 64 KiB; at a busy server's pace that spill was a file created, written and deleted for most groups (7% of the
 /// server's CPU in a profile). A change's sub-journal is the few pages it changed: it stays in memory and goes at its
-/// release.
+/// release. The connections that may write go through [`wal_writes`], which writes a commit's WAL frames with one
+/// system call.
 fn sqlite_connection(path: &Path, read_only: bool) -> rusqlite::Result<rusqlite::Connection> {
     use rusqlite::OpenFlags;
-    let flags = if read_only {
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    let connection = if read_only {
+        rusqlite::Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?
     } else {
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        let vfs = wal_writes::register().map_err(|code| {
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(code),
+                Some("cannot register the VFS that writes the WAL".to_owned()),
+            )
+        })?;
+        rusqlite::Connection::open_with_flags_and_vfs(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            vfs,
+        )?
     };
-    let connection = rusqlite::Connection::open_with_flags(path, flags)?;
     connection.busy_timeout(Duration::from_secs(5))?;
     if !read_only {
         connection.execute_batch(
