@@ -721,14 +721,21 @@ impl SqlStore {
             let (tails, parent, by) = (Arc::clone(tails), parent.clone(), run.run_id.clone());
             tx.after_commit(move || tails.resumed(&parent, &by));
         }
-        // The session, made if it is new, claimed for the run if no other run goes in it: one statement.
+        query(
+            "INSERT INTO sessions (id, title, created_at, updated_at, run_count) VALUES ($1, $2, $3, $3, 0) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(run.session_id.as_str())
+        .bind(title_of(&run.message))
+        .bind(run.at as i64)
+        .execute(&mut tx)
+        .await
+        .map_err(unavailable)?;
         let claimed = query(format!(
-            "{} INTO sessions (id, title, created_at, updated_at, active_run, run_count) VALUES ($1, $4, $3, $3, $2, 1) \
-             ON CONFLICT (id) DO UPDATE SET active_run = excluded.active_run, run_count = sessions.run_count + 1, \
-             updated_at = excluded.updated_at, \
-             title = CASE WHEN sessions.title = '' THEN excluded.title ELSE sessions.title END \
-             WHERE sessions.active_run IS NULL RETURNING run_count",
-            self.dialect.insert()
+            "{} sessions SET active_run = $2, run_count = run_count + 1, updated_at = $3, \
+             title = CASE WHEN title = '' THEN $4 ELSE title END \
+             WHERE id = $1 AND active_run IS NULL RETURNING run_count",
+            self.dialect.update()
         ))
         .bind(run.session_id.as_str())
         .bind(run.run_id.as_str())

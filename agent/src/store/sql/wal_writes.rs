@@ -5,8 +5,8 @@
 //! 2n `pwrite`s; and since a frame (4,120 bytes) straddles the file's 4 KiB pages, the kernel prepares and copies
 //! into three of them for each frame. In a profile of the AG-UI round trip at concurrency 32 those writes were a
 //! tenth of the durable store's CPU. Here the frames a transaction appends are held in memory, in the order written,
-//! and written at once when the frame that marks the commit is complete: one `pwrite` a commit, and each page of the
-//! file prepared once.
+//! and written at once when the frame that marks the commit is complete: one `pwrite` a commit (one for each 124 KiB
+//! of a large one), and each page of the file prepared once.
 //!
 //! Why nobody can tell the difference:
 //! - Another connection reads only frames a commit published (the WAL index's header), and SQLite publishes a
@@ -16,16 +16,20 @@
 //!   sync, a truncation, a file control, its close) first writes what is held.
 //! - A write that does not continue the frames being appended (a page rewritten in place within a transaction, the
 //!   checksums SQLite rewrites after such a commit) goes straight to the file, after what is held.
+//! - Frames held without a commit belong to a transaction that spilled pages and then rolled back. They are written
+//!   before the connection lets go of the WAL's write lock (which it does through the database's main file, so
+//!   that file is wrapped too, to see it), as SQLite would have written them, so no bytes of this connection reach
+//!   the file once another writer may append there.
 //! - Frames held when the process dies belong to a transaction that did not commit: SQLite's recovery drops such
 //!   frames anyway.
 //!
-//! Only WAL files are wrapped; every other file the VFS opens is the `unix` VFS's own. No crate offers this
-//! (the VFS crates on crates.io implement whole file systems), and the part that decides what to hold
-//! ([`Frames`]) is plain Rust, tested on its own.
+//! Only WAL files and the main files of their databases are wrapped; every other file the VFS opens is the `unix`
+//! VFS's own. No crate offers this (the VFS crates on crates.io implement whole file systems), and the part that
+//! decides what to hold ([`Frames`]) is plain Rust, tested on its own.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::ptr;
-use std::sync::OnceLock;
+use std::sync::{Mutex, PoisonError};
 
 use rusqlite::ffi;
 
@@ -146,12 +150,17 @@ fn marks_commit(header: &[u8]) -> bool {
     header[4..8] != [0; 4]
 }
 
-/// Registers the VFS once, beside (not instead of) the default one. Its name, or SQLite's error code.
+/// Registers the VFS once, beside (not instead of) the default one (a failure is tried again at the next call). Its
+/// name, or SQLite's error code.
 pub(super) fn register() -> Result<&'static CStr, c_int> {
-    static REGISTERED: OnceLock<Result<(), c_int>> = OnceLock::new();
-    let registered = REGISTERED.get_or_init(|| {
-        // SAFETY: `sqlite3_vfs_find` initializes SQLite if needed and returns the default VFS, which lives as long
-        // as the process; the VFS made here is leaked, so it does too, as `sqlite3_vfs_register` requires.
+    static REGISTERED: Mutex<bool> = Mutex::new(false);
+    let mut registered = REGISTERED.lock().unwrap_or_else(PoisonError::into_inner);
+    if *registered {
+        return Ok(NAME);
+    }
+    // SAFETY: `sqlite3_vfs_find` initializes SQLite if needed and returns the default VFS, which lives as long as
+    // the process; the VFS made here is leaked, so it does too, as `sqlite3_vfs_register` requires.
+    let outcome = {
         unsafe {
             let real = ffi::sqlite3_vfs_find(ptr::null());
             let Some(real_vfs) = real.as_ref() else {
@@ -181,24 +190,36 @@ pub(super) fn register() -> Result<&'static CStr, c_int> {
                 xGetSystemCall: Some(get_system_call),
                 xNextSystemCall: Some(next_system_call),
             }));
-            match ffi::sqlite3_vfs_register(vfs, 0) {
-                ffi::SQLITE_OK => Ok(()),
-                code => Err(code),
-            }
+            ffi::sqlite3_vfs_register(vfs, 0)
         }
-    });
-    registered.map(|()| NAME)
+    };
+    if outcome != ffi::SQLITE_OK {
+        return Err(outcome);
+    }
+    *registered = true;
+    Ok(NAME)
 }
 
-/// A WAL file as this VFS opened it: SQLite's handle, what it holds back, then the `unix` VFS's file.
+/// A file this VFS wraps: SQLite's handle, what the file is to its connection, then the `unix` VFS's file.
 #[repr(C)]
-struct WalFile {
+struct File {
     base: ffi::sqlite3_file,
-    frames: Frames,
+    role: Role,
+}
+
+/// What a wrapped file is to its connection.
+enum Role {
+    /// A database's main file, and the WAL its connection has open, if any.
+    Main { wal: *mut File },
+    /// A WAL file: the frames it holds, and its database's main file, if this VFS opened it.
+    Wal { frames: Frames, main: *mut File },
 }
 
 /// Where the `unix` VFS's file begins within the memory SQLite gives a file of this VFS.
-const REAL_AT: usize = std::mem::size_of::<WalFile>().next_multiple_of(16);
+const REAL_AT: usize = std::mem::size_of::<File>().next_multiple_of(16);
+
+/// The WAL's write lock, the first of the locks in its index (`WAL_WRITE_LOCK` in SQLite's `wal.c`).
+const WAL_WRITE_LOCK: c_int = 0;
 
 /// The `unix` VFS's file inside `file`.
 ///
@@ -219,7 +240,7 @@ unsafe fn real_vfs(vfs: *mut ffi::sqlite3_vfs) -> *mut ffi::sqlite3_vfs {
 /// The `unix` file's methods.
 ///
 /// # Safety
-/// `file` is an open WAL file of this VFS.
+/// `file` is an open wrapped file of this VFS.
 unsafe fn real_methods(file: *mut ffi::sqlite3_file) -> &'static ffi::sqlite3_io_methods {
     unsafe { &*(*real_file(file)).pMethods }
 }
@@ -250,14 +271,17 @@ impl Sink for Real {
     }
 }
 
-/// Writes what a WAL file holds.
+/// Writes what `file` holds, if it is a WAL file.
 ///
 /// # Safety
-/// `file` is an open WAL file of this VFS, used by one thread at a time (SQLite's rule for a connection's files).
+/// `file` is an open wrapped file of this VFS, used by one thread at a time (SQLite's rule for a connection's
+/// files).
 unsafe fn flush(file: *mut ffi::sqlite3_file) -> c_int {
     unsafe {
-        let wal = file.cast::<WalFile>();
-        (*wal).frames.flush(&mut Real(real_file(file)))
+        match &mut (*file.cast::<File>()).role {
+            Role::Wal { frames, .. } => frames.flush(&mut Real(real_file(file))),
+            Role::Main { .. } => ffi::SQLITE_OK,
+        }
     }
 }
 
@@ -269,13 +293,16 @@ unsafe extern "C" fn open(
     out_flags: *mut c_int,
 ) -> c_int {
     // SAFETY: SQLite gives this VFS's own pointer and `szOsFile` bytes at `file`; the `unix` VFS's file fits at the
-    // start of them (other files) or at `REAL_AT` (WAL files), which is how `szOsFile` was counted.
+    // start of them (other files) or at `REAL_AT` (wrapped files), which is how `szOsFile` was counted. A WAL's name
+    // is one SQLite made for its database's main file, whose handle `sqlite3_database_file_object` gives: open until
+    // the WAL's close, and used by the same connection.
     unsafe {
         let real = real_vfs(vfs);
         let Some(real_open) = (*real).xOpen else {
             return ffi::SQLITE_ERROR;
         };
-        if flags & ffi::SQLITE_OPEN_WAL == 0 {
+        let wal = flags & ffi::SQLITE_OPEN_WAL != 0;
+        if !wal && flags & ffi::SQLITE_OPEN_MAIN_DB == 0 {
             return real_open(real, name, file, flags, out_flags);
         }
         (*file).pMethods = ptr::null();
@@ -292,13 +319,33 @@ unsafe extern "C" fn open(
             }
             return opened;
         }
-        ptr::addr_of_mut!((*file.cast::<WalFile>()).frames).write(Frames::default());
-        (*file).pMethods = &WAL_METHODS;
+        let this = file.cast::<File>();
+        let role = if wal {
+            let main = ffi::sqlite3_database_file_object(name).cast::<File>();
+            let main = if !main.is_null() && ptr::eq((*main).base.pMethods, &METHODS) {
+                if let Role::Main { wal } = &mut (*main).role {
+                    *wal = this;
+                }
+                main
+            } else {
+                ptr::null_mut()
+            };
+            Role::Wal {
+                frames: Frames::default(),
+                main,
+            }
+        } else {
+            Role::Main {
+                wal: ptr::null_mut(),
+            }
+        };
+        ptr::addr_of_mut!((*this).role).write(role);
+        (*file).pMethods = &METHODS;
         ffi::SQLITE_OK
     }
 }
 
-static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+static METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     iVersion: 3,
     xClose: Some(close),
     xRead: Some(read),
@@ -320,19 +367,34 @@ static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     xUnfetch: Some(unfetch),
 };
 
-// The methods of a WAL file. SAFETY, for each: SQLite calls them with an open WAL file of this VFS (its `pMethods`
-// is `WAL_METHODS` only once `open` succeeded), from one thread at a time; the `unix` file under it is open until
-// `close`. A method the `unix` file lacks answers as SQLite's own wrappers treat a missing one.
+// The methods of a wrapped file. SAFETY, for each: SQLite calls them with an open wrapped file of this VFS (its
+// `pMethods` is `METHODS` only once `open` succeeded), from one thread at a time; the `unix` file under it is open
+// until `close`. A method the `unix` file lacks answers as SQLite's own wrappers treat a missing one.
 
 unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
     unsafe {
         let flushed = flush(file);
+        let this = file.cast::<File>();
+        // The file it is paired with no longer points here.
+        match &(*this).role {
+            Role::Wal { main, .. } if !main.is_null() => {
+                if let Role::Main { wal } = &mut (**main).role {
+                    *wal = ptr::null_mut();
+                }
+            }
+            Role::Main { wal } if !wal.is_null() => {
+                if let Role::Wal { main, .. } = &mut (**wal).role {
+                    *main = ptr::null_mut();
+                }
+            }
+            _ => {}
+        }
         let inner = real_file(file);
         let closed = match real_methods(file).xClose {
             Some(close) => close(inner),
             None => ffi::SQLITE_OK,
         };
-        ptr::drop_in_place(ptr::addr_of_mut!((*file.cast::<WalFile>()).frames));
+        ptr::drop_in_place(ptr::addr_of_mut!((*this).role));
         (*file).pMethods = ptr::null();
         if flushed != ffi::SQLITE_OK {
             flushed
@@ -349,8 +411,9 @@ unsafe extern "C" fn read(
     offset: ffi::sqlite3_int64,
 ) -> c_int {
     unsafe {
-        if flush(file) != ffi::SQLITE_OK {
-            return ffi::SQLITE_IOERR_READ;
+        let flushed = flush(file);
+        if flushed != ffi::SQLITE_OK {
+            return flushed;
         }
         match real_methods(file).xRead {
             Some(read) => read(real_file(file), buffer, amount, offset),
@@ -370,10 +433,14 @@ unsafe extern "C" fn write(
             return ffi::SQLITE_IOERR_WRITE;
         };
         let bytes = std::slice::from_raw_parts(buffer.cast::<u8>(), length);
-        let wal = file.cast::<WalFile>();
-        (*wal)
-            .frames
-            .write(&mut Real(real_file(file)), bytes, offset)
+        let inner = real_file(file);
+        match &mut (*file.cast::<File>()).role {
+            Role::Wal { frames, .. } => frames.write(&mut Real(inner), bytes, offset),
+            Role::Main { .. } => match real_methods(file).xWrite {
+                Some(write) => write(inner, buffer, amount, offset),
+                None => ffi::SQLITE_IOERR_WRITE,
+            },
+        }
     }
 }
 
@@ -383,7 +450,9 @@ unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: ffi::sqlite3_i
         if flushed != ffi::SQLITE_OK {
             return flushed;
         }
-        (*file.cast::<WalFile>()).frames.truncated(size);
+        if let Role::Wal { frames, .. } = &mut (*file.cast::<File>()).role {
+            frames.truncated(size);
+        }
         match real_methods(file).xTruncate {
             Some(truncate) => truncate(real_file(file), size),
             None => ffi::SQLITE_IOERR_TRUNCATE,
@@ -505,6 +574,18 @@ unsafe extern "C" fn shm_lock(
     flags: c_int,
 ) -> c_int {
     unsafe {
+        // A transaction lets go of the WAL's write lock: what its WAL holds (frames it spilled, then rolled back; a
+        // commit left nothing held) goes to the file first, while no other writer may append there. Should that
+        // write fail, they are dropped all the same (a failed write forgets them): nothing committed needs them.
+        if offset == WAL_WRITE_LOCK
+            && n == 1
+            && flags == ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE
+            && let Role::Main { wal } = (*file.cast::<File>()).role
+            && !wal.is_null()
+            && let Role::Wal { frames, .. } = &mut (*wal).role
+        {
+            let _ = frames.flush(&mut Real(real_file(wal.cast())));
+        }
         let methods = real_methods(file);
         match methods.xShmLock.filter(|_| methods.iVersion >= 2) {
             Some(lock) => lock(real_file(file), offset, n, flags),
@@ -979,6 +1060,39 @@ mod tests {
         let reader = rusqlite::Connection::open(&path).unwrap();
         assert_eq!(count(&reader), 1024);
         assert_eq!(left_on_disk(&path), 1024);
+    }
+
+    #[test]
+    fn frames_a_rolled_back_transaction_spilled_reach_the_file_before_another_writer_may_append_there()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let writer = writer(&path);
+        writer.execute_batch("PRAGMA cache_size = 10;").unwrap();
+        insert(&writer, 1, 10);
+        // Another connection (the `sqlite3` shell, say) copies the WAL into the database and empties it, so that the
+        // rollback below reads nothing back from the WAL.
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        // A transaction larger than the page cache starts the WAL over, spills frames, then rolls back: it lets go
+        // of the write lock.
+        let tx = writer.unchecked_transaction().unwrap();
+        tx.execute("INSERT INTO rows (body) VALUES (?1)", ["s".repeat(3000)])
+            .unwrap();
+        for _ in 0..6 {
+            tx.execute("INSERT INTO rows (body) SELECT body FROM rows", [])
+                .unwrap();
+        }
+        tx.rollback().unwrap();
+        // The other connection commits where those frames were, from the WAL's start.
+        insert(&other, 1000, 1000);
+        // The first writer reads the other's pages from the WAL, and writes again.
+        assert_eq!(count(&writer), 1001);
+        insert(&writer, 1, 10);
+        assert_eq!(count(&other), 1002);
+        assert_eq!(left_on_disk(&path), 1002);
     }
 
     #[test]
