@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The SQLite pages a round trip writes to the WAL, by the B-tree they belong to: the figures the README gives as
 # "WAL frames a trip". Runs toolgate-bench against the given binary under strace, keeps every frame header the
-# server wrote to its WAL (a frame is a 24-byte header, written by its own pwrite64, then the page), and names each
-# frame's page from the finished database's dbstat table. Slow (strace) and for reading, not for timing.
+# server wrote to its WAL (a frame is a 24-byte header, then the page; the server writes a commit's frames with one
+# pwrite64, in pieces of at most 124 KiB, so the headers are read at the frames' places within each write), and
+# names each frame's page from the finished database's dbstat table. Slow (strace records every byte written) and
+# for reading, not for timing.
 #
 #   bench/wal-frames.sh TOOLGATE_BINARY [SCENARIO] [TRIPS] [CONCURRENCY]
 #     SCENARIO     roundtrip (the approval API, the default) or agui-roundtrip
@@ -35,7 +37,7 @@ cat > "$OUT/server.sh" <<EOF
 "$BINARY" "\$@" &
 server=\$!
 trap 'kill -TERM \$server' TERM INT
-strace -f -e trace=pwrite64 -s 24 -xx -o "$OUT/pwrite.trace" -p \$server 2>/dev/null &
+strace -f -e trace=pwrite64 -s 131072 -xx -o "$OUT/pwrite.trace" -p \$server 2>/dev/null &
 while kill -0 \$server 2>/dev/null; do wait \$server; done
 wait
 EOF
@@ -60,19 +62,35 @@ try:
 except sqlite3.OperationalError as error:
     sys.exit(f"wal-frames: this python's SQLite has no dbstat table ({error})")
 
-header = re.compile(r'pwrite64\((\d+), "((?:\\x[0-9a-f]{2})+)"\.*, 24,')
-headers = [(m.group(1), m.group(2)) for m in map(header.search, open(trace)) if m]
-if not headers:
+page_size = connection.execute("PRAGMA page_size").fetchone()[0]
+frame_size = 24 + page_size
+# A write: the file, its bytes as strace shows them (each byte \xNN), how many, and where in the file.
+write = re.compile(r'pwrite64\((\d+), "((?:\\x[0-9a-f]{2})*)"\.*, (\d+), (\d+)\)')
+writes = [(m.group(1), m.group(2), int(m.group(3)), int(m.group(4))) for m in map(write.search, open(trace)) if m]
+
+def headers_in(shown, count, offset):
+    """The frame headers a write of `count` bytes at `offset` holds: frames start at 32 + k * frame_size."""
+    k = max(0, -(-(offset - 32) // frame_size))
+    while 32 + k * frame_size + 8 <= offset + count:
+        at = 32 + k * frame_size - offset
+        if 4 * (at + 8) > len(shown):
+            break
+        yield bytes(int(shown[4 * i + 2:4 * i + 4], 16) for i in range(at, at + 8))
+        k += 1
+
+# The WAL is the file whose writes hold frame headers (the database's own writes, at multiples of the page size,
+# do not start at a frame's place).
+per_fd = collections.Counter(fd for fd, _, count, offset in writes if (offset - 32) % frame_size in (0, 24) and offset >= 32)
+if not per_fd:
     sys.exit("wal-frames: the server wrote no WAL frame header")
-# The WAL is the file that takes the 24-byte writes: frame headers (and its own header, 32 bytes, is not one).
-wal_fd = collections.Counter(fd for fd, _ in headers).most_common(1)[0][0]
+wal_fd = per_fd.most_common(1)[0][0]
 frames = []
-for fd, hex_bytes in headers:
+for fd, shown, count, offset in writes:
     if fd != wal_fd:
         continue
-    raw = bytes(int(byte, 16) for byte in hex_bytes.split("\\x")[1:])
-    # A frame header: the page number, then the database's size in pages after a commit (0 for other frames).
-    frames.append((int.from_bytes(raw[0:4], "big"), int.from_bytes(raw[4:8], "big")))
+    for raw in headers_in(shown, count, offset):
+        # A frame header: the page number, then the database's size in pages after a commit (0 for other frames).
+        frames.append((int.from_bytes(raw[0:4], "big"), int.from_bytes(raw[4:8], "big")))
 commits = sum(1 for _, size in frames if size)
 print(f"{scenario}, concurrency {concurrency}, {trips} trips with the warm-up: "
       f"{len(frames) / trips:.1f} WAL frames a trip, {commits / trips:.2f} commits a trip, "
