@@ -404,22 +404,67 @@ unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
     }
 }
 
-unsafe extern "C" fn read(
-    file: *mut ffi::sqlite3_file,
-    buffer: *mut c_void,
-    amount: c_int,
-    offset: ffi::sqlite3_int64,
-) -> c_int {
-    unsafe {
-        let flushed = flush(file);
-        if flushed != ffi::SQLITE_OK {
-            return flushed;
+/// Methods of a wrapped file that pass to the `unix` file under it (if its methods, of at least the version given,
+/// have one; else what SQLite's own wrappers take a missing one for). The `flushing` ones first write what a WAL file
+/// holds.
+macro_rules! pass_to_file {
+    ($(fn $name:ident($($arg:ident: $type:ty),*)
+        -> $ret:ty = $method:ident since $version:literal, else $missing:expr;)*
+    ) => {$(
+        unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file, $($arg: $type),*) -> $ret {
+            unsafe {
+                let methods = real_methods(file);
+                match methods.$method.filter(|_| methods.iVersion >= $version) {
+                    Some(method) => method(real_file(file), $($arg),*),
+                    None => $missing,
+                }
+            }
         }
-        match real_methods(file).xRead {
-            Some(read) => read(real_file(file), buffer, amount, offset),
-            None => ffi::SQLITE_IOERR_READ,
+    )*};
+    (flushing $(fn $name:ident($($arg:ident: $type:ty),*)
+        = $method:ident since $version:literal, else $missing:expr;)*
+    ) => {$(
+        unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file, $($arg: $type),*) -> c_int {
+            unsafe {
+                let flushed = flush(file);
+                if flushed != ffi::SQLITE_OK {
+                    return flushed;
+                }
+                let methods = real_methods(file);
+                match methods.$method.filter(|_| methods.iVersion >= $version) {
+                    Some(method) => method(real_file(file), $($arg),*),
+                    None => $missing,
+                }
+            }
         }
-    }
+    )*};
+}
+
+pass_to_file! {
+    flushing
+    fn read(buffer: *mut c_void, amount: c_int, offset: ffi::sqlite3_int64)
+        = xRead since 1, else ffi::SQLITE_IOERR_READ;
+    fn sync(flags: c_int) = xSync since 1, else ffi::SQLITE_IOERR_FSYNC;
+    fn file_size(size: *mut ffi::sqlite3_int64) = xFileSize since 1, else ffi::SQLITE_IOERR_FSTAT;
+    fn file_control(op: c_int, argument: *mut c_void)
+        = xFileControl since 1, else ffi::SQLITE_NOTFOUND;
+    fn fetch(offset: ffi::sqlite3_int64, amount: c_int, out: *mut *mut c_void)
+        = xFetch since 3, else { *out = ptr::null_mut(); ffi::SQLITE_OK };
+}
+
+pass_to_file! {
+    fn lock(level: c_int) -> c_int = xLock since 1, else ffi::SQLITE_IOERR_LOCK;
+    fn unlock(level: c_int) -> c_int = xUnlock since 1, else ffi::SQLITE_IOERR_UNLOCK;
+    fn check_reserved_lock(out: *mut c_int) -> c_int
+        = xCheckReservedLock since 1, else ffi::SQLITE_IOERR_CHECKRESERVEDLOCK;
+    fn sector_size() -> c_int = xSectorSize since 1, else 4096;
+    fn device_characteristics() -> c_int = xDeviceCharacteristics since 1, else 0;
+    fn shm_map(page: c_int, page_size: c_int, extend: c_int, out: *mut *mut c_void) -> c_int
+        = xShmMap since 2, else ffi::SQLITE_IOERR_SHMMAP;
+    fn shm_barrier() -> () = xShmBarrier since 2, else ();
+    fn shm_unmap(delete: c_int) -> c_int = xShmUnmap since 2, else ffi::SQLITE_OK;
+    fn unfetch(offset: ffi::sqlite3_int64, page: *mut c_void) -> c_int
+        = xUnfetch since 3, else ffi::SQLITE_OK;
 }
 
 unsafe extern "C" fn write(
@@ -460,113 +505,6 @@ unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: ffi::sqlite3_i
     }
 }
 
-unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
-    unsafe {
-        let flushed = flush(file);
-        if flushed != ffi::SQLITE_OK {
-            return flushed;
-        }
-        match real_methods(file).xSync {
-            Some(sync) => sync(real_file(file), flags),
-            None => ffi::SQLITE_IOERR_FSYNC,
-        }
-    }
-}
-
-unsafe extern "C" fn file_size(
-    file: *mut ffi::sqlite3_file,
-    size: *mut ffi::sqlite3_int64,
-) -> c_int {
-    unsafe {
-        let flushed = flush(file);
-        if flushed != ffi::SQLITE_OK {
-            return flushed;
-        }
-        match real_methods(file).xFileSize {
-            Some(file_size) => file_size(real_file(file), size),
-            None => ffi::SQLITE_IOERR_FSTAT,
-        }
-    }
-}
-
-unsafe extern "C" fn lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    unsafe {
-        match real_methods(file).xLock {
-            Some(lock) => lock(real_file(file), level),
-            None => ffi::SQLITE_IOERR_LOCK,
-        }
-    }
-}
-
-unsafe extern "C" fn unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    unsafe {
-        match real_methods(file).xUnlock {
-            Some(unlock) => unlock(real_file(file), level),
-            None => ffi::SQLITE_IOERR_UNLOCK,
-        }
-    }
-}
-
-unsafe extern "C" fn check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
-    unsafe {
-        match real_methods(file).xCheckReservedLock {
-            Some(check) => check(real_file(file), out),
-            None => ffi::SQLITE_IOERR_CHECKRESERVEDLOCK,
-        }
-    }
-}
-
-unsafe extern "C" fn file_control(
-    file: *mut ffi::sqlite3_file,
-    op: c_int,
-    argument: *mut c_void,
-) -> c_int {
-    unsafe {
-        let flushed = flush(file);
-        if flushed != ffi::SQLITE_OK {
-            return flushed;
-        }
-        match real_methods(file).xFileControl {
-            Some(control) => control(real_file(file), op, argument),
-            None => ffi::SQLITE_NOTFOUND,
-        }
-    }
-}
-
-unsafe extern "C" fn sector_size(file: *mut ffi::sqlite3_file) -> c_int {
-    unsafe {
-        match real_methods(file).xSectorSize {
-            Some(sector_size) => sector_size(real_file(file)),
-            None => 4096,
-        }
-    }
-}
-
-unsafe extern "C" fn device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
-    unsafe {
-        match real_methods(file).xDeviceCharacteristics {
-            Some(characteristics) => characteristics(real_file(file)),
-            None => 0,
-        }
-    }
-}
-
-unsafe extern "C" fn shm_map(
-    file: *mut ffi::sqlite3_file,
-    page: c_int,
-    page_size: c_int,
-    extend: c_int,
-    out: *mut *mut c_void,
-) -> c_int {
-    unsafe {
-        let methods = real_methods(file);
-        match methods.xShmMap.filter(|_| methods.iVersion >= 2) {
-            Some(map) => map(real_file(file), page, page_size, extend, out),
-            None => ffi::SQLITE_IOERR_SHMMAP,
-        }
-    }
-}
-
 unsafe extern "C" fn shm_lock(
     file: *mut ffi::sqlite3_file,
     offset: c_int,
@@ -594,232 +532,50 @@ unsafe extern "C" fn shm_lock(
     }
 }
 
-unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
-    unsafe {
-        let methods = real_methods(file);
-        if let Some(barrier) = methods.xShmBarrier.filter(|_| methods.iVersion >= 2) {
-            barrier(real_file(file));
-        }
-    }
-}
-
-unsafe extern "C" fn shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
-    unsafe {
-        let methods = real_methods(file);
-        match methods.xShmUnmap.filter(|_| methods.iVersion >= 2) {
-            Some(unmap) => unmap(real_file(file), delete),
-            None => ffi::SQLITE_OK,
-        }
-    }
-}
-
-unsafe extern "C" fn fetch(
-    file: *mut ffi::sqlite3_file,
-    offset: ffi::sqlite3_int64,
-    amount: c_int,
-    out: *mut *mut c_void,
-) -> c_int {
-    unsafe {
-        let flushed = flush(file);
-        if flushed != ffi::SQLITE_OK {
-            return flushed;
-        }
-        let methods = real_methods(file);
-        match methods.xFetch.filter(|_| methods.iVersion >= 3) {
-            Some(fetch) => fetch(real_file(file), offset, amount, out),
-            None => {
-                *out = ptr::null_mut();
-                ffi::SQLITE_OK
+/// The VFS's other methods: the `unix` VFS's, given that VFS (if it has the method, in at least the version given).
+/// SAFETY, for each: SQLite calls them with this VFS, whose `pAppData` is the `unix` VFS (`register`), and the
+/// arguments that VFS's method expects.
+macro_rules! pass_to_vfs {
+    ($(fn $name:ident($($arg:ident: $type:ty),*)
+        -> $ret:ty = $method:ident since $version:literal, else $missing:expr;)*
+    ) => {$(
+        unsafe extern "C" fn $name(vfs: *mut ffi::sqlite3_vfs, $($arg: $type),*) -> $ret {
+            unsafe {
+                let real = real_vfs(vfs);
+                match (*real).$method.filter(|_| (*real).iVersion >= $version) {
+                    Some(method) => method(real, $($arg),*),
+                    None => $missing,
+                }
             }
         }
-    }
-}
-
-unsafe extern "C" fn unfetch(
-    file: *mut ffi::sqlite3_file,
-    offset: ffi::sqlite3_int64,
-    page: *mut c_void,
-) -> c_int {
-    unsafe {
-        let methods = real_methods(file);
-        match methods.xUnfetch.filter(|_| methods.iVersion >= 3) {
-            Some(unfetch) => unfetch(real_file(file), offset, page),
-            None => ffi::SQLITE_OK,
-        }
-    }
-}
-
-// The VFS's other methods are the `unix` VFS's, given that VFS. SAFETY, for each: SQLite calls them with this VFS,
-// whose `pAppData` is the `unix` VFS (`register`), and the arguments that VFS's method expects.
-
-unsafe extern "C" fn delete(
-    vfs: *mut ffi::sqlite3_vfs,
-    name: *const c_char,
-    sync_dir: c_int,
-) -> c_int {
-    unsafe {
-        let real = real_vfs(vfs);
-        (*real)
-            .xDelete
-            .map_or(ffi::SQLITE_IOERR_DELETE, |f| f(real, name, sync_dir))
-    }
-}
-
-unsafe extern "C" fn access(
-    vfs: *mut ffi::sqlite3_vfs,
-    name: *const c_char,
-    flags: c_int,
-    out: *mut c_int,
-) -> c_int {
-    unsafe {
-        let real = real_vfs(vfs);
-        (*real)
-            .xAccess
-            .map_or(ffi::SQLITE_IOERR_ACCESS, |f| f(real, name, flags, out))
-    }
-}
-
-unsafe extern "C" fn full_pathname(
-    vfs: *mut ffi::sqlite3_vfs,
-    name: *const c_char,
-    size: c_int,
-    out: *mut c_char,
-) -> c_int {
-    unsafe {
-        let real = real_vfs(vfs);
-        (*real)
-            .xFullPathname
-            .map_or(ffi::SQLITE_ERROR, |f| f(real, name, size, out))
-    }
-}
-
-unsafe extern "C" fn dl_open(vfs: *mut ffi::sqlite3_vfs, name: *const c_char) -> *mut c_void {
-    unsafe {
-        let real = real_vfs(vfs);
-        (*real).xDlOpen.map_or(ptr::null_mut(), |f| f(real, name))
-    }
-}
-
-unsafe extern "C" fn dl_error(vfs: *mut ffi::sqlite3_vfs, size: c_int, out: *mut c_char) {
-    unsafe {
-        let real = real_vfs(vfs);
-        if let Some(f) = (*real).xDlError {
-            f(real, size, out);
-        }
-    }
+    )*};
 }
 
 type DlSymbol = Option<unsafe extern "C" fn(*mut ffi::sqlite3_vfs, *mut c_void, *const c_char)>;
 
-unsafe extern "C" fn dl_sym(
-    vfs: *mut ffi::sqlite3_vfs,
-    handle: *mut c_void,
-    symbol: *const c_char,
-) -> DlSymbol {
-    unsafe {
-        let real = real_vfs(vfs);
-        (*real).xDlSym.and_then(|f| f(real, handle, symbol))
-    }
-}
-
-unsafe extern "C" fn dl_close(vfs: *mut ffi::sqlite3_vfs, handle: *mut c_void) {
-    unsafe {
-        let real = real_vfs(vfs);
-        if let Some(f) = (*real).xDlClose {
-            f(real, handle);
-        }
-    }
-}
-
-unsafe extern "C" fn randomness(
-    vfs: *mut ffi::sqlite3_vfs,
-    size: c_int,
-    out: *mut c_char,
-) -> c_int {
-    unsafe {
-        let real = real_vfs(vfs);
-        (*real).xRandomness.map_or(0, |f| f(real, size, out))
-    }
-}
-
-unsafe extern "C" fn sleep(vfs: *mut ffi::sqlite3_vfs, microseconds: c_int) -> c_int {
-    unsafe {
-        let real = real_vfs(vfs);
-        (*real).xSleep.map_or(0, |f| f(real, microseconds))
-    }
-}
-
-unsafe extern "C" fn current_time(vfs: *mut ffi::sqlite3_vfs, out: *mut f64) -> c_int {
-    unsafe {
-        let real = real_vfs(vfs);
-        (*real)
-            .xCurrentTime
-            .map_or(ffi::SQLITE_ERROR, |f| f(real, out))
-    }
-}
-
-unsafe extern "C" fn get_last_error(
-    vfs: *mut ffi::sqlite3_vfs,
-    size: c_int,
-    out: *mut c_char,
-) -> c_int {
-    unsafe {
-        let real = real_vfs(vfs);
-        (*real).xGetLastError.map_or(0, |f| f(real, size, out))
-    }
-}
-
-unsafe extern "C" fn current_time_int64(
-    vfs: *mut ffi::sqlite3_vfs,
-    out: *mut ffi::sqlite3_int64,
-) -> c_int {
-    unsafe {
-        let real = real_vfs(vfs);
-        match (*real).xCurrentTimeInt64.filter(|_| (*real).iVersion >= 2) {
-            Some(f) => f(real, out),
-            None => ffi::SQLITE_ERROR,
-        }
-    }
-}
-
-unsafe extern "C" fn set_system_call(
-    vfs: *mut ffi::sqlite3_vfs,
-    name: *const c_char,
-    call: ffi::sqlite3_syscall_ptr,
-) -> c_int {
-    unsafe {
-        let real = real_vfs(vfs);
-        match (*real).xSetSystemCall.filter(|_| (*real).iVersion >= 3) {
-            Some(f) => f(real, name, call),
-            None => ffi::SQLITE_NOTFOUND,
-        }
-    }
-}
-
-unsafe extern "C" fn get_system_call(
-    vfs: *mut ffi::sqlite3_vfs,
-    name: *const c_char,
-) -> ffi::sqlite3_syscall_ptr {
-    unsafe {
-        let real = real_vfs(vfs);
-        (*real)
-            .xGetSystemCall
-            .filter(|_| (*real).iVersion >= 3)
-            .and_then(|f| f(real, name))
-    }
-}
-
-unsafe extern "C" fn next_system_call(
-    vfs: *mut ffi::sqlite3_vfs,
-    name: *const c_char,
-) -> *const c_char {
-    unsafe {
-        let real = real_vfs(vfs);
-        match (*real).xNextSystemCall.filter(|_| (*real).iVersion >= 3) {
-            Some(f) => f(real, name),
-            None => ptr::null(),
-        }
-    }
+pass_to_vfs! {
+    fn delete(name: *const c_char, sync_dir: c_int) -> c_int
+        = xDelete since 1, else ffi::SQLITE_IOERR_DELETE;
+    fn access(name: *const c_char, flags: c_int, out: *mut c_int) -> c_int
+        = xAccess since 1, else ffi::SQLITE_IOERR_ACCESS;
+    fn full_pathname(name: *const c_char, size: c_int, out: *mut c_char) -> c_int
+        = xFullPathname since 1, else ffi::SQLITE_ERROR;
+    fn dl_open(name: *const c_char) -> *mut c_void = xDlOpen since 1, else ptr::null_mut();
+    fn dl_error(size: c_int, out: *mut c_char) -> () = xDlError since 1, else ();
+    fn dl_sym(handle: *mut c_void, symbol: *const c_char) -> DlSymbol = xDlSym since 1, else None;
+    fn dl_close(handle: *mut c_void) -> () = xDlClose since 1, else ();
+    fn randomness(size: c_int, out: *mut c_char) -> c_int = xRandomness since 1, else 0;
+    fn sleep(microseconds: c_int) -> c_int = xSleep since 1, else 0;
+    fn current_time(out: *mut f64) -> c_int = xCurrentTime since 1, else ffi::SQLITE_ERROR;
+    fn get_last_error(size: c_int, out: *mut c_char) -> c_int = xGetLastError since 1, else 0;
+    fn current_time_int64(out: *mut ffi::sqlite3_int64) -> c_int
+        = xCurrentTimeInt64 since 2, else ffi::SQLITE_ERROR;
+    fn set_system_call(name: *const c_char, call: ffi::sqlite3_syscall_ptr) -> c_int
+        = xSetSystemCall since 3, else ffi::SQLITE_NOTFOUND;
+    fn get_system_call(name: *const c_char) -> ffi::sqlite3_syscall_ptr
+        = xGetSystemCall since 3, else None;
+    fn next_system_call(name: *const c_char) -> *const c_char
+        = xNextSystemCall since 3, else ptr::null();
 }
 
 #[cfg(test)]
@@ -922,8 +678,7 @@ mod tests {
     }
 
     #[test]
-    fn a_flush_writes_frames_held_without_a_commit_and_a_large_transaction_does_not_wait_for_its_commit()
-     {
+    fn held_frames_go_at_a_flush_and_a_large_transaction_does_not_wait_for_its_commit() {
         let (mut frames, mut file) = (Frames::default(), Recorded::default());
         assert_eq!(frames.write(&mut file, &[0; WAL_HEADER], 0), ffi::SQLITE_OK);
         frame(&mut frames, &mut file, 32, false);
@@ -1027,8 +782,7 @@ mod tests {
     }
 
     #[test]
-    fn a_transaction_larger_than_its_page_cache_spills_rewrites_its_pages_and_commits_or_rolls_back_whole()
-     {
+    fn a_transaction_that_spills_and_rewrites_its_pages_commits_or_rolls_back_whole() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.db");
         let writer = writer(&path);
@@ -1063,8 +817,7 @@ mod tests {
     }
 
     #[test]
-    fn frames_a_rolled_back_transaction_spilled_reach_the_file_before_another_writer_may_append_there()
-     {
+    fn spilled_frames_of_a_rollback_reach_the_file_before_another_writer_may_append() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.db");
         let writer = writer(&path);
