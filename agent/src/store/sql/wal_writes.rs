@@ -3,8 +3,8 @@
 //!
 //! SQLite appends a frame to the WAL in two writes, its 24-byte header and then its page, so a commit of n pages is
 //! 2n `pwrite`s; and since a frame (4,120 bytes) straddles the file's 4 KiB pages, the kernel prepares and copies
-//! into three of them for each frame. In a profile of the AG-UI round trip at concurrency 32 those writes were a
-//! tenth of the durable store's CPU. Here the frames a transaction appends are held in memory, in the order written,
+//! into three of them for each frame. In a profile of the AG-UI round trip at concurrency 32 on the durable store,
+//! writing the WAL's frames was an eighth of the server's CPU. Here the frames a transaction appends are held in memory, in the order written,
 //! and written at once when the frame that marks the commit is complete: one `pwrite` a commit (one for each 124 KiB
 //! of a large one), and each page of the file prepared once.
 //!
@@ -34,7 +34,7 @@ use std::sync::{Mutex, PoisonError};
 use rusqlite::ffi;
 
 /// The VFS's name, for `sqlite3_open_v2`.
-pub(super) const NAME: &CStr = c"toolgate-wal";
+const NAME: &CStr = c"toolgate-wal";
 
 /// A WAL frame's header: its page number, the database's size in pages if it commits (else 0), salts, checksums.
 const FRAME_HEADER: usize = 24;
@@ -48,13 +48,13 @@ const WRITE_AT_MOST: usize = 124 << 10;
 const KEEP: usize = 256 << 10;
 
 /// Where held bytes go: the file under the VFS (a recording in tests). Returns SQLite's result code.
-pub(super) trait Sink {
+trait Sink {
     fn write(&mut self, bytes: &[u8], offset: i64) -> c_int;
 }
 
 /// What a WAL file holds back: the frames a transaction is appending, not yet written.
 #[derive(Debug, Default)]
-pub(super) struct Frames {
+struct Frames {
     /// The held bytes, from `start` in the file.
     held: Vec<u8>,
     start: i64,
@@ -68,7 +68,7 @@ pub(super) struct Frames {
 
 impl Frames {
     /// Writes `bytes` at `offset`, or holds them.
-    pub(super) fn write(&mut self, sink: &mut impl Sink, bytes: &[u8], offset: i64) -> c_int {
+    fn write(&mut self, sink: &mut impl Sink, bytes: &[u8], offset: i64) -> c_int {
         if !self.held.is_empty() {
             if offset == self.end() {
                 self.held.extend_from_slice(bytes);
@@ -120,7 +120,7 @@ impl Frames {
     }
 
     /// Writes what is held.
-    pub(super) fn flush(&mut self, sink: &mut impl Sink) -> c_int {
+    fn flush(&mut self, sink: &mut impl Sink) -> c_int {
         if self.held.is_empty() {
             return ffi::SQLITE_OK;
         }
@@ -133,7 +133,7 @@ impl Frames {
     }
 
     /// The file is cut at `size`: appends past it are no longer known to go there.
-    pub(super) fn truncated(&mut self, size: i64) {
+    fn truncated(&mut self, size: i64) {
         if self.next.is_some_and(|next| next > size) {
             self.next = None;
         }
