@@ -300,6 +300,20 @@ async fn a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time(kind: Kind)
         "a run id is inserted if absent, never twice"
     );
     assert_eq!(
+        store.start_run(new_run("r1", "s")).await.unwrap(),
+        Err(StartConflict::RunIdTaken(run_id("r1"))),
+        "refused for its id before its session, busy with it"
+    );
+    let resume = NewRun {
+        parent_run_id: Some(run_id("nobody")),
+        ..new_run("r1", "other")
+    };
+    assert_eq!(
+        store.start_run(resume).await.unwrap(),
+        Err(StartConflict::RunIdTaken(run_id("r1"))),
+        "refused for its id before its resume"
+    );
+    assert_eq!(
         store.start_run(new_run("r2", "s")).await.unwrap(),
         Err(StartConflict::SessionBusy {
             session_id: session("s"),
@@ -740,6 +754,74 @@ async fn a_call_runs_once_and_only_its_runner_settles_it(kind: Kind) {
     assert!(free.output.unwrap().is_ok());
 }
 
+async fn a_call_begun_inline_needs_the_runs_claim_and_an_earlier_batchs_call_of_its_id_gives_way(
+    kind: Kind,
+) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    let inline = |id: &str, epoch| {
+        let record = CallRecord::new(
+            run_id("r"),
+            tool_call(id),
+            json!({"path": id}),
+            CallStatus::Allowed,
+        );
+        store.begin_call(&run_id("r"), &call_id(id), Some((record, epoch)))
+    };
+    assert!(
+        inline("c", 7).await.unwrap().is_none(),
+        "not under a claim the run does not have"
+    );
+    assert!(store.calls(&run_id("r")).await.unwrap().is_empty());
+    let begun = inline("c", 1)
+        .await
+        .unwrap()
+        .expect("begun under the run's claim");
+    assert_eq!(begun.status, CallStatus::Executing);
+    assert!(
+        inline("c", 1).await.unwrap().is_none(),
+        "a call of the same id that has no output yet stays"
+    );
+    let settled = CallResult {
+        run_id: run_id("r"),
+        call_id: call_id("c"),
+        output: ToolOutput::Ok {
+            content: json!("done"),
+        },
+        events: vec![],
+        audit: vec![],
+    };
+    assert!(store.settle_call(settled).await.unwrap());
+    inline("d", 1).await.unwrap().expect("another call");
+    let again = inline("c", 1)
+        .await
+        .unwrap()
+        .expect("a settled call of an earlier batch gives way to one of the same id");
+    assert_eq!(again.output, None);
+    let calls: Vec<(String, CallStatus, bool)> = store
+        .calls(&run_id("r"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|call| {
+            (
+                call.call.id.as_str().to_owned(),
+                call.status,
+                call.output.is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("d".to_owned(), CallStatus::Executing, false),
+            ("c".to_owned(), CallStatus::Executing, false),
+        ],
+        "the new call comes after the others, without the earlier one's output"
+    );
+}
+
 async fn a_settled_batch_is_claimed_once(kind: Kind) {
     let backend = open(kind).await;
     let store = Arc::clone(&backend.store);
@@ -834,6 +916,89 @@ async fn finishing_a_run_frees_its_session_and_leaves_nothing_pending(kind: Kind
         Ok(1),
         "the session is free"
     );
+}
+
+/// How an end settles the calls it finds pending: the step of its event is 90 plus the call's place in the batch,
+/// and it records an audit entry naming the call.
+fn settle_in_batch_order(record: &CallRecord) -> Settlement {
+    let place = ["m", "z", "a"]
+        .iter()
+        .position(|id| *id == record.call.id.as_str())
+        .expect("a call of the batch") as u32;
+    Settlement {
+        events: vec![step_event(record.run_id.as_str(), 90 + place)],
+        audit: vec![AuditEntry {
+            kind: AuditKind::ApprovalResolved,
+            outcome: "denied".into(),
+            ..request_audit(record.run_id.as_str(), record.call.id.as_str())
+        }],
+        ..deny(record, DenialSource::Abort)
+    }
+}
+
+async fn an_end_settles_the_calls_still_pending_in_the_order_they_were_asked(kind: Kind) {
+    let mut backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    // Asked in this order, which is not the order of their ids.
+    open_waiting(
+        store,
+        "r",
+        &[("m", u64::MAX), ("z", u64::MAX), ("a", u64::MAX)],
+        &[],
+    )
+    .await;
+    let settling = |epoch| FinishRun {
+        epoch,
+        state: RunState::Failed,
+        settle_pending: Some(Box::new(settle_in_batch_order)),
+        ..done("r", vec![], vec![step_event("r", 5)])
+    };
+    assert_eq!(
+        store.finish_run(settling(Some(7))).await.unwrap(),
+        Err(Fenced::Lost),
+        "a waiting run is no writer's to end"
+    );
+    let statuses: Vec<CallStatus> = store
+        .calls(&run_id("r"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|call| call.status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [CallStatus::Pending; 3],
+        "a refused end takes no call"
+    );
+    store.finish_run(settling(None)).await.unwrap().unwrap();
+    let expected = vec![(1, 1), (2, 2), (3, 90), (4, 91), (5, 92), (6, 5)];
+    assert_eq!(
+        steps(store, "r").await,
+        expected,
+        "the settlements' events in the batch's order, then the end's"
+    );
+    assert!(store.pending(None).await.unwrap().is_empty());
+    assert!(store.calls(&run_id("r")).await.unwrap().is_empty());
+    let resolved: Vec<String> = store
+        .audit_log(AuditQuery {
+            outcome: Some("denied".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|entry| entry.tool_call_id.map(|id| id.as_str().to_owned()))
+        .collect();
+    assert_eq!(resolved, ["m", "z", "a"]);
+    assert_eq!(
+        store.finish_run(settling(None)).await.unwrap(),
+        Err(Fenced::Lost),
+        "an ended run is not ended again"
+    );
+    backend = backend.reopened().await;
+    assert_eq!(steps(&*backend.store, "r").await, expected);
 }
 
 async fn a_suspension_is_taken_once_and_a_replay_is_told_who_took_it(kind: Kind) {
@@ -1324,8 +1489,10 @@ conformance!(
     a_refused_decision_leaves_the_approval_pending,
     expiry_settles_only_what_is_due,
     a_call_runs_once_and_only_its_runner_settles_it,
+    a_call_begun_inline_needs_the_runs_claim_and_an_earlier_batchs_call_of_its_id_gives_way,
     a_settled_batch_is_claimed_once,
     finishing_a_run_frees_its_session_and_leaves_nothing_pending,
+    an_end_settles_the_calls_still_pending_in_the_order_they_were_asked,
     a_suspension_is_taken_once_and_a_replay_is_told_who_took_it,
     retention_forgets_old_runs_and_keeps_open_suspensions,
     a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own,

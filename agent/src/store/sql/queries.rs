@@ -289,6 +289,50 @@ async fn last_seq_in(connection: &mut Tx, run_id: &RunId) -> Db<u64> {
     })
 }
 
+/// Deletes a run's calls and returns them in the order the run made them (its end: a finished run keeps none).
+async fn take_calls_in(
+    dialect: super::Dialect,
+    connection: &mut Tx,
+    run_id: &RunId,
+) -> StoreResult<Vec<CallRecord>> {
+    lock_run_in(dialect, &mut *connection, run_id)
+        .await
+        .map_err(unavailable)?;
+    let rows =
+        query("DELETE FROM calls WHERE run_id = $1 RETURNING idx, record, status, executing_on")
+            .bind(run_id.as_str())
+            .fetch_all(&mut *connection)
+            .await
+            .map_err(unavailable)?;
+    // Neither database promises `RETURNING`'s rows in any order.
+    let mut calls = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let idx: i64 = row
+            .try_get("idx")
+            .map_err(|error| StoreError::Corrupt(error.to_string()))?;
+        calls.push((idx, call_record(row)?));
+    }
+    calls.sort_by_key(|(idx, _)| *idx);
+    Ok(calls.into_iter().map(|(_, record)| record).collect())
+}
+
+/// Why a run's end changed no row: the run is not there or not the claim's to end ([`Fenced::Lost`] either way),
+/// unless its row is unreadable.
+async fn why_not_ended(connection: &mut Tx, run_id: &RunId) -> StoreResult<Fenced> {
+    let row = query("SELECT state FROM runs WHERE id = $1")
+        .bind(run_id.as_str())
+        .fetch_optional(&mut *connection)
+        .await
+        .map_err(unavailable)?;
+    if let Some(row) = row {
+        let state: String = row.try_get(0).map_err(unavailable)?;
+        if RunState::parse(&state).is_none() {
+            return Err(StoreError::Corrupt(format!("unknown run state {state:?}")));
+        }
+    }
+    Ok(Fenced::Lost)
+}
+
 /// Takes the interrupts `parent` issued for the run `by`, inside the transaction that starts `by`: exactly once,
 /// and only if that start commits.
 async fn take_interrupt_in(
@@ -383,6 +427,14 @@ fn apply(record: &mut CallRecord, settlement: Settlement) -> (Vec<NewEvent>, Vec
         record.output = settlement.output;
     }
     (settlement.events, settlement.audit)
+}
+
+/// The statuses of calls that have their output ([`CallStatus::is_final`]), as a list for `IN`. A macro, so that
+/// constant queries can be made of it with `concat!`.
+macro_rules! final_calls {
+    () => {
+        "('refused', 'denied', 'settled', 'interrupted')"
+    };
 }
 
 /// The pending calls due to expire by `$1`, one row per call. (Each run once, deduplicated by the caller: with
@@ -1126,39 +1178,26 @@ impl Store for SqlStore {
                     }
                     record.status = CallStatus::Executing;
                     record.executing_on = Some(self.instance.clone());
-                    let existing = query("SELECT status FROM calls WHERE run_id = $1 AND call_id = $2")
-                        .bind(run_id.as_str())
-                        .bind(call_id.as_str())
-                        .fetch_optional(&mut tx)
-                        .await
-                        .map_err(unavailable)?;
-                    if let Some(row) = existing {
-                        let status: String = row.try_get(0).map_err(unavailable)?;
-                        // A call of an earlier batch with the same id (ids are the model's) gives way; one of
-                        // this batch does not.
-                        if !CallStatus::parse(&status).is_some_and(CallStatus::is_final) {
-                            return Ok(None);
-                        }
-                        query("DELETE FROM calls WHERE run_id = $1 AND call_id = $2")
-                            .bind(run_id.as_str())
-                            .bind(call_id.as_str())
-                            .execute(&mut tx)
-                            .await
-                            .map_err(unavailable)?;
-                    }
-                    query(
+                    // A call of an earlier batch with the same id (ids are the model's) gives way, and the new one
+                    // comes after every other; one of this batch does not, and nothing is written.
+                    let inserted = query(concat!(
                         "INSERT INTO calls (run_id, call_id, idx, status, record, executing_on) \
-                         VALUES ($1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5)",
-                    )
+                         VALUES ($1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5) \
+                         ON CONFLICT (run_id, call_id) DO UPDATE SET idx = excluded.idx, status = excluded.status, \
+                         record = excluded.record, requested_at = NULL, expires_at = NULL, \
+                         executing_on = excluded.executing_on WHERE calls.status IN ",
+                        final_calls!(),
+                        " RETURNING 1"
+                    ))
                     .bind(run_id.as_str())
                     .bind(call_id.as_str())
                     .bind(record.status.as_str())
                     .bind(json(&record))
                     .bind(self.instance.as_str())
-                    .execute(&mut tx)
+                    .fetch_optional(&mut tx)
                     .await
                     .map_err(unavailable)?;
-                    Some(record)
+                    inserted.map(|_| record)
                 }
                 None => {
                     lock_run_in(self.dialect, &mut tx, &run_id)
@@ -1310,60 +1349,39 @@ impl Store for SqlStore {
 
     fn finish_run(&self, mut finish: FinishRun) -> StoreFuture<'_, Result<(), Fenced>> {
         async move {
-            // (Not when the end settles pending calls first: their events come before the end's, after the queued.)
-            let finishing = finish
-                .epoch
-                .filter(|_| finish.settle_pending.is_none())
-                .map(|epoch| (&finish.run_id, epoch));
+            let finishing = finish.epoch.map(|epoch| (&finish.run_id, epoch));
             let (mut tx, taken, mut events) = self.begin_finish(finishing).await?;
-            // The run's events queued last come before those of its end.
-            events.append(&mut finish.events);
-            let row = query(format!(
-                "SELECT state, owner, epoch, session_id FROM runs WHERE id = $1{}",
-                self.dialect.for_update()
-            ))
-            .bind(finish.run_id.as_str())
-            .fetch_optional(&mut tx)
-            .await
-            .map_err(unavailable)?;
-            let Some(row) = row else {
-                return Ok(Err(Fenced::Lost));
-            };
-            let state: String = row.try_get("state").map_err(unavailable)?;
-            let owner: Option<String> = row.try_get("owner").map_err(unavailable)?;
-            let epoch: i64 = row.try_get("epoch").map_err(unavailable)?;
-            let session: String = row.try_get("session_id").map_err(unavailable)?;
-            let state = RunState::parse(&state)
-                .ok_or_else(|| StoreError::Corrupt(format!("unknown run state {state:?}")))?;
-            let fenced = match finish.epoch {
-                Some(expected) => {
-                    state != RunState::Running
-                        || owner.as_deref() != Some(self.instance.as_str())
-                        || epoch as u64 != expected
-                }
-                None => state.is_finished(),
-            };
-            if fenced {
-                return Ok(Err(Fenced::Lost));
-            }
+            // The run's calls go with its end. Those still pending are settled first: their events come after the
+            // run's events queued last and before those of its end, all written by the one update of its row below.
             let mut audit = finish.audit;
-            if let Some(settle) = &finish.settle_pending {
-                let (_, mut settled_audit, _) = self
-                    .settle_calls_in(&mut tx, &finish.run_id, &[CallStatus::Pending], &**settle)
-                    .await?;
-                audit.append(&mut settled_audit);
+            for mut record in take_calls_in(self.dialect, &mut tx, &finish.run_id).await? {
+                if let Some(settle) = &finish.settle_pending
+                    && record.status == CallStatus::Pending
+                {
+                    let settlement = settle(&record);
+                    let (mut settled_events, mut settled_audit) = apply(&mut record, settlement);
+                    events.append(&mut settled_events);
+                    audit.append(&mut settled_audit);
+                }
             }
+            events.append(&mut finish.events);
             let now = now_ms() as i64;
             let conversation = finish.conversation.as_ref().map(json);
             let suspension = finish.suspension.as_ref().map(json);
             // What the tail counts the end at, before the texts go to the statement.
             let ending_bytes = conversation.as_ref().map_or(0, String::len)
                 + suspension.as_ref().map_or(0, String::len);
-            // The run's end and the room for its last events, in one update of its row.
-            let row = query(format!(
+            // The run's end and the room for its last events, in one update of its row, made only under the claim
+            // the end is made with: by the writer that holds the run (with an epoch), or by anyone while it has
+            // not ended (without).
+            let claim = match finish.epoch {
+                Some(_) => "state = 'running' AND owner = $9 AND epoch = $10",
+                None => "state IN ('running', 'waiting')",
+            };
+            let mut end = query(format!(
                 "{} runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, suspension_expires_at = $4, \
                  conversation = $5, finished_at = $6, last_seq = last_seq + $7, event_bytes = event_bytes + $8 \
-                 WHERE id = $1 RETURNING {}",
+                 WHERE id = $1 AND {claim} RETURNING {}, session_id",
                 self.dialect.update(),
                 self.seq_returning()
             ))
@@ -1374,17 +1392,19 @@ impl Store for SqlStore {
             .bind(conversation)
             .bind(now)
             .bind(events.len() as i64)
-            .bind(event_bytes(&events))
-            .fetch_one(&mut tx)
-            .await
-            .map_err(unavailable)?;
+            .bind(event_bytes(&events));
+            if let Some(epoch) = finish.epoch {
+                end = end.bind(self.instance.as_str()).bind(epoch as i64);
+            }
+            let row = end.fetch_optional(&mut tx).await.map_err(unavailable)?;
+            let Some(row) = row else {
+                // Not this claim's to end (or not there): the transaction rolls back, and the calls and the queued
+                // events it took with it.
+                return why_not_ended(&mut tx, &finish.run_id).await.map(Err);
+            };
+            let session: String = row.try_get("session_id").map_err(unavailable)?;
             let seq = self
                 .insert_events_in(&mut tx, &finish.run_id, &row, &events)
-                .await
-                .map_err(unavailable)?;
-            query("DELETE FROM calls WHERE run_id = $1")
-                .bind(finish.run_id.as_str())
-                .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
             if !finish.history.is_empty() {
@@ -2280,6 +2300,28 @@ mod tests {
             sqlite.insert(EVENTS_PER_INSERT).matches('(').count(),
             EVENTS_PER_INSERT + 1
         );
+    }
+
+    #[test]
+    fn the_final_statuses_in_sql_are_the_ones_with_an_output() {
+        let names = [
+            "refused",
+            "allowed",
+            "pending",
+            "approved",
+            "denied",
+            "executing",
+            "settled",
+            "interrupted",
+        ];
+        for name in names {
+            let status = CallStatus::parse(name).expect("a status");
+            assert_eq!(
+                final_calls!().contains(&format!("'{name}'")),
+                status.is_final(),
+                "{name}"
+            );
+        }
     }
 
     /// A result that a state change has taken into the open group of changes is written when that group commits:
