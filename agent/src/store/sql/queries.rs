@@ -289,35 +289,50 @@ async fn last_seq_in(connection: &mut Tx, run_id: &RunId) -> Db<u64> {
     })
 }
 
-/// Deletes a run's calls and returns them in the order the run made them (its end: a finished run keeps none).
+/// Deletes a run's calls (its end: a finished run keeps none) and, with `pending`, returns those still pending, in
+/// the order the run asked them. Only their records are read: a call's row this version cannot read fails the end
+/// only if the end has to settle that call.
 async fn take_calls_in(
     dialect: super::Dialect,
     connection: &mut Tx,
     run_id: &RunId,
+    pending: bool,
 ) -> StoreResult<Vec<CallRecord>> {
     lock_run_in(dialect, &mut *connection, run_id)
         .await
         .map_err(unavailable)?;
-    let rows =
-        query("DELETE FROM calls WHERE run_id = $1 RETURNING idx, record, status, executing_on")
+    if !pending {
+        query("DELETE FROM calls WHERE run_id = $1")
             .bind(run_id.as_str())
-            .fetch_all(&mut *connection)
+            .execute(&mut *connection)
             .await
             .map_err(unavailable)?;
-    // Neither database promises `RETURNING`'s rows in any order.
-    let mut calls = Vec::with_capacity(rows.len());
+        return Ok(Vec::new());
+    }
+    let rows = query(
+        "DELETE FROM calls WHERE run_id = $1 RETURNING idx, status, executing_on, \
+         CASE WHEN status = 'pending' THEN record END AS record",
+    )
+    .bind(run_id.as_str())
+    .fetch_all(&mut *connection)
+    .await
+    .map_err(unavailable)?;
+    let corrupt = |error: DbError| StoreError::Corrupt(error.to_string());
+    let mut calls = Vec::new();
     for row in &rows {
-        let idx: i64 = row
-            .try_get("idx")
-            .map_err(|error| StoreError::Corrupt(error.to_string()))?;
+        if row.try_get::<String, _>("status").map_err(corrupt)? != CallStatus::Pending.as_str() {
+            continue;
+        }
+        let idx: i64 = row.try_get("idx").map_err(corrupt)?;
         calls.push((idx, call_record(row)?));
     }
+    // Neither database promises an order for `RETURNING`'s rows: SQLite gives them in the order they were stored.
     calls.sort_by_key(|(idx, _)| *idx);
     Ok(calls.into_iter().map(|(_, record)| record).collect())
 }
 
-/// Why a run's end changed no row: the run is not there or not the claim's to end ([`Fenced::Lost`] either way),
-/// unless its row is unreadable.
+/// What a run's end that changed no row returns: [`Fenced::Lost`] (the run is not there, or not the claim's to end),
+/// or an error if the run's state does not read as one.
 async fn why_not_ended(connection: &mut Tx, run_id: &RunId) -> StoreResult<Fenced> {
     let row = query("SELECT state FROM runs WHERE id = $1")
         .bind(run_id.as_str())
@@ -429,12 +444,34 @@ fn apply(record: &mut CallRecord, settlement: Settlement) -> (Vec<NewEvent>, Vec
     (settlement.events, settlement.audit)
 }
 
-/// The statuses of calls that have their output ([`CallStatus::is_final`]), as a list for `IN`. A macro, so that
-/// constant queries can be made of it with `concat!`.
+/// The statuses of calls that have their output ([`CallStatus::is_final`]), as a list for `IN`.
 macro_rules! final_calls {
     () => {
         "('refused', 'denied', 'settled', 'interrupted')"
     };
+}
+
+/// The statement that begins a call inline: its row, in place of a final call of an earlier batch with the same id
+/// (ids are the model's), after every other call of the run. Returns a row only if it wrote one. Made once per
+/// database, with [`super::Dialect::insert`]'s beginning (it returns what it wrote).
+fn begin_inline_call(dialect: super::Dialect) -> &'static str {
+    static SQLITE: OnceLock<String> = OnceLock::new();
+    static POSTGRES: OnceLock<String> = OnceLock::new();
+    let made = match dialect {
+        super::Dialect::Sqlite => &SQLITE,
+        super::Dialect::Postgres => &POSTGRES,
+    };
+    made.get_or_init(|| {
+        format!(
+            "{} INTO calls (run_id, call_id, idx, status, record, executing_on) \
+             VALUES ($1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5) \
+             ON CONFLICT (run_id, call_id) DO UPDATE SET idx = excluded.idx, status = excluded.status, \
+             record = excluded.record, requested_at = NULL, expires_at = NULL, \
+             executing_on = excluded.executing_on WHERE calls.status IN {} RETURNING 1",
+            dialect.insert(),
+            final_calls!()
+        )
+    })
 }
 
 /// The pending calls due to expire by `$1`, one row per call. (Each run once, deduplicated by the caller: with
@@ -1180,15 +1217,7 @@ impl Store for SqlStore {
                     record.executing_on = Some(self.instance.clone());
                     // A call of an earlier batch with the same id (ids are the model's) gives way, and the new one
                     // comes after every other; one of this batch does not, and nothing is written.
-                    let inserted = query(concat!(
-                        "INSERT INTO calls (run_id, call_id, idx, status, record, executing_on) \
-                         VALUES ($1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5) \
-                         ON CONFLICT (run_id, call_id) DO UPDATE SET idx = excluded.idx, status = excluded.status, \
-                         record = excluded.record, requested_at = NULL, expires_at = NULL, \
-                         executing_on = excluded.executing_on WHERE calls.status IN ",
-                        final_calls!(),
-                        " RETURNING 1"
-                    ))
+                    let inserted = query(begin_inline_call(self.dialect))
                     .bind(run_id.as_str())
                     .bind(call_id.as_str())
                     .bind(record.status.as_str())
@@ -1354,10 +1383,11 @@ impl Store for SqlStore {
             // The run's calls go with its end. Those still pending are settled first: their events come after the
             // run's events queued last and before those of its end, all written by the one update of its row below.
             let mut audit = finish.audit;
-            for mut record in take_calls_in(self.dialect, &mut tx, &finish.run_id).await? {
-                if let Some(settle) = &finish.settle_pending
-                    && record.status == CallStatus::Pending
-                {
+            let settle = finish.settle_pending.as_deref();
+            let pending =
+                take_calls_in(self.dialect, &mut tx, &finish.run_id, settle.is_some()).await?;
+            if let Some(settle) = settle {
+                for mut record in pending {
                     let settlement = settle(&record);
                     let (mut settled_events, mut settled_audit) = apply(&mut record, settlement);
                     events.append(&mut settled_events);
@@ -2266,7 +2296,9 @@ mod tests {
 
     use super::*;
     use crate::store::sql::DatabaseUrl;
-    use crate::wire::{ApprovalPolicy, ToolCall, ToolOutput};
+    use crate::wire::{
+        ApprovalPolicy, DenialSource, Resolution, StreamEvent, ToolCall, ToolOutput,
+    };
 
     #[test]
     fn the_statement_that_writes_events_numbers_its_parameters_row_by_row_for_each_database() {
@@ -2322,6 +2354,167 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    /// A SQLite store with the run `run_1` (session `sess_1`) waiting on the pending calls `call_0`, `call_1` and
+    /// `call_2`, asked in that order; then `change`, run on the closed file; then the store opened again.
+    async fn waiting_run_changed_on_the_file(
+        path: &std::path::Path,
+        change: &str,
+    ) -> Arc<SqlStore> {
+        let store = SqlStore::open(&DatabaseUrl::Sqlite(path.to_owned()))
+            .await
+            .unwrap();
+        let run = RunId::parse("run_1").unwrap();
+        let epoch = store
+            .start_run(NewRun {
+                run_id: run.clone(),
+                session_id: SessionId::parse("sess_1").unwrap(),
+                parent_run_id: None,
+                mode: ApprovalMode::Interactive,
+                message: "delete three files".into(),
+                events: Vec::new(),
+                at: 1_000,
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        let calls: Vec<ToolCall> = (0..3)
+            .map(|n| ToolCall {
+                id: ToolCallId::parse(format!("call_{n}")).unwrap(),
+                name: "delete_file".into(),
+                arguments: format!(r#"{{"path":"{n}.txt"}}"#),
+            })
+            .collect();
+        store
+            .open_batch(OpenBatch {
+                run_id: run.clone(),
+                epoch,
+                batch: SavedBatch {
+                    history: Vec::new(),
+                    prior: 0,
+                    owned_by_session: true,
+                    policy: ApprovalPolicy::OnRequest,
+                    step: 1,
+                    calls: calls.clone(),
+                    repeat: RepeatCounts::default(),
+                },
+                calls: calls
+                    .into_iter()
+                    .map(|call| CallRecord::new(run.clone(), call, json!({}), CallStatus::Pending))
+                    .collect(),
+                events: Vec::new(),
+                audit: Vec::new(),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        store.close().await.unwrap();
+        drop(store);
+        rusqlite::Connection::open(path)
+            .unwrap()
+            .execute_batch(change)
+            .unwrap();
+        SqlStore::open(&DatabaseUrl::Sqlite(path.to_owned()))
+            .await
+            .unwrap()
+    }
+
+    /// Ends `run_1` whoever holds it, settling what is pending with `settle`, if given.
+    fn end_of_run_1(settle_pending: Option<SettleExpired>) -> FinishRun {
+        FinishRun {
+            run_id: RunId::parse("run_1").unwrap(),
+            epoch: None,
+            state: RunState::Failed,
+            history: Vec::new(),
+            conversation: None,
+            suspension: None,
+            events: Vec::new(),
+            audit: Vec::new(),
+            settle_pending,
+        }
+    }
+
+    /// A denial whose event's step is the number in the call's id.
+    fn denial_numbered_by_call(record: &CallRecord) -> Settlement {
+        let step = record
+            .call
+            .id
+            .as_str()
+            .trim_start_matches("call_")
+            .parse()
+            .unwrap();
+        Settlement {
+            resolution: Resolution::Denied {
+                source: DenialSource::Abort,
+                reason: "the run ended".into(),
+            },
+            status: CallStatus::Denied,
+            edited_arguments: None,
+            output: None,
+            events: vec![
+                NewEvent::encode(&StreamEvent::Step {
+                    run_id: record.run_id.clone(),
+                    step,
+                })
+                .unwrap(),
+            ],
+            audit: Vec::new(),
+        }
+    }
+
+    /// SQLite gives the rows of `DELETE … RETURNING` back in the order they were stored, which is the order a batch
+    /// asked its calls in unless they were stored otherwise (as here, in reverse); and a call whose row this version
+    /// cannot read (say, written by a newer one) stops an end only if it has to be settled.
+    #[tokio::test]
+    async fn an_end_settles_pending_calls_in_the_order_asked_and_skips_rows_it_need_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = waiting_run_changed_on_the_file(
+            &dir.path().join("toolgate.db"),
+            "CREATE TEMP TABLE asked AS SELECT * FROM calls;
+             DELETE FROM calls;
+             INSERT INTO calls SELECT * FROM asked ORDER BY idx DESC;
+             INSERT INTO calls (run_id, call_id, idx, status, record)
+                 VALUES ('run_1', 'call_9', 3, 'archived', 'a record of a newer version');",
+        )
+        .await;
+        store
+            .finish_run(end_of_run_1(Some(Box::new(denial_numbered_by_call))))
+            .await
+            .unwrap()
+            .unwrap();
+        let run = RunId::parse("run_1").unwrap();
+        let steps: Vec<String> = store
+            .events_after(&run, 0, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|event| event.json.to_string())
+            .collect();
+        assert_eq!(steps.len(), 3, "{steps:?}");
+        for (n, step) in steps.iter().enumerate() {
+            assert!(step.contains(&format!(r#""step":{n}"#)), "{steps:?}");
+        }
+        assert!(store.calls(&run).await.unwrap().is_empty());
+    }
+
+    /// An end that settles nothing (recovery's) reads no call's row.
+    #[tokio::test]
+    async fn an_end_that_settles_nothing_is_not_stopped_by_a_row_it_cannot_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = waiting_run_changed_on_the_file(
+            &dir.path().join("toolgate.db"),
+            "UPDATE calls SET status = 'archived', record = 'a record of a newer version'
+                 WHERE call_id = 'call_1';",
+        )
+        .await;
+        store.finish_run(end_of_run_1(None)).await.unwrap().unwrap();
+        let run = RunId::parse("run_1").unwrap();
+        assert_eq!(
+            store.run(&run).await.unwrap().unwrap().state,
+            RunState::Failed
+        );
+        assert!(store.calls(&run).await.unwrap().is_empty());
     }
 
     /// A result that a state change has taken into the open group of changes is written when that group commits:
