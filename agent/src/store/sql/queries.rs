@@ -2356,6 +2356,23 @@ mod tests {
         }
     }
 
+    /// Starts the run `run_1` in the session `sess_1` with `message`; its claim's epoch.
+    async fn start_run_1(store: &SqlStore, message: &str) -> Epoch {
+        store
+            .start_run(NewRun {
+                run_id: RunId::parse("run_1").unwrap(),
+                session_id: SessionId::parse("sess_1").unwrap(),
+                parent_run_id: None,
+                mode: ApprovalMode::Interactive,
+                message: message.into(),
+                events: Vec::new(),
+                at: 1_000,
+            })
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
     /// A SQLite store with the run `run_1` (session `sess_1`) waiting on the pending calls `call_0`, `call_1` and
     /// `call_2`, asked in that order; then `change`, run on the closed file; then the store opened again.
     async fn waiting_run_changed_on_the_file(
@@ -2366,19 +2383,7 @@ mod tests {
             .await
             .unwrap();
         let run = RunId::parse("run_1").unwrap();
-        let epoch = store
-            .start_run(NewRun {
-                run_id: run.clone(),
-                session_id: SessionId::parse("sess_1").unwrap(),
-                parent_run_id: None,
-                mode: ApprovalMode::Interactive,
-                message: "delete three files".into(),
-                events: Vec::new(),
-                at: 1_000,
-            })
-            .await
-            .unwrap()
-            .unwrap();
+        let epoch = start_run_1(&store, "delete three files").await;
         let calls: Vec<ToolCall> = (0..3)
             .map(|n| ToolCall {
                 id: ToolCallId::parse(format!("call_{n}")).unwrap(),
@@ -2531,19 +2536,7 @@ mod tests {
             name: "delete_file".into(),
             arguments: r#"{"path":"a.txt"}"#.into(),
         };
-        let epoch = store
-            .start_run(NewRun {
-                run_id: run.clone(),
-                session_id: SessionId::parse("sess_1").unwrap(),
-                parent_run_id: None,
-                mode: ApprovalMode::Interactive,
-                message: "delete a.txt".into(),
-                events: Vec::new(),
-                at: 1_000,
-            })
-            .await
-            .unwrap()
-            .unwrap();
+        let epoch = start_run_1(&store, "delete a.txt").await;
         store
             .open_batch(OpenBatch {
                 run_id: run.clone(),
