@@ -4,9 +4,9 @@
 //! SQLite appends a frame to the WAL in two writes, its 24-byte header and then its page, so a commit of n pages is
 //! 2n `pwrite`s; and since a frame (4,120 bytes) straddles the file's 4 KiB pages, the kernel prepares and copies
 //! into three of them for each frame. In a profile of the AG-UI round trip at concurrency 32 on the durable store,
-//! writing the WAL's frames was an eighth of the server's CPU. Here the frames a transaction appends are held in memory, in the order written,
-//! and written at once when the frame that marks the commit is complete: one `pwrite` a commit (one for each 124 KiB
-//! of a large one), and each page of the file prepared once.
+//! writing the WAL's frames was an eighth of the server's CPU. Here the frames a transaction appends are held in
+//! memory, in the order written, and written at once when the frame that marks the commit is complete: one `pwrite`
+//! a commit (one for each 124 KiB of a large one), and each page of the file prepared once.
 //!
 //! Why nobody can tell the difference:
 //! - Another connection reads only frames a commit published (the WAL index's header), and SQLite publishes a
@@ -614,10 +614,17 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_commit_of_a_started_wal_reaches_the_file_in_one_write_when_its_commit_frame_is_complete() {
+    /// A WAL file's frames and the file under it, once the WAL started: its header written at offset 0 (held, as
+    /// the start of what the first transaction appends).
+    fn started_wal() -> (Frames, Recorded) {
         let (mut frames, mut file) = (Frames::default(), Recorded::default());
         assert_eq!(frames.write(&mut file, &[0; WAL_HEADER], 0), ffi::SQLITE_OK);
+        (frames, file)
+    }
+
+    #[test]
+    fn a_commit_of_a_started_wal_reaches_the_file_in_one_write_when_its_commit_frame_is_complete() {
+        let (mut frames, mut file) = started_wal();
         frame(&mut frames, &mut file, 32, false);
         frame(&mut frames, &mut file, 32 + FRAME, false);
         assert!(file.0.is_empty(), "nothing is written before the commit");
@@ -642,8 +649,7 @@ mod tests {
 
     #[test]
     fn checksums_rewritten_after_a_commit_go_straight_to_the_file() {
-        let (mut frames, mut file) = (Frames::default(), Recorded::default());
-        assert_eq!(frames.write(&mut file, &[0; WAL_HEADER], 0), ffi::SQLITE_OK);
+        let (mut frames, mut file) = started_wal();
         frame(&mut frames, &mut file, 32, false);
         frame(&mut frames, &mut file, 32 + FRAME, true);
         // SQLite rewrites the headers of the transaction's frames from the first it rewrote a page of.
@@ -667,8 +673,7 @@ mod tests {
 
     #[test]
     fn a_page_rewritten_in_place_goes_to_the_file_after_the_frames_held_before_it() {
-        let (mut frames, mut file) = (Frames::default(), Recorded::default());
-        assert_eq!(frames.write(&mut file, &[0; WAL_HEADER], 0), ffi::SQLITE_OK);
+        let (mut frames, mut file) = started_wal();
         frame(&mut frames, &mut file, 32, false);
         frame(&mut frames, &mut file, 32 + FRAME, false);
         assert_eq!(frames.write(&mut file, &[2; PAGE], 32 + 24), ffi::SQLITE_OK);
@@ -679,8 +684,7 @@ mod tests {
 
     #[test]
     fn held_frames_go_at_a_flush_and_a_large_transaction_does_not_wait_for_its_commit() {
-        let (mut frames, mut file) = (Frames::default(), Recorded::default());
-        assert_eq!(frames.write(&mut file, &[0; WAL_HEADER], 0), ffi::SQLITE_OK);
+        let (mut frames, mut file) = started_wal();
         frame(&mut frames, &mut file, 32, false);
         // A read of the file, say, writes them first.
         assert_eq!(frames.flush(&mut file), ffi::SQLITE_OK);
