@@ -78,20 +78,30 @@ fn sse_event(event: &EncodedEvent) -> Event {
 /// it ends. With `no-cache` alone (axum's default for SSE) Chrome writes the stream into its HTTP cache and makes a
 /// second tab's request for the same URL wait on that cache entry until the first stream ends, which for a live
 /// stream is never.
-pub(crate) fn event_stream(
+///
+/// The response waits for the stream's first event, at most [`FIRST_EVENT_WAIT`], so that its head and the events
+/// ready by then go out in one write. A run's events come in bursts right after its start (all of a scripted run's,
+/// up to its suspension or end), and hyper writes what the body has ready when it is first polled together with the
+/// head; returned at once, the head goes out alone, a write (and a TCP segment to the client) more a response.
+pub(crate) async fn event_stream(
     events: impl Stream<Item = Event> + Send + 'static,
     permit: StreamPermit,
     keep_alive: Duration,
 ) -> Response {
-    let events = holding(events, permit);
+    let mut events = Box::pin(holding(events, permit).peekable());
+    // A stream with nothing to send yet (a caught-up reader of a waiting run) sends its head after the wait.
+    let _ = tokio::time::timeout(FIRST_EVENT_WAIT, events.as_mut().peek()).await;
     let sse =
         Sse::new(events.map(Ok::<_, Infallible>)).keep_alive(KeepAlive::new().interval(keep_alive));
     ([(header::CACHE_CONTROL, "no-store")], sse).into_response()
 }
 
+/// How long an event stream's response waits for its first event before its head goes out alone.
+const FIRST_EVENT_WAIT: Duration = Duration::from_millis(5);
+
 /// A run's events as an SSE response. When `abort_on_close`, closing the connection before the run ended aborts
 /// it.
-fn sse_response(
+async fn sse_response(
     events: impl Stream<Item = Arc<EncodedEvent>> + Send + 'static,
     abort_on_close: Option<RunHandle>,
     permit: StreamPermit,
@@ -108,7 +118,7 @@ fn sse_response(
         }
         sse_event(&event)
     });
-    event_stream(events, permit, keep_alive)
+    event_stream(events, permit, keep_alive).await
 }
 
 fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
@@ -204,7 +214,7 @@ pub async fn run_streamed(
     let permit = state.streams.acquire(client)?;
     let run = start_run(&state, &body, ApprovalMode::Interactive).await?;
     let events = run.subscribe(0);
-    Ok(sse_response(events, Some(run), permit, state.keep_alive))
+    Ok(sse_response(events, Some(run), permit, state.keep_alive).await)
 }
 
 /// `POST /api/agent/runs`: starts an interactive run and returns its id; its events are a separate resource.
@@ -274,12 +284,7 @@ pub async fn run_events(
     let run = find_run(&state.harness, &run_id).await?;
     let after = resume_point(&headers, &query)?;
     let permit = state.streams.acquire(client)?;
-    Ok(sse_response(
-        run.subscribe(after),
-        None,
-        permit,
-        state.keep_alive,
-    ))
+    Ok(sse_response(run.subscribe(after), None, permit, state.keep_alive).await)
 }
 
 /// Where a session follower resumes: after the `runId:seq` of `Last-Event-ID`, else after the `run` and `after`
@@ -328,7 +333,7 @@ pub async fn session_events(
                 .id(format!("{run_id}:{}", event.seq))
                 .data(&*event.json)
         });
-    Ok(event_stream(events, permit, state.keep_alive))
+    Ok(event_stream(events, permit, state.keep_alive).await)
 }
 
 /// `GET /api/agent/runs/{runId}`: the run as a viewer sees it now.

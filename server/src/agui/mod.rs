@@ -264,5 +264,5 @@ pub async fn run(
                     .map(|json| Event::default().data(json)),
             )
         });
-    Ok(event_stream(events, permit, state.keep_alive))
+    Ok(event_stream(events, permit, state.keep_alive).await)
 }

@@ -4,6 +4,43 @@ use serde_json::{Value, json};
 
 use crate::helpers::spawn_app;
 
+/// A stream's response waits a moment for its first event, so that its head goes out with it; a reader who has
+/// seen everything of a waiting run gets its head without waiting for the run's next event, then that event.
+#[tokio::test]
+async fn a_reader_caught_up_with_a_waiting_run_gets_the_stream_before_anything_happens() {
+    let app = spawn_app().await;
+    let run_id = app.create_run(json!({"message": "write a.txt: one"})).await;
+    let mut first = app.events(&run_id, None).await;
+    let required = first.until("approvalRequired").await;
+    // The run waits: whatever followed the card is all there is.
+    let mut last = required.id;
+    while let Ok(Some(event)) =
+        tokio::time::timeout(std::time::Duration::from_millis(300), first.next()).await
+    {
+        last = event.id;
+    }
+    drop(first);
+
+    let mut caught_up = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        app.events(&run_id, Some(last)),
+    )
+    .await
+    .expect("the stream's head comes while the run still waits");
+    assert_eq!(caught_up.status, 200);
+
+    let call_id = required.data["request"]["toolCallId"].as_str().unwrap();
+    assert_eq!(
+        app.decide(&run_id, call_id, json!({"decision": "approve"}))
+            .await
+            .status(),
+        200
+    );
+    let resolved = caught_up.next().await.expect("the run goes on");
+    assert_eq!(resolved.name, "approvalResolved");
+    assert_eq!(resolved.id, last + 1);
+}
+
 #[tokio::test]
 async fn a_reconnect_with_last_event_id_misses_nothing_and_repeats_nothing() {
     let app = spawn_app().await;
