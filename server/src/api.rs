@@ -74,6 +74,9 @@ fn sse_event(event: &EncodedEvent) -> Event {
         .data(&*event.json)
 }
 
+/// How long an event stream's response waits for its first event before its head goes out alone.
+const FIRST_EVENT_WAIT: Duration = Duration::from_millis(5);
+
 /// An event stream as a response that no cache stores, holding its client's place among its open streams until
 /// it ends. With `no-cache` alone (axum's default for SSE) Chrome writes the stream into its HTTP cache and makes a
 /// second tab's request for the same URL wait on that cache entry until the first stream ends, which for a live
@@ -95,9 +98,6 @@ pub(crate) async fn event_stream(
         Sse::new(events.map(Ok::<_, Infallible>)).keep_alive(KeepAlive::new().interval(keep_alive));
     ([(header::CACHE_CONTROL, "no-store")], sse).into_response()
 }
-
-/// How long an event stream's response waits for its first event before its head goes out alone.
-const FIRST_EVENT_WAIT: Duration = Duration::from_millis(5);
 
 /// A run's events as an SSE response. When `abort_on_close`, closing the connection before the run ended aborts
 /// it.
@@ -470,4 +470,34 @@ pub async fn audit_log(
         .then(|| entries.last().map(|entry| entry.id))
         .flatten();
     Ok(Json(json!({"ok": true, "entries": entries, "next": next})).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt as _;
+
+    use super::*;
+    use crate::streams::StreamLimit;
+
+    /// What hyper does right after it wrote a response's head: it polls the body once, and writes what is ready
+    /// with the head. A stream whose first event comes soon after the response is made has it ready then.
+    #[tokio::test]
+    async fn a_stream_has_its_first_event_ready_when_the_head_goes_out() {
+        let limit = StreamLimit::new(1);
+        let permit = limit
+            .acquire(ClientAddr("127.0.0.1".parse().unwrap()))
+            .unwrap();
+        let events = futures::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            Event::default().data("first")
+        });
+        let mut body = event_stream(events, permit, Duration::from_secs(15))
+            .await
+            .into_body();
+        let frame = futures::FutureExt::now_or_never(body.frame())
+            .expect("the first event is ready at the body's first poll")
+            .expect("a frame")
+            .expect("no error");
+        assert_eq!(frame.into_data().unwrap(), "data: first\n\n");
+    }
 }
