@@ -87,6 +87,17 @@ impl TestApp {
         .await
     }
 
+    /// Approves the call an `approvalRequired` event shows, and expects `200`.
+    pub async fn approve(&self, run_id: &str, required: &SseEvent) {
+        let call_id = required.data["request"]["toolCallId"]
+            .as_str()
+            .expect("the card names its call");
+        let decided = self
+            .decide(run_id, call_id, serde_json::json!({"decision": "approve"}))
+            .await;
+        assert_eq!(decided.status(), 200);
+    }
+
     /// `POST /api/agent/stream`.
     pub async fn stream(&self, body: Value) -> SseStream {
         let response = self.post_json("/api/agent/stream", &body).await;

@@ -29,13 +29,7 @@ async fn a_reader_caught_up_with_a_waiting_run_gets_the_stream_before_anything_h
     .expect("the stream's head comes while the run still waits");
     assert_eq!(caught_up.status, 200);
 
-    let call_id = required.data["request"]["toolCallId"].as_str().unwrap();
-    assert_eq!(
-        app.decide(&run_id, call_id, json!({"decision": "approve"}))
-            .await
-            .status(),
-        200
-    );
+    app.approve(&run_id, &required).await;
     let resolved = caught_up.next().await.expect("the run goes on");
     assert_eq!(resolved.name, "approvalResolved");
     assert_eq!(resolved.id, last + 1);
@@ -57,13 +51,7 @@ async fn a_reconnect_with_last_event_id_misses_nothing_and_repeats_nothing() {
     };
     drop(first);
 
-    let call_id = required.data["request"]["toolCallId"].as_str().unwrap();
-    assert_eq!(
-        app.decide(&run_id, call_id, json!({"decision": "approve"}))
-            .await
-            .status(),
-        200
-    );
+    app.approve(&run_id, &required).await;
 
     let mut resumed = app.events(&run_id, Some(required.id)).await;
     let rest = resumed.rest().await;
