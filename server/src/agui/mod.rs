@@ -111,17 +111,32 @@ async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiErro
                 )
             })?,
     };
-    // A run id already in use is refused first, as for a new run, before the resume is checked.
-    if store
-        .run(&input.run_id)
-        .await
-        .map_err(unavailable)?
-        .is_some()
+    let checked = check_resume(state, input, &parent).await;
+    // A run id already in use is refused first, as for a new run, before anything the check of the resume found.
+    // Only a resume that did not pass asks here: the start of one that passes refuses a taken run id before it takes
+    // the parent's interrupts (and the refusal is audited as this one would be).
+    if checked.is_err()
+        && store
+            .run(&input.run_id)
+            .await
+            .map_err(unavailable)?
+            .is_some()
     {
         return Err(ApiError::from(StartError::RunIdTaken(input.run_id.clone())));
     }
-    let (suspension, used_by) = store
-        .interrupt(&parent)
+    checked
+}
+
+/// Checks a resume of `parent` against what the parent issued.
+async fn check_resume(
+    state: &AppState,
+    input: &RunInput,
+    parent: &agent::ids::RunId,
+) -> Result<Plan, ApiError> {
+    let (suspension, used_by) = state
+        .harness
+        .store()
+        .interrupt(parent)
         .await
         .map_err(unavailable)?
         .ok_or_else(|| StartError::Resume(TakeError::UnknownParent(parent.clone())))?;
@@ -211,7 +226,13 @@ pub async fn run(
         // all, so the interrupts stay open for a retry.
         Err(error) => {
             let refused = ApiError::from(error);
-            if matches!(refused, ApiError::Start(StartError::Resume(_))) {
+            // A resume refused at its start is audited as one refused by its check (a taken run id included).
+            if input.resume.is_some()
+                && matches!(
+                    refused,
+                    ApiError::Start(StartError::Resume(_) | StartError::RunIdTaken(_))
+                )
+            {
                 audit_refusal(&state, &input, &refused, &actor).await;
             }
             return Err(refused);

@@ -346,6 +346,43 @@ async fn a_history_whose_interrupted_call_was_edited_is_refused_and_executes_not
     assert!(app.file("important.txt").exists());
 }
 
+/// A resume that passes its check but names a run id already in use is refused when it starts: nothing runs, its
+/// interrupts stay open, and the refusal is in the audit log like that of any refused resume.
+#[tokio::test]
+async fn a_resume_under_a_run_id_in_use_is_refused_audited_and_leaves_its_interrupts_open() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("a.txt"), "").unwrap();
+    let first = agui(&app, start("thread-7", "run-1", "delete a.txt")).await;
+    let interrupt = first.interrupts()[0].clone();
+    let approved = || json!([approve(&interrupt)]);
+
+    let taken = agui(
+        &app,
+        resume("thread-7", "run-1", "run-1", first.snapshot(), approved()),
+    )
+    .await;
+    taken.refused(409, "RUN_ID_TAKEN");
+    assert!(app.file("a.txt").exists());
+    let audit: Value = app
+        .get("/api/audit?outcome=run_id_taken")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let entries = audit["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{audit}");
+    assert_eq!(entries[0]["kind"], "resume_refused", "{audit}");
+    assert_eq!(entries[0]["runId"], "run-1", "{audit}");
+
+    let honest = agui(
+        &app,
+        resume("thread-7", "run-2", "run-1", first.snapshot(), approved()),
+    )
+    .await;
+    assert_eq!(honest.status, 200, "{}", honest.body);
+    assert!(!app.file("a.txt").exists());
+}
+
 #[tokio::test]
 async fn a_replayed_resume_is_refused_and_the_tool_runs_once() {
     let app = spawn_app().await;

@@ -499,8 +499,10 @@ pub(super) const UNFINISHED_RUNS: &str = concat!("SELECT id FROM runs WHERE ", u
 pub(super) struct Taken {
     /// Each run's newest sequence number, for its readers.
     touched: Vec<(RunId, u64)>,
-    /// How many appends were ever queued when these were taken.
+    /// How many appends were ever queued when these were taken, if none was left in the queue.
     through: Option<u64>,
+    /// How many appends (after joining) were taken.
+    taken: usize,
 }
 
 impl Taken {
@@ -509,6 +511,67 @@ impl Taken {
         Self {
             touched: Vec::new(),
             through: Some(through),
+            taken: 0,
+        }
+    }
+}
+
+/// Who takes the queued appends into its transaction.
+#[derive(Clone, Copy)]
+enum Taker<'a> {
+    /// The appender's group commit. It leaves the appends of a run whose end waits for the writer ([`EndWaiting`])
+    /// to that end, which writes them with its own update of the run's row: one update and one insert for the run
+    /// instead of two of each.
+    Appender,
+    /// A state change: it takes every append, so that each run's come before what the change appends itself.
+    Change,
+    /// The change that ends this run under this claim (see [`SqlStore::take_appends_in`]).
+    End(&'a RunId, Epoch),
+}
+
+/// A run's end waiting for the writer (SQLite), marked in the queue's [`super::Appends::ending`] while it waits.
+/// Once the end holds the writer it takes the queue itself ([`Self::holds_writer`]); an end that stops waiting
+/// otherwise (it failed, or its future was dropped) wakes the appender for what it left.
+pub(super) struct EndWaiting<'a> {
+    store: &'a SqlStore,
+    run_id: &'a RunId,
+    wake: bool,
+}
+
+impl<'a> EndWaiting<'a> {
+    pub(super) fn new(store: &'a SqlStore, run_id: &'a RunId) -> Self {
+        *store
+            .appends
+            .lock()
+            .ending
+            .entry(run_id.clone())
+            .or_default() += 1;
+        Self {
+            store,
+            run_id,
+            wake: true,
+        }
+    }
+
+    /// The end holds the writer: it takes the run's appends itself, so the appender need not wake.
+    fn holds_writer(mut self) {
+        self.wake = false;
+    }
+}
+
+impl Drop for EndWaiting<'_> {
+    fn drop(&mut self) {
+        let mut appends = self.store.appends.lock();
+        if let Some(waiting) = appends.ending.get_mut(self.run_id) {
+            *waiting -= 1;
+            if *waiting == 0 {
+                appends.ending.remove(self.run_id);
+            }
+        }
+        let left = !appends.queue.is_empty();
+        drop(appends);
+        if self.wake && left {
+            self.store.appended.notify_one();
         }
     }
 }
@@ -525,17 +588,29 @@ impl SqlStore {
     async fn take_appends_in(
         &self,
         tx: &mut Tx,
-        finishing: Option<(&RunId, Epoch)>,
+        taker: Taker<'_>,
     ) -> StoreResult<(Taken, Vec<NewEvent>)> {
         let (batch, through) = {
             let mut appends = self.appends.lock();
-            if appends.queue.is_empty() {
+            let mut queue = std::mem::take(&mut appends.queue);
+            if matches!(taker, Taker::Appender) && !appends.ending.is_empty() {
+                let ending = &appends.ending;
+                let (left, taken) = queue
+                    .into_iter()
+                    .partition(|queued| ending.contains_key(queued.run_id()));
+                appends.queue = left;
+                queue = taken;
+            }
+            if queue.is_empty() {
                 return Ok((Taken::default(), Vec::new()));
             }
-            (
-                super::coalesce(std::mem::take(&mut appends.queue)),
-                appends.queued,
-            )
+            // Appends left in the queue keep `written` where it is: whoever takes them moves it on.
+            let through = appends.queue.is_empty().then_some(appends.queued);
+            (super::coalesce(queue), through)
+        };
+        let finishing = match taker {
+            Taker::End(run_id, epoch) => Some((run_id, epoch)),
+            Taker::Appender | Taker::Change => None,
         };
         let held = finishing.and_then(|(run_id, epoch)| {
             let last = batch.iter().rposition(|queued| queued.run_id() == run_id)?;
@@ -577,6 +652,7 @@ impl SqlStore {
                 }
             }
         }
+        let count = batch.len();
         let (appends, wake) = (Arc::clone(&self.appends), Arc::clone(&self.appended));
         tx.after_rollback(move || {
             let mut appends = appends.lock();
@@ -590,7 +666,8 @@ impl SqlStore {
             None => Ok((
                 Taken {
                     touched,
-                    through: Some(through),
+                    through,
+                    taken: count,
                 },
                 held.map(|(_, events)| events).unwrap_or_default(),
             )),
@@ -632,16 +709,23 @@ impl SqlStore {
         }
     }
 
-    /// Writes what the queue holds in a transaction of its own (the appender's group commit). Whether anything was
-    /// there.
+    /// Writes what the queue holds in a transaction of its own (the appender's group commit), but for what waits for
+    /// its run's end ([`Taker::Appender`]). Whether it wrote anything.
     pub(super) async fn write_queued(&self) -> StoreResult<bool> {
-        if self.appends.lock().queue.is_empty() {
-            return Ok(false);
+        {
+            let appends = self.appends.lock();
+            if appends
+                .queue
+                .iter()
+                .all(|queued| appends.ending.contains_key(queued.run_id()))
+            {
+                return Ok(false);
+            }
         }
         let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let (taken, _) = self.take_appends_in(&mut tx, None).await?;
-        if taken.through.is_none() {
-            // A state change took them first.
+        let (taken, _) = self.take_appends_in(&mut tx, Taker::Appender).await?;
+        if taken.taken == 0 {
+            // A state change took them first, or they wait for their runs' ends.
             return Ok(false);
         }
         self.commit_change(tx, taken, None).await?;
@@ -668,8 +752,19 @@ impl SqlStore {
             let tx = self.writer.begin().await.map_err(unavailable)?;
             return Ok((tx, Taken::default(), Vec::new()));
         }
-        let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let (taken, held) = self.take_appends_in(&mut tx, finishing).await?;
+        let (mut tx, taker) = match finishing {
+            Some((run_id, epoch)) => {
+                let waiting = EndWaiting::new(self, run_id);
+                let tx = self.writer.begin().await.map_err(unavailable)?;
+                waiting.holds_writer();
+                (tx, Taker::End(run_id, epoch))
+            }
+            None => (
+                self.writer.begin().await.map_err(unavailable)?,
+                Taker::Change,
+            ),
+        };
+        let (taken, held) = self.take_appends_in(&mut tx, taker).await?;
         Ok((tx, taken, held))
     }
 
@@ -810,26 +905,22 @@ impl SqlStore {
             let (tails, parent, by) = (Arc::clone(tails), parent.clone(), run.run_id.clone());
             tx.after_commit(move || tails.resumed(&parent, &by));
         }
-        query(
-            "INSERT INTO sessions (id, title, created_at, updated_at, run_count) VALUES ($1, $2, $3, $3, 0) \
-             ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(run.session_id.as_str())
-        .bind(title_of(&run.message))
-        .bind(run.at as i64)
-        .execute(&mut tx)
-        .await
-        .map_err(unavailable)?;
+        // The session's claim for the run, in one statement: a new session is created with it; one that exists is
+        // claimed only while no run is going in it (no row comes back when one is).
+        let title = title_of(&run.message);
         let claimed = query(format!(
-            "{} sessions SET active_run = $2, run_count = run_count + 1, updated_at = $3, \
-             title = CASE WHEN title = '' THEN $4 ELSE title END \
-             WHERE id = $1 AND active_run IS NULL RETURNING run_count",
-            self.dialect.update()
+            "{} INTO sessions (id, title, created_at, updated_at, active_run, run_count) \
+             VALUES ($1, $4, $3, $3, $2, 1) \
+             ON CONFLICT (id) DO UPDATE SET active_run = excluded.active_run, run_count = sessions.run_count + 1, \
+             updated_at = excluded.updated_at, \
+             title = CASE WHEN sessions.title = '' THEN excluded.title ELSE sessions.title END \
+             WHERE sessions.active_run IS NULL RETURNING run_count",
+            self.dialect.insert()
         ))
         .bind(run.session_id.as_str())
         .bind(run.run_id.as_str())
         .bind(run.at as i64)
-        .bind(title_of(&run.message))
+        .bind(title)
         .fetch_optional(&mut tx)
         .await
         .map_err(unavailable)?;
