@@ -90,7 +90,7 @@ async fn plan_new_run(state: &AppState, input: &RunInput) -> Result<Plan, ApiErr
     })
 }
 
-/// Checks a resume against what its parent run issued and takes the parent's suspension, once.
+/// Checks a resume against what its parent run issued (the run's start takes the parent's interrupts, once).
 async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiError> {
     let store = state.harness.store();
     let parent = match &input.parent_run_id {
@@ -112,9 +112,10 @@ async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiErro
             })?,
     };
     let checked = check_resume(state, input, &parent).await;
-    // A run id already in use is refused first, as for a new run, before anything the check of the resume found.
-    // Only a resume that did not pass asks here: the start of one that passes refuses a taken run id before it takes
-    // the parent's interrupts (and the refusal is audited as this one would be).
+    // A run id already in use is refused before anything the check of the resume found. Only a resume that did not
+    // pass asks here: one that passes starts as a new run does, whose start refuses a taken run id (after the
+    // server's own refusals: shutting down, full) before it takes the parent's interrupts, and that refusal is
+    // audited as this one would be.
     if checked.is_err()
         && store
             .run(&input.run_id)

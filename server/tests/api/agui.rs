@@ -355,10 +355,12 @@ async fn a_resume_under_a_run_id_in_use_is_refused_audited_and_leaves_its_interr
     let first = agui(&app, start("thread-7", "run-1", "delete a.txt")).await;
     let interrupt = first.interrupts()[0].clone();
     let approved = || json!([approve(&interrupt)]);
+    let elsewhere = agui(&app, start("thread-8", "run-9", "hello")).await;
+    assert_eq!(elsewhere.status, 200, "{}", elsewhere.body);
 
     let taken = agui(
         &app,
-        resume("thread-7", "run-1", "run-1", first.snapshot(), approved()),
+        resume("thread-7", "run-9", "run-1", first.snapshot(), approved()),
     )
     .await;
     taken.refused(409, "RUN_ID_TAKEN");

@@ -11,7 +11,8 @@
 //! committed in batches (group commit): they are durable before anyone can read them, and each run's log keeps the
 //! order they were appended in. A background task writes what gathered for a millisecond; a state change that comes
 //! first takes the queue into its own transaction on SQLite (one commit instead of two), and on PostgreSQL waits for
-//! the queue to be written. On SQLite the results of tool calls join the same queue, so that a call's result and
+//! the queue to be written. On SQLite the background task leaves the events of a run whose end waits for the writer
+//! to that end, which writes them with its own. On SQLite the results of tool calls join the same queue, so that a call's result and
 //! the run's next change are one commit.
 //!
 //! On SQLite, the newest committed events of each run, and what a run's end recorded (its conversation, its
@@ -1220,7 +1221,8 @@ async fn heartbeat_forever(store: std::sync::Weak<SqlStore>, lease: Duration) {
 
 /// How long the appender lets appends gather before it writes them: a state change that comes meanwhile (a run's
 /// next step, its end) takes them into its own transaction on SQLite, and a busy server writes many in one commit.
-/// Readers see an event this much later at most; nothing waits for it (whoever must, flushes).
+/// Readers see an event this much later at most, or with its run's end when that end already waits for the writer;
+/// nothing waits for it (whoever must, flushes).
 const GROUP_COMMIT_WINDOW: Duration = Duration::from_millis(1);
 
 /// Writes queued appends in batches, as long as the store lives. It holds the store only while it writes, so that
@@ -1595,6 +1597,12 @@ mod tests {
             "the events of a run whose end waits are left to the end"
         );
         assert_eq!(store.appends.lock().queue.len(), 1);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), store.flush())
+                .await
+                .is_err(),
+            "what waits for its end is not written yet"
+        );
 
         drop(waiting);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -1606,6 +1614,9 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(logged(&ending).await, ["e1", "e2"]);
+        tokio::time::timeout(Duration::from_secs(5), store.flush())
+            .await
+            .expect("once written, everything queued is");
     }
 
     #[tokio::test]

@@ -577,14 +577,15 @@ impl Drop for EndWaiting<'_> {
 }
 
 impl SqlStore {
-    /// Takes every queued append into `tx`. Only a transaction holding the writer takes the queue (SQLite's one
+    /// Takes the queued appends into `tx`: every one, but for the appender, which leaves those of runs whose end
+    /// waits for the writer ([`Taker::Appender`]). Only a transaction holding the writer takes the queue (SQLite's one
     /// writer connection; on PostgreSQL only the appender takes it), so each run's events keep the order they were
     /// appended in, and come before what `tx` appends itself. If `tx` rolls back, they go back to the front of the
     /// queue.
     ///
-    /// With `finishing`, the run whose end `tx` commits under that claim: its events queued last (after its last
-    /// call result, if any) are not written here but returned, for the end to write before its own in the one
-    /// update of the run's row it makes anyway. Its end checks the same claim their append would have.
+    /// Taken by a run's end ([`Taker::End`], the run and the claim `tx` ends it under): its events queued last (after
+    /// its last call result, if any) are not written here but returned, for the end to write before its own in the
+    /// one update of the run's row it makes anyway. Its end checks the same claim their append would have.
     async fn take_appends_in(
         &self,
         tx: &mut Tx,
