@@ -11,8 +11,7 @@
 //! committed in batches (group commit): they are durable before anyone can read them, and each run's log keeps the
 //! order they were appended in. A background task writes what gathered for a millisecond; a state change that comes
 //! first takes the queue into its own transaction on SQLite (one commit instead of two), and on PostgreSQL waits for
-//! the queue to be written. On SQLite the background task leaves the events of a run whose end waits for the writer
-//! to that end, which writes them with its own. On SQLite the results of tool calls join the same queue, so that a call's result and
+//! the queue to be written. On SQLite the results of tool calls join the same queue, so that a call's result and
 //! the run's next change are one commit.
 //!
 //! On SQLite, the newest committed events of each run, and what a run's end recorded (its conversation, its
@@ -421,9 +420,6 @@ struct Appends {
     queue: Vec<Queued>,
     /// How many appends were ever queued.
     queued: u64,
-    /// The runs whose end waits for the writer, with how many ends wait (SQLite): the appender leaves their appends
-    /// to the end, which writes them with its own update of the run's row (see [`queries::EndWaiting`]).
-    ending: std::collections::HashMap<RunId, usize>,
 }
 
 /// A SQLite or PostgreSQL store.
@@ -1221,8 +1217,7 @@ async fn heartbeat_forever(store: std::sync::Weak<SqlStore>, lease: Duration) {
 
 /// How long the appender lets appends gather before it writes them: a state change that comes meanwhile (a run's
 /// next step, its end) takes them into its own transaction on SQLite, and a busy server writes many in one commit.
-/// Readers see an event this much later at most, or with its run's end when that end already waits for the writer;
-/// nothing waits for it (whoever must, flushes).
+/// Readers see an event this much later at most; nothing waits for it (whoever must, flushes).
 const GROUP_COMMIT_WINDOW: Duration = Duration::from_millis(1);
 
 /// Writes queued appends in batches, as long as the store lives. It holds the store only while it writes, so that
@@ -1237,21 +1232,19 @@ async fn append_forever(
         let Some(strong) = store.upgrade() else {
             return;
         };
-        match strong.write_queued().await {
-            Ok(true) => attempt = 0,
-            // Nothing to write: the queue is empty, a state change took it first (whoever takes appends marks them
-            // written once committed), or what it holds waits for the ends of its runs, which take it.
-            Ok(false) => {
-                attempt = 0;
-                drop(strong);
-                // Woken by the next append, by an end that stopped waiting without taking its run's, or by the
-                // store's end.
-                wake.notified().await;
-                tokio::select! {
-                    () = tokio::time::sleep(GROUP_COMMIT_WINDOW) => {}
-                    () = flush_now.notified() => {}
-                }
+        // Whoever takes appends marks them written once committed: a state change may hold some right now.
+        if strong.appends.lock().queue.is_empty() {
+            drop(strong);
+            // Woken by the next append, or by the store's end.
+            wake.notified().await;
+            tokio::select! {
+                () = tokio::time::sleep(GROUP_COMMIT_WINDOW) => {}
+                () = flush_now.notified() => {}
             }
+            continue;
+        }
+        match strong.write_queued().await {
+            Ok(_) => attempt = 0,
             Err(error) if attempt < 5 => {
                 attempt += 1;
                 tracing::warn!(%error, attempt, "cannot write events; trying again");
@@ -1539,84 +1532,6 @@ mod tests {
             .expect("the committed run");
         assert_eq!(info.run_id, run);
         change.commit().await.unwrap();
-    }
-
-    /// While a run's end waits for the writer, the appender leaves the run's queued events to it (the end writes them
-    /// with its own update of the run's row) and writes the other runs'. An end that stops waiting without taking
-    /// them wakes the appender, which then writes them.
-    #[tokio::test]
-    async fn the_appender_leaves_a_runs_events_to_its_end_while_that_end_waits_for_the_writer() {
-        use crate::store::{NewRun, Store};
-        use crate::wire::ApprovalMode;
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqlStore::open(&DatabaseUrl::Sqlite(dir.path().join("toolgate.db")))
-            .await
-            .unwrap();
-        let (ending, other) = (run(1), run(2));
-        for (n, run_id) in [&ending, &other].into_iter().enumerate() {
-            store
-                .start_run(NewRun {
-                    run_id: run_id.clone(),
-                    session_id: SessionId::parse(format!("sess_{n}")).unwrap(),
-                    parent_run_id: None,
-                    mode: ApprovalMode::Interactive,
-                    message: "hello".into(),
-                    events: Vec::new(),
-                    at: 1_000,
-                })
-                .await
-                .unwrap()
-                .unwrap();
-        }
-        let logged = |run_id: &RunId| {
-            let (store, run_id) = (&store, run_id.clone());
-            async move {
-                let events = store.events_after(&run_id, 0, 10).await.unwrap();
-                events
-                    .iter()
-                    .map(|e| e.json.to_string())
-                    .collect::<Vec<_>>()
-            }
-        };
-
-        let waiting = queries::EndWaiting::new(&store, &ending);
-        store.append(&ending, 1, vec![event("e1"), event("e2")]);
-        store.append(&other, 1, vec![event("o1")]);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while logged(&other).await.is_empty() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the appender wrote the other run's events"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(
-            logged(&ending).await,
-            Vec::<String>::new(),
-            "the events of a run whose end waits are left to the end"
-        );
-        assert_eq!(store.appends.lock().queue.len(), 1);
-        assert!(
-            tokio::time::timeout(Duration::from_millis(50), store.flush())
-                .await
-                .is_err(),
-            "what waits for its end is not written yet"
-        );
-
-        drop(waiting);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while logged(&ending).await.is_empty() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "an end that stopped waiting woke the appender for the events it left"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert_eq!(logged(&ending).await, ["e1", "e2"]);
-        tokio::time::timeout(Duration::from_secs(5), store.flush())
-            .await
-            .expect("once written, everything queued is");
     }
 
     #[tokio::test]

@@ -499,10 +499,8 @@ pub(super) const UNFINISHED_RUNS: &str = concat!("SELECT id FROM runs WHERE ", u
 pub(super) struct Taken {
     /// Each run's newest sequence number, for its readers.
     touched: Vec<(RunId, u64)>,
-    /// How many appends were ever queued when these were taken, if none was left in the queue.
+    /// How many appends were ever queued when these were taken.
     through: Option<u64>,
-    /// How many appends (after joining) were taken.
-    taken: usize,
 }
 
 impl Taken {
@@ -511,107 +509,33 @@ impl Taken {
         Self {
             touched: Vec::new(),
             through: Some(through),
-            taken: 0,
-        }
-    }
-}
-
-/// Who takes the queued appends into its transaction.
-#[derive(Clone, Copy)]
-enum Taker<'a> {
-    /// The appender's group commit. It leaves the appends of a run whose end waits for the writer ([`EndWaiting`])
-    /// to that end, which writes them with its own update of the run's row: one update and one insert for the run
-    /// instead of two of each.
-    Appender,
-    /// A state change: it takes every append, so that each run's come before what the change appends itself.
-    Change,
-    /// The change that ends this run under this claim (see [`SqlStore::take_appends_in`]).
-    End(&'a RunId, Epoch),
-}
-
-/// A run's end waiting for the writer (SQLite), marked in the queue's [`super::Appends::ending`] while it waits.
-/// Once the end holds the writer it takes the queue itself ([`Self::holds_writer`]); an end that stops waiting
-/// otherwise (it failed, or its future was dropped) wakes the appender for what it left.
-pub(super) struct EndWaiting<'a> {
-    store: &'a SqlStore,
-    run_id: &'a RunId,
-    wake: bool,
-}
-
-impl<'a> EndWaiting<'a> {
-    pub(super) fn new(store: &'a SqlStore, run_id: &'a RunId) -> Self {
-        *store
-            .appends
-            .lock()
-            .ending
-            .entry(run_id.clone())
-            .or_default() += 1;
-        Self {
-            store,
-            run_id,
-            wake: true,
-        }
-    }
-
-    /// The end holds the writer: it takes the run's appends itself, so the appender need not wake.
-    fn holds_writer(mut self) {
-        self.wake = false;
-    }
-}
-
-impl Drop for EndWaiting<'_> {
-    fn drop(&mut self) {
-        let mut appends = self.store.appends.lock();
-        if let Some(waiting) = appends.ending.get_mut(self.run_id) {
-            *waiting -= 1;
-            if *waiting == 0 {
-                appends.ending.remove(self.run_id);
-            }
-        }
-        let left = !appends.queue.is_empty();
-        drop(appends);
-        if self.wake && left {
-            self.store.appended.notify_one();
         }
     }
 }
 
 impl SqlStore {
-    /// Takes the queued appends into `tx`: every one, but for the appender, which leaves those of runs whose end
-    /// waits for the writer ([`Taker::Appender`]). Only a transaction holding the writer takes the queue (SQLite's one
+    /// Takes every queued append into `tx`. Only a transaction holding the writer takes the queue (SQLite's one
     /// writer connection; on PostgreSQL only the appender takes it), so each run's events keep the order they were
     /// appended in, and come before what `tx` appends itself. If `tx` rolls back, they go back to the front of the
     /// queue.
     ///
-    /// Taken by a run's end ([`Taker::End`], the run and the claim `tx` ends it under): its events queued last (after
-    /// its last call result, if any) are not written here but returned, for the end to write before its own in the
-    /// one update of the run's row it makes anyway. Its end checks the same claim their append would have.
+    /// With `finishing`, the run whose end `tx` commits under that claim: its events queued last (after its last
+    /// call result, if any) are not written here but returned, for the end to write before its own in the one
+    /// update of the run's row it makes anyway. Its end checks the same claim their append would have.
     async fn take_appends_in(
         &self,
         tx: &mut Tx,
-        taker: Taker<'_>,
+        finishing: Option<(&RunId, Epoch)>,
     ) -> StoreResult<(Taken, Vec<NewEvent>)> {
         let (batch, through) = {
             let mut appends = self.appends.lock();
-            let mut queue = std::mem::take(&mut appends.queue);
-            if matches!(taker, Taker::Appender) && !appends.ending.is_empty() {
-                let ending = &appends.ending;
-                let (left, taken) = queue
-                    .into_iter()
-                    .partition(|queued| ending.contains_key(queued.run_id()));
-                appends.queue = left;
-                queue = taken;
-            }
-            if queue.is_empty() {
+            if appends.queue.is_empty() {
                 return Ok((Taken::default(), Vec::new()));
             }
-            // Appends left in the queue keep `written` where it is: whoever takes them moves it on.
-            let through = appends.queue.is_empty().then_some(appends.queued);
-            (super::coalesce(queue), through)
-        };
-        let finishing = match taker {
-            Taker::End(run_id, epoch) => Some((run_id, epoch)),
-            Taker::Appender | Taker::Change => None,
+            (
+                super::coalesce(std::mem::take(&mut appends.queue)),
+                appends.queued,
+            )
         };
         let held = finishing.and_then(|(run_id, epoch)| {
             let last = batch.iter().rposition(|queued| queued.run_id() == run_id)?;
@@ -653,7 +577,6 @@ impl SqlStore {
                 }
             }
         }
-        let count = batch.len();
         let (appends, wake) = (Arc::clone(&self.appends), Arc::clone(&self.appended));
         tx.after_rollback(move || {
             let mut appends = appends.lock();
@@ -667,8 +590,7 @@ impl SqlStore {
             None => Ok((
                 Taken {
                     touched,
-                    through,
-                    taken: count,
+                    through: Some(through),
                 },
                 held.map(|(_, events)| events).unwrap_or_default(),
             )),
@@ -710,23 +632,16 @@ impl SqlStore {
         }
     }
 
-    /// Writes what the queue holds in a transaction of its own (the appender's group commit), but for what waits for
-    /// its run's end ([`Taker::Appender`]). Whether it wrote anything.
+    /// Writes what the queue holds in a transaction of its own (the appender's group commit). Whether anything was
+    /// there.
     pub(super) async fn write_queued(&self) -> StoreResult<bool> {
-        {
-            let appends = self.appends.lock();
-            if appends
-                .queue
-                .iter()
-                .all(|queued| appends.ending.contains_key(queued.run_id()))
-            {
-                return Ok(false);
-            }
+        if self.appends.lock().queue.is_empty() {
+            return Ok(false);
         }
         let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let (taken, _) = self.take_appends_in(&mut tx, Taker::Appender).await?;
-        if taken.taken == 0 {
-            // A state change took them first, or they wait for their runs' ends.
+        let (taken, _) = self.take_appends_in(&mut tx, None).await?;
+        if taken.through.is_none() {
+            // A state change took them first.
             return Ok(false);
         }
         self.commit_change(tx, taken, None).await?;
@@ -753,19 +668,8 @@ impl SqlStore {
             let tx = self.writer.begin().await.map_err(unavailable)?;
             return Ok((tx, Taken::default(), Vec::new()));
         }
-        let (mut tx, taker) = match finishing {
-            Some((run_id, epoch)) => {
-                let waiting = EndWaiting::new(self, run_id);
-                let tx = self.writer.begin().await.map_err(unavailable)?;
-                waiting.holds_writer();
-                (tx, Taker::End(run_id, epoch))
-            }
-            None => (
-                self.writer.begin().await.map_err(unavailable)?,
-                Taker::Change,
-            ),
-        };
-        let (taken, held) = self.take_appends_in(&mut tx, taker).await?;
+        let mut tx = self.writer.begin().await.map_err(unavailable)?;
+        let (taken, held) = self.take_appends_in(&mut tx, finishing).await?;
         Ok((tx, taken, held))
     }
 
