@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use agent::clock::now_ms;
 use agent::harness::{RunSource, StartError, StartRun};
 use agent::store::{AuditEntry, AuditKind, TakeError};
-use agent::wire::{ApprovalMode, Message, StreamEvent};
+use agent::wire::{ApprovalMode, Message};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -272,8 +272,8 @@ pub async fn run(
             let translated = if Translator::ignores(encoded.kind) {
                 Vec::new()
             } else {
-                match serde_json::from_str::<StreamEvent>(&encoded.json) {
-                    Ok(event) => translator.translate(&event, || conversation),
+                match translator.translate(encoded.kind, &encoded.json, || conversation) {
+                    Ok(translated) => translated,
                     Err(error) => {
                         tracing::error!(%error, "an event of the run could not be read back");
                         Vec::new()
