@@ -452,9 +452,8 @@ macro_rules! final_calls {
 }
 
 /// The statement that begins a call inline: its row, in place of a final call of an earlier batch with the same id
-/// (ids are the model's), after every other call of the run, only while the run is this instance's (`$5`) at its
-/// epoch (`$6`). Returns a row only if it wrote one. Made once per database, with [`super::Dialect::insert`]'s
-/// beginning (it returns what it wrote).
+/// (ids are the model's), after every other call of the run. Returns a row only if it wrote one. Made once per
+/// database, with [`super::Dialect::insert`]'s beginning (it returns what it wrote).
 fn begin_inline_call(dialect: super::Dialect) -> &'static str {
     static SQLITE: OnceLock<String> = OnceLock::new();
     static POSTGRES: OnceLock<String> = OnceLock::new();
@@ -465,8 +464,7 @@ fn begin_inline_call(dialect: super::Dialect) -> &'static str {
     made.get_or_init(|| {
         format!(
             "{} INTO calls (run_id, call_id, idx, status, record, executing_on) \
-             SELECT $1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5 \
-             WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1 AND state = 'running' AND owner = $5 AND epoch = $6) \
+             VALUES ($1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5) \
              ON CONFLICT (run_id, call_id) DO UPDATE SET idx = excluded.idx, status = excluded.status, \
              record = excluded.record, requested_at = NULL, expires_at = NULL, \
              executing_on = excluded.executing_on WHERE calls.status IN {} RETURNING 1",
@@ -1197,23 +1195,30 @@ impl Store for SqlStore {
             }
             let begun = match inline {
                 Some((mut record, epoch)) => {
-                    // The run must still be this instance's, at this epoch, in this very transaction: the insert
-                    // checks it (after PostgreSQL locked the run's row, as every change of a run's calls does).
-                    lock_run_in(self.dialect, &mut tx, &run_id)
-                        .await
-                        .map_err(unavailable)?;
+                    // The run must still be this instance's, at this epoch, in this very transaction.
+                    let held = query(format!(
+                        "SELECT 1 FROM runs WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3{}",
+                        self.dialect.for_update()
+                    ))
+                    .bind(run_id.as_str())
+                    .bind(self.instance.as_str())
+                    .bind(epoch as i64)
+                    .fetch_optional(&mut tx)
+                    .await
+                    .map_err(unavailable)?;
+                    if held.is_none() {
+                        return Ok(None);
+                    }
                     record.status = CallStatus::Executing;
                     record.executing_on = Some(self.instance.clone());
                     // A call of an earlier batch with the same id (ids are the model's) gives way, and the new one
-                    // comes after every other; one of this batch does not, and nothing is written; nor is anything
-                    // for a run this instance no longer holds.
+                    // comes after every other; one of this batch does not, and nothing is written.
                     let inserted = query(begin_inline_call(self.dialect))
                     .bind(run_id.as_str())
                     .bind(call_id.as_str())
                     .bind(record.status.as_str())
                     .bind(json(&record))
                     .bind(self.instance.as_str())
-                    .bind(epoch as i64)
                     .fetch_optional(&mut tx)
                     .await
                     .map_err(unavailable)?;
