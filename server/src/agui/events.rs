@@ -668,6 +668,17 @@ mod tests {
         ToolOutput::error(ToolErrorCode::ApprovalDenied, "Not today.")
     }
 
+    /// A translator for `run` of thread `thread-1`, whose client sent no message.
+    fn fresh(run: RunId) -> Translator {
+        Translator::new(
+            SessionId::parse("thread-1").unwrap(),
+            run,
+            Vec::new(),
+            0,
+            HashSet::new(),
+        )
+    }
+
     /// What the translator makes of `event`, stored as the run stores it.
     fn translate(
         translator: &mut Translator,
@@ -867,13 +878,7 @@ mod tests {
 
     #[test]
     fn a_run_that_fails_closes_its_text_and_says_why() {
-        let mut translator = Translator::new(
-            SessionId::parse("thread-1").unwrap(),
-            run_id("run-c"),
-            Vec::new(),
-            0,
-            HashSet::new(),
-        );
+        let mut translator = fresh(run_id("run-c"));
         let events = [
             delta("run-c", 1, "Hm"),
             StreamEvent::Error {
@@ -917,13 +922,7 @@ mod tests {
                 grant: None,
             },
         ] {
-            let mut translator = Translator::new(
-                SessionId::parse("thread-1").unwrap(),
-                run.clone(),
-                Vec::new(),
-                0,
-                HashSet::new(),
-            );
+            let mut translator = fresh(run.clone());
             assert!(Translator::ignores(event.kind()), "{}", event.kind());
             assert!(translate(&mut translator, &event, || None).is_empty());
         }
@@ -934,13 +933,7 @@ mod tests {
         assert_eq!(skipped, ["approvalRequired", "approvalResolved", "debug"]);
         // Each kind it reads has an arm that reads it: an event of the kind without its fields does not read.
         for kind in TRANSLATED {
-            let mut translator = Translator::new(
-                SessionId::parse("thread-1").unwrap(),
-                run.clone(),
-                Vec::new(),
-                0,
-                HashSet::new(),
-            );
+            let mut translator = fresh(run.clone());
             let read = translator.translate(kind, "{}", || None);
             match kind {
                 "done" => assert_eq!(read.unwrap().len(), 2, "a snapshot and RUN_FINISHED"),
@@ -961,13 +954,7 @@ mod tests {
                 r#"{"n":1.5,"path":"a.txt"}"#,
             ),
         ] {
-            let mut translator = Translator::new(
-                SessionId::parse("thread-1").unwrap(),
-                run.clone(),
-                Vec::new(),
-                0,
-                HashSet::new(),
-            );
+            let mut translator = fresh(run.clone());
             let call = StreamEvent::ToolCall {
                 run_id: run.clone(),
                 step: 1,
@@ -987,13 +974,7 @@ mod tests {
     /// A stored event that does not read as its kind is an error, not an AG-UI event made of a guess.
     #[test]
     fn an_event_that_does_not_read_as_its_kind_is_an_error() {
-        let mut translator = Translator::new(
-            SessionId::parse("thread-1").unwrap(),
-            run_id("run-f"),
-            Vec::new(),
-            0,
-            HashSet::new(),
-        );
+        let mut translator = fresh(run_id("run-f"));
         assert!(
             translator
                 .translate("step", r#"{"type":"step"}"#, || None)
