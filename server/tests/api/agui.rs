@@ -365,16 +365,10 @@ async fn a_resume_under_a_run_id_in_use_is_refused_audited_and_leaves_its_interr
     .await;
     taken.refused(409, "RUN_ID_TAKEN");
     assert!(app.file("a.txt").exists());
-    let audit: Value = app
-        .get("/api/audit?outcome=run_id_taken")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let entries = audit["entries"].as_array().unwrap();
-    assert_eq!(entries.len(), 1, "{audit}");
-    assert_eq!(entries[0]["kind"], "resume_refused", "{audit}");
-    assert_eq!(entries[0]["runId"], "run-1", "{audit}");
+    let entries = app.audit("outcome=run_id_taken").await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["kind"], "resume_refused", "{entries:?}");
+    assert_eq!(entries[0]["runId"], "run-1", "{entries:?}");
 
     let honest = agui(
         &app,

@@ -87,6 +87,21 @@ impl TestApp {
         .await
     }
 
+    /// `GET /api/audit?{query}`: the audit log's entries that match, oldest first.
+    pub async fn audit(&self, query: &str) -> Vec<Value> {
+        let body: Value = self
+            .get(&format!("/api/audit?{query}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(body["ok"], true, "{body}");
+        body["entries"]
+            .as_array()
+            .expect("the log's entries")
+            .clone()
+    }
+
     /// Approves the call an `approvalRequired` event shows, and expects `200`.
     pub async fn approve(&self, run_id: &str, required: &SseEvent) {
         let call_id = required.data["request"]["toolCallId"]

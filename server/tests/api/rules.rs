@@ -157,23 +157,13 @@ async fn always_allow_runs_the_same_call_without_a_card_while_another_still_asks
     let (status, _) = run_to_end(&app, "run ls -la").await;
     assert_eq!(status, 403, "without the rule, the call asks again");
 
-    let audit: Value = app
-        .get("/api/audit?outcome=added")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let added = &audit["entries"][0];
+    let audit = app.audit("outcome=added").await;
+    let added = &audit[0];
     assert_eq!(added["kind"], "rule_changed");
     assert_eq!(added["reason"], rule);
     assert_eq!(added["actor"], "local");
-    let audit: Value = app
-        .get("/api/audit?outcome=removed")
-        .await
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(audit["entries"][0]["reason"], rule);
+    let audit = app.audit("outcome=removed").await;
+    assert_eq!(audit[0]["reason"], rule);
 }
 
 #[tokio::test]
@@ -314,24 +304,14 @@ async fn grants_are_listed_in_the_events_and_over_the_api_and_revoked() {
     assert_eq!(listed["grants"], json!([]));
     until_card(&app, "grants", "run echo granted").await;
 
-    let audit: Value = app
-        .get("/api/audit?outcome=revoked")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let revoked = &audit["entries"][0];
+    let audit = app.audit("outcome=revoked").await;
+    let revoked = &audit[0];
     assert_eq!(revoked["kind"], "grant_revoked");
     assert_eq!(revoked["sessionId"], "grants");
     assert_eq!(revoked["reason"], "run_command: exactly “echo granted”");
     assert_eq!(revoked["actor"], "local");
-    let approved: Value = app
-        .get("/api/audit?outcome=approved&sessionId=grants")
-        .await
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(approved["entries"][0]["scope"], "session");
+    let approved = app.audit("outcome=approved&sessionId=grants").await;
+    assert_eq!(approved[0]["scope"], "session");
 }
 
 #[tokio::test]
