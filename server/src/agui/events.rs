@@ -37,8 +37,11 @@ pub fn iso8601(ms: u64) -> String {
     )
 }
 
-/// What a resume may answer to an interrupt: the same for every interrupt, so built once.
-static RESPONSE_SCHEMA: LazyLock<Value> = LazyLock::new(response_schema);
+/// What a resume may answer to an interrupt: the same for every interrupt, so built and encoded once (as a value,
+/// every `RUN_FINISHED` that carries interrupts walked its tree again).
+static RESPONSE_SCHEMA: LazyLock<Box<RawValue>> = LazyLock::new(|| {
+    serde_json::value::to_raw_value(&response_schema()).expect("a JSON value encodes")
+});
 
 /// The AG-UI events this server sends, each borrowing what it says from the run.
 #[derive(Serialize)]
@@ -122,7 +125,7 @@ struct Interrupt<'a> {
     reason: &'static str,
     message: &'a str,
     tool_call_id: &'a ToolCallId,
-    response_schema: &'static Value,
+    response_schema: &'static RawValue,
     expires_at: String,
     metadata: InterruptMetadata<'a>,
 }
