@@ -115,11 +115,21 @@ pub(super) fn query<'q>(sql: impl Into<Cow<'q, str>>) -> Query<'q> {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Done {
     rows: u64,
+    /// On SQLite, the row number (`rowid`) of the last row the statement inserted, if it inserted any.
+    inserted: Option<i64>,
 }
 
 impl Done {
     pub(super) fn rows_affected(&self) -> u64 {
         self.rows
+    }
+
+    /// The row number SQLite gave the last row this statement inserted: what `RETURNING rowid` would say, without
+    /// the table SQLite makes to hold what a statement returns. `None` on PostgreSQL, and for a statement that
+    /// inserted no row. Only for an `INSERT`: SQLite counts no row an `UPDATE` or a `DELETE` changes as inserted,
+    /// so after one of those this is the row the connection inserted before.
+    pub(super) fn inserted_row(&self) -> Option<i64> {
+        self.inserted
     }
 }
 
@@ -689,9 +699,11 @@ impl<'q> Query<'q> {
                 ..
             }) => Ok(Done {
                 rows: self.postgres().execute(in_tx(tx)?).await?.rows_affected(),
+                inserted: None,
             }),
             On::Pool(Pool::Postgres(pool)) => Ok(Done {
                 rows: self.postgres().execute(pool).await?.rows_affected(),
+                inserted: None,
             }),
             On::Tx(Tx {
                 connection: TxConnection::Done,
@@ -806,7 +818,10 @@ impl<'q> Query<'q> {
     fn sqlite_execute(&self, connection: &rusqlite::Connection) -> Db<Done> {
         let mut statement = self.sqlite_statement(connection)?;
         let rows = statement.raw_execute()?;
-        Ok(Done { rows: rows as u64 })
+        Ok(Done {
+            rows: rows as u64,
+            inserted: (rows > 0).then(|| connection.last_insert_rowid()),
+        })
     }
 
     fn sqlite_rows(&self, connection: &rusqlite::Connection, limit: usize) -> Db<Vec<Row>> {

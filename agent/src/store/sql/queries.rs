@@ -142,7 +142,8 @@ impl SqlStore {
         let Some(row) = row else {
             return Ok(None);
         };
-        self.insert_events_in(connection, run_id, &row, events)
+        let (last, run) = self.room_made(run_id, &row)?;
+        self.insert_events_in(connection, run_id, last, run, events)
             .await
             .map(Some)
     }
@@ -156,23 +157,30 @@ impl SqlStore {
         }
     }
 
-    /// Writes `events` into the room `row` made for them in their run's log (the run's row, written with
-    /// `last_seq` grown by `events.len()`, returning [`Self::seq_returning`]), and returns the run's newest
-    /// sequence number. Rings the other instances' doorbell for the run.
-    async fn insert_events_in(
-        &self,
-        connection: &mut Tx,
-        run_id: &RunId,
-        row: &Row,
-        events: &[NewEvent],
-    ) -> Db<u64> {
+    /// What a write of a run's row that made room for events returned ([`Self::seq_returning`]): the run's newest
+    /// sequence number, and how the events table names the run.
+    fn room_made<'r>(&self, run_id: &'r RunId, row: &Row) -> Db<(i64, EventsOf<'r>)> {
         let last: i64 = row.try_get(0)?;
-        let first = last - events.len() as i64 + 1;
         // SQLite names the run by its number, within each event's row number; PostgreSQL by its id.
         let run = match self.dialect {
             super::Dialect::Sqlite => EventsOf::Number(row.try_get(1)?),
             super::Dialect::Postgres => EventsOf::Id(run_id.as_str()),
         };
+        Ok((last, run))
+    }
+
+    /// Writes `events` into the room made for them in their run's log (the run's row, written with `last_seq`
+    /// grown by `events.len()` to `last`), and returns the run's newest sequence number. Rings the other
+    /// instances' doorbell for the run.
+    async fn insert_events_in(
+        &self,
+        connection: &mut Tx,
+        run_id: &RunId,
+        last: i64,
+        run: EventsOf<'_>,
+        events: &[NewEvent],
+    ) -> Db<u64> {
+        let first = last - events.len() as i64 + 1;
         for (chunk_index, chunk) in events.chunks(EVENTS_PER_INSERT).enumerate() {
             let mut query = query(run.insert(chunk.len()));
             for (i, event) in chunk.iter().enumerate() {
@@ -842,13 +850,12 @@ impl SqlStore {
             }));
         };
         let ordinal: i64 = claimed.try_get(0).map_err(unavailable)?;
-        // The run's row, with room for its first events.
-        let row = query(format!(
+        // The run's row, with room for its first events: their numbers are known (1 to their count), and so is,
+        // on SQLite, the run's number, which the insert gives the row (nothing to return, so no table for it).
+        let inserted = query(format!(
             "{} INTO runs (id, session_id, ordinal, parent_run_id, mode, state, owner, epoch, last_seq, \
-             event_bytes, message, created_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, 1, $9, $10, $7, $8) \
-             RETURNING {}",
+             event_bytes, message, created_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, 1, $9, $10, $7, $8)",
             self.dialect.insert(),
-            self.seq_returning()
         ))
         .bind(run.run_id.as_str())
         .bind(run.session_id.as_str())
@@ -860,15 +867,32 @@ impl SqlStore {
         .bind(run.at as i64)
         .bind(run.events.len() as i64)
         .bind(event_bytes(&run.events))
-        .fetch_one(&mut tx)
+        .execute(&mut tx)
         .await
         .map_err(unavailable)?;
         let seq = if run.events.is_empty() {
             0
         } else {
-            self.insert_events_in(&mut tx, &run.run_id, &row, &run.events)
-                .await
-                .map_err(unavailable)?
+            let events_of = match self.dialect {
+                super::Dialect::Sqlite => {
+                    EventsOf::Number(inserted.inserted_row().ok_or_else(|| {
+                        StoreError::Unavailable(format!(
+                            "the row of run {} was not written",
+                            run.run_id
+                        ))
+                    })?)
+                }
+                super::Dialect::Postgres => EventsOf::Id(run.run_id.as_str()),
+            };
+            self.insert_events_in(
+                &mut tx,
+                &run.run_id,
+                run.events.len() as i64,
+                events_of,
+                &run.events,
+            )
+            .await
+            .map_err(unavailable)?
         };
         self.doorbell(&mut tx, || format!("session {} {ordinal}", run.session_id))
             .await
@@ -1429,8 +1453,11 @@ impl Store for SqlStore {
                 return why_not_ended(&mut tx, &finish.run_id).await.map(Err);
             };
             let session: String = row.try_get("session_id").map_err(unavailable)?;
+            let (last, events_of) = self
+                .room_made(&finish.run_id, &row)
+                .map_err(unavailable)?;
             let seq = self
-                .insert_events_in(&mut tx, &finish.run_id, &row, &events)
+                .insert_events_in(&mut tx, &finish.run_id, last, events_of, &events)
                 .await
                 .map_err(unavailable)?;
             if !finish.history.is_empty() {
