@@ -49,6 +49,10 @@ pub async fn limit_body(request: Request, next: Next) -> Response {
         .await
 }
 
+/// A request body that says it is JSON, read whole but not yet parsed: for a handler that reads it straight into
+/// its own types ([`JsonBody::value`] is the parse every other route makes).
+pub struct JsonBody(pub Bytes);
+
 /// A request body that is a JSON value.
 pub struct JsonValue(pub Value);
 
@@ -60,7 +64,16 @@ fn is_json(content_type: &str) -> bool {
             .is_some_and(|(_, suffix)| suffix.eq_ignore_ascii_case("json"))
 }
 
-impl<S: Send + Sync> FromRequest<S> for JsonValue {
+impl JsonBody {
+    /// The body as a JSON value: malformed JSON is a 400.
+    pub fn value(&self) -> Result<Value, ApiError> {
+        serde_json::from_slice(&self.0).map_err(|error| {
+            ApiError::Invalid(ValidationErrors::form(format!("Malformed JSON: {error}")))
+        })
+    }
+}
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
@@ -72,22 +85,28 @@ impl<S: Send + Sync> FromRequest<S> for JsonValue {
         if !is_json(content_type) {
             return Err(ApiError::UnsupportedMediaType);
         }
-        let bytes =
-            Bytes::from_request(request, state)
-                .await
-                .map_err(|rejection| match rejection.status() {
-                    StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge {
-                        limit: MAX_BODY_BYTES,
-                    },
-                    _ => ApiError::Invalid(ValidationErrors::form(format!(
-                        "The request body could not be read: {rejection}"
-                    ))),
-                })?;
-        serde_json::from_slice(&bytes)
-            .map(JsonValue)
-            .map_err(|error| {
-                ApiError::Invalid(ValidationErrors::form(format!("Malformed JSON: {error}")))
+        Bytes::from_request(request, state)
+            .await
+            .map(JsonBody)
+            .map_err(|rejection| match rejection.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge {
+                    limit: MAX_BODY_BYTES,
+                },
+                _ => ApiError::Invalid(ValidationErrors::form(format!(
+                    "The request body could not be read: {rejection}"
+                ))),
             })
+    }
+}
+
+impl<S: Send + Sync> FromRequest<S> for JsonValue {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        JsonBody::from_request(request, state)
+            .await?
+            .value()
+            .map(JsonValue)
     }
 }
 

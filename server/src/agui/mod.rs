@@ -25,7 +25,7 @@ use agent::harness::Actor;
 use axum::extract::Extension;
 
 use crate::api::{AbortOnDrop, event_stream, is_terminal};
-use crate::body::JsonValue;
+use crate::body::JsonBody;
 use crate::error::{ApiError, Refusal};
 use crate::state::AppState;
 use crate::streams::ClientAddr;
@@ -195,9 +195,9 @@ pub async fn run(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     client: ClientAddr,
-    JsonValue(body): JsonValue,
+    body: JsonBody,
 ) -> Result<Response, ApiError> {
-    let input = RunInput::from_json(body).map_err(ApiError::Invalid)?;
+    let input = RunInput::from_body(&body)?;
     // Before the plan: a client with too many streams open uses no interrupt and starts nothing.
     let permit = state.streams.acquire(client)?;
     let plan = match input.resume {

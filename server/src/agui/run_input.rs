@@ -5,6 +5,9 @@ use agent::wire::{Message, ToolCall, ToolErrorCode, ToolOutput, ValidationErrors
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::body::JsonBody;
+use crate::error::ApiError;
+
 /// The most messages a client may send in one run's history.
 pub const MAX_MESSAGES: usize = 1_000;
 
@@ -179,10 +182,89 @@ fn convert(raw: &[Value]) -> Result<Vec<Message>, ValidationErrors> {
     Ok(messages)
 }
 
+/// A body read straight into a [`RawInput`], or refused for the reading of [`RunInput::from_json`] to explain. It
+/// accepts only what that reading accepts, and reads it the same: each field it reads is read as there; any other
+/// field is read as a JSON value (so a field toolgate does not use is checked as there too, a lone surrogate in a
+/// string of it included) and dropped; and a field that comes twice, which the value reading takes the last of,
+/// refuses.
+struct Direct(RawInput);
+
+impl<'de> Deserialize<'de> for Direct {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(DirectVisitor)
+    }
+}
+
+struct DirectVisitor;
+
+/// Sets a field read once; a second time is an error.
+fn once<T, E: serde::de::Error>(
+    slot: &mut Option<T>,
+    value: T,
+    name: &'static str,
+) -> Result<(), E> {
+    match slot.replace(value) {
+        Some(_) => Err(E::duplicate_field(name)),
+        None => Ok(()),
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for DirectVisitor {
+    type Value = Direct;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a RunAgentInput object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Direct, A::Error> {
+        use serde::de::Error;
+        let (mut thread_id, mut run_id, mut parent_run_id) = (None, None, None);
+        let (mut messages, mut context, mut resume) = (None, None, None);
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "threadId" => once(&mut thread_id, map.next_value()?, "threadId")?,
+                "runId" => once(&mut run_id, map.next_value()?, "runId")?,
+                "parentRunId" => once(&mut parent_run_id, map.next_value()?, "parentRunId")?,
+                "messages" => once(&mut messages, map.next_value()?, "messages")?,
+                "context" => once(&mut context, map.next_value()?, "context")?,
+                "resume" => once(&mut resume, map.next_value()?, "resume")?,
+                _ => drop(map.next_value::<Value>()?),
+            }
+        }
+        Ok(Direct(RawInput {
+            thread_id: thread_id.ok_or_else(|| A::Error::missing_field("threadId"))?,
+            run_id: run_id.ok_or_else(|| A::Error::missing_field("runId"))?,
+            parent_run_id: parent_run_id.flatten(),
+            messages: messages.unwrap_or_default(),
+            context: context.unwrap_or_default(),
+            resume: resume.flatten(),
+        }))
+    }
+}
+
 impl RunInput {
+    /// Reads a request's body. A body that reads as an input goes straight into its fields, without a JSON value
+    /// of the whole body made first (the common case); any other body is read as a value, so that it is refused as
+    /// every route refuses a body: malformed JSON, or what is wrong where. Either way the input is the same
+    /// ([`Direct`]).
+    pub fn from_body(body: &JsonBody) -> Result<Self, ApiError> {
+        let direct = std::str::from_utf8(&body.0)
+            .ok()
+            .and_then(|text| serde_json::from_str::<Direct>(text).ok());
+        match direct {
+            Some(Direct(raw)) => Self::from_raw(raw),
+            None => Self::from_json(body.value()?),
+        }
+        .map_err(ApiError::Invalid)
+    }
+
     pub fn from_json(body: Value) -> Result<Self, ValidationErrors> {
         let raw: RawInput = serde_json::from_value(body)
             .map_err(|error| ValidationErrors::form(format!("Not a RunAgentInput: {error}")))?;
+        Self::from_raw(raw)
+    }
+
+    fn from_raw(raw: RawInput) -> Result<Self, ValidationErrors> {
         let thread_id = SessionId::parse(&raw.thread_id)
             .map_err(|e| invalid("threadId", format!("Invalid id: {e}")))?;
         let run_id =
@@ -223,7 +305,72 @@ impl RunInput {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Bytes;
     use serde_json::json;
+
+    /// A body as the route reads it, and as every route's reading (a JSON value first) reads it.
+    fn read_both(body: &[u8]) -> (Result<RunInput, String>, Result<RunInput, String>) {
+        let body = JsonBody(Bytes::copy_from_slice(body));
+        let direct = RunInput::from_body(&body).map_err(|error| format!("{error:?}"));
+        let by_value = body
+            .value()
+            .and_then(|value| RunInput::from_json(value).map_err(ApiError::Invalid))
+            .map_err(|error| format!("{error:?}"));
+        (direct, by_value)
+    }
+
+    /// What an AG-UI client sends to resume a run, every field of `RunAgentInput` in it.
+    const RESUME: &str = r#"{"threadId":"thread-1","runId":"run-2","parentRunId":"run-1",
+        "messages":[{"id":"user-1","role":"user","content":"delete a.txt"},
+            {"id":"m2","role":"assistant","toolCalls":[{"id":"call_1","type":"function",
+                "function":{"name":"delete_file","arguments":"{\"path\":\"a.txt\"}"}}]}],
+        "tools":[],"context":[{"description":"user","value":"Ada"}],"state":{},"forwardedProps":{},
+        "resume":[{"interruptId":"int-1","status":"resolved","payload":{"approved":true}}]}"#;
+
+    #[test]
+    fn a_clients_body_is_read_straight_into_the_input() {
+        assert!(serde_json::from_str::<Direct>(RESUME).is_ok());
+        let (direct, by_value) = read_both(RESUME.as_bytes());
+        assert_eq!(direct, by_value);
+        let input = direct.unwrap();
+        assert_eq!(input.run_id.as_str(), "run-2");
+        assert_eq!(input.raw_messages.len(), 2);
+        assert_eq!(input.context.len(), 1);
+        assert_eq!(input.resume.unwrap()[0].status, ResumeStatus::Resolved);
+    }
+
+    #[test]
+    fn any_body_reads_as_the_value_reading_reads_it() {
+        let bodies: &[&[u8]] = &[
+            br#"{"threadId":"t","runId":"r","parentRunId":null,"resume":null,"messages":[]}"#,
+            // An escaped name is the field's name.
+            br#"{"thread\u0049d":"t","runId":"r"}"#,
+            // A field twice: the value reading takes the last.
+            br#"{"threadId":"t","runId":"r1","runId":"r2"}"#,
+            br#"{"threadId":"t","runId":"r","messages":[],"messages":[{"role":"user","content":"hi"}]}"#,
+            // A lone surrogate is malformed, in a field toolgate does not use too.
+            br#"{"threadId":"t","runId":"r","state":{"note":"\ud800"}}"#,
+            br#"{"threadId":"t","runId":"r","messages":[{"role":"user","content":"\udc00"}]}"#,
+            // Not UTF-8, in a field toolgate does not use.
+            b"{\"threadId\":\"t\",\"runId\":\"r\",\"state\":\"\xff\"}",
+            br#"{"runId":"r"}"#,
+            br#"{"threadId":"a b","runId":"r"}"#,
+            br#"{"threadId":"t","runId":"r","messages":null}"#,
+            br#"{"threadId":"t","runId":"r","resume":[{"interruptId":"i","status":"maybe"}]}"#,
+            br#"{"threadId":"t","runId":"r","messages":[{"role":"tool","content":"x"}]}"#,
+            br#"["t","r"]"#,
+            br#"{"threadId":"t","runId":"r"} trailing"#,
+            b"",
+        ];
+        for body in bodies {
+            let (direct, by_value) = read_both(body);
+            assert_eq!(direct, by_value, "{}", String::from_utf8_lossy(body));
+        }
+        let (direct, _) = read_both(bodies[2]);
+        assert_eq!(direct.unwrap().run_id.as_str(), "r2");
+        let (direct, _) = read_both(bodies[4]);
+        assert!(direct.unwrap_err().contains("Malformed JSON"));
+    }
 
     #[test]
     fn a_conversation_is_read_in_the_harness_terms() {
