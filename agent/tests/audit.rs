@@ -45,6 +45,7 @@ async fn start(harness: &Harness, message: &str) -> agent::harness::RunHandle {
             mode: ApprovalMode::Interactive,
             run_id: None,
             source: RunSource::Session,
+            refused_while_interrupted: false,
         })
         .await
         .unwrap()

@@ -50,6 +50,7 @@ fn start(message: &str) -> StartRun {
         mode: ApprovalMode::Interactive,
         run_id: None,
         source: RunSource::Session,
+        refused_while_interrupted: false,
     }
 }
 

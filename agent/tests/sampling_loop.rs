@@ -337,6 +337,7 @@ async fn a_long_conversation_sends_the_model_its_newest_turns_and_says_so() {
                 mode: ApprovalMode::Interactive,
                 run_id: None,
                 source: agent::harness::RunSource::Session,
+                refused_while_interrupted: false,
             })
             .await
             .unwrap();

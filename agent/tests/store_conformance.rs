@@ -112,6 +112,7 @@ fn new_run(run: &str, session_id: &str) -> NewRun {
         message: format!("the message of {run}"),
         events: vec![step_event(run, 1)],
         at: 1_000,
+        refused_while_interrupted: false,
     }
 }
 
@@ -1001,13 +1002,11 @@ async fn an_end_settles_the_calls_still_pending_in_the_order_they_were_asked(kin
     assert_eq!(steps(&*backend.store, "r").await, expected);
 }
 
-async fn a_suspension_is_taken_once_and_a_replay_is_told_who_took_it(kind: Kind) {
-    let backend = open(kind).await;
-    let store = &*backend.store;
-    store.start_run(new_run("r1", "t")).await.unwrap().unwrap();
-    let suspension = Suspension {
-        run_id: run_id("r1"),
-        session_id: session("t"),
+/// What a run `run` of `session_id` that asks about one call `c` records, its interrupt expiring at `expires_at`.
+fn suspension_of(run: &str, session_id: &str, expires_at: u64) -> Suspension {
+    Suspension {
+        run_id: run_id(run),
+        session_id: session(session_id),
         history: vec![],
         interruption: Interruption {
             step: 1,
@@ -1026,23 +1025,35 @@ async fn a_suspension_is_taken_once_and_a_replay_is_told_who_took_it(kind: Kind)
                 tool_name: "delete_file".into(),
                 arguments: json!({"path": "c"}),
                 reason: "destructive".into(),
-                expires_at: 50_000,
+                expires_at,
             },
             digest: arguments_digest(&json!({"path": "c"})),
         }],
-    };
+    }
+}
+
+/// The end of the suspended run, by its writer.
+fn interrupted(suspension: &Suspension) -> FinishRun {
+    FinishRun {
+        run_id: suspension.run_id.clone(),
+        epoch: Some(1),
+        state: RunState::Interrupted,
+        history: vec![],
+        conversation: Some(vec![]),
+        suspension: Some(suspension.clone()),
+        events: vec![step_event(suspension.run_id.as_str(), 2)],
+        audit: vec![],
+        settle_pending: None,
+    }
+}
+
+async fn a_suspension_is_taken_once_and_a_replay_is_told_who_took_it(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r1", "t")).await.unwrap().unwrap();
+    let suspension = suspension_of("r1", "t", 50_000);
     store
-        .finish_run(FinishRun {
-            run_id: run_id("r1"),
-            epoch: Some(1),
-            state: RunState::Interrupted,
-            history: vec![],
-            conversation: Some(vec![]),
-            suspension: Some(suspension.clone()),
-            events: vec![step_event("r1", 2)],
-            audit: vec![],
-            settle_pending: None,
-        })
+        .finish_run(interrupted(&suspension))
         .await
         .unwrap()
         .unwrap();
@@ -1103,6 +1114,54 @@ async fn a_suspension_is_taken_once_and_a_replay_is_told_who_took_it(kind: Kind)
         backend.store.interrupt(&run_id("r1")).await.unwrap(),
         Some((suspension, Some(run_id("r2")))),
         "the same, read from the database"
+    );
+}
+
+/// AG-UI's rule, in the start: a thread answers its interrupts before it starts another run.
+async fn a_new_run_that_waits_for_no_interrupt_is_refused_while_its_session_waits_for_one(
+    kind: Kind,
+) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r1", "t")).await.unwrap().unwrap();
+    store
+        .finish_run(interrupted(&suspension_of("r1", "t", 50_000)))
+        .await
+        .unwrap()
+        .unwrap();
+    let refused_at = |run: &str, at: u64| NewRun {
+        at,
+        refused_while_interrupted: true,
+        ..new_run(run, "t")
+    };
+    assert_eq!(
+        store.start_run(refused_at("r2", 10_000)).await.unwrap(),
+        Err(StartConflict::Interrupted {
+            session_id: session("t"),
+            waiting: run_id("r1")
+        })
+    );
+    assert_eq!(
+        store.start_run(refused_at("r1", 10_000)).await.unwrap(),
+        Err(StartConflict::RunIdTaken(run_id("r1"))),
+        "a taken run id is refused first"
+    );
+    assert_eq!(store.run(&run_id("r2")).await.unwrap(), None);
+    // The refused start claimed nothing: a run that the interrupt does not refuse starts in the session.
+    assert_eq!(store.start_run(new_run("r3", "t")).await.unwrap(), Ok(1));
+    assert!(matches!(
+        store.start_run(refused_at("r4", 10_000)).await.unwrap(),
+        Err(StartConflict::SessionBusy { .. })
+    ));
+    store
+        .finish_run(done("r3", vec![], vec![step_event("r3", 2)]))
+        .await
+        .unwrap()
+        .unwrap();
+    // Once the interrupt has expired, it refuses nothing.
+    assert_eq!(
+        store.start_run(refused_at("r5", 50_000)).await.unwrap(),
+        Ok(1)
     );
 }
 
@@ -1494,6 +1553,7 @@ conformance!(
     finishing_a_run_frees_its_session_and_leaves_nothing_pending,
     an_end_settles_the_calls_still_pending_in_the_order_they_were_asked,
     a_suspension_is_taken_once_and_a_replay_is_told_who_took_it,
+    a_new_run_that_waits_for_no_interrupt_is_refused_while_its_session_waits_for_one,
     retention_forgets_old_runs_and_keeps_open_suspensions,
     a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own,
     a_run_reads_back_the_conversation_its_end_recorded,

@@ -85,6 +85,7 @@ fn start_refusal(error: &StartError) -> (StatusCode, &'static str) {
         StartError::SessionBusy { .. } => (StatusCode::CONFLICT, "THREAD_BUSY"),
         StartError::PolicyTooLoose { .. } => (StatusCode::FORBIDDEN, "POLICY_TOO_LOOSE"),
         StartError::RunIdTaken(_) => (StatusCode::CONFLICT, "RUN_ID_TAKEN"),
+        StartError::Interrupted { .. } => (StatusCode::CONFLICT, "THREAD_INTERRUPTED"),
         StartError::Resume(TakeError::UnknownParent(_)) => {
             (StatusCode::NOT_FOUND, "UNKNOWN_PARENT_RUN")
         }
@@ -264,6 +265,14 @@ mod tests {
                 StartError::RunIdTaken(RunId::parse("r").unwrap()),
                 StatusCode::CONFLICT,
                 "RUN_ID_TAKEN",
+            ),
+            (
+                StartError::Interrupted {
+                    session_id: SessionId::parse("s").unwrap(),
+                    waiting: RunId::parse("r").unwrap(),
+                },
+                StatusCode::CONFLICT,
+                "THREAD_INTERRUPTED",
             ),
         ];
         for (error, status, code) in cases {

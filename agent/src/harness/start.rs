@@ -38,6 +38,9 @@ pub struct StartRun {
     /// A run id the client chose (AG-UI clients do); a fresh one when absent.
     pub run_id: Option<RunId>,
     pub source: RunSource,
+    /// Whether an interrupt the session waits on refuses the run ([`StartError::Interrupted`]): AG-UI's rule, a
+    /// thread answers its interrupts before it starts another run.
+    pub refused_while_interrupted: bool,
 }
 
 impl StartRun {
@@ -49,6 +52,7 @@ impl StartRun {
             mode,
             run_id: None,
             source: RunSource::Session,
+            refused_while_interrupted: false,
         }
     }
 }
@@ -71,6 +75,13 @@ pub enum StartError {
     },
     #[error("Run id {0} is already taken; every run needs a new id.")]
     RunIdTaken(RunId),
+    #[error(
+        "Thread {session_id} waits for a resume of run {waiting}: answer its interrupts (status resolved or cancelled) before starting another run."
+    )]
+    Interrupted {
+        session_id: SessionId,
+        waiting: RunId,
+    },
     /// The interrupts a resume names are unknown, or another run already resumed them.
     #[error(transparent)]
     Resume(#[from] TakeError),
@@ -120,6 +131,7 @@ impl Harness {
                 message: request.message.clone(),
                 events: Vec::new(),
                 at,
+                refused_while_interrupted: request.refused_while_interrupted,
             })
             .await
             .map_err(|error| StartError::Unavailable(error.to_string()))?
@@ -129,6 +141,13 @@ impl Harness {
                 StartConflict::SessionBusy { session_id, active } => StartError::SessionBusy {
                     session_id,
                     run_id: active,
+                },
+                StartConflict::Interrupted {
+                    session_id,
+                    waiting,
+                } => StartError::Interrupted {
+                    session_id,
+                    waiting,
                 },
             })?;
         let info = RunInfo {

@@ -96,6 +96,18 @@ struct Tables {
 }
 
 impl Tables {
+    /// The session's newest interrupted run that waits for a resume, and when its interrupts expire.
+    fn open_interrupt(&self, session_id: &SessionId) -> Option<(RunId, u64)> {
+        let session = self.sessions.get(session_id)?;
+        session.runs.iter().rev().find_map(|run_id| {
+            let row = self.runs.get(run_id)?;
+            let suspension = row.suspension.as_ref()?;
+            row.resumed_by
+                .is_none()
+                .then(|| (run_id.clone(), suspension.expires_at()))
+        })
+    }
+
     /// Appends to the audit log; an entry about a run names the run's session.
     fn audit(&mut self, entries: Vec<AuditEntry>) {
         for mut entry in entries {
@@ -167,6 +179,12 @@ impl Store for MemoryStore {
                     _ => Err(TakeError::UnknownParent(parent.clone())),
                 },
             };
+            let waiting = run
+                .refused_while_interrupted
+                .then(|| tables.open_interrupt(&run.session_id))
+                .flatten()
+                .filter(|(_, expires_at)| *expires_at > run.at)
+                .map(|(waiting, _)| waiting);
             if tables.runs.contains_key(&run.run_id) {
                 Err(StartConflict::RunIdTaken(run.run_id.clone()))
             } else if let Err(refused) = resume {
@@ -184,12 +202,16 @@ impl Store for MemoryStore {
                         history: Vec::new(),
                         grants: Vec::new(),
                     });
-                match &session.active {
-                    Some(active) => Err(StartConflict::SessionBusy {
+                match (&session.active, waiting) {
+                    (Some(active), _) => Err(StartConflict::SessionBusy {
                         session_id: run.session_id.clone(),
                         active: active.clone(),
                     }),
-                    None => {
+                    (None, Some(waiting)) => Err(StartConflict::Interrupted {
+                        session_id: run.session_id.clone(),
+                        waiting,
+                    }),
+                    (None, None) => {
                         session.active = Some(run.run_id.clone());
                         session.runs.push(run.run_id.clone());
                         session.updated_at = run.at;
@@ -588,17 +610,7 @@ impl Store for MemoryStore {
     }
 
     fn open_interrupt(&self, session_id: &SessionId) -> StoreFuture<'_, Option<(RunId, u64)>> {
-        let tables = self.tables.lock();
-        let open = tables.sessions.get(session_id).and_then(|session| {
-            session.runs.iter().rev().find_map(|run_id| {
-                let row = tables.runs.get(run_id)?;
-                let suspension = row.suspension.as_ref()?;
-                row.resumed_by
-                    .is_none()
-                    .then(|| (run_id.clone(), suspension.expires_at()))
-            })
-        });
-        Self::ready(open)
+        Self::ready(self.tables.lock().open_interrupt(session_id))
     }
 
     fn run(&self, run_id: &RunId) -> StoreFuture<'_, Option<RunInfo>> {

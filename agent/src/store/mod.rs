@@ -210,6 +210,11 @@ pub struct NewRun {
     /// Its first events (`runStarted`).
     pub events: Vec<NewEvent>,
     pub at: u64,
+    /// Whether an interrupt the session waits on refuses the run ([`StartConflict::Interrupted`]): the session's
+    /// newest interrupted run, not yet resumed, whose interrupts have not expired at `at`. AG-UI's rule: a thread
+    /// answers its interrupts before it starts another run. Checked in the start, with the session's claim, so
+    /// that no interrupt opens between the check and the start.
+    pub refused_while_interrupted: bool,
 }
 
 /// Why a run could not start.
@@ -225,6 +230,12 @@ pub enum StartConflict {
     /// The interrupts the run would resume are unknown or already used.
     #[error(transparent)]
     Resume(#[from] TakeError),
+    /// The session waits for a resume of `waiting` ([`NewRun::refused_while_interrupted`]).
+    #[error("session {session_id} waits for a resume of run {waiting}")]
+    Interrupted {
+        session_id: SessionId,
+        waiting: RunId,
+    },
 }
 
 /// What the repeated-call guard has counted in a run, kept across the run's batches.

@@ -228,6 +228,7 @@ impl Fixture {
                 mode,
                 run_id: None,
                 source: RunSource::Session,
+                refused_while_interrupted: false,
             })
             .await
             .unwrap()
@@ -368,6 +369,7 @@ pub async fn start_interactive(harness: &Harness, message: &str) -> RunHandle {
             mode: ApprovalMode::Interactive,
             run_id: None,
             source: RunSource::Session,
+            refused_while_interrupted: false,
         })
         .await
         .unwrap()

@@ -51,26 +51,9 @@ fn unavailable(error: impl std::fmt::Display) -> ApiError {
     .into()
 }
 
-async fn plan_new_run(state: &AppState, input: &RunInput) -> Result<Plan, ApiError> {
-    let open = state
-        .harness
-        .store()
-        .open_interrupt(&input.thread_id)
-        .await
-        .map_err(unavailable)?;
-    if let Some((waiting, expires_at)) = open
-        && expires_at > now_ms()
-    {
-        return Err(Refusal::new(
-            StatusCode::CONFLICT,
-            "THREAD_INTERRUPTED",
-            format!(
-                "Thread {} waits for a resume of run {waiting}: answer its interrupts (status resolved or cancelled) before starting another run.",
-                input.thread_id
-            ),
-        )
-        .into());
-    }
+/// A new run's plan. An interrupt the thread waits on refuses the run in its start (`THREAD_INTERRUPTED`), checked
+/// with the thread's claim.
+fn plan_new_run(input: &RunInput) -> Result<Plan, ApiError> {
     let Some((Message::User { content }, earlier)) = input.messages.split_last() else {
         return Err(Refusal::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -208,7 +191,7 @@ pub async fn run(
                 return Err(refused);
             }
         },
-        None => plan_new_run(&state, &input).await?,
+        None => plan_new_run(&input)?,
     };
     let started = state
         .harness
@@ -219,6 +202,7 @@ pub async fn run(
             mode: ApprovalMode::Interrupt,
             run_id: Some(input.run_id.clone()),
             source: plan.source,
+            refused_while_interrupted: input.resume.is_none(),
         })
         .await;
     let run = match started {

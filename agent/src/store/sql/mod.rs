@@ -1518,6 +1518,7 @@ mod tests {
                 message: "hello".into(),
                 events: Vec::new(),
                 at: 1_000,
+                refused_while_interrupted: false,
             })
             .await
             .unwrap()

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use super::db::{Db, DbError, Row, Tx, query};
+use super::db::{Db, DbError, On, Row, Tx, query};
 use super::{SqlStore, tail, unavailable};
 use crate::clock::now_ms;
 use crate::ids::{RunId, SessionId, ToolCallId};
@@ -389,6 +389,27 @@ async fn take_interrupt_in(
             }
         }
     }))
+}
+
+/// The session's newest interrupted run that waits for a resume, and when its interrupts expire.
+async fn open_interrupt_in<'e>(
+    on: impl Into<On<'e>>,
+    session_id: &SessionId,
+) -> StoreResult<Option<(RunId, u64)>> {
+    let row = query(
+        "SELECT id, suspension_expires_at FROM runs WHERE session_id = $1 AND suspension IS NOT NULL \
+         AND resumed_by IS NULL ORDER BY ordinal DESC LIMIT 1",
+    )
+    .bind(session_id.as_str())
+    .fetch_optional(on)
+    .await
+    .map_err(unavailable)?;
+    row.map(|row| {
+        let id: String = row.try_get(0).map_err(unavailable)?;
+        let expires: Option<i64> = row.try_get(1).map_err(unavailable)?;
+        Ok((run_id(id)?, expires.unwrap_or(0) as u64))
+    })
+    .transpose()
 }
 
 async fn audit_in(connection: &mut Tx, entries: &[AuditEntry]) -> Db<()> {
@@ -850,6 +871,17 @@ impl SqlStore {
             }));
         };
         let ordinal: i64 = claimed.try_get(0).map_err(unavailable)?;
+        // After the claim: on PostgreSQL a run of the session that ends meanwhile holds its row until it committed,
+        // and an interrupt it opened is seen here.
+        if run.refused_while_interrupted
+            && let Some((waiting, expires_at)) = open_interrupt_in(&mut tx, &run.session_id).await?
+            && expires_at > run.at
+        {
+            return Ok(Err(StartConflict::Interrupted {
+                session_id: run.session_id,
+                waiting,
+            }));
+        }
         // The run's row, with room for its first events: their numbers are known (1 to their count), and so is,
         // on SQLite, the run's number, which the insert gives the row (nothing to return, so no table for it).
         let inserted = query(format!(
@@ -1706,23 +1738,7 @@ impl Store for SqlStore {
 
     fn open_interrupt(&self, session_id: &SessionId) -> StoreFuture<'_, Option<(RunId, u64)>> {
         let session_id = session_id.clone();
-        async move {
-            let row = query(
-                "SELECT id, suspension_expires_at FROM runs WHERE session_id = $1 AND suspension IS NOT NULL \
-                 AND resumed_by IS NULL ORDER BY ordinal DESC LIMIT 1",
-            )
-            .bind(session_id.as_str())
-            .fetch_optional(self.by_key())
-            .await
-            .map_err(unavailable)?;
-            row.map(|row| {
-                let id: String = row.try_get(0).map_err(unavailable)?;
-                let expires: Option<i64> = row.try_get(1).map_err(unavailable)?;
-                Ok((run_id(id)?, expires.unwrap_or(0) as u64))
-            })
-            .transpose()
-        }
-        .boxed()
+        async move { open_interrupt_in(self.by_key(), &session_id).await }.boxed()
     }
 
     fn run(&self, run_id: &RunId) -> StoreFuture<'_, Option<RunInfo>> {
@@ -2390,6 +2406,7 @@ mod tests {
                 message: message.into(),
                 events: Vec::new(),
                 at: 1_000,
+                refused_while_interrupted: false,
             })
             .await
             .unwrap()
