@@ -208,6 +208,7 @@ fn start_run(mode: ApprovalMode) -> StartRun {
         mode,
         run_id: None,
         source: RunSource::Session,
+        refused_while_interrupted: false,
     }
 }
 

@@ -1163,6 +1163,18 @@ async fn a_new_run_that_waits_for_no_interrupt_is_refused_while_its_session_wait
         store.start_run(refused_at("r5", 50_000)).await.unwrap(),
         Ok(1)
     );
+    store
+        .finish_run(done("r5", vec![], vec![step_event("r5", 2)]))
+        .await
+        .unwrap()
+        .unwrap();
+    // A resume answers the interrupt it would wait on: its take checks it, not this rule.
+    let resume = NewRun {
+        parent_run_id: Some(run_id("r1")),
+        message: String::new(),
+        ..refused_at("r6", 10_000)
+    };
+    assert_eq!(store.start_run(resume).await.unwrap(), Ok(1));
 }
 
 async fn retention_forgets_old_runs_and_keeps_open_suspensions(kind: Kind) {

@@ -179,8 +179,7 @@ impl Store for MemoryStore {
                     _ => Err(TakeError::UnknownParent(parent.clone())),
                 },
             };
-            let waiting = run
-                .refused_while_interrupted
+            let waiting = (run.refused_while_interrupted && run.parent_run_id.is_none())
                 .then(|| tables.open_interrupt(&run.session_id))
                 .flatten()
                 .filter(|(_, expires_at)| *expires_at > run.at)

@@ -213,7 +213,8 @@ pub struct NewRun {
     /// Whether an interrupt the session waits on refuses the run ([`StartConflict::Interrupted`]): the session's
     /// newest interrupted run, not yet resumed, whose interrupts have not expired at `at`. AG-UI's rule: a thread
     /// answers its interrupts before it starts another run. Checked in the start, with the session's claim, so
-    /// that no interrupt opens between the check and the start.
+    /// that no interrupt opens between the check and the start. Only for a run that resumes none
+    /// (`parent_run_id` is `None`): a resume answers its parent's interrupts, and its take checks them.
     pub refused_while_interrupted: bool,
 }
 

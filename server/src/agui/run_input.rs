@@ -183,10 +183,11 @@ fn convert(raw: &[Value]) -> Result<Vec<Message>, ValidationErrors> {
 }
 
 /// A body read straight into a [`RawInput`], or refused for the reading of [`RunInput::from_json`] to explain. It
-/// accepts only what that reading accepts, and reads it the same: each field it reads is read as there; any other
-/// field is read as a JSON value (so a field toolgate does not use is checked as there too, a lone surrogate in a
-/// string of it included) and dropped; and a field that comes twice, which the value reading takes the last of,
-/// refuses.
+/// accepts only what that reading accepts, and reads it the same: every value in it is read as a JSON value is
+/// (a string's lone surrogate, a number out of range and a value nested too deep are malformed, in a field toolgate
+/// does not use too), the ids as the strings they are, and `context` and `resume` as values first and then
+/// converted as there (their entries' fields toolgate does not use are read as values too, which the entries' own
+/// reading would skip unchecked); a field that comes twice, which the value reading takes the last of, refuses.
 struct Direct(RawInput);
 
 impl<'de> Deserialize<'de> for Direct {
@@ -196,6 +197,16 @@ impl<'de> Deserialize<'de> for Direct {
 }
 
 struct DirectVisitor;
+
+/// A field read as a value, converted as the value reading converts it; absent, its default.
+fn converted<T: serde::de::DeserializeOwned + Default, E: serde::de::Error>(
+    value: Option<Value>,
+) -> Result<T, E> {
+    value.map_or_else(
+        || Ok(T::default()),
+        |value| serde_json::from_value(value).map_err(E::custom),
+    )
+}
 
 /// Sets a field read once; a second time is an error.
 fn once<T, E: serde::de::Error>(
@@ -226,8 +237,8 @@ impl<'de> serde::de::Visitor<'de> for DirectVisitor {
                 "runId" => once(&mut run_id, map.next_value()?, "runId")?,
                 "parentRunId" => once(&mut parent_run_id, map.next_value()?, "parentRunId")?,
                 "messages" => once(&mut messages, map.next_value()?, "messages")?,
-                "context" => once(&mut context, map.next_value()?, "context")?,
-                "resume" => once(&mut resume, map.next_value()?, "resume")?,
+                "context" => once(&mut context, map.next_value::<Value>()?, "context")?,
+                "resume" => once(&mut resume, map.next_value::<Value>()?, "resume")?,
                 _ => drop(map.next_value::<Value>()?),
             }
         }
@@ -236,8 +247,8 @@ impl<'de> serde::de::Visitor<'de> for DirectVisitor {
             run_id: run_id.ok_or_else(|| A::Error::missing_field("runId"))?,
             parent_run_id: parent_run_id.flatten(),
             messages: messages.unwrap_or_default(),
-            context: context.unwrap_or_default(),
-            resume: resume.flatten(),
+            context: converted(context)?,
+            resume: converted(resume)?,
         }))
     }
 }
@@ -339,37 +350,88 @@ mod tests {
         assert_eq!(input.resume.unwrap()[0].status, ResumeStatus::Resolved);
     }
 
+    /// Whether a body is read straight into its fields (else it is read as a value first).
+    fn read_directly(body: &[u8]) -> bool {
+        std::str::from_utf8(body)
+            .ok()
+            .is_some_and(|text| serde_json::from_str::<Direct>(text).is_ok())
+    }
+
     #[test]
     fn any_body_reads_as_the_value_reading_reads_it() {
-        let bodies: &[&[u8]] = &[
-            br#"{"threadId":"t","runId":"r","parentRunId":null,"resume":null,"messages":[]}"#,
+        let deep = format!(
+            r#"{{"threadId":"t","runId":"r","context":[{{"description":"d","value":"v","x":{}{}}}]}}"#,
+            "[".repeat(300),
+            "]".repeat(300)
+        );
+        // Each body, and whether it is read straight into its fields.
+        let bodies: &[(&[u8], bool)] = &[
+            (
+                br#"{"threadId":"t","runId":"r","parentRunId":null,"resume":null,"messages":[]}"#,
+                true,
+            ),
             // An escaped name is the field's name.
-            br#"{"thread\u0049d":"t","runId":"r"}"#,
+            (br#"{"thread\u0049d":"t","runId":"r"}"#, true),
+            // Fields toolgate does not use, in the input and in its entries.
+            (
+                br#"{"threadId":"t","runId":"r","x":[1,{"y":null}],"context":[{"description":"d","value":"v","x":1}],"resume":[{"interruptId":"i","status":"cancelled","x":{}}]}"#,
+                true,
+            ),
+            // Read, then refused for what is in it.
+            (br#"{"threadId":"a b","runId":"r"}"#, true),
+            (
+                br#"{"threadId":"t","runId":"r","messages":[{"role":"tool","content":"x"}]}"#,
+                true,
+            ),
             // A field twice: the value reading takes the last.
-            br#"{"threadId":"t","runId":"r1","runId":"r2"}"#,
-            br#"{"threadId":"t","runId":"r","messages":[],"messages":[{"role":"user","content":"hi"}]}"#,
-            // A lone surrogate is malformed, in a field toolgate does not use too.
-            br#"{"threadId":"t","runId":"r","state":{"note":"\ud800"}}"#,
-            br#"{"threadId":"t","runId":"r","messages":[{"role":"user","content":"\udc00"}]}"#,
+            (br#"{"threadId":"t","runId":"r1","runId":"r2"}"#, false),
+            (
+                br#"{"threadId":"t","runId":"r","messages":[],"messages":[{"role":"user","content":"hi"}]}"#,
+                false,
+            ),
+            // Malformed in a field toolgate does not use: a lone surrogate, a number out of range, too deep.
+            (br#"{"threadId":"t","runId":"r","state":{"note":"\ud800"}}"#, false),
+            (
+                br#"{"threadId":"t","runId":"r","context":[{"description":"d","value":"v","x":"\ud800"}]}"#,
+                false,
+            ),
+            (
+                br#"{"threadId":"t","runId":"r","resume":[{"interruptId":"i","status":"resolved","x":"\udc00"}]}"#,
+                false,
+            ),
+            (
+                br#"{"threadId":"t","runId":"r","context":[{"description":"d","value":"v","n":1e999}]}"#,
+                false,
+            ),
+            (deep.as_bytes(), false),
+            (
+                br#"{"threadId":"t","runId":"r","messages":[{"role":"user","content":"\udc00"}]}"#,
+                false,
+            ),
             // Not UTF-8, in a field toolgate does not use.
-            b"{\"threadId\":\"t\",\"runId\":\"r\",\"state\":\"\xff\"}",
-            br#"{"runId":"r"}"#,
-            br#"{"threadId":"a b","runId":"r"}"#,
-            br#"{"threadId":"t","runId":"r","messages":null}"#,
-            br#"{"threadId":"t","runId":"r","resume":[{"interruptId":"i","status":"maybe"}]}"#,
-            br#"{"threadId":"t","runId":"r","messages":[{"role":"tool","content":"x"}]}"#,
-            br#"["t","r"]"#,
-            br#"{"threadId":"t","runId":"r"} trailing"#,
-            b"",
+            (b"{\"threadId\":\"t\",\"runId\":\"r\",\"state\":\"\xff\"}", false),
+            (br#"{"runId":"r"}"#, false),
+            (br#"{"threadId":"t","runId":"r","messages":null}"#, false),
+            (br#"{"threadId":"t","runId":"r","context":null}"#, false),
+            (
+                br#"{"threadId":"t","runId":"r","resume":[{"interruptId":"i","status":"maybe"}]}"#,
+                false,
+            ),
+            (br#"["t","r"]"#, false),
+            (br#"{"threadId":"t","runId":"r"} trailing"#, false),
+            (b"", false),
         ];
-        for body in bodies {
-            let (direct, by_value) = read_both(body);
-            assert_eq!(direct, by_value, "{}", String::from_utf8_lossy(body));
+        for (body, direct) in bodies {
+            let shown = String::from_utf8_lossy(body);
+            assert_eq!(read_directly(body), *direct, "{shown}");
+            let (read, by_value) = read_both(body);
+            assert_eq!(read, by_value, "{shown}");
         }
-        let (direct, _) = read_both(bodies[2]);
-        assert_eq!(direct.unwrap().run_id.as_str(), "r2");
-        let (direct, _) = read_both(bodies[4]);
-        assert!(direct.unwrap_err().contains("Malformed JSON"));
+        let (read, _) = read_both(bodies[5].0);
+        assert_eq!(read.unwrap().run_id.as_str(), "r2");
+        for (body, _) in &bodies[7..12] {
+            assert!(read_both(body).0.unwrap_err().contains("Malformed JSON"));
+        }
     }
 
     #[test]

@@ -115,7 +115,8 @@ pub(super) fn query<'q>(sql: impl Into<Cow<'q, str>>) -> Query<'q> {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Done {
     rows: u64,
-    /// On SQLite, the row number (`rowid`) of the last row the statement inserted, if it inserted any.
+    /// On SQLite, the connection's last inserted row number (`rowid`), after a statement that changed rows: see
+    /// [`Done::inserted_row`].
     inserted: Option<i64>,
 }
 
@@ -126,8 +127,8 @@ impl Done {
 
     /// The row number SQLite gave the last row this statement inserted: what `RETURNING rowid` would say, without
     /// the table SQLite makes to hold what a statement returns. `None` on PostgreSQL, and for a statement that
-    /// inserted no row. Only for an `INSERT`: SQLite counts no row an `UPDATE` or a `DELETE` changes as inserted,
-    /// so after one of those this is the row the connection inserted before.
+    /// changed no row. Only for a plain `INSERT`: SQLite counts no row that an `UPDATE`, a `DELETE` or an upsert's
+    /// `DO UPDATE` changes as inserted, so after one of those this is a row the connection inserted before.
     pub(super) fn inserted_row(&self) -> Option<i64> {
         self.inserted
     }

@@ -871,9 +871,10 @@ impl SqlStore {
             }));
         };
         let ordinal: i64 = claimed.try_get(0).map_err(unavailable)?;
-        // After the claim: on PostgreSQL a run of the session that ends meanwhile holds its row until it committed,
-        // and an interrupt it opened is seen here.
+        // After the claim: on PostgreSQL a run of the session that ends meanwhile holds the session's row until it
+        // committed, the claim waits for it, and (under READ COMMITTED) an interrupt that run opened is seen here.
         if run.refused_while_interrupted
+            && run.parent_run_id.is_none()
             && let Some((waiting, expires_at)) = open_interrupt_in(&mut tx, &run.session_id).await?
             && expires_at > run.at
         {
