@@ -300,6 +300,15 @@ async fn a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time(kind: Kind)
         Err(StartConflict::RunIdTaken(run_id("r1"))),
         "a run id is inserted if absent, never twice"
     );
+    assert!(
+        store
+            .sessions(100)
+            .await
+            .unwrap()
+            .iter()
+            .all(|summary| summary.session_id != session("other")),
+        "the refused start claimed no session"
+    );
     assert_eq!(
         store.start_run(new_run("r1", "s")).await.unwrap(),
         Err(StartConflict::RunIdTaken(run_id("r1"))),

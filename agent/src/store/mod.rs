@@ -218,7 +218,8 @@ pub struct NewRun {
     pub refused_while_interrupted: bool,
 }
 
-/// Why a run could not start.
+/// Why a run could not start. A start refused for more than one of these is refused for the first, in the order
+/// they are listed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StartConflict {
     #[error("run id {0} is taken")]

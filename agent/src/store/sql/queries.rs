@@ -391,6 +391,24 @@ async fn take_interrupt_in(
     }))
 }
 
+/// A start refused for `conflict`, unless its run id is taken: a taken id is refused first ([`StartConflict`]'s
+/// order). Only a refused start reads it; one that goes on finds a taken id by its insert.
+async fn refused_unless_taken(
+    tx: &mut Tx,
+    run: RunId,
+    conflict: StartConflict,
+) -> StoreResult<Result<Epoch, StartConflict>> {
+    let taken = query("SELECT 1 FROM runs WHERE id = $1")
+        .bind(run.as_str())
+        .fetch_optional(tx)
+        .await
+        .map_err(unavailable)?;
+    Ok(Err(match taken {
+        Some(_) => StartConflict::RunIdTaken(run),
+        None => conflict,
+    }))
+}
+
 /// The session's newest interrupted run that waits for a resume, and when its interrupts expire.
 async fn open_interrupt_in<'e>(
     on: impl Into<On<'e>>,
@@ -821,19 +839,13 @@ impl SqlStore {
     }
 
     async fn start_run_tx(&self, run: NewRun) -> StoreResult<Result<Epoch, StartConflict>> {
+        // A taken run id is refused first, before anything else that refuses the start: by the insert of the run's
+        // row, which comes last, or, when something before it refuses the start, by a read then.
         let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let taken = query("SELECT 1 FROM runs WHERE id = $1")
-            .bind(run.run_id.as_str())
-            .fetch_optional(&mut tx)
-            .await
-            .map_err(unavailable)?;
-        if taken.is_some() {
-            return Ok(Err(StartConflict::RunIdTaken(run.run_id)));
-        }
         if let Some(parent) = &run.parent_run_id
             && let Err(refused) = take_interrupt_in(&mut tx, parent, &run.run_id).await?
         {
-            return Ok(Err(StartConflict::Resume(refused)));
+            return refused_unless_taken(&mut tx, run.run_id, StartConflict::Resume(refused)).await;
         }
         if let (Some(parent), Some(tails)) = (&run.parent_run_id, &self.tails) {
             let (tails, parent, by) = (Arc::clone(tails), parent.clone(), run.run_id.clone());
@@ -865,10 +877,11 @@ impl SqlStore {
                 .await
                 .and_then(|row| row.try_get(0))
                 .map_err(unavailable)?;
-            return Ok(Err(StartConflict::SessionBusy {
+            let busy = StartConflict::SessionBusy {
                 session_id: run.session_id,
                 active: run_id(active.unwrap_or_default())?,
-            }));
+            };
+            return refused_unless_taken(&mut tx, run.run_id, busy).await;
         };
         let ordinal: i64 = claimed.try_get(0).map_err(unavailable)?;
         // After the claim: on PostgreSQL a run of the session that ends meanwhile holds the session's row until it
@@ -878,16 +891,19 @@ impl SqlStore {
             && let Some((waiting, expires_at)) = open_interrupt_in(&mut tx, &run.session_id).await?
             && expires_at > run.at
         {
-            return Ok(Err(StartConflict::Interrupted {
+            let interrupted = StartConflict::Interrupted {
                 session_id: run.session_id,
                 waiting,
-            }));
+            };
+            return refused_unless_taken(&mut tx, run.run_id, interrupted).await;
         }
         // The run's row, with room for its first events: their numbers are known (1 to their count), and so is,
-        // on SQLite, the run's number, which the insert gives the row (nothing to return, so no table for it).
+        // on SQLite, the run's number, which the insert gives the row (nothing to return, so no table for it). A
+        // taken id writes nothing, and the start is refused (what it did so far is undone with its transaction).
         let inserted = query(format!(
             "{} INTO runs (id, session_id, ordinal, parent_run_id, mode, state, owner, epoch, last_seq, \
-             event_bytes, message, created_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, 1, $9, $10, $7, $8)",
+             event_bytes, message, created_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, 1, $9, $10, $7, $8) \
+             ON CONFLICT (id) DO NOTHING",
             self.dialect.insert(),
         ))
         .bind(run.run_id.as_str())
@@ -903,6 +919,9 @@ impl SqlStore {
         .execute(&mut tx)
         .await
         .map_err(unavailable)?;
+        if inserted.rows_affected() == 0 {
+            return Ok(Err(StartConflict::RunIdTaken(run.run_id)));
+        }
         let seq = if run.events.is_empty() {
             0
         } else {
