@@ -97,8 +97,8 @@ async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiErro
     let checked = check_resume(state, input, &parent).await;
     // A run id already in use is refused before anything the check of the resume found. Only a resume that did not
     // pass asks here: one that passes starts as a new run does, whose start refuses a taken run id (after the
-    // server's own refusals: shutting down, full) before it takes the parent's interrupts, and that refusal is
-    // audited as this one would be.
+    // server's own refusals: shutting down, full) before anything else, leaving the parent's interrupts open, and
+    // that refusal is audited as this one would be.
     if checked.is_err()
         && store
             .run(&input.run_id)
