@@ -20,6 +20,8 @@
 //! the few types the schema has: 64-bit integers and text, each maybe null.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -213,8 +215,136 @@ pub(super) struct Sqlite {
 
 /// The connection and its open group.
 pub(super) struct Writer {
-    connection: rusqlite::Connection,
+    connection: Connection,
     group: Option<Group>,
+}
+
+self_cell::self_cell!(
+    /// A SQLite connection and the statements prepared on it.
+    pub(super) struct Connection {
+        owner: rusqlite::Connection,
+        #[not_covariant]
+        dependent: Statements,
+    }
+);
+
+// SAFETY: a `rusqlite::Connection` is `Send`: SQLite is built thread-safe, and a connection may be used on one
+// thread after another, never on two at once. rusqlite keeps the statements of its own cache inside the connection,
+// as raw handles, and they move with it. The statements here are not `Send` only because each holds such a handle
+// and borrows the connection (which is not `Sync`): they belong to this connection alone, move with it, and are
+// reached only through `with_dependent` on `&self`, which cannot run on two threads at once (this type is not
+// `Sync`: its statements are in a `RefCell`). Moving both is moving the connection with its statements.
+unsafe impl Send for Connection {}
+
+/// The statements the store ran on a connection, prepared once and kept by their text, each with the order of its
+/// parameters. rusqlite's own cache (`prepare_cached`) hashes the text twice a use, copies it into a new allocation
+/// each time and clears the bindings when the statement comes back, and the parameters' names were read at every
+/// binding: about a twentieth of the instructions of an AG-UI round trip on SQLite, where a use here is one lookup.
+/// The text is the store's own, never a client's, so a fast hash with a fixed seed is safe.
+#[derive(Default)]
+pub(super) struct Statements<'c>(
+    RefCell<HashMap<Box<str>, Prepared<'c>, foldhash::fast::FixedState>>,
+);
+
+/// How many statements a connection keeps: more than the store's SQL has, a bound against SQL that some day varies
+/// with its values. When it is reached, they all go and are prepared again as they are used.
+const STATEMENTS: usize = 256;
+
+/// A prepared statement, and for each of its parameters (in SQLite's order, the order of their first use in the
+/// text) which of a query's values it takes: `$n` takes the n-th.
+pub(super) struct Prepared<'c> {
+    statement: rusqlite::Statement<'c>,
+    values: Box<[usize]>,
+    /// Whether it was bound to a text long enough that it should not be kept until the statement's next use.
+    holds_long_text: bool,
+}
+
+/// The longest text a statement keeps bound between its uses.
+const KEPT_TEXT: usize = 4096;
+
+impl<'c> Prepared<'c> {
+    fn new(connection: &'c rusqlite::Connection, sql: &str) -> Db<Self> {
+        let statement =
+            connection.prepare_with_flags(sql, rusqlite::PrepFlags::SQLITE_PREPARE_PERSISTENT)?;
+        let values = (1..=statement.parameter_count())
+            .map(|index| {
+                statement
+                    .parameter_name(index)
+                    .and_then(|name| name.strip_prefix('$'))
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .and_then(|n| n.checked_sub(1))
+                    .ok_or_else(|| {
+                        DbError::Decode(format!(
+                            "parameter {index} of {sql:?} is not one of $1, $2, ..."
+                        ))
+                    })
+            })
+            .collect::<Db<_>>()?;
+        Ok(Self {
+            statement,
+            values,
+            holds_long_text: false,
+        })
+    }
+
+    /// Binds each parameter of the statement of `sql` to its value in `params`.
+    fn bind(&mut self, sql: &str, params: &[Value]) -> Db<&mut rusqlite::Statement<'c>> {
+        for (index, value) in self.values.iter().enumerate() {
+            let value = params.get(*value).ok_or_else(|| {
+                DbError::Decode(format!("${} of {sql:?} has no value", value + 1))
+            })?;
+            match value {
+                Value::Int(value) => self.statement.raw_bind_parameter(index + 1, value)?,
+                Value::Text(value) => {
+                    self.holds_long_text |=
+                        value.as_ref().is_some_and(|text| text.len() > KEPT_TEXT);
+                    self.statement.raw_bind_parameter(index + 1, value)?
+                }
+            }
+        }
+        Ok(&mut self.statement)
+    }
+
+    /// Runs `work` with it. A long text bound to it (a conversation, say) is let go after, not kept until the
+    /// next use.
+    fn run<T>(&mut self, work: impl FnOnce(&mut Self) -> Db<T>) -> Db<T> {
+        let outcome = work(self);
+        if self.holds_long_text {
+            self.statement.clear_bindings();
+            self.holds_long_text = false;
+        }
+        outcome
+    }
+}
+
+impl Connection {
+    fn open(connection: rusqlite::Connection) -> Self {
+        Self::new(connection, |_| Statements::default())
+    }
+
+    fn sqlite(&self) -> &rusqlite::Connection {
+        self.borrow_owner()
+    }
+
+    /// Runs `work` with the statement of `sql`, prepared the first time.
+    fn with_statement<T>(&self, sql: &str, work: impl FnOnce(&mut Prepared<'_>) -> Db<T>) -> Db<T> {
+        self.with_dependent(|connection, statements| {
+            // Never borrowed already (`work` runs no other statement); were it so, the statement is prepared anew.
+            let Ok(mut statements) = statements.0.try_borrow_mut() else {
+                return Prepared::new(connection, sql)?.run(work);
+            };
+            if let Some(prepared) = statements.get_mut(sql) {
+                return prepared.run(work);
+            }
+            let mut prepared = Prepared::new(connection, sql)?;
+            let outcome = prepared.run(work);
+            if statements.len() >= STATEMENTS {
+                statements.clear();
+            }
+            statements.insert(sql.into(), prepared);
+            outcome
+        })
+    }
 }
 
 /// Changes released into the open transaction, waiting for its commit.
@@ -255,8 +385,8 @@ impl Writer {
             }
             Err(error) => {
                 tracing::error!(%error, changes = group.changes, "cannot commit a group of changes");
-                if !self.connection.is_autocommit()
-                    && let Err(error) = self.connection.execute_batch("ROLLBACK")
+                if !self.connection.sqlite().is_autocommit()
+                    && let Err(error) = self.connection.sqlite().execute_batch("ROLLBACK")
                 {
                     tracing::error!(%error, "cannot roll a SQLite transaction back");
                 }
@@ -270,9 +400,12 @@ impl Writer {
     }
 }
 
-/// Runs a statement of the transactions' own from the connection's cache: it is parsed once, not at every change.
-fn run_cached(connection: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
-    connection.prepare_cached(sql)?.raw_execute().map(drop)
+/// Runs a statement of the transactions' own from the connection's statements: it is parsed once, not at every
+/// change.
+fn run_cached(connection: &Connection, sql: &str) -> Db<()> {
+    connection.with_statement(sql, |prepared| {
+        Ok(prepared.statement.raw_execute().map(drop)?)
+    })
 }
 
 /// The connection, held. Letting it go commits the open group unless a change waits to join it, or the change
@@ -286,6 +419,13 @@ pub(super) struct Held {
 impl std::ops::Deref for Held {
     type Target = rusqlite::Connection;
     fn deref(&self) -> &rusqlite::Connection {
+        self.writer.connection.sqlite()
+    }
+}
+
+impl Held {
+    /// The connection with its statements.
+    fn connection(&self) -> &Connection {
         &self.writer.connection
     }
 }
@@ -483,7 +623,7 @@ impl Pool {
     pub(super) fn sqlite(connection: rusqlite::Connection) -> Self {
         Self::Sqlite(Arc::new(Sqlite {
             writer: Arc::new(Mutex::new(Writer {
-                connection,
+                connection: Connection::open(connection),
                 group: None,
             })),
             waiting: AtomicUsize::new(0),
@@ -499,10 +639,10 @@ impl Pool {
             Self::Sqlite(pool) => {
                 let mut held = pool.hold_for_change().await;
                 if held.writer.group.is_some() {
-                    if let Err(error) = run_cached(&held, "SAVEPOINT change") {
+                    if let Err(error) = run_cached(held.connection(), "SAVEPOINT change") {
                         // The group cannot go on in a transaction that refuses a savepoint.
                         held.writer.finish_group();
-                        return Err(error.into());
+                        return Err(error);
                     }
                     return Ok(Tx::new(TxConnection::Sqlite(held, Undo::Savepoint)));
                 }
@@ -511,7 +651,7 @@ impl Pool {
                 if !held.is_autocommit() {
                     held.execute_batch("ROLLBACK")?;
                 }
-                run_cached(&held, "BEGIN IMMEDIATE")?;
+                run_cached(held.connection(), "BEGIN IMMEDIATE")?;
                 held.writer.group = Some(Group {
                     id: pool.groups.fetch_add(1, Ordering::Relaxed),
                     changes: 0,
@@ -553,7 +693,7 @@ impl Tx {
         match &mut self.connection {
             TxConnection::Sqlite(held, undo) => {
                 if *undo == Undo::Savepoint {
-                    run_cached(held, "RELEASE change")?;
+                    run_cached(held.connection(), "RELEASE change")?;
                 }
                 let pool = Arc::clone(&held.pool);
                 let Some(group) = held.writer.group.as_mut() else {
@@ -693,8 +833,8 @@ impl<'q> Query<'q> {
             On::Tx(Tx {
                 connection: TxConnection::Sqlite(held, _),
                 ..
-            }) => self.sqlite_execute(held),
-            On::Pool(Pool::Sqlite(pool)) => self.sqlite_execute(&*pool.hold().await),
+            }) => self.sqlite_execute(held.connection()),
+            On::Pool(Pool::Sqlite(pool)) => self.sqlite_execute(pool.hold().await.connection()),
             On::Tx(Tx {
                 connection: TxConnection::Postgres(tx),
                 ..
@@ -718,8 +858,10 @@ impl<'q> Query<'q> {
             On::Tx(Tx {
                 connection: TxConnection::Sqlite(held, _),
                 ..
-            }) => self.sqlite_rows(held, usize::MAX),
-            On::Pool(Pool::Sqlite(pool)) => self.sqlite_rows(&*pool.hold().await, usize::MAX),
+            }) => self.sqlite_rows(held.connection(), usize::MAX),
+            On::Pool(Pool::Sqlite(pool)) => {
+                self.sqlite_rows(pool.hold().await.connection(), usize::MAX)
+            }
             On::Tx(Tx {
                 connection: TxConnection::Postgres(tx),
                 ..
@@ -749,10 +891,11 @@ impl<'q> Query<'q> {
             On::Tx(Tx {
                 connection: TxConnection::Sqlite(held, _),
                 ..
-            }) => Ok(self.sqlite_rows(held, 1)?.into_iter().next()),
-            On::Pool(Pool::Sqlite(pool)) => {
-                Ok(self.sqlite_rows(&*pool.hold().await, 1)?.into_iter().next())
-            }
+            }) => Ok(self.sqlite_rows(held.connection(), 1)?.into_iter().next()),
+            On::Pool(Pool::Sqlite(pool)) => Ok(self
+                .sqlite_rows(pool.hold().await.connection(), 1)?
+                .into_iter()
+                .next()),
             On::Tx(Tx {
                 connection: TxConnection::Postgres(tx),
                 ..
@@ -790,63 +933,40 @@ impl<'q> Query<'q> {
         query
     }
 
-    /// Prepares (from the connection's cache) and binds: each `$n` of the text gets the n-th value.
-    fn sqlite_statement<'c>(
-        &self,
-        connection: &'c rusqlite::Connection,
-    ) -> Db<rusqlite::CachedStatement<'c>> {
-        let mut statement = connection.prepare_cached(&self.sql)?;
-        for index in 1..=statement.parameter_count() {
-            let value = statement
-                .parameter_name(index)
-                .and_then(|name| name.strip_prefix('$'))
-                .and_then(|n| n.parse::<usize>().ok())
-                .and_then(|n| self.params.get(n.checked_sub(1)?))
-                .ok_or_else(|| {
-                    DbError::Decode(format!(
-                        "parameter {index} of {:?} has no value (the SQL takes $1, $2, ...)",
-                        self.sql
-                    ))
-                })?;
-            match value {
-                Value::Int(value) => statement.raw_bind_parameter(index, value)?,
-                Value::Text(value) => statement.raw_bind_parameter(index, value)?,
-            }
-        }
-        Ok(statement)
-    }
-
-    fn sqlite_execute(&self, connection: &rusqlite::Connection) -> Db<Done> {
-        let mut statement = self.sqlite_statement(connection)?;
-        let rows = statement.raw_execute()?;
-        Ok(Done {
-            rows: rows as u64,
-            inserted: (rows > 0).then(|| connection.last_insert_rowid()),
+    fn sqlite_execute(&self, connection: &Connection) -> Db<Done> {
+        connection.with_statement(&self.sql, |prepared| {
+            let rows = prepared.bind(&self.sql, &self.params)?.raw_execute()?;
+            Ok(Done {
+                rows: rows as u64,
+                inserted: (rows > 0).then(|| connection.sqlite().last_insert_rowid()),
+            })
         })
     }
 
-    fn sqlite_rows(&self, connection: &rusqlite::Connection, limit: usize) -> Db<Vec<Row>> {
-        let mut statement = self.sqlite_statement(connection)?;
-        let names: Arc<[String]> = statement
-            .column_names()
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
-        let width = names.len();
-        let mut rows = statement.raw_query();
-        let mut out = Vec::new();
-        while out.len() < limit
-            && let Some(row) = rows.next()?
-        {
-            let values = (0..width)
-                .map(|i| row.get::<_, rusqlite::types::Value>(i))
-                .collect::<Result<Vec<_>, _>>()?;
-            out.push(Row::Sqlite {
-                names: Arc::clone(&names),
-                values,
-            });
-        }
-        Ok(out)
+    fn sqlite_rows(&self, connection: &Connection, limit: usize) -> Db<Vec<Row>> {
+        connection.with_statement(&self.sql, |prepared| {
+            let statement = prepared.bind(&self.sql, &self.params)?;
+            let names: Arc<[String]> = statement
+                .column_names()
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            let width = names.len();
+            let mut rows = statement.raw_query();
+            let mut out = Vec::new();
+            while out.len() < limit
+                && let Some(row) = rows.next()?
+            {
+                let values = (0..width)
+                    .map(|i| row.get::<_, rusqlite::types::Value>(i))
+                    .collect::<Result<Vec<_>, _>>()?;
+                out.push(Row::Sqlite {
+                    names: Arc::clone(&names),
+                    values,
+                });
+            }
+            Ok(out)
+        })
     }
 }
 
@@ -968,6 +1088,91 @@ mod tests {
             .execute(&mut *tx)
             .await
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_kept_statement_binds_each_use_its_own_values_by_their_numbers_in_any_order() {
+        let (_dir, pool, sqlite, _reader) = pool();
+        query("CREATE TABLE pairs (a TEXT, b INTEGER, c TEXT)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        // `$3` comes first in the text, `$1` twice: SQLite numbers them 1, 2, 3 by their first use.
+        let insert = "INSERT INTO pairs (c, b, a) VALUES ($3, $2 + length($1), $1)";
+        for (a, b, c) in [
+            ("x", 1, Some("first")),
+            ("yy", 2, None),
+            ("zzz", 3, Some("third")),
+        ] {
+            let done = query(insert)
+                .bind(a)
+                .bind(b)
+                .bind(c)
+                .execute(&pool)
+                .await
+                .unwrap();
+            assert_eq!(done.rows_affected(), 1);
+        }
+        let rows = query("SELECT a, b, c FROM pairs WHERE b > $1 ORDER BY b")
+            .bind(0)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let read: Vec<(String, i64, Option<String>)> = rows
+            .iter()
+            .map(|row| {
+                (
+                    row.try_get(0).unwrap(),
+                    row.try_get(1).unwrap(),
+                    row.try_get(2).unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            read,
+            vec![
+                ("x".to_owned(), 2, Some("first".to_owned())),
+                ("yy".to_owned(), 4, None),
+                ("zzz".to_owned(), 6, Some("third".to_owned())),
+            ],
+            "no value of an earlier use stays bound (the second use bound $3 to null)"
+        );
+        let writer = sqlite.writer.try_lock().unwrap();
+        let kept = writer
+            .connection
+            .with_dependent(|_, statements| statements.0.borrow().len());
+        assert_eq!(
+            kept, 3,
+            "the insert, the read and the table's creation, each prepared once"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_statement_whose_value_is_missing_is_refused_and_more_statements_than_are_kept_still_run()
+     {
+        let (_dir, pool, _sqlite, reader) = pool();
+        let refused = query("INSERT INTO notes (n) VALUES ($2)")
+            .bind(1)
+            .execute(&pool)
+            .await
+            .expect_err("$2 has no value");
+        assert!(refused.to_string().contains("$2 of"), "{refused}");
+        // More texts than a connection keeps: each runs, and a text used again after they all went is prepared anew.
+        for n in 0..(STATEMENTS as i64 + 10) {
+            query(format!("INSERT INTO notes (n) VALUES ($1 + {n} * 0)"))
+                .bind(n)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        query("INSERT INTO notes (n) VALUES ($1 + 0 * 0)")
+            .bind(-1)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let notes = committed(&reader);
+        assert_eq!(notes.len(), STATEMENTS + 11);
+        assert_eq!(notes.first(), Some(&-1));
     }
 
     /// Waits until `waiting` changes wait for the connection.
@@ -1119,10 +1324,9 @@ mod tests {
         sqlite.waiting.fetch_sub(1, Ordering::AcqRel);
         assert!(undone.load(Ordering::Acquire), "its rollback hook ran");
         assert!(
-            sqlite
-                .writer
-                .try_lock()
-                .is_ok_and(|writer| writer.group.is_none() && writer.connection.is_autocommit()),
+            sqlite.writer.try_lock().is_ok_and(|writer| {
+                writer.group.is_none() && writer.connection.sqlite().is_autocommit()
+            }),
             "no transaction and no group is left open"
         );
 

@@ -912,8 +912,6 @@ fn sqlite_connection(path: &Path, read_only: bool) -> rusqlite::Result<rusqlite:
              PRAGMA wal_autocheckpoint = 10000; PRAGMA journal_size_limit = 67108864; PRAGMA temp_store = MEMORY;",
         )?;
     }
-    // Every statement the store runs, prepared once.
-    connection.set_prepared_statement_cache_capacity(256);
     Ok(connection)
 }
 
