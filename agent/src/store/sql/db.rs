@@ -50,59 +50,59 @@ pub(super) enum DbError {
 
 pub(super) type Db<T> = Result<T, DbError>;
 
-/// A parameter's value.
+/// A parameter's value. A text is borrowed where the caller has it, so that binding it copies it once, into SQLite.
 #[derive(Clone, Debug)]
-pub(super) enum Value {
+pub(super) enum Value<'q> {
     Int(Option<i64>),
-    Text(Option<String>),
+    Text(Option<Cow<'q, str>>),
 }
 
-impl From<i64> for Value {
+impl From<i64> for Value<'_> {
     fn from(value: i64) -> Self {
         Self::Int(Some(value))
     }
 }
 
-impl From<Option<i64>> for Value {
+impl From<Option<i64>> for Value<'_> {
     fn from(value: Option<i64>) -> Self {
         Self::Int(value)
     }
 }
 
-impl From<&str> for Value {
-    fn from(value: &str) -> Self {
-        Self::Text(Some(value.to_owned()))
+impl<'q> From<&'q str> for Value<'q> {
+    fn from(value: &'q str) -> Self {
+        Self::Text(Some(Cow::Borrowed(value)))
     }
 }
 
-impl From<&String> for Value {
-    fn from(value: &String) -> Self {
-        Self::Text(Some(value.clone()))
+impl<'q> From<&'q String> for Value<'q> {
+    fn from(value: &'q String) -> Self {
+        Self::Text(Some(Cow::Borrowed(value)))
     }
 }
 
-impl From<String> for Value {
+impl From<String> for Value<'_> {
     fn from(value: String) -> Self {
-        Self::Text(Some(value))
+        Self::Text(Some(Cow::Owned(value)))
     }
 }
 
-impl From<Option<String>> for Value {
+impl From<Option<String>> for Value<'_> {
     fn from(value: Option<String>) -> Self {
-        Self::Text(value)
+        Self::Text(value.map(Cow::Owned))
     }
 }
 
-impl From<Option<&str>> for Value {
-    fn from(value: Option<&str>) -> Self {
-        Self::Text(value.map(str::to_owned))
+impl<'q> From<Option<&'q str>> for Value<'q> {
+    fn from(value: Option<&'q str>) -> Self {
+        Self::Text(value.map(Cow::Borrowed))
     }
 }
 
 /// A statement and its parameters, `$1` first.
 pub(super) struct Query<'q> {
     sql: Cow<'q, str>,
-    params: Vec<Value>,
+    params: Vec<Value<'q>>,
 }
 
 /// A statement to run.
@@ -246,20 +246,24 @@ pub(super) struct Statements<'c>(
     RefCell<HashMap<Box<str>, Prepared<'c>, foldhash::fast::FixedState>>,
 );
 
-/// How many statements a connection keeps: more than the store's SQL has, a bound against SQL that some day varies
-/// with its values. When it is reached, they all go and are prepared again as they are used.
-const STATEMENTS: usize = 256;
+/// How many statements a connection keeps: more than the store's SQL has (under 500 texts: its statements, the
+/// insert of events for each number of rows up to 256, the audit log's filters), a bound against SQL that some day
+/// varies with its values. Once it is reached, a new text is prepared for its use alone.
+const STATEMENTS: usize = 512;
 
 /// A prepared statement, and for each of its parameters (in SQLite's order, the order of their first use in the
 /// text) which of a query's values it takes: `$n` takes the n-th.
 pub(super) struct Prepared<'c> {
     statement: rusqlite::Statement<'c>,
     values: Box<[usize]>,
-    /// Whether it was bound to a text long enough that it should not be kept until the statement's next use.
-    holds_long_text: bool,
+    /// The names of the columns it returns, shared by the rows it reads.
+    names: Arc<[String]>,
+    /// How many bytes of text its last use bound.
+    bound_text: usize,
 }
 
-/// The longest text a statement keeps bound between its uses.
+/// The most text a statement keeps bound between its uses: more (a conversation, a run's events) is let go after
+/// the use.
 const KEPT_TEXT: usize = 4096;
 
 impl<'c> Prepared<'c> {
@@ -281,14 +285,24 @@ impl<'c> Prepared<'c> {
             })
             .collect::<Db<_>>()?;
         Ok(Self {
+            names: column_names(&statement),
             statement,
             values,
-            holds_long_text: false,
+            bound_text: 0,
         })
     }
 
+    /// The names of the columns it returns (read again if SQLite prepared it anew, after a change of the schema,
+    /// with another number of columns).
+    fn names(&mut self) -> Arc<[String]> {
+        if self.statement.column_count() != self.names.len() {
+            self.names = column_names(&self.statement);
+        }
+        Arc::clone(&self.names)
+    }
+
     /// Binds each parameter of the statement of `sql` to its value in `params`.
-    fn bind(&mut self, sql: &str, params: &[Value]) -> Db<&mut rusqlite::Statement<'c>> {
+    fn bind(&mut self, sql: &str, params: &[Value<'_>]) -> Db<&mut rusqlite::Statement<'c>> {
         for (index, value) in self.values.iter().enumerate() {
             let value = params.get(*value).ok_or_else(|| {
                 DbError::Decode(format!("${} of {sql:?} has no value", value + 1))
@@ -296,8 +310,8 @@ impl<'c> Prepared<'c> {
             match value {
                 Value::Int(value) => self.statement.raw_bind_parameter(index + 1, value)?,
                 Value::Text(value) => {
-                    self.holds_long_text |=
-                        value.as_ref().is_some_and(|text| text.len() > KEPT_TEXT);
+                    let value = value.as_deref();
+                    self.bound_text += value.map_or(0, str::len);
                     self.statement.raw_bind_parameter(index + 1, value)?
                 }
             }
@@ -305,16 +319,24 @@ impl<'c> Prepared<'c> {
         Ok(&mut self.statement)
     }
 
-    /// Runs `work` with it. A long text bound to it (a conversation, say) is let go after, not kept until the
-    /// next use.
+    /// Runs `work` with it. More than [`KEPT_TEXT`] of text bound to it is let go after, not kept until the next
+    /// use.
     fn run<T>(&mut self, work: impl FnOnce(&mut Self) -> Db<T>) -> Db<T> {
         let outcome = work(self);
-        if self.holds_long_text {
+        if self.bound_text > KEPT_TEXT {
             self.statement.clear_bindings();
-            self.holds_long_text = false;
         }
+        self.bound_text = 0;
         outcome
     }
+}
+
+fn column_names(statement: &rusqlite::Statement<'_>) -> Arc<[String]> {
+    statement
+        .column_names()
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
 }
 
 impl Connection {
@@ -338,10 +360,9 @@ impl Connection {
             }
             let mut prepared = Prepared::new(connection, sql)?;
             let outcome = prepared.run(work);
-            if statements.len() >= STATEMENTS {
-                statements.clear();
+            if statements.len() < STATEMENTS {
+                statements.insert(sql.into(), prepared);
             }
-            statements.insert(sql.into(), prepared);
             outcome
         })
     }
@@ -823,7 +844,7 @@ impl Drop for Tx {
 }
 
 impl<'q> Query<'q> {
-    pub(super) fn bind(mut self, value: impl Into<Value>) -> Self {
+    pub(super) fn bind(mut self, value: impl Into<Value<'q>>) -> Self {
         self.params.push(value.into());
         self
     }
@@ -945,13 +966,9 @@ impl<'q> Query<'q> {
 
     fn sqlite_rows(&self, connection: &Connection, limit: usize) -> Db<Vec<Row>> {
         connection.with_statement(&self.sql, |prepared| {
-            let statement = prepared.bind(&self.sql, &self.params)?;
-            let names: Arc<[String]> = statement
-                .column_names()
-                .into_iter()
-                .map(str::to_owned)
-                .collect();
+            let names = prepared.names();
             let width = names.len();
+            let statement = prepared.bind(&self.sql, &self.params)?;
             let mut rows = statement.raw_query();
             let mut out = Vec::new();
             while out.len() < limit
@@ -1150,14 +1167,15 @@ mod tests {
     #[tokio::test]
     async fn a_statement_whose_value_is_missing_is_refused_and_more_statements_than_are_kept_still_run()
      {
-        let (_dir, pool, _sqlite, reader) = pool();
+        let (_dir, pool, sqlite, reader) = pool();
         let refused = query("INSERT INTO notes (n) VALUES ($2)")
             .bind(1)
             .execute(&pool)
             .await
             .expect_err("$2 has no value");
         assert!(refused.to_string().contains("$2 of"), "{refused}");
-        // More texts than a connection keeps: each runs, and a text used again after they all went is prepared anew.
+        // More texts than a connection keeps: each runs, those beyond the bound for their use alone, and the ones
+        // kept stay kept.
         for n in 0..(STATEMENTS as i64 + 10) {
             query(format!("INSERT INTO notes (n) VALUES ($1 + {n} * 0)"))
                 .bind(n)
@@ -1165,14 +1183,52 @@ mod tests {
                 .await
                 .unwrap();
         }
-        query("INSERT INTO notes (n) VALUES ($1 + 0 * 0)")
-            .bind(-1)
-            .execute(&pool)
-            .await
-            .unwrap();
+        let kept = |sql: &str| {
+            let writer = sqlite.writer.try_lock().unwrap();
+            writer.connection.with_dependent(|_, statements| {
+                let statements = statements.0.borrow();
+                (statements.len(), statements.contains_key(sql))
+            })
+        };
+        assert_eq!(
+            kept("INSERT INTO notes (n) VALUES ($1 + 0 * 0)"),
+            (STATEMENTS, true)
+        );
+        let beyond = format!("INSERT INTO notes (n) VALUES ($1 + {STATEMENTS} * 0)");
+        assert_eq!(kept(&beyond), (STATEMENTS, false));
+        query(beyond).bind(-1).execute(&pool).await.unwrap();
         let notes = committed(&reader);
         assert_eq!(notes.len(), STATEMENTS + 11);
         assert_eq!(notes.first(), Some(&-1));
+    }
+
+    #[tokio::test]
+    async fn a_statement_lets_go_of_more_than_a_little_text_after_its_use() {
+        let (_dir, pool, sqlite, _reader) = pool();
+        query("CREATE TABLE texts (t TEXT)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let insert = "INSERT INTO texts (t) VALUES ($1)";
+        let bound = |sql: &str| {
+            let writer = sqlite.writer.try_lock().unwrap();
+            writer.connection.with_dependent(|_, statements| {
+                statements.0.borrow()[sql].statement.expanded_sql().unwrap()
+            })
+        };
+        query(insert).bind("short").execute(&pool).await.unwrap();
+        assert_eq!(bound(insert), "INSERT INTO texts (t) VALUES ('short')");
+        let long = "x".repeat(KEPT_TEXT + 1);
+        query(insert)
+            .bind(long.as_str())
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            bound(insert),
+            "INSERT INTO texts (t) VALUES (NULL)",
+            "the long text is not kept"
+        );
     }
 
     /// Waits until `waiting` changes wait for the connection.
