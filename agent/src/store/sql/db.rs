@@ -293,7 +293,8 @@ impl<'c> Prepared<'c> {
     }
 
     /// The names of the columns it returns (read again if SQLite prepared it anew, after a change of the schema,
-    /// with another number of columns).
+    /// with another number of columns; the store's statements name their columns, and its schema changes only in
+    /// its migrations, before these connections open).
     fn names(&mut self) -> Arc<[String]> {
         if self.statement.column_count() != self.names.len() {
             self.names = column_names(&self.statement);
@@ -1209,25 +1210,37 @@ mod tests {
             .execute(&pool)
             .await
             .unwrap();
-        let insert = "INSERT INTO texts (t) VALUES ($1)";
+        let insert = "INSERT INTO texts (t) VALUES ($1), ($2)";
         let bound = |sql: &str| {
             let writer = sqlite.writer.try_lock().unwrap();
             writer.connection.with_dependent(|_, statements| {
                 statements.0.borrow()[sql].statement.expanded_sql().unwrap()
             })
         };
-        query(insert).bind("short").execute(&pool).await.unwrap();
-        assert_eq!(bound(insert), "INSERT INTO texts (t) VALUES ('short')");
-        let long = "x".repeat(KEPT_TEXT + 1);
+        // Two texts of half the bound each: kept, as a little text is.
+        let half = "h".repeat(KEPT_TEXT / 2);
         query(insert)
-            .bind(long.as_str())
+            .bind(half.as_str())
+            .bind(half.as_str())
             .execute(&pool)
             .await
             .unwrap();
         assert_eq!(
             bound(insert),
-            "INSERT INTO texts (t) VALUES (NULL)",
-            "the long text is not kept"
+            format!("INSERT INTO texts (t) VALUES ('{half}'), ('{half}')")
+        );
+        // Two texts each under the bound, over it together (as a run's events are): let go.
+        let over = "o".repeat(KEPT_TEXT / 2 + 1);
+        query(insert)
+            .bind(over.as_str())
+            .bind(over.as_str())
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            bound(insert),
+            "INSERT INTO texts (t) VALUES (NULL), (NULL)",
+            "the texts are not kept"
         );
     }
 
