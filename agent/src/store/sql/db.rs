@@ -242,9 +242,9 @@ unsafe impl Send for Connection {}
 /// binding: about a twentieth of the instructions of an AG-UI round trip on SQLite, where a use here is one lookup.
 /// The text is the store's own, never a client's, so a fast hash with a fixed seed is safe.
 #[derive(Default)]
-pub(super) struct Statements<'c>(
-    RefCell<HashMap<Box<str>, Prepared<'c>, foldhash::fast::FixedState>>,
-);
+pub(super) struct Statements<'c>(RefCell<Kept<'c>>);
+
+type Kept<'c> = HashMap<Box<str>, Prepared<'c>, foldhash::fast::FixedState>;
 
 /// How many statements a connection keeps: more than the store's SQL has (under 500 texts: its statements, the
 /// insert of events for each number of rows up to 256, the audit log's filters), a bound against SQL that some day
@@ -1108,6 +1108,14 @@ mod tests {
             .unwrap();
     }
 
+    /// Reads the statements the writer's connection keeps (while nothing holds the connection).
+    fn kept<T>(sqlite: &Sqlite, read: impl FnOnce(&Kept<'_>) -> T) -> T {
+        let writer = sqlite.writer.try_lock().unwrap();
+        writer
+            .connection
+            .with_dependent(|_, statements| read(&statements.0.borrow()))
+    }
+
     #[tokio::test]
     async fn a_kept_statement_binds_each_use_its_own_values_by_their_numbers_in_any_order() {
         let (_dir, pool, sqlite, _reader) = pool();
@@ -1155,12 +1163,9 @@ mod tests {
             ],
             "no value of an earlier use stays bound (the second use bound $3 to null)"
         );
-        let writer = sqlite.writer.try_lock().unwrap();
-        let kept = writer
-            .connection
-            .with_dependent(|_, statements| statements.0.borrow().len());
         assert_eq!(
-            kept, 3,
+            kept(&sqlite, |statements| statements.len()),
+            3,
             "the insert, the read and the table's creation, each prepared once"
         );
     }
@@ -1184,19 +1189,17 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let kept = |sql: &str| {
-            let writer = sqlite.writer.try_lock().unwrap();
-            writer.connection.with_dependent(|_, statements| {
-                let statements = statements.0.borrow();
+        let holds = |sql: &str| {
+            kept(&sqlite, |statements| {
                 (statements.len(), statements.contains_key(sql))
             })
         };
         assert_eq!(
-            kept("INSERT INTO notes (n) VALUES ($1 + 0 * 0)"),
+            holds("INSERT INTO notes (n) VALUES ($1 + 0 * 0)"),
             (STATEMENTS, true)
         );
         let beyond = format!("INSERT INTO notes (n) VALUES ($1 + {STATEMENTS} * 0)");
-        assert_eq!(kept(&beyond), (STATEMENTS, false));
+        assert_eq!(holds(&beyond), (STATEMENTS, false));
         query(beyond).bind(-1).execute(&pool).await.unwrap();
         let notes = committed(&reader);
         assert_eq!(notes.len(), STATEMENTS + 11);
@@ -1212,9 +1215,8 @@ mod tests {
             .unwrap();
         let insert = "INSERT INTO texts (t) VALUES ($1), ($2)";
         let bound = |sql: &str| {
-            let writer = sqlite.writer.try_lock().unwrap();
-            writer.connection.with_dependent(|_, statements| {
-                statements.0.borrow()[sql].statement.expanded_sql().unwrap()
+            kept(&sqlite, |statements| {
+                statements[sql].statement.expanded_sql().unwrap()
             })
         };
         // Two texts of half the bound each: kept, as a little text is.
