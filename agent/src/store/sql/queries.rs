@@ -161,12 +161,20 @@ impl SqlStore {
     /// sequence number, and how the events table names the run.
     fn room_made<'r>(&self, run_id: &'r RunId, row: &Row) -> Db<(i64, EventsOf<'r>)> {
         let last: i64 = row.try_get(0)?;
-        // SQLite names the run by its number, within each event's row number; PostgreSQL by its id.
-        let run = match self.dialect {
-            super::Dialect::Sqlite => EventsOf::Number(row.try_get(1)?),
+        Ok((last, self.events_of(run_id, || row.try_get(1))?))
+    }
+
+    /// How the events table names a run: SQLite by its number (`number` reads it), within each event's row
+    /// number; PostgreSQL by its id.
+    fn events_of<'r>(
+        &self,
+        run_id: &'r RunId,
+        number: impl FnOnce() -> Db<i64>,
+    ) -> Db<EventsOf<'r>> {
+        Ok(match self.dialect {
+            super::Dialect::Sqlite => EventsOf::Number(number()?),
             super::Dialect::Postgres => EventsOf::Id(run_id.as_str()),
-        };
-        Ok((last, run))
+        })
     }
 
     /// Writes `events` into the room made for them in their run's log (the run's row, written with `last_seq`
@@ -925,17 +933,13 @@ impl SqlStore {
         let seq = if run.events.is_empty() {
             0
         } else {
-            let events_of = match self.dialect {
-                super::Dialect::Sqlite => {
-                    EventsOf::Number(inserted.inserted_row().ok_or_else(|| {
-                        StoreError::Unavailable(format!(
-                            "the row of run {} was not written",
-                            run.run_id
-                        ))
-                    })?)
-                }
-                super::Dialect::Postgres => EventsOf::Id(run.run_id.as_str()),
-            };
+            let events_of = self
+                .events_of(&run.run_id, || {
+                    inserted.inserted_row().ok_or_else(|| {
+                        DbError::Decode(format!("the row of run {} was not written", run.run_id))
+                    })
+                })
+                .map_err(unavailable)?;
             self.insert_events_in(
                 &mut tx,
                 &run.run_id,
