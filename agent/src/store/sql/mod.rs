@@ -26,7 +26,7 @@ mod tail;
 mod wal_writes;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -54,6 +54,49 @@ pub enum Dialect {
     Sqlite,
     Postgres,
 }
+
+/// The text of a statement that differs by dialect, made once for each dialect and kept for the life of the process:
+/// a statement runs many times a round trip, and making its text anew each time (`format!`: an allocation, the
+/// formatting, a free) was work for nothing. One per place a statement is written ([`sql!`]).
+pub(super) struct DialectText {
+    sqlite: OnceLock<String>,
+    postgres: OnceLock<String>,
+}
+
+impl DialectText {
+    pub(super) const fn new() -> Self {
+        Self {
+            sqlite: OnceLock::new(),
+            postgres: OnceLock::new(),
+        }
+    }
+
+    /// The text for `dialect`, made by `make` the first time. A function, not a closure: it can read nothing but the
+    /// dialect (and constants), so every use would make the same text.
+    pub(super) fn get(
+        &'static self,
+        dialect: Dialect,
+        make: fn(Dialect) -> String,
+    ) -> &'static str {
+        let made = match dialect {
+            Dialect::Sqlite => &self.sqlite,
+            Dialect::Postgres => &self.postgres,
+        };
+        made.get_or_init(|| make(dialect))
+    }
+}
+
+/// A statement's text, as `format!` would make it with `$dialect` bound to `$d`, but made once per dialect and kept
+/// ([`DialectText`]): `sql!(self.dialect, |d| "SELECT 1 FROM runs WHERE id = $1{}", d.for_update())`. Each place the
+/// macro is written keeps its own text, so the text depends on the dialect and on constants only: the arguments
+/// cannot name a variable of the caller (the text is made by a function, [`DialectText::get`]).
+macro_rules! sql {
+    ($dialect:expr, |$d:pat_param| $($format:tt)+) => {{
+        static TEXT: $crate::store::sql::DialectText = $crate::store::sql::DialectText::new();
+        TEXT.get($dialect, |$d| format!($($format)+))
+    }};
+}
+pub(super) use sql;
 
 /// On SQLite, the condition that an event's row number lies in the range of the run whose id is `$1` ([`event_row`]):
 /// `$from` (`>` or `>=`) the run's number times 2^32 with `$plus` added, and below the next run's number times 2^32.

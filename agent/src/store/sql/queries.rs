@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::db::{Db, DbError, On, Row, Tx, query};
+use super::sql;
 use super::{SqlStore, tail, unavailable};
 use crate::clock::now_ms;
 use crate::ids::{RunId, SessionId, ToolCallId};
@@ -110,35 +111,38 @@ impl SqlStore {
     ) -> Db<Option<u64>> {
         let count = events.len() as i64;
         let bytes = event_bytes(events);
-        let returning = self.seq_returning();
         let row = match fence {
-        Some((owner, epoch)) => {
-            query(format!(
-                "{} runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
-                 WHERE id = $1 AND state = 'running' AND owner = $4 AND epoch = $5 RETURNING {returning}",
-                self.dialect.update()
-            ))
-            .bind(run_id.as_str())
-            .bind(count)
-            .bind(bytes)
-            .bind(owner.as_str())
-            .bind(epoch as i64)
-            .fetch_optional(&mut *connection)
-            .await?
-        }
-        None => {
-            query(format!(
-                "{} runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
-                 WHERE id = $1 RETURNING {returning}",
-                self.dialect.update()
-            ))
-            .bind(run_id.as_str())
-            .bind(count)
-            .bind(bytes)
-            .fetch_optional(&mut *connection)
-            .await?
-        }
-    };
+            Some((owner, epoch)) => {
+                query(sql!(
+                    self.dialect,
+                    |d| "{} runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
+                 WHERE id = $1 AND state = 'running' AND owner = $4 AND epoch = $5 RETURNING {}",
+                    d.update(),
+                    Self::seq_returning(d)
+                ))
+                .bind(run_id.as_str())
+                .bind(count)
+                .bind(bytes)
+                .bind(owner.as_str())
+                .bind(epoch as i64)
+                .fetch_optional(&mut *connection)
+                .await?
+            }
+            None => {
+                query(sql!(
+                    self.dialect,
+                    |d| "{} runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
+                 WHERE id = $1 RETURNING {}",
+                    d.update(),
+                    Self::seq_returning(d)
+                ))
+                .bind(run_id.as_str())
+                .bind(count)
+                .bind(bytes)
+                .fetch_optional(&mut *connection)
+                .await?
+            }
+        };
         let Some(row) = row else {
             return Ok(None);
         };
@@ -150,8 +154,8 @@ impl SqlStore {
 
     /// What a write of a run's row that makes room for events returns, after `RETURNING`: its newest sequence
     /// number, then on SQLite its number (what the events table names it by).
-    fn seq_returning(&self) -> &'static str {
-        match self.dialect {
+    fn seq_returning(dialect: super::Dialect) -> &'static str {
+        match dialect {
             super::Dialect::Sqlite => "last_seq, number",
             super::Dialect::Postgres => "last_seq",
         }
@@ -507,26 +511,19 @@ macro_rules! final_calls {
 }
 
 /// The statement that begins a call inline: its row, in place of a final call of an earlier batch with the same id
-/// (ids are the model's), after every other call of the run. Returns a row only if it wrote one. Made once per
-/// database, with [`super::Dialect::insert`]'s beginning (it returns what it wrote).
+/// (ids are the model's), after every other call of the run. Returns a row only if it wrote one. With
+/// [`super::Dialect::insert`]'s beginning (it returns what it wrote).
 fn begin_inline_call(dialect: super::Dialect) -> &'static str {
-    static SQLITE: OnceLock<String> = OnceLock::new();
-    static POSTGRES: OnceLock<String> = OnceLock::new();
-    let made = match dialect {
-        super::Dialect::Sqlite => &SQLITE,
-        super::Dialect::Postgres => &POSTGRES,
-    };
-    made.get_or_init(|| {
-        format!(
-            "{} INTO calls (run_id, call_id, idx, status, record, executing_on) \
+    sql!(
+        dialect,
+        |d| "{} INTO calls (run_id, call_id, idx, status, record, executing_on) \
              VALUES ($1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5) \
              ON CONFLICT (run_id, call_id) DO UPDATE SET idx = excluded.idx, status = excluded.status, \
              record = excluded.record, requested_at = NULL, expires_at = NULL, \
              executing_on = excluded.executing_on WHERE calls.status IN {} RETURNING 1",
-            dialect.insert(),
-            final_calls!()
-        )
-    })
+        d.insert(),
+        final_calls!()
+    )
 }
 
 /// The pending calls due to expire by `$1`, one row per call. (Each run once, deduplicated by the caller: with
@@ -769,10 +766,11 @@ impl SqlStore {
         lock_run_in(self.dialect, &mut *tx, &result.run_id)
             .await
             .map_err(unavailable)?;
-        let row = query(format!(
-            "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
+        let row = query(sql!(
+            self.dialect,
+            |d| "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
              AND status = 'executing' AND executing_on = $3{}",
-            self.dialect.for_update()
+            d.for_update()
         ))
         .bind(result.run_id.as_str())
         .bind(result.call_id.as_str())
@@ -862,14 +860,14 @@ impl SqlStore {
         // The session's claim for the run, in one statement: a new session is created with it; one that exists is
         // claimed only while no run is going in it (no row comes back when one is).
         let title = title_of(&run.message);
-        let claimed = query(format!(
+        let claimed = query(sql!(self.dialect, |d|
             "{} INTO sessions (id, title, created_at, updated_at, active_run, run_count) \
              VALUES ($1, $4, $3, $3, $2, 1) \
              ON CONFLICT (id) DO UPDATE SET active_run = excluded.active_run, run_count = sessions.run_count + 1, \
              updated_at = excluded.updated_at, \
              title = CASE WHEN sessions.title = '' THEN excluded.title ELSE sessions.title END \
              WHERE sessions.active_run IS NULL RETURNING run_count",
-            self.dialect.insert()
+            d.insert()
         ))
         .bind(run.session_id.as_str())
         .bind(run.run_id.as_str())
@@ -908,11 +906,11 @@ impl SqlStore {
         // The run's row, with room for its first events: their numbers are known (1 to their count), and so is,
         // on SQLite, the run's number, which the insert gives the row (nothing to return, so no table for it). A
         // taken id writes nothing, and the start is refused (what it did so far is undone with its transaction).
-        let inserted = query(format!(
+        let inserted = query(sql!(self.dialect, |d|
             "{} INTO runs (id, session_id, ordinal, parent_run_id, mode, state, owner, epoch, last_seq, \
              event_bytes, message, created_at) VALUES ($1, $2, $3, $4, $5, 'running', $6, 1, $9, $10, $7, $8) \
              ON CONFLICT (id) DO NOTHING",
-            self.dialect.insert(),
+            d.insert(),
         ))
         .bind(run.run_id.as_str())
         .bind(run.session_id.as_str())
@@ -969,9 +967,10 @@ impl SqlStore {
 
     async fn open_batch_tx(&self, batch: OpenBatch) -> StoreResult<Result<(), Fenced>> {
         let (mut tx, taken) = self.begin_change().await?;
-        let row = query(format!(
-            "SELECT state, owner, epoch, abort FROM runs WHERE id = $1{}",
-            self.dialect.for_update()
+        let row = query(sql!(
+            self.dialect,
+            |d| "SELECT state, owner, epoch, abort FROM runs WHERE id = $1{}",
+            d.for_update()
         ))
         .bind(batch.run_id.as_str())
         .fetch_optional(&mut tx)
@@ -1047,9 +1046,10 @@ impl SqlStore {
         lock_run_in(self.dialect, &mut *connection, run_id)
             .await
             .map_err(unavailable)?;
-        let rows = query(format!(
-            "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
-            self.dialect.for_update()
+        let rows = query(sql!(
+            self.dialect,
+            |d| "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
+            d.for_update()
         ))
         .bind(run_id.as_str())
         .fetch_all(&mut *connection)
@@ -1140,9 +1140,9 @@ impl Store for SqlStore {
             lock_run_in(self.dialect, &mut tx, &run_id)
                 .await
                 .map_err(unavailable)?;
-            let row = query(format!(
+            let row = query(sql!(self.dialect, |d|
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 AND status = 'pending'{}",
-                self.dialect.for_update()
+                d.for_update()
             ))
             .bind(run_id.as_str())
             .bind(call_id.as_str())
@@ -1201,10 +1201,10 @@ impl Store for SqlStore {
                 lock_run_in(self.dialect, &mut tx, &run_id)
                     .await
                     .map_err(unavailable)?;
-                let rows = query(format!(
+                let rows = query(sql!(self.dialect, |d|
                     "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND status = 'pending' \
                      AND expires_at <= $2 ORDER BY idx{}",
-                    self.dialect.for_update()
+                    d.for_update()
                 ))
                 .bind(run_id.as_str())
                 .bind(now_ms as i64)
@@ -1276,9 +1276,10 @@ impl Store for SqlStore {
             let begun = match inline {
                 Some((mut record, epoch)) => {
                     // The run must still be this instance's, at this epoch, in this very transaction.
-                    let held = query(format!(
-                        "SELECT 1 FROM runs WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3{}",
-                        self.dialect.for_update()
+                    let held = query(sql!(
+                        self.dialect,
+                        |d| "SELECT 1 FROM runs WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3{}",
+                        d.for_update()
                     ))
                     .bind(run_id.as_str())
                     .bind(self.instance.as_str())
@@ -1294,12 +1295,12 @@ impl Store for SqlStore {
                     // A call of an earlier batch with the same id (ids are the model's) gives way, and the new one
                     // comes after every other; one of this batch does not, and nothing is written.
                     let inserted = query(begin_inline_call(self.dialect))
-                    .bind(run_id.as_str())
-                    .bind(call_id.as_str())
-                    .bind(record.status.as_str())
-                    .bind(json(&record))
-                    .bind(self.instance.as_str())
-                    .fetch_optional(&mut tx)
+                        .bind(run_id.as_str())
+                        .bind(call_id.as_str())
+                        .bind(record.status.as_str())
+                        .bind(json(&record))
+                        .bind(self.instance.as_str())
+                        .fetch_optional(&mut tx)
                     .await
                     .map_err(unavailable)?;
                     inserted.map(|_| record)
@@ -1308,10 +1309,10 @@ impl Store for SqlStore {
                     lock_run_in(self.dialect, &mut tx, &run_id)
                         .await
                         .map_err(unavailable)?;
-                    let row = query(format!(
+                    let row = query(sql!(self.dialect, |d|
                         "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
                          AND status IN ('allowed', 'approved'){}",
-                        self.dialect.for_update()
+                        d.for_update()
                     ))
                     .bind(run_id.as_str())
                     .bind(call_id.as_str())
@@ -1387,9 +1388,9 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         async move {
             let (mut tx, taken) = self.begin_after_results().await?;
-            let row = query(format!(
+            let row = query(sql!(self.dialect, |d|
                 "SELECT state, batch, abort, epoch FROM runs WHERE id = $1{}",
-                self.dialect.for_update()
+                d.for_update()
             ))
             .bind(run_id.as_str())
             .fetch_optional(&mut tx)
@@ -1405,9 +1406,9 @@ impl Store for SqlStore {
             };
             let abort: Option<String> = row.try_get("abort").map_err(unavailable)?;
             let epoch: i64 = row.try_get("epoch").map_err(unavailable)?;
-            let calls = query(format!(
+            let calls = query(sql!(self.dialect, |d|
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
-                self.dialect.for_update()
+                d.for_update()
             ))
             .bind(run_id.as_str())
             .fetch_all(&mut tx)
@@ -1480,17 +1481,23 @@ impl Store for SqlStore {
             // The run's end and the room for its last events, in one update of its row, made only under the claim
             // the end is made with: by the writer that holds the run (with an epoch), or by anyone while it has
             // not ended (without).
-            let claim = match finish.epoch {
-                Some(_) => "state = 'running' AND owner = $9 AND epoch = $10",
-                None => "state IN ('running', 'waiting')",
-            };
-            let mut end = query(format!(
-                "{} runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, suspension_expires_at = $4, \
-                 conversation = $5, finished_at = $6, last_seq = last_seq + $7, event_bytes = event_bytes + $8 \
-                 WHERE id = $1 AND {claim} RETURNING {}, session_id",
-                self.dialect.update(),
-                self.seq_returning()
-            ))
+            macro_rules! end_under {
+                ($claim:literal) => {
+                    sql!(self.dialect, |d|
+                        "{} runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, \
+                         suspension_expires_at = $4, conversation = $5, finished_at = $6, \
+                         last_seq = last_seq + $7, event_bytes = event_bytes + $8 \
+                         WHERE id = $1 AND {} RETURNING {}, session_id",
+                        d.update(),
+                        $claim,
+                        Self::seq_returning(d)
+                    )
+                };
+            }
+            let mut end = query(match finish.epoch {
+                Some(_) => end_under!("state = 'running' AND owner = $9 AND epoch = $10"),
+                None => end_under!("state IN ('running', 'waiting')"),
+            })
             .bind(finish.run_id.as_str())
             .bind(finish.state.as_str())
             .bind(suspension)
@@ -1573,9 +1580,9 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         async move {
             let (mut tx, taken) = self.begin_after_results().await?;
-            let row = query(format!(
+            let row = query(sql!(self.dialect, |d|
                 "SELECT {RUN_COLUMNS}, owner FROM runs WHERE id = $1{}",
-                self.dialect.for_update()
+                d.for_update()
             ))
             .bind(run_id.as_str())
             .fetch_optional(&mut tx)
@@ -1646,7 +1653,7 @@ impl Store for SqlStore {
             let live = self.live_instances().await?;
             let is_dead = |owner: &Option<String>| owner.as_ref().is_none_or(|owner| !live.contains(owner));
             // [`UNFINISHED`] is the condition of the index of unfinished runs, so that the query reads that index.
-            let running = query(format!(
+            let running = query(sql!(self.dialect, |_|
                 "SELECT {RUN_COLUMNS}, owner FROM runs WHERE {UNFINISHED} AND state = 'running'"
             ))
             .fetch_all(&self.reader)
@@ -1768,11 +1775,14 @@ impl Store for SqlStore {
     fn run(&self, run_id: &RunId) -> StoreFuture<'_, Option<RunInfo>> {
         let run_id = run_id.clone();
         async move {
-            let row = query(format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"))
-                .bind(run_id.as_str())
-                .fetch_optional(self.by_key())
-                .await
-                .map_err(unavailable)?;
+            let row = query(sql!(
+                self.dialect,
+                |_| "SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"
+            ))
+            .bind(run_id.as_str())
+            .fetch_optional(self.by_key())
+            .await
+            .map_err(unavailable)?;
             row.as_ref().map(run_info).transpose()
         }
         .boxed()
@@ -1996,7 +2006,7 @@ impl Store for SqlStore {
 
     fn counts(&self) -> StoreFuture<'_, Counts> {
         async move {
-            let row = query(format!(
+            let row = query(sql!(self.dialect, |_|
                 "SELECT (SELECT COUNT(*) FROM runs WHERE {UNFINISHED}), (SELECT COUNT(*) FROM sessions)"
             ))
             .fetch_one(&self.reader)
@@ -2013,7 +2023,7 @@ impl Store for SqlStore {
     fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>> {
         async move {
             // [`UNFINISHED`]: see `recover`.
-            let rows = query(format!(
+            let rows = query(sql!(self.dialect, |_|
                 "SELECT id FROM runs r WHERE {UNFINISHED} AND state = 'waiting' AND ( \
                    EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id AND c.status IN ('allowed', 'approved')) \
                    OR NOT EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id \
