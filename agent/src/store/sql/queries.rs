@@ -510,18 +510,23 @@ macro_rules! final_calls {
     };
 }
 
-/// The statement that begins a call inline: its row, in place of a final call of an earlier batch with the same id
-/// (ids are the model's), after every other call of the run. Returns a row only if it wrote one. With
+/// The statement that begins a call inline, under the run's claim (running, by this instance `$5`, at the epoch
+/// `$6`; on PostgreSQL the run's row is locked before the call's, [`lock_run_in`]): its row, in place of a final call
+/// of an earlier batch with the same id (ids are the model's), after every other call of the run. Returns a row only
+/// if it wrote one: nothing when the claim is not the run's, or when a call of this batch has the id. One statement
+/// for the check of the claim and the write (a `SELECT` of the run before it was a statement more a round trip). With
 /// [`super::Dialect::insert`]'s beginning (it returns what it wrote).
 fn begin_inline_call(dialect: super::Dialect) -> &'static str {
     sql!(
         dialect,
         |d| "{} INTO calls (run_id, call_id, idx, status, record, executing_on) \
-             VALUES ($1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5) \
+             SELECT $1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5 \
+             FROM runs WHERE id = $1 AND state = 'running' AND owner = $5 AND epoch = $6{} \
              ON CONFLICT (run_id, call_id) DO UPDATE SET idx = excluded.idx, status = excluded.status, \
              record = excluded.record, requested_at = NULL, expires_at = NULL, \
              executing_on = excluded.executing_on WHERE calls.status IN {} RETURNING 1",
         d.insert(),
+        d.for_update(),
         final_calls!()
     )
 }
@@ -892,8 +897,11 @@ impl SqlStore {
         let ordinal: i64 = claimed.try_get(0).map_err(unavailable)?;
         // After the claim: on PostgreSQL a run of the session that ends meanwhile holds the session's row until it
         // committed, the claim waits for it, and (under READ COMMITTED) an interrupt that run opened is seen here.
+        // The session's first run has no earlier run whose interrupt it could meet (only a start adds a run to a
+        // session, and counts it), so it reads nothing.
         if run.refused_while_interrupted
             && run.parent_run_id.is_none()
+            && ordinal > 1
             && let Some((waiting, expires_at)) = open_interrupt_in(&mut tx, &run.session_id).await?
             && expires_at > run.at
         {
@@ -1275,32 +1283,19 @@ impl Store for SqlStore {
             }
             let begun = match inline {
                 Some((mut record, epoch)) => {
-                    // The run must still be this instance's, at this epoch, in this very transaction.
-                    let held = query(sql!(
-                        self.dialect,
-                        |d| "SELECT 1 FROM runs WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3{}",
-                        d.for_update()
-                    ))
+                    record.status = CallStatus::Executing;
+                    record.executing_on = Some(self.instance.clone());
+                    // Only while the run is still this instance's, at this epoch, in this very transaction. A call
+                    // of an earlier batch with the same id (ids are the model's) gives way, and the new one comes
+                    // after every other; one of this batch does not, and nothing is written.
+                    let inserted = query(begin_inline_call(self.dialect))
                     .bind(run_id.as_str())
+                    .bind(call_id.as_str())
+                    .bind(record.status.as_str())
+                    .bind(json(&record))
                     .bind(self.instance.as_str())
                     .bind(epoch as i64)
                     .fetch_optional(&mut tx)
-                    .await
-                    .map_err(unavailable)?;
-                    if held.is_none() {
-                        return Ok(None);
-                    }
-                    record.status = CallStatus::Executing;
-                    record.executing_on = Some(self.instance.clone());
-                    // A call of an earlier batch with the same id (ids are the model's) gives way, and the new one
-                    // comes after every other; one of this batch does not, and nothing is written.
-                    let inserted = query(begin_inline_call(self.dialect))
-                        .bind(run_id.as_str())
-                        .bind(call_id.as_str())
-                        .bind(record.status.as_str())
-                        .bind(json(&record))
-                        .bind(self.instance.as_str())
-                        .fetch_optional(&mut tx)
                     .await
                     .map_err(unavailable)?;
                     inserted.map(|_| record)
