@@ -1800,6 +1800,71 @@ async fn the_claim_of_a_batch_takes_a_calls_result_still_queued_along() {
     );
 }
 
+/// A batch's calls begin at once, each in a transaction of its own (on PostgreSQL, each on a connection of its own):
+/// each must come after every other call of the run, so two that waited for the run's row together must not both
+/// take the place after the same last call. Here another connection holds the run's row until both wait for it.
+#[tokio::test]
+async fn calls_begun_inline_at_once_on_postgresql_take_places_one_after_the_other() {
+    use sqlx::{Connection, Executor};
+    let url = postgres::database();
+    let store = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    holder.execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT 1 FROM runs WHERE id = 'r' FOR UPDATE")
+        .await
+        .unwrap();
+    let begin = |id: &'static str| {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            let record = CallRecord::new(
+                run_id("r"),
+                tool_call(id),
+                json!({"path": id}),
+                CallStatus::Allowed,
+            );
+            store
+                .begin_call(&run_id("r"), &call_id(id), Some((record, 1)))
+                .await
+                .unwrap()
+        })
+    };
+    let (a, b) = (begin("a"), begin("b"));
+    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut watcher)
+        .await
+        .unwrap();
+        if waiting == 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the two starts never both waited for the run's row"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    holder.execute("COMMIT").await.unwrap();
+    assert!(
+        a.await.unwrap().is_some() && b.await.unwrap().is_some(),
+        "both begin"
+    );
+    let places: Vec<i64> =
+        sqlx::query_scalar("SELECT idx FROM calls WHERE run_id = 'r' ORDER BY idx")
+            .fetch_all(&mut watcher)
+            .await
+            .unwrap();
+    assert_eq!(places, [0, 1], "each after the other");
+}
+
 #[tokio::test]
 async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
     use sqlx::Executor;

@@ -71,8 +71,8 @@ impl DialectText {
         }
     }
 
-    /// The text for `dialect`, made by `make` the first time. A function, not a closure: it can read nothing but the
-    /// dialect (and constants), so every use would make the same text.
+    /// The text for `dialect`, made by `make` the first time. A function, not a closure: it cannot capture a
+    /// variable of its caller, whose value could differ from one use to the next.
     pub(super) fn get(
         &'static self,
         dialect: Dialect,
@@ -88,7 +88,7 @@ impl DialectText {
 
 /// A statement's text, as `format!` would make it with `$dialect` bound to `$d`, but made once per dialect and kept
 /// ([`DialectText`]): `sql!(self.dialect, |d| "SELECT 1 FROM runs WHERE id = $1{}", d.for_update())`. Each place the
-/// macro is written keeps its own text, so the text depends on the dialect and on constants only: the arguments
+/// macro is written keeps its own text, so the text must depend on the dialect and on constants only: the arguments
 /// cannot name a variable of the caller (the text is made by a function, [`DialectText::get`]).
 macro_rules! sql {
     ($dialect:expr, |$d:pat_param| $($format:tt)+) => {{

@@ -511,10 +511,11 @@ macro_rules! final_calls {
 }
 
 /// The statement that begins a call inline, under the run's claim (running, by this instance `$5`, at the epoch
-/// `$6`; on PostgreSQL the run's row is locked before the call's, [`lock_run_in`]): its row, in place of a final call
-/// of an earlier batch with the same id (ids are the model's), after every other call of the run. Returns a row only
-/// if it wrote one: nothing when the claim is not the run's, or when a call of this batch has the id. One statement
-/// for the check of the claim and the write (a `SELECT` of the run before it was a statement more a round trip). With
+/// `$6`): its row, in place of a final call of an earlier batch with the same id (ids are the model's), after every
+/// other call of the run. Returns a row only if it wrote one: nothing when the claim is not the run's, or when a call
+/// of this batch has the id. On SQLite one statement for the check of the claim and the write (a `SELECT` of the run
+/// before it was a statement more a round trip); on PostgreSQL the run's row must be locked by a statement before it
+/// ([`lock_run_in`]), else two calls begun at once could both come after the same last call. With
 /// [`super::Dialect::insert`]'s beginning (it returns what it wrote).
 fn begin_inline_call(dialect: super::Dialect) -> &'static str {
     sql!(
@@ -1283,6 +1284,12 @@ impl Store for SqlStore {
             }
             let begun = match inline {
                 Some((mut record, epoch)) => {
+                    // On PostgreSQL, the run's row locked by a statement of its own first: the insert's look for the
+                    // run's last call then sees the calls begun while it waited (a statement sees what was committed
+                    // when it began), so that two calls of a batch begun at once each come after the other's.
+                    lock_run_in(self.dialect, &mut tx, &run_id)
+                        .await
+                        .map_err(unavailable)?;
                     record.status = CallStatus::Executing;
                     record.executing_on = Some(self.instance.clone());
                     // Only while the run is still this instance's, at this epoch, in this very transaction. A call
