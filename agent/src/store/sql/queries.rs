@@ -510,24 +510,18 @@ macro_rules! final_calls {
     };
 }
 
-/// The statement that begins a call inline, under the run's claim (running, by this instance `$5`, at the epoch
-/// `$6`): its row, in place of a final call of an earlier batch with the same id (ids are the model's), after every
-/// other call of the run. Returns a row only if it wrote one: nothing when the claim is not the run's, or when a call
-/// of this batch has the id. On SQLite one statement for the check of the claim and the write (a `SELECT` of the run
-/// before it was a statement more a round trip); on PostgreSQL the run's row must be locked by a statement before it
-/// ([`lock_run_in`]), else two calls begun at once could both come after the same last call. With
+/// The statement that begins a call inline: its row, in place of a final call of an earlier batch with the same id
+/// (ids are the model's), after every other call of the run. Returns a row only if it wrote one. With
 /// [`super::Dialect::insert`]'s beginning (it returns what it wrote).
 fn begin_inline_call(dialect: super::Dialect) -> &'static str {
     sql!(
         dialect,
         |d| "{} INTO calls (run_id, call_id, idx, status, record, executing_on) \
-             SELECT $1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5 \
-             FROM runs WHERE id = $1 AND state = 'running' AND owner = $5 AND epoch = $6{} \
+             VALUES ($1, $2, (SELECT COALESCE(MAX(idx), -1) + 1 FROM calls WHERE run_id = $1), $3, $4, $5) \
              ON CONFLICT (run_id, call_id) DO UPDATE SET idx = excluded.idx, status = excluded.status, \
              record = excluded.record, requested_at = NULL, expires_at = NULL, \
              executing_on = excluded.executing_on WHERE calls.status IN {} RETURNING 1",
         d.insert(),
-        d.for_update(),
         final_calls!()
     )
 }
@@ -1284,25 +1278,32 @@ impl Store for SqlStore {
             }
             let begun = match inline {
                 Some((mut record, epoch)) => {
-                    // On PostgreSQL, the run's row locked by a statement of its own first: the insert's look for the
-                    // run's last call then sees the calls begun while it waited (a statement sees what was committed
-                    // when it began), so that two calls of a batch begun at once each come after the other's.
-                    lock_run_in(self.dialect, &mut tx, &run_id)
-                        .await
-                        .map_err(unavailable)?;
-                    record.status = CallStatus::Executing;
-                    record.executing_on = Some(self.instance.clone());
-                    // Only while the run is still this instance's, at this epoch, in this very transaction. A call
-                    // of an earlier batch with the same id (ids are the model's) gives way, and the new one comes
-                    // after every other; one of this batch does not, and nothing is written.
-                    let inserted = query(begin_inline_call(self.dialect))
+                    // The run must still be this instance's, at this epoch, in this very transaction.
+                    let held = query(sql!(
+                        self.dialect,
+                        |d| "SELECT 1 FROM runs WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3{}",
+                        d.for_update()
+                    ))
                     .bind(run_id.as_str())
-                    .bind(call_id.as_str())
-                    .bind(record.status.as_str())
-                    .bind(json(&record))
                     .bind(self.instance.as_str())
                     .bind(epoch as i64)
                     .fetch_optional(&mut tx)
+                    .await
+                    .map_err(unavailable)?;
+                    if held.is_none() {
+                        return Ok(None);
+                    }
+                    record.status = CallStatus::Executing;
+                    record.executing_on = Some(self.instance.clone());
+                    // A call of an earlier batch with the same id (ids are the model's) gives way, and the new one
+                    // comes after every other; one of this batch does not, and nothing is written.
+                    let inserted = query(begin_inline_call(self.dialect))
+                        .bind(run_id.as_str())
+                        .bind(call_id.as_str())
+                        .bind(record.status.as_str())
+                        .bind(json(&record))
+                        .bind(self.instance.as_str())
+                        .fetch_optional(&mut tx)
                     .await
                     .map_err(unavailable)?;
                     inserted.map(|_| record)
