@@ -116,7 +116,7 @@ impl SqlStore {
                 query(sql!(
                     self.dialect,
                     |d| "{} runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
-                 WHERE id = $1 AND state = 'running' AND owner = $4 AND epoch = $5 RETURNING {}",
+                         WHERE id = $1 AND state = 'running' AND owner = $4 AND epoch = $5 RETURNING {}",
                     d.update(),
                     Self::seq_returning(d)
                 ))
@@ -132,7 +132,7 @@ impl SqlStore {
                 query(sql!(
                     self.dialect,
                     |d| "{} runs SET last_seq = last_seq + $2, event_bytes = event_bytes + $3 \
-                 WHERE id = $1 RETURNING {}",
+                         WHERE id = $1 RETURNING {}",
                     d.update(),
                     Self::seq_returning(d)
                 ))
@@ -769,7 +769,7 @@ impl SqlStore {
         let row = query(sql!(
             self.dialect,
             |d| "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
-             AND status = 'executing' AND executing_on = $3{}",
+                 AND status = 'executing' AND executing_on = $3{}",
             d.for_update()
         ))
         .bind(result.run_id.as_str())
@@ -1304,8 +1304,8 @@ impl Store for SqlStore {
                         .bind(json(&record))
                         .bind(self.instance.as_str())
                         .fetch_optional(&mut tx)
-                    .await
-                    .map_err(unavailable)?;
+                        .await
+                        .map_err(unavailable)?;
                     inserted.map(|_| record)
                 }
                 None => {
