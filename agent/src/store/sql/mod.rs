@@ -114,6 +114,18 @@ macro_rules! run_rows {
 }
 
 impl Dialect {
+    /// The database's clock, in milliseconds since the Unix epoch, as SQL that takes this process's clock as `$2`:
+    /// leases are measured on the database's clock, so that instances whose clocks disagree still agree on who is
+    /// alive. (SQLite has one process: its clock is the one.)
+    fn now(self) -> &'static str {
+        match self {
+            Self::Sqlite => "CAST($2 AS BIGINT)",
+            Self::Postgres => {
+                "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + 0 * CAST($2 AS BIGINT)"
+            }
+        }
+    }
+
     /// Locks the rows a transaction reads before it changes them (SQLite's one writer needs none).
     fn for_update(self) -> &'static str {
         match self {
@@ -730,22 +742,11 @@ impl SqlStore {
         }
     }
 
-    /// The database's clock, in milliseconds since the Unix epoch, as SQL that takes this process's clock as `$2`:
-    /// leases are measured on the database's clock, so that instances whose clocks disagree still agree on who is
-    /// alive. (SQLite has one process: its clock is the one.)
-    fn now_sql(&self) -> &'static str {
-        match self.dialect {
-            Dialect::Sqlite => "CAST($2 AS BIGINT)",
-            Dialect::Postgres => {
-                "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + 0 * CAST($2 AS BIGINT)"
-            }
-        }
-    }
-
     async fn register_instance(&self) -> Result<(), StoreError> {
-        let now = self.now_sql();
-        query(format!(
-            "INSERT INTO instances (id, started_at, heartbeat_at) VALUES ($1, {now}, {now})"
+        query(sql!(
+            self.dialect,
+            |d| "INSERT INTO instances (id, started_at, heartbeat_at) VALUES ($1, {now}, {now})",
+            now = d.now()
         ))
         .bind(self.instance.as_str())
         .bind(crate::clock::now_ms() as i64)
@@ -758,9 +759,10 @@ impl SqlStore {
     /// Says this instance is alive; puts its row back if others had declared it dead (its old work is theirs now,
     /// and fenced against it).
     async fn heartbeat(&self) -> Result<(), StoreError> {
-        let now = self.now_sql();
-        let changed = query(format!(
-            "UPDATE instances SET heartbeat_at = {now} WHERE id = $1"
+        let changed = query(sql!(
+            self.dialect,
+            |d| "UPDATE instances SET heartbeat_at = {} WHERE id = $1",
+            d.now()
         ))
         .bind(self.instance.as_str())
         .bind(crate::clock::now_ms() as i64)
