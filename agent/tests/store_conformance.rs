@@ -1911,6 +1911,59 @@ async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
     }
 }
 
+/// A waiting run whose saved batch no longer reads (a file changed by hand, a damaged disk) is refused with the error
+/// and left as it was: its claim reads the batch before it changes anything, so it does not take the run and erase the
+/// batch and its calls on its way to the error. Once the batch reads again, the run is claimed as usual.
+#[tokio::test]
+async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("toolgate.db");
+    let store = SqlStore::open(&DatabaseUrl::Sqlite(path.clone()))
+        .await
+        .unwrap();
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(&*store, "r", &[], &[]).await;
+    let beside = rusqlite::Connection::open(&path).unwrap();
+    let saved: String = beside
+        .query_row("SELECT batch FROM runs WHERE id = 'r'", [], |row| {
+            row.get(0)
+        })
+        .unwrap();
+    beside
+        .execute(
+            "UPDATE runs SET batch = '{\"not\": \"a batch\"}' WHERE id = 'r'",
+            [],
+        )
+        .unwrap();
+
+    let refused = store.claim_batch(&run_id("r")).await;
+    assert!(
+        matches!(&refused, Err(StoreError::Corrupt(why)) if why.contains("batch")),
+        "{:?}",
+        refused.map(|claimed| claimed.map(|claimed| claimed.epoch))
+    );
+    let (state, epoch): (String, i64) = beside
+        .query_row("SELECT state, epoch FROM runs WHERE id = 'r'", [], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(
+        (state.as_str(), epoch),
+        ("waiting", 1),
+        "the run is not taken"
+    );
+
+    beside
+        .execute("UPDATE runs SET batch = ?1 WHERE id = 'r'", [&saved])
+        .unwrap();
+    let claimed = store
+        .claim_batch(&run_id("r"))
+        .await
+        .unwrap()
+        .expect("claimed once its batch reads");
+    assert_eq!(claimed.epoch, 2);
+}
+
 /// The overflow pages of a table of the SQLite file at `path`, read beside the store.
 fn overflow_pages(path: &std::path::Path, table: &str) -> i64 {
     rusqlite::Connection::open(path)

@@ -1407,6 +1407,9 @@ impl Store for SqlStore {
             let (Some(batch), "waiting") = (batch, state.as_str()) else {
                 return Ok(None);
             };
+            // Read before anything changes: a batch that does not read leaves its run waiting, with the batch and
+            // its calls as they were, not claimed and erased on the way to the error.
+            let batch: SavedBatch = parse(&batch, "a waiting run's batch")?;
             let abort: Option<String> = row.try_get("abort").map_err(unavailable)?;
             let epoch: i64 = row.try_get("epoch").map_err(unavailable)?;
             let calls = query(sql!(self.dialect, |d|
@@ -1448,7 +1451,7 @@ impl Store for SqlStore {
             self.commit_change(tx, taken, None).await?;
             Ok(Some(Claimed {
                 epoch,
-                batch: parse(&batch, "a waiting run's batch")?,
+                batch,
                 outputs,
                 abort: abort.as_deref().and_then(AbortReason::parse),
             }))
