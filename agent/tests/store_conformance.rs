@@ -1922,7 +1922,17 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
         .await
         .unwrap();
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
-    open_waiting(&*store, "r", &[], &[]).await;
+    // A batch of one call, settled (denied by the run's abort), so that the batch is the claim's to take.
+    open_waiting(&*store, "r", &[("a", u64::MAX)], &[]).await;
+    store
+        .abort_run(
+            &run_id("r"),
+            AbortReason::Cancelled,
+            Box::new(|r| deny(r, DenialSource::Abort)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
     let beside = rusqlite::Connection::open(&path).unwrap();
     let saved: String = beside
         .query_row("SELECT batch FROM runs WHERE id = 'r'", [], |row| {
@@ -1942,15 +1952,18 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
         "{:?}",
         refused.map(|claimed| claimed.map(|claimed| claimed.epoch))
     );
-    let (state, epoch): (String, i64) = beside
-        .query_row("SELECT state, epoch FROM runs WHERE id = 'r'", [], |row| {
-            Ok((row.get(0)?, row.get(1)?))
-        })
+    let (state, epoch, batch, calls): (String, i64, String, i64) = beside
+        .query_row(
+            "SELECT state, epoch, batch, (SELECT COUNT(*) FROM calls WHERE run_id = 'r') \
+             FROM runs WHERE id = 'r'",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+        )
         .unwrap();
     assert_eq!(
-        (state.as_str(), epoch),
-        ("waiting", 1),
-        "the run is not taken"
+        (state.as_str(), epoch, batch.as_str(), calls),
+        ("waiting", 1, "{\"not\": \"a batch\"}", 1),
+        "the run is not taken, and its batch and its call are as they were"
     );
 
     beside
@@ -1962,6 +1975,8 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
         .unwrap()
         .expect("claimed once its batch reads");
     assert_eq!(claimed.epoch, 2);
+    assert_eq!(claimed.batch, saved_batch(&["a"]));
+    assert_eq!(claimed.outputs.len(), 1, "the call's output");
 }
 
 /// The overflow pages of a table of the SQLite file at `path`, read beside the store.

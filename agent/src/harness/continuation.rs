@@ -4,10 +4,12 @@
 use std::sync::Arc;
 
 use super::drive::{NoEvents, Segment};
+use super::finish::abort_settlement;
 use super::{Harness, Unavailable};
+use crate::events::AgentEvent;
 use crate::ids::RunId;
-use crate::runtime::{RunError, execute};
-use crate::store::RunState;
+use crate::runtime::{RunError, encode, execute};
+use crate::store::{FinishRun, RunState, StoreError};
 
 impl Harness {
     /// Advances a waiting run in a task of this process.
@@ -74,8 +76,11 @@ impl Harness {
             return Ok(());
         }
         let store = &self.inner.store;
-        let Some(claimed) = store.claim_batch(run_id).await? else {
-            return Ok(());
+        let claimed = match store.claim_batch(run_id).await {
+            Ok(Some(claimed)) => claimed,
+            Ok(None) => return Ok(()),
+            Err(StoreError::Corrupt(why)) => return self.fail_unreadable(run_id, why).await,
+            Err(error) => return Err(error.into()),
         };
         let Some(mut info) = store.run(run_id).await? else {
             return Ok(());
@@ -84,6 +89,34 @@ impl Harness {
         let epoch = claimed.epoch;
         let policy = claimed.batch.policy;
         self.spawn_segment(info, policy, epoch, Segment::Continue(Box::new(claimed)));
+        Ok(())
+    }
+
+    /// Ends a waiting run whose saved state cannot be read (a file changed by hand, a damaged disk): it could never
+    /// go on, and left waiting it would hold its session for good, with no abort able to end it (an abort ends a
+    /// waiting run through its claim). It fails with a store error that says what could not be read.
+    async fn fail_unreadable(&self, run_id: &RunId, why: String) -> Result<(), Unavailable> {
+        tracing::error!(%run_id, %why, "a waiting run's saved state cannot be read; the run ends failed");
+        let error = RunError::Store(why);
+        let failure = AgentEvent::RunFailed {
+            code: error.code(),
+            message: error.to_string(),
+        };
+        let finish = FinishRun {
+            run_id: run_id.clone(),
+            // Nobody holds a waiting run.
+            epoch: None,
+            state: RunState::Failed,
+            history: Vec::new(),
+            conversation: None,
+            suspension: None,
+            events: encode(run_id, failure),
+            audit: Vec::new(),
+            settle_pending: Some(abort_settlement()),
+        };
+        if let Err(fenced) = self.inner.store.finish_run(finish).await? {
+            tracing::warn!(%run_id, %fenced, "the unreadable run ended meanwhile");
+        }
         Ok(())
     }
 

@@ -1407,9 +1407,6 @@ impl Store for SqlStore {
             let (Some(batch), "waiting") = (batch, state.as_str()) else {
                 return Ok(None);
             };
-            // Read before anything changes: a batch that does not read leaves its run waiting, with the batch and
-            // its calls as they were, not claimed and erased on the way to the error.
-            let batch: SavedBatch = parse(&batch, "a waiting run's batch")?;
             let abort: Option<String> = row.try_get("abort").map_err(unavailable)?;
             let epoch: i64 = row.try_get("epoch").map_err(unavailable)?;
             let calls = query(sql!(self.dialect, |d|
@@ -1430,6 +1427,9 @@ impl Store for SqlStore {
                     outputs.push((record.call, output));
                 }
             }
+            // Read before anything changes: a batch that does not read leaves its run as it was (the harness ends
+            // it, saying why), not claimed with its batch and calls erased on the way to the error.
+            let batch: SavedBatch = parse(&batch, "a waiting run's batch")?;
             let epoch = epoch as u64 + 1;
             let changed = query(
                 "UPDATE runs SET state = 'running', owner = $2, epoch = $3, batch = NULL WHERE id = $1 AND state = 'waiting'",

@@ -1,0 +1,97 @@
+//! A harness on the durable default that meets stored state it cannot read: the run that state belongs to ends
+//! with an error that says so, and nothing else is held up by it.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent::harness::{Actor, Harness, HarnessConfig, RunSource, StartRun};
+use agent::model::ScriptedModel;
+use agent::policy::PermissionPolicy;
+use agent::store::RunState;
+use agent::store::sql::{DatabaseUrl, SqlStore};
+use agent::tools::{Workspace, workspace_tools};
+use agent::wire::{
+    ApprovalMode, ApprovalPolicy, Decision, DecisionScope, RunErrorCode, StreamEvent,
+};
+use support::Events;
+
+async fn harness(dir: &std::path::Path) -> Harness {
+    let workspace = Workspace::open(dir.join("ws")).unwrap();
+    let store = SqlStore::open(&DatabaseUrl::Sqlite(dir.join("toolgate.db")))
+        .await
+        .unwrap();
+    Harness::open(
+        HarnessConfig::new(
+            PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
+            Duration::from_secs(60),
+        ),
+        Arc::new(ScriptedModel::new()),
+        workspace_tools(&workspace, Default::default()),
+        store,
+    )
+    .await
+    .unwrap()
+}
+
+fn start(message: &str) -> StartRun {
+    StartRun {
+        message: message.into(),
+        session_id: Some("kept".parse().unwrap()),
+        policy: None,
+        mode: ApprovalMode::Interactive,
+        run_id: None,
+        source: RunSource::Session,
+        refused_while_interrupted: false,
+    }
+}
+
+/// A waiting run whose saved batch no longer reads can never go on. Once its approval is decided it ends failed,
+/// with a store error naming what could not be read, and its session takes the next run; it does not stay waiting
+/// for good, holding the session.
+#[tokio::test]
+async fn a_waiting_run_whose_batch_does_not_read_ends_failed_and_frees_its_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let harness = harness(dir.path()).await;
+    std::fs::write(dir.path().join("ws/old.txt"), "old\n").unwrap();
+    let run = harness.start(start("delete old.txt")).await.unwrap();
+    let mut events = Events::of(&run);
+    let request = events.next_approval().await;
+    rusqlite::Connection::open(dir.path().join("toolgate.db"))
+        .unwrap()
+        .execute(
+            "UPDATE runs SET batch = '{\"not\": \"a batch\"}' WHERE id = ?1",
+            [run.run_id().as_str()],
+        )
+        .unwrap();
+
+    harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::Approve {
+                scope: DecisionScope::Once,
+                reason: None,
+                arguments: None,
+            },
+            &Actor::new("login"),
+        )
+        .await
+        .unwrap();
+    match tokio::time::timeout(Duration::from_secs(10), events.end())
+        .await
+        .expect("the run ends")
+    {
+        StreamEvent::Error { code, message, .. } => {
+            assert_eq!(code, RunErrorCode::Store);
+            assert!(message.contains("batch"), "{message}");
+        }
+        other => panic!("the run ended with {other:?}"),
+    }
+    let ended = harness.run(run.run_id()).await.unwrap().unwrap();
+    assert_eq!(ended.info().state, RunState::Failed);
+
+    let next = harness.start(start("say hello")).await;
+    assert!(next.is_ok(), "the session takes its next run");
+}
