@@ -136,7 +136,7 @@ pub enum RunError {
     Aborted { reason: AbortReason },
     #[error("{0}")]
     Model(String),
-    /// The store could not record the run's progress.
+    /// The store could not record the run's progress, or read what it saved of it.
     #[error("{0}")]
     Store(String),
     /// Another instance took the run over (this one was presumed dead): this one must stop writing.

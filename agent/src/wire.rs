@@ -704,7 +704,7 @@ pub enum RunErrorCode {
     EventLimit,
     /// The server restarted (or the instance running it died) while the run was sampling the model.
     Restarted,
-    /// The store could not record the run's progress.
+    /// The store could not record the run's progress, or read what it saved of it.
     Store,
     Internal,
 }

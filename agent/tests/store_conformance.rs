@@ -1911,8 +1911,9 @@ async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
     }
 }
 
-/// A waiting run whose saved batch no longer reads (a file changed by hand, a damaged disk) is refused with the error
-/// and left as it was: its claim reads the batch before it changes anything, so it does not take the run and erase the
+/// A waiting run whose saved batch this version cannot read (written by a newer one, a file changed by hand, a
+/// damaged disk) is refused with the error once its batch is settled, and left as it was: its claim reads the batch
+/// only after its check of the calls, and before it changes anything, so it does not take the run and erase the
 /// batch and its calls on its way to the error. Once the batch reads again, the run is claimed as usual.
 #[tokio::test]
 async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
@@ -1922,17 +1923,7 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
         .await
         .unwrap();
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
-    // A batch of one call, settled (denied by the run's abort), so that the batch is the claim's to take.
     open_waiting(&*store, "r", &[("a", u64::MAX)], &[]).await;
-    store
-        .abort_run(
-            &run_id("r"),
-            AbortReason::Cancelled,
-            Box::new(|r| deny(r, DenialSource::Abort)),
-        )
-        .await
-        .unwrap()
-        .unwrap();
     let beside = rusqlite::Connection::open(&path).unwrap();
     let saved: String = beside
         .query_row("SELECT batch FROM runs WHERE id = 'r'", [], |row| {
@@ -1944,6 +1935,20 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
             "UPDATE runs SET batch = '{\"not\": \"a batch\"}' WHERE id = 'r'",
             [],
         )
+        .unwrap();
+    assert!(
+        store.claim_batch(&run_id("r")).await.unwrap().is_none(),
+        "a batch with a call pending is not the claim's to read"
+    );
+    // The call settled (denied by the run's abort): now the batch is the claim's to take.
+    store
+        .abort_run(
+            &run_id("r"),
+            AbortReason::Cancelled,
+            Box::new(|r| deny(r, DenialSource::Abort)),
+        )
+        .await
+        .unwrap()
         .unwrap();
 
     let refused = store.claim_batch(&run_id("r")).await;

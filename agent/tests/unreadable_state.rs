@@ -1,5 +1,5 @@
-//! A harness on the durable default that meets stored state it cannot read: the run that state belongs to ends
-//! with an error that says so, and nothing else is held up by it.
+//! A harness on the durable default that meets stored state it cannot read: the run that state belongs to is left
+//! for an instance that can read it, and once aborted it ends with an error that says what could not be read.
 
 mod support;
 
@@ -47,11 +47,12 @@ fn start(message: &str) -> StartRun {
     }
 }
 
-/// A waiting run whose saved batch no longer reads can never go on. Once its approval is decided it ends failed,
-/// with a store error naming what could not be read, and its session takes the next run; it does not stay waiting
-/// for good, holding the session.
+/// A waiting run whose saved batch this process cannot read is left waiting once its approval is decided (an
+/// instance that can read it, a newer version in a rolling deploy, may carry it on), and its session stays busy.
+/// Cancelled, it ends failed, with a store error naming what could not be read, and its session takes the next run:
+/// it does not hold its session for good.
 #[tokio::test]
-async fn a_waiting_run_whose_batch_does_not_read_ends_failed_and_frees_its_session() {
+async fn a_waiting_run_whose_batch_does_not_read_waits_and_ends_once_cancelled() {
     let dir = tempfile::tempdir().unwrap();
     let harness = harness(dir.path()).await;
     std::fs::write(dir.path().join("ws/old.txt"), "old\n").unwrap();
@@ -79,19 +80,37 @@ async fn a_waiting_run_whose_batch_does_not_read_ends_failed_and_frees_its_sessi
         )
         .await
         .unwrap();
+    // The approved call runs; then the claim of the batch is refused, and the run waits on.
+    events
+        .until(|event| matches!(event, StreamEvent::ToolResult { .. }))
+        .await;
+    assert!(!dir.path().join("ws/old.txt").exists(), "the call ran");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = harness.run(run.run_id()).await.unwrap().unwrap();
+    assert_eq!(waiting.info().state, RunState::Waiting);
+    assert!(
+        harness.start(start("say hello")).await.is_err(),
+        "the session is still busy"
+    );
+
+    harness.cancel(run.run_id()).await.unwrap();
     match tokio::time::timeout(Duration::from_secs(10), events.end())
         .await
-        .expect("the run ends")
+        .expect("the cancelled run ends")
     {
         StreamEvent::Error { code, message, .. } => {
             assert_eq!(code, RunErrorCode::Store);
-            assert!(message.contains("batch"), "{message}");
+            assert!(
+                message.contains("aborted") && message.contains("batch"),
+                "{message}"
+            );
         }
         other => panic!("the run ended with {other:?}"),
     }
     let ended = harness.run(run.run_id()).await.unwrap().unwrap();
     assert_eq!(ended.info().state, RunState::Failed);
-
-    let next = harness.start(start("say hello")).await;
-    assert!(next.is_ok(), "the session takes its next run");
+    assert!(
+        harness.start(start("say hello")).await.is_ok(),
+        "the session takes its next run"
+    );
 }

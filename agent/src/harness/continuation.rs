@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use super::drive::{NoEvents, Segment};
-use super::finish::abort_settlement;
 use super::{Harness, Unavailable};
 use crate::events::AgentEvent;
 use crate::ids::RunId;
@@ -79,7 +78,7 @@ impl Harness {
         let claimed = match store.claim_batch(run_id).await {
             Ok(Some(claimed)) => claimed,
             Ok(None) => return Ok(()),
-            Err(StoreError::Corrupt(why)) => return self.fail_unreadable(run_id, why).await,
+            Err(StoreError::Corrupt(why)) => return self.unreadable(run_id, why).await,
             Err(error) => return Err(error.into()),
         };
         let Some(mut info) = store.run(run_id).await? else {
@@ -92,19 +91,33 @@ impl Harness {
         Ok(())
     }
 
-    /// Ends a waiting run whose saved state cannot be read (a file changed by hand, a damaged disk): it could never
-    /// go on, and left waiting it would hold its session for good, with no abort able to end it (an abort ends a
-    /// waiting run through its claim). It fails with a store error that says what could not be read.
-    async fn fail_unreadable(&self, run_id: &RunId, why: String) -> Result<(), Unavailable> {
-        tracing::error!(%run_id, %why, "a waiting run's saved state cannot be read; the run ends failed");
-        let error = RunError::Store(why);
+    /// A waiting run whose saved state this process cannot read (a row written by a newer version during a rolling
+    /// deploy, a file changed by hand, a damaged disk) is left as it is, for an instance that can read it. Once it
+    /// was aborted, nothing is left to read it for: it ends, failed with a store error that says what could not be
+    /// read, and its session is free. (An abort ends a waiting run through its claim, so without this a run nobody
+    /// can read would hold its session for good.)
+    async fn unreadable(&self, run_id: &RunId, why: String) -> Result<(), Unavailable> {
+        let store = &self.inner.store;
+        let aborted = store
+            .run(run_id)
+            .await?
+            .is_some_and(|info| info.state == RunState::Waiting && info.abort.is_some());
+        if !aborted {
+            tracing::error!(%run_id, %why, "a waiting run's saved state cannot be read here; it waits for an instance that can, or for an abort");
+            return Ok(());
+        }
+        tracing::error!(%run_id, %why, "an aborted run's saved state cannot be read; it ends failed");
+        let error = RunError::Store(format!(
+            "the run was aborted, and its saved state could not be read to end it as usual ({why})"
+        ));
         let failure = AgentEvent::RunFailed {
             code: error.code(),
             message: error.to_string(),
         };
         let finish = FinishRun {
             run_id: run_id.clone(),
-            // Nobody holds a waiting run.
+            // Nobody holds a waiting run. Should another instance claim it meanwhile, it ends it too (it was
+            // aborted), and one of the two ends is refused.
             epoch: None,
             state: RunState::Failed,
             history: Vec::new(),
@@ -112,10 +125,11 @@ impl Harness {
             suspension: None,
             events: encode(run_id, failure),
             audit: Vec::new(),
-            settle_pending: Some(abort_settlement()),
+            // The abort settled what was pending; like recovery, the end reads no call's row.
+            settle_pending: None,
         };
-        if let Err(fenced) = self.inner.store.finish_run(finish).await? {
-            tracing::warn!(%run_id, %fenced, "the unreadable run ended meanwhile");
+        if let Err(fenced) = store.finish_run(finish).await? {
+            tracing::warn!(%run_id, %fenced, "the aborted run ended meanwhile");
         }
         Ok(())
     }

@@ -1427,8 +1427,8 @@ impl Store for SqlStore {
                     outputs.push((record.call, output));
                 }
             }
-            // Read before anything changes: a batch that does not read leaves its run as it was (the harness ends
-            // it, saying why), not claimed with its batch and calls erased on the way to the error.
+            // Read before anything changes: a batch this version cannot read leaves its run as it was, for an
+            // instance that can, not claimed with its batch and calls erased on the way to the error.
             let batch: SavedBatch = parse(&batch, "a waiting run's batch")?;
             let epoch = epoch as u64 + 1;
             let changed = query(
