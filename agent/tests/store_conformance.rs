@@ -1913,8 +1913,9 @@ async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
 
 /// A waiting run whose saved batch this version cannot read (written by a newer one, a file changed by hand, a
 /// damaged disk) is refused with the error once its batch is settled, and left as it was: its claim reads the batch
-/// only after its check of the calls, and before it changes anything, so it does not take the run and erase the
-/// batch and its calls on its way to the error. Once the batch reads again, the run is claimed as usual.
+/// only after its check of the calls' statuses (where a status it does not know is not final), and before it changes
+/// anything, so it does not take the run and erase the batch and its calls on its way to the error. Once the batch
+/// reads again, the run is claimed as usual.
 #[tokio::test]
 async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
     let dir = tempfile::tempdir().unwrap();
@@ -1949,6 +1950,29 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
         )
         .await
         .unwrap()
+        .unwrap();
+    // A call in a status this version does not know (a newer one's) may still be running where it is known: the
+    // batch is not the claim's, and nothing is refused as unreadable.
+    let settled: String = beside
+        .query_row("SELECT status FROM calls WHERE call_id = 'a'", [], |row| {
+            row.get(0)
+        })
+        .unwrap();
+    beside
+        .execute(
+            "UPDATE calls SET status = 'archived' WHERE call_id = 'a'",
+            [],
+        )
+        .unwrap();
+    assert!(
+        store.claim_batch(&run_id("r")).await.unwrap().is_none(),
+        "a call in a status this version does not know is not final here"
+    );
+    beside
+        .execute(
+            "UPDATE calls SET status = ?1 WHERE call_id = 'a'",
+            [&settled],
+        )
         .unwrap();
 
     let refused = store.claim_batch(&run_id("r")).await;

@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::harness::{Actor, Harness, HarnessConfig, RunSource, StartRun};
+use agent::harness::{Actor, Harness, HarnessConfig, RunSource, StartError, StartRun};
 use agent::model::ScriptedModel;
 use agent::policy::PermissionPolicy;
 use agent::store::RunState;
@@ -89,7 +89,10 @@ async fn a_waiting_run_whose_batch_does_not_read_waits_and_ends_once_cancelled()
     let waiting = harness.run(run.run_id()).await.unwrap().unwrap();
     assert_eq!(waiting.info().state, RunState::Waiting);
     assert!(
-        harness.start(start("say hello")).await.is_err(),
+        matches!(
+            harness.start(start("say hello")).await,
+            Err(StartError::SessionBusy { .. })
+        ),
         "the session is still busy"
     );
 

@@ -125,7 +125,8 @@ impl Harness {
             suspension: None,
             events: encode(run_id, failure),
             audit: Vec::new(),
-            // The abort settled what was pending; like recovery, the end reads no call's row.
+            // Every call is final (the claim looked before it read anything else); like recovery's, this end reads
+            // no call's row.
             settle_pending: None,
         };
         if let Err(fenced) = store.finish_run(finish).await? {

@@ -1417,18 +1417,23 @@ impl Store for SqlStore {
             .fetch_all(&mut tx)
             .await
             .map_err(unavailable)?;
+            // A batch is the claim's once every call is final. A status this version does not know (written by a
+            // newer one) is not final here: the call may still be running, on an instance that knows it.
+            for row in &calls {
+                let status: String = row.try_get("status").map_err(unavailable)?;
+                if !CallStatus::parse(&status).is_some_and(CallStatus::is_final) {
+                    return Ok(None);
+                }
+            }
+            // Read before anything changes: what this version cannot read leaves the run as it was, for an
+            // instance that can, not claimed with its batch and calls erased on the way to the error.
             let mut outputs = Vec::with_capacity(calls.len());
             for row in &calls {
                 let record = call_record(row)?;
-                if !record.status.is_final() {
-                    return Ok(None);
-                }
                 if let Some(output) = record.output {
                     outputs.push((record.call, output));
                 }
             }
-            // Read before anything changes: a batch this version cannot read leaves its run as it was, for an
-            // instance that can, not claimed with its batch and calls erased on the way to the error.
             let batch: SavedBatch = parse(&batch, "a waiting run's batch")?;
             let epoch = epoch as u64 + 1;
             let changed = query(
