@@ -1925,18 +1925,15 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
         .unwrap();
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
     open_waiting(&*store, "r", &[("a", u64::MAX)], &[]).await;
+    // A column's text, read and written beside the store.
     let beside = rusqlite::Connection::open(&path).unwrap();
-    let saved: String = beside
-        .query_row("SELECT batch FROM runs WHERE id = 'r'", [], |row| {
-            row.get(0)
-        })
-        .unwrap();
-    beside
-        .execute(
-            "UPDATE runs SET batch = '{\"not\": \"a batch\"}' WHERE id = 'r'",
-            [],
-        )
-        .unwrap();
+    let read = |sql: &str| -> String { beside.query_row(sql, [], |row| row.get(0)).unwrap() };
+    let write = |sql: &str, text: &str| {
+        beside.execute(sql, [text]).unwrap();
+    };
+    const UNREADABLE: &str = "{\"not\": \"a batch\"}";
+    let saved = read("SELECT batch FROM runs WHERE id = 'r'");
+    write("UPDATE runs SET batch = ?1 WHERE id = 'r'", UNREADABLE);
     assert!(
         store.claim_batch(&run_id("r")).await.unwrap().is_none(),
         "a batch with a call pending is not the claim's to read"
@@ -1953,27 +1950,16 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
         .unwrap();
     // A call in a status this version does not know (a newer one's) may still be running where it is known: the
     // batch is not the claim's, and nothing is refused as unreadable.
-    let settled: String = beside
-        .query_row("SELECT status FROM calls WHERE call_id = 'a'", [], |row| {
-            row.get(0)
-        })
-        .unwrap();
-    beside
-        .execute(
-            "UPDATE calls SET status = 'archived' WHERE call_id = 'a'",
-            [],
-        )
-        .unwrap();
+    let settled = read("SELECT status FROM calls WHERE call_id = 'a'");
+    write(
+        "UPDATE calls SET status = ?1 WHERE call_id = 'a'",
+        "archived",
+    );
     assert!(
         store.claim_batch(&run_id("r")).await.unwrap().is_none(),
         "a call in a status this version does not know is not final here"
     );
-    beside
-        .execute(
-            "UPDATE calls SET status = ?1 WHERE call_id = 'a'",
-            [&settled],
-        )
-        .unwrap();
+    write("UPDATE calls SET status = ?1 WHERE call_id = 'a'", &settled);
 
     let refused = store.claim_batch(&run_id("r")).await;
     assert!(
@@ -1991,13 +1977,11 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
         .unwrap();
     assert_eq!(
         (state.as_str(), epoch, batch.as_str(), calls),
-        ("waiting", 1, "{\"not\": \"a batch\"}", 1),
+        ("waiting", 1, UNREADABLE, 1),
         "the run is not taken, and its batch and its call are as they were"
     );
 
-    beside
-        .execute("UPDATE runs SET batch = ?1 WHERE id = 'r'", [&saved])
-        .unwrap();
+    write("UPDATE runs SET batch = ?1 WHERE id = 'r'", &saved);
     let claimed = store
         .claim_batch(&run_id("r"))
         .await
