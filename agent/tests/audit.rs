@@ -4,37 +4,14 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use agent::harness::{Actor, Harness, HarnessConfig, RunSource, StartRun};
+use agent::harness::{Actor, Harness, RunSource, StartRun};
 use agent::interrupts::arguments_digest;
-use agent::model::ScriptedModel;
-use agent::policy::PermissionPolicy;
-use agent::store::sql::{DatabaseUrl, SqlStore};
 use agent::store::{AuditEntry, AuditKind, AuditQuery};
-use agent::tools::{Workspace, workspace_tools};
-use agent::wire::{ApprovalMode, ApprovalPolicy, Decision, DecisionScope};
+use agent::wire::{ApprovalMode, Decision, DecisionScope};
 use serde_json::json;
-use support::Events;
-
-async fn harness(dir: &std::path::Path, timeout: Duration) -> Harness {
-    let workspace = Workspace::open(dir.join("ws")).unwrap();
-    let store = SqlStore::open(&DatabaseUrl::Sqlite(dir.join("toolgate.db")))
-        .await
-        .unwrap();
-    Harness::open(
-        HarnessConfig::new(
-            PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
-            timeout,
-        ),
-        Arc::new(ScriptedModel::new()),
-        workspace_tools(&workspace, Default::default()),
-        store,
-    )
-    .await
-    .unwrap()
-}
+use support::{Events, sqlite_harness};
 
 async fn start(harness: &Harness, message: &str) -> agent::harness::RunHandle {
     harness
@@ -64,7 +41,7 @@ async fn log(harness: &Harness) -> Vec<AuditEntry> {
 #[tokio::test]
 async fn every_way_an_approval_ends_is_in_the_audit_log_with_who_and_what() {
     let dir = tempfile::tempdir().unwrap();
-    let harness = harness(dir.path(), Duration::from_millis(400)).await;
+    let harness = sqlite_harness(dir.path(), Duration::from_millis(400)).await;
     let alice = Actor::new("login");
 
     // Approved for the session, with edited arguments.

@@ -3,37 +3,12 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use agent::harness::{Actor, Harness, HarnessConfig, RunSource, StartError, StartRun};
-use agent::model::ScriptedModel;
-use agent::policy::PermissionPolicy;
+use agent::harness::{Actor, RunSource, StartError, StartRun};
 use agent::store::RunState;
-use agent::store::sql::{DatabaseUrl, SqlStore};
-use agent::tools::{Workspace, workspace_tools};
-use agent::wire::{
-    ApprovalMode, ApprovalPolicy, Decision, DecisionScope, RunErrorCode, StreamEvent,
-};
-use support::Events;
-
-async fn harness(dir: &std::path::Path) -> Harness {
-    let workspace = Workspace::open(dir.join("ws")).unwrap();
-    let store = SqlStore::open(&DatabaseUrl::Sqlite(dir.join("toolgate.db")))
-        .await
-        .unwrap();
-    Harness::open(
-        HarnessConfig::new(
-            PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
-            Duration::from_secs(60),
-        ),
-        Arc::new(ScriptedModel::new()),
-        workspace_tools(&workspace, Default::default()),
-        store,
-    )
-    .await
-    .unwrap()
-}
+use agent::wire::{ApprovalMode, Decision, DecisionScope, RunErrorCode, StreamEvent};
+use support::{Events, sqlite_harness};
 
 fn start(message: &str) -> StartRun {
     StartRun {
@@ -54,7 +29,7 @@ fn start(message: &str) -> StartRun {
 #[tokio::test]
 async fn a_waiting_run_whose_batch_does_not_read_waits_and_ends_once_cancelled() {
     let dir = tempfile::tempdir().unwrap();
-    let harness = harness(dir.path()).await;
+    let harness = sqlite_harness(dir.path(), Duration::from_secs(60)).await;
     std::fs::write(dir.path().join("ws/old.txt"), "old\n").unwrap();
     let run = harness.start(start("delete old.txt")).await.unwrap();
     let mut events = Events::of(&run);

@@ -209,6 +209,28 @@ pub fn counting_tools(
     }
 }
 
+/// A harness on the durable default: a SQLite file in `dir`, the built-in tools on the workspace `dir/ws`, the
+/// scripted model, and the default policy (`on_request`, no rules) with `approval_timeout`.
+#[cfg(feature = "sql")]
+pub async fn sqlite_harness(dir: &std::path::Path, approval_timeout: Duration) -> Harness {
+    use agent::store::sql::{DatabaseUrl, SqlStore};
+    let workspace = agent::tools::Workspace::open(dir.join("ws")).unwrap();
+    let store = SqlStore::open(&DatabaseUrl::Sqlite(dir.join("toolgate.db")))
+        .await
+        .unwrap();
+    Harness::open(
+        HarnessConfig::new(
+            PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
+            approval_timeout,
+        ),
+        Arc::new(agent::model::ScriptedModel::new()),
+        agent::tools::workspace_tools(&workspace, Default::default()),
+        store,
+    )
+    .await
+    .unwrap()
+}
+
 pub fn fixture(policy: ApprovalPolicy, rules: RuleSet, steps: Vec<Vec<ModelChunk>>) -> Fixture {
     fixture_with(policy, rules, LoopLimits::default(), steps)
 }
