@@ -694,7 +694,7 @@ async fn expiry_settles_only_what_is_due(kind: Kind) {
     let store = &*backend.store;
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
     open_waiting(store, "r", &[("soon", 5_000), ("later", 9_000)], &[]).await;
-    assert_eq!(store.next_expiry().await.unwrap(), Some(5_000));
+    assert_eq!(store.next_expiry(0).await.unwrap(), Some(5_000));
     let settle: SettleExpired = Box::new(|record| deny(record, DenialSource::Timeout));
     assert!(store.expire(4_999, settle).await.unwrap().is_empty());
     let settle: SettleExpired = Box::new(|record| deny(record, DenialSource::Timeout));
@@ -702,7 +702,13 @@ async fn expiry_settles_only_what_is_due(kind: Kind) {
     assert_eq!(expired.len(), 1);
     assert_eq!(expired[0].call.id, call_id("soon"));
     assert_eq!(expired[0].status, CallStatus::Denied);
-    assert_eq!(store.next_expiry().await.unwrap(), Some(9_000));
+    assert_eq!(store.next_expiry(5_000).await.unwrap(), Some(9_000));
+    assert_eq!(
+        store.next_expiry(0).await.unwrap(),
+        Some(9_000),
+        "what expired is no longer pending"
+    );
+    assert_eq!(store.next_expiry(9_000).await.unwrap(), None);
     let late = store
         .decide(&run_id("r"), &call_id("soon"), Box::new(|r| Ok(approve(r))))
         .await
@@ -1586,6 +1592,209 @@ conformance!(
 // ---------------------------------------------------------------------------------------------------------------
 // What only a durable store promises
 // ---------------------------------------------------------------------------------------------------------------
+
+/// The conformance tests that only a SQL store can take: each on SQLite and on PostgreSQL. On a runtime of two
+/// threads, because they change rows beside the store with a blocking `psql`: a transaction the store dropped
+/// is rolled back by a task of the runtime (sqlx's, as the connection goes back to its pool), and until then its
+/// rows stay locked.
+macro_rules! durable {
+    ($($test:ident),* $(,)?) => {
+        mod durable_sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() { super::$test(super::Kind::Sqlite).await })*
+        }
+        mod durable_postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() { super::$test(super::Kind::Postgres).await })*
+        }
+    };
+}
+
+durable!(
+    a_due_approval_that_does_not_read_holds_up_no_other,
+    an_abort_settles_what_reads_and_its_claim_ends_what_did_not,
+);
+
+/// A SQL store's database, read and changed beside the store: as a newer version of toolgate, or a damaged disk,
+/// would leave its rows.
+struct Beside<'a>(&'a DatabaseUrl);
+
+impl Beside<'_> {
+    fn of(backend: &Backend) -> Beside<'_> {
+        Beside(backend.url.as_ref().expect("a SQL store"))
+    }
+
+    fn write(&self, sql: &str) {
+        match self.0 {
+            DatabaseUrl::Sqlite(path) => rusqlite::Connection::open(path)
+                .unwrap()
+                .execute_batch(sql)
+                .unwrap(),
+            DatabaseUrl::Postgres(url) => {
+                postgres::psql(url, sql);
+            }
+        }
+    }
+
+    /// The one text value `sql` selects.
+    fn read(&self, sql: &str) -> String {
+        match self.0 {
+            DatabaseUrl::Sqlite(path) => rusqlite::Connection::open(path)
+                .unwrap()
+                .query_row(sql, [], |row| row.get(0))
+                .unwrap(),
+            DatabaseUrl::Postgres(url) => postgres::psql(url, sql),
+        }
+    }
+}
+
+/// What no version of a call's record reads as.
+const NOT_A_CALL: &str = "'{\"not\": \"a call\"}'";
+
+/// A pending approval that this version cannot read (a row of a newer version's, or a damaged one) is left out of
+/// the listing of approvals, and left pending when it is due, while the others are listed and time out as usual,
+/// whichever run comes first; past the sweep, it is not due again.
+async fn a_due_approval_that_does_not_read_holds_up_no_other(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    for (run, session_id, call) in [("a", "s1", "ca"), ("b", "s2", "cb")] {
+        store
+            .start_run(new_run(run, session_id))
+            .await
+            .unwrap()
+            .unwrap();
+        open_waiting(store, run, &[(call, 5_000)], &[]).await;
+    }
+    let beside = Beside::of(&backend);
+    beside.write(&format!(
+        "UPDATE calls SET record = {NOT_A_CALL} WHERE call_id = 'ca'"
+    ));
+
+    let listed = store
+        .pending(None)
+        .await
+        .expect("a row that does not read fails no one else's listing");
+    let listed: Vec<&str> = listed
+        .iter()
+        .map(|approval| approval.tool_call_id.as_str())
+        .collect();
+    assert_eq!(listed, ["cb"], "left out of the listing");
+
+    let settle: SettleExpired = Box::new(|record| deny(record, DenialSource::Timeout));
+    let expired = store
+        .expire(5_000, settle)
+        .await
+        .expect("a row that does not read fails no one else's expiry");
+    let expired: Vec<&str> = expired
+        .iter()
+        .map(|record| record.call.id.as_str())
+        .collect();
+    assert_eq!(expired, ["cb"]);
+    assert_eq!(
+        beside.read("SELECT status FROM calls WHERE call_id = 'ca'"),
+        "pending"
+    );
+    assert_eq!(store.next_expiry(0).await.unwrap(), Some(5_000));
+    assert_eq!(
+        store.next_expiry(5_000).await.unwrap(),
+        None,
+        "nothing else is pending"
+    );
+}
+
+/// An abort settles the calls it can read and leaves one it cannot as it was (it used to fail, so that the run
+/// could not be cancelled), and it reads no call it has nothing to settle in. What it left is neither decided nor
+/// begun afterwards, even where it reads (an instance of a newer version). Recovery passes over a running call it
+/// cannot read. The run's claim waits for what still runs, then ends the run as one that does not read, naming a
+/// call the abort left: nothing else would settle it.
+async fn an_abort_settles_what_reads_and_its_claim_ends_what_did_not(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(store, "r", &[("a", u64::MAX), ("b", u64::MAX)], &["x", "y"]).await;
+    let beside = Beside::of(&backend);
+    let record = |call: &str| {
+        beside.read(&format!(
+            "SELECT record FROM calls WHERE call_id = '{call}'"
+        ))
+    };
+    let (b, y) = (record("b"), record("y"));
+    beside.write(&format!(
+        "UPDATE calls SET record = {NOT_A_CALL} WHERE call_id IN ('b', 'x', 'y'); \
+         UPDATE calls SET status = 'executing', executing_on = 'elsewhere' WHERE call_id = 'x'"
+    ));
+
+    let aborted = store
+        .abort_run(
+            &run_id("r"),
+            AbortReason::Cancelled,
+            Box::new(|r| deny(r, DenialSource::Abort)),
+        )
+        .await
+        .expect("the abort is not refused for what it cannot read")
+        .expect("the run is there");
+    assert_eq!(aborted.run.abort, Some(AbortReason::Cancelled));
+    assert_eq!(aborted.executing.len(), 1, "x still runs");
+    let status = |call: &str| {
+        beside.read(&format!(
+            "SELECT status FROM calls WHERE call_id = '{call}'"
+        ))
+    };
+    assert_eq!(
+        [status("a"), status("b"), status("x"), status("y")],
+        ["denied", "pending", "executing", "allowed"]
+    );
+
+    for (call, text) in [("b", &b), ("y", &y)] {
+        beside.write(&format!(
+            "UPDATE calls SET record = '{}' WHERE call_id = '{call}'",
+            text.replace('\'', "''")
+        ));
+    }
+    let decided = store
+        .decide(&run_id("r"), &call_id("b"), Box::new(|r| Ok(approve(r))))
+        .await
+        .unwrap();
+    assert_eq!(decided, Err(DecideFailure::NotPending), "b is not decided");
+    assert!(
+        store
+            .begin_call(&run_id("r"), &call_id("y"), None)
+            .await
+            .unwrap()
+            .is_none(),
+        "y is not begun"
+    );
+
+    store
+        .recover(recovery_events())
+        .await
+        .expect("recovery is not refused for a running call it cannot read");
+    assert_eq!(
+        status("x"),
+        "executing",
+        "left for an instance that can read it"
+    );
+    assert!(
+        store.stalled_runs().await.unwrap().contains(&run_id("r")),
+        "a waiting run once aborted is looked at again, after a restart too"
+    );
+    assert!(
+        store.claim_batch(&run_id("r")).await.unwrap().is_none(),
+        "a call still runs"
+    );
+    beside.write("UPDATE calls SET status = 'settled', executing_on = NULL WHERE call_id = 'x'");
+    let refused = store.claim_batch(&run_id("r")).await;
+    assert!(
+        matches!(&refused, Err(StoreError::Corrupt(why)) if why.contains("still to settle")),
+        "{:?}",
+        refused.map(|claimed| claimed.map(|claimed| claimed.epoch))
+    );
+    assert_eq!(
+        beside.read("SELECT state FROM runs WHERE id = 'r'"),
+        "waiting",
+        "the claim took nothing"
+    );
+}
 
 #[tokio::test]
 async fn a_second_process_on_a_sqlite_file_is_refused_with_a_clear_message() {

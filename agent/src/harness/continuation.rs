@@ -31,7 +31,16 @@ impl Harness {
         if info.state != RunState::Waiting {
             return Ok(());
         }
-        let calls = store.calls(run_id).await?;
+        let calls = match store.calls(run_id).await {
+            Ok(calls) => calls,
+            // A call this process cannot read: the claim looks at the calls' statuses alone, and says whether the
+            // run is left for an instance that can read it or, aborted, ends.
+            Err(StoreError::Corrupt(why)) => {
+                self.unreadable_here(run_id, &why);
+                return self.claim(run_id).await;
+            }
+            Err(error) => return Err(error.into()),
+        };
         let runnable: Vec<_> = calls
             .iter()
             .filter(|record| record.status.is_runnable())
@@ -103,10 +112,11 @@ impl Harness {
             .await?
             .is_some_and(|info| info.state == RunState::Waiting && info.abort.is_some());
         if !aborted {
-            tracing::error!(%run_id, %why, "a waiting run's saved state cannot be read here; it waits for an instance that can, or for an abort");
+            self.unreadable_here(run_id, &why);
             return Ok(());
         }
         tracing::error!(%run_id, %why, "an aborted run's saved state cannot be read; it ends failed");
+        self.inner.unreadable.lock().remove(run_id);
         let error = RunError::Store(format!(
             "the run was aborted, and its saved state could not be read to end it as usual ({why})"
         ));
@@ -133,6 +143,16 @@ impl Harness {
             tracing::warn!(%run_id, %fenced, "the aborted run ended meanwhile");
         }
         Ok(())
+    }
+
+    /// Logs that a waiting run's saved state cannot be read here: once a run, as an error; again (every look for
+    /// stalled runs on a shared database meets it) only at debug level.
+    fn unreadable_here(&self, run_id: &RunId, why: &str) {
+        if self.inner.unreadable.lock().insert(run_id.clone()) {
+            tracing::error!(%run_id, %why, "a waiting run's saved state cannot be read here; it waits for an instance that can, or for an abort");
+        } else {
+            tracing::debug!(%run_id, %why, "a waiting run's saved state still cannot be read here");
+        }
     }
 
     /// Advances every waiting run that has work nobody is doing (after a restart, say).

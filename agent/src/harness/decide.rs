@@ -247,8 +247,11 @@ impl Harness {
     pub(super) async fn sweep_expired_forever(self) {
         let timeout = self.inner.config.approval_timeout;
         let durable = self.inner.store.kind().is_durable();
+        // Every approval due by then is settled, or left pending because this version cannot read it: the next
+        // look is for what expires after it.
+        let mut swept_to = 0;
         loop {
-            let next = match self.inner.store.next_expiry().await {
+            let next = match self.inner.store.next_expiry(swept_to).await {
                 Ok(next) => next,
                 Err(error) => {
                     tracing::warn!(%error, "cannot read when the next approval expires");
@@ -272,8 +275,10 @@ impl Harness {
             let settle = Box::new(move |record: &crate::store::CallRecord| {
                 settlement(record, denied_by(DenialSource::Timeout, timeout), None)
             });
-            match self.inner.store.expire(now_ms(), settle).await {
+            let now = now_ms();
+            match self.inner.store.expire(now, settle).await {
                 Ok(expired) => {
+                    swept_to = now;
                     let mut runs: Vec<RunId> =
                         expired.into_iter().map(|record| record.run_id).collect();
                     runs.dedup();
@@ -281,7 +286,13 @@ impl Harness {
                         self.spawn_advance(run_id);
                     }
                 }
-                Err(error) => tracing::warn!(%error, "cannot time out expired approvals"),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot time out expired approvals; trying again in a second");
+                    tokio::select! {
+                        () = self.inner.closing.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
             }
         }
     }

@@ -26,7 +26,7 @@ mod room;
 mod start;
 mod subscription;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -161,6 +161,9 @@ struct Inner {
     sweeper: Notify,
     /// The bounds on runs and sessions, estimated between counts.
     room: room::Room,
+    /// Waiting runs whose saved state this process could not read, logged once each (the look for stalled runs
+    /// meets them again every round).
+    unreadable: Mutex<HashSet<RunId>>,
 }
 
 /// The application's harness. Cloning is cheap; every clone is the same harness.
@@ -245,6 +248,7 @@ impl Harness {
                 tasks: TaskTracker::new(),
                 sweeper: Notify::new(),
                 room: room::Room::default(),
+                unreadable: Mutex::default(),
             }),
         };
         harness.spawn_background();

@@ -383,7 +383,7 @@ impl Store for MemoryStore {
         Self::ready(expired)
     }
 
-    fn next_expiry(&self) -> StoreFuture<'_, Option<u64>> {
+    fn next_expiry(&self, after_ms: u64) -> StoreFuture<'_, Option<u64>> {
         let tables = self.tables.lock();
         let next = tables
             .runs
@@ -391,6 +391,7 @@ impl Store for MemoryStore {
             .flat_map(|row| &row.calls)
             .filter(|record| record.status == CallStatus::Pending)
             .filter_map(|record| record.approval.as_ref().map(|a| a.expires_at))
+            .filter(|&at| at > after_ms)
             .min();
         Self::ready(next)
     }
@@ -767,7 +768,9 @@ impl Store for MemoryStore {
             .values()
             .filter(|row| row.info.state == RunState::Waiting)
             .filter(|row| {
-                row.batch_settled() || row.calls.iter().any(|call| call.status.is_runnable())
+                row.info.abort.is_some()
+                    || row.batch_settled()
+                    || row.calls.iter().any(|call| call.status.is_runnable())
             })
             .map(|row| row.info.run_id.clone())
             .collect();

@@ -740,11 +740,15 @@ pub trait Store: Send + Sync + 'static {
         settle: Settle,
     ) -> StoreFuture<'_, Result<CallRecord, DecideFailure>>;
 
-    /// Settles every pending approval whose time is up at `now_ms` (as `settle` says) and returns them.
+    /// Settles every pending approval whose time is up at `now_ms` (as `settle` says) and returns them. One this
+    /// version cannot read (a row of a newer version's, or damaged) is left pending, and logged: it keeps no other
+    /// approval from timing out.
     fn expire(&self, now_ms: u64, settle: SettleExpired) -> StoreFuture<'_, Vec<CallRecord>>;
 
-    /// The earliest expiry among pending approvals, to know when to look again.
-    fn next_expiry(&self) -> StoreFuture<'_, Option<u64>>;
+    /// The earliest expiry among pending approvals later than `after_ms`, to know when to look again: a sweeper
+    /// that expired everything due at `after_ms` asks past it, so that an approval [`Store::expire`] left pending
+    /// is not due again at once.
+    fn next_expiry(&self, after_ms: u64) -> StoreFuture<'_, Option<u64>>;
 
     /// Takes a call to run on this instance: allowed or approved, not started. `None` when someone else took it,
     /// it is no longer to run, or this instance's lease ran out (another may have taken its work over). A call of a
@@ -845,7 +849,8 @@ pub trait Store: Send + Sync + 'static {
     /// How much the store holds: runs not ended, and sessions.
     fn counts(&self) -> StoreFuture<'_, Counts>;
 
-    /// Waiting runs that have work no instance is doing: calls to run, or a settled batch to claim.
+    /// Waiting runs that may have work no instance is doing: calls to run, a settled batch to claim, or an abort
+    /// that should end them.
     fn stalled_runs(&self) -> StoreFuture<'_, Vec<RunId>>;
 
     /// The conversation of a run whose client owns it, once it ended; shared with the store where it keeps it.

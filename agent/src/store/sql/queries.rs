@@ -99,6 +99,23 @@ fn call_record(row: &Row) -> StoreResult<CallRecord> {
     Ok(record)
 }
 
+/// A call's row read as [`call_record`] does, or `None`, logged with `what`, when this version cannot read it (a row
+/// of a newer version's, or damaged): for the changes and listings that go over many calls, which leave such a row
+/// as it is, for an instance that can read it, instead of failing for every other. The row has `call_id` and
+/// `run_id` too, for the log.
+fn readable(row: &Row, what: &'static str) -> StoreResult<Option<CallRecord>> {
+    match call_record(row) {
+        Ok(record) => Ok(Some(record)),
+        Err(StoreError::Corrupt(why)) => {
+            let run = row.try_get::<String, _>("run_id").unwrap_or_default();
+            let call = row.try_get::<String, _>("call_id").unwrap_or_default();
+            tracing::error!(run, call, %why, "{what}; it is left as it is");
+            Ok(None)
+        }
+        Err(error) => Err(error),
+    }
+}
+
 impl SqlStore {
     /// Appends events to a run's log and returns its newest sequence number, or `None` when the run is not there or
     /// (with `fence`) not this writer's any more. Rings the other instances' doorbell for the run.
@@ -530,8 +547,11 @@ fn begin_inline_call(dialect: super::Dialect) -> &'static str {
 /// `DISTINCT`, SQLite would rather scan every call in key order than read the index of pending calls by expiry.)
 pub(super) const DUE_CALLS: &str =
     "SELECT run_id FROM calls WHERE status = 'pending' AND expires_at <= $1";
-/// When the next pending call expires.
-pub(super) const NEXT_EXPIRY: &str = "SELECT MIN(expires_at) FROM calls WHERE status = 'pending'";
+/// That the run whose id is `$1` has not been aborted, for the changes that settle or begin one of its calls.
+const NOT_ABORTED: &str = "NOT EXISTS (SELECT 1 FROM runs WHERE id = $1 AND abort IS NOT NULL)";
+/// When the next pending call expires, after a time already swept.
+pub(super) const NEXT_EXPIRY: &str =
+    "SELECT MIN(expires_at) FROM calls WHERE status = 'pending' AND expires_at > $1";
 /// The condition of the index of unfinished runs, in both databases' forms: SQLite's index holds the runs without
 /// an end (a run's wait and resumption then leave it alone), PostgreSQL's the runs running or waiting. The two
 /// are the same runs: a run's end, the one change that takes it out of both, records when it ended. A macro, so
@@ -1051,7 +1071,7 @@ impl SqlStore {
             .map_err(unavailable)?;
         let rows = query(sql!(
             self.dialect,
-            |d| "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
+            |d| "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
             d.for_update()
         ))
         .bind(run_id.as_str())
@@ -1062,10 +1082,16 @@ impl SqlStore {
         let mut events = Vec::new();
         let mut audit = Vec::new();
         for row in &rows {
-            let mut record = call_record(row)?;
-            if !pick.contains(&record.status) {
+            // Only the calls picked are read: a row this version cannot read fails nothing it does not settle.
+            let status: String = row.try_get("status").map_err(unavailable)?;
+            if !CallStatus::parse(&status).is_some_and(|status| pick.contains(&status)) {
                 continue;
             }
+            // One picked that does not read is left as it is, and the rest settled: the claim of a run aborted
+            // with such a call still to settle ends it (see `claim_batch`).
+            let Some(mut record) = readable(row, "a call to settle cannot be read here")? else {
+                continue;
+            };
             let settlement = settle(&record);
             let (mut record_events, mut record_audit) = apply(&mut record, settlement);
             save_call(&mut *connection, &record)
@@ -1143,8 +1169,11 @@ impl Store for SqlStore {
             lock_run_in(self.dialect, &mut tx, &run_id)
                 .await
                 .map_err(unavailable)?;
+            // A call of an aborted run is not decided: its abort settled every call it could read, and one it could
+            // not stays as it was, for no decision (see `settle_calls_in`).
             let row = query(sql!(self.dialect, |d|
-                "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 AND status = 'pending'{}",
+                "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 AND status = 'pending' \
+                 AND {NOT_ABORTED}{}",
                 d.for_update()
             ))
             .bind(run_id.as_str())
@@ -1205,8 +1234,8 @@ impl Store for SqlStore {
                     .await
                     .map_err(unavailable)?;
                 let rows = query(sql!(self.dialect, |d|
-                    "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND status = 'pending' \
-                     AND expires_at <= $2 ORDER BY idx{}",
+                    "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE run_id = $1 \
+                     AND status = 'pending' AND expires_at <= $2 ORDER BY idx{}",
                     d.for_update()
                 ))
                 .bind(run_id.as_str())
@@ -1217,7 +1246,11 @@ impl Store for SqlStore {
                 let mut events = Vec::new();
                 let mut audit = Vec::new();
                 for row in &rows {
-                    let mut record = call_record(row)?;
+                    // A row this version cannot read is left pending (an instance that can read it times it out)
+                    // and does not keep the other runs' approvals from timing out.
+                    let Some(mut record) = readable(row, "a due approval cannot be read here")? else {
+                        continue;
+                    };
                     let settlement = settle(&record);
                     let (mut e, mut a) = apply(&mut record, settlement);
                     let changed = query(
@@ -1248,9 +1281,10 @@ impl Store for SqlStore {
         .boxed()
     }
 
-    fn next_expiry(&self) -> StoreFuture<'_, Option<u64>> {
+    fn next_expiry(&self, after_ms: u64) -> StoreFuture<'_, Option<u64>> {
         async move {
             let row = query(NEXT_EXPIRY)
+                .bind(after_ms as i64)
                 .fetch_one(&self.reader)
                 .await
                 .map_err(unavailable)?;
@@ -1312,9 +1346,10 @@ impl Store for SqlStore {
                     lock_run_in(self.dialect, &mut tx, &run_id)
                         .await
                         .map_err(unavailable)?;
+                    // Nor is a call of an aborted run begun (see `decide`).
                     let row = query(sql!(self.dialect, |d|
                         "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2 \
-                         AND status IN ('allowed', 'approved'){}",
+                         AND status IN ('allowed', 'approved') AND {NOT_ABORTED}{}",
                         d.for_update()
                     ))
                     .bind(run_id.as_str())
@@ -1410,7 +1445,7 @@ impl Store for SqlStore {
             let abort: Option<String> = row.try_get("abort").map_err(unavailable)?;
             let epoch: i64 = row.try_get("epoch").map_err(unavailable)?;
             let calls = query(sql!(self.dialect, |d|
-                "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
+                "SELECT call_id, record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
                 d.for_update()
             ))
             .bind(run_id.as_str())
@@ -1419,11 +1454,27 @@ impl Store for SqlStore {
             .map_err(unavailable)?;
             // A batch is the claim's once every call is final. A status this version does not know (written by a
             // newer one) is not final here: the call may still be running, on an instance that knows it.
+            // An aborted run's abort settled every call still to run or to decide in the change that recorded it,
+            // except the ones it could not read: nothing will settle those, so once nothing else is under way
+            // (a call running) the run is ended as one that does not read.
+            let mut left_by_abort = None;
             for row in &calls {
                 let status: String = row.try_get("status").map_err(unavailable)?;
-                if !CallStatus::parse(&status).is_some_and(CallStatus::is_final) {
-                    return Ok(None);
+                match CallStatus::parse(&status) {
+                    Some(status) if status.is_final() => {}
+                    Some(CallStatus::Pending | CallStatus::Allowed | CallStatus::Approved)
+                        if abort.is_some() =>
+                    {
+                        left_by_abort = Some(row);
+                    }
+                    _ => return Ok(None),
                 }
+            }
+            if let Some(row) = left_by_abort {
+                let call: String = row.try_get("call_id").map_err(unavailable)?;
+                return Err(StoreError::Corrupt(format!(
+                    "its call {call} was still to settle and could not be read"
+                )));
             }
             // Read before anything changes: what this version cannot read leaves the run as it was, for an
             // instance that can, not claimed with its batch and calls erased on the way to the error.
@@ -1678,13 +1729,17 @@ impl Store for SqlStore {
                 }
             }
             let executing = query(
-                "SELECT record, status, executing_on FROM calls WHERE status = 'executing'",
+                "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE status = 'executing'",
             )
             .fetch_all(&self.reader)
             .await
             .map_err(unavailable)?;
             for row in &executing {
-                let mut record = call_record(row)?;
+                // A call this version cannot read is left for an instance that can: the others are recovered.
+                let Some(mut record) = readable(row, "a running call cannot be read here to recover it")?
+                else {
+                    continue;
+                };
                 let Some(dead) = record.executing_on.clone() else {
                     continue;
                 };
@@ -1937,14 +1992,14 @@ impl Store for SqlStore {
         async move {
             let rows = match &run_id {
                 Some(run_id) => query(
-                    "SELECT record, status, executing_on FROM calls WHERE status = 'pending' AND run_id = $1 \
-                     ORDER BY requested_at, run_id, call_id",
+                    "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE status = 'pending' \
+                     AND run_id = $1 ORDER BY requested_at, run_id, call_id",
                 )
                 .bind(run_id.as_str())
                 .fetch_all(self.by_key())
                 .await,
                 None => query(
-                    "SELECT record, status, executing_on FROM calls WHERE status = 'pending' \
+                    "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE status = 'pending' \
                      ORDER BY requested_at, run_id, call_id",
                 )
                 .fetch_all(&self.reader)
@@ -1952,9 +2007,14 @@ impl Store for SqlStore {
             }
             .map_err(unavailable)?;
             // Each row goes as soon as it is read: a listing of thousands holds the rows or the approvals, not both.
+            // One this version cannot read is left out, not the listing failed for everyone.
             let mut pending = Vec::with_capacity(rows.len());
             for row in rows {
-                if let Some(approval) = call_record(&row)?.approval {
+                let Some(record) = readable(&row, "a pending approval cannot be read here to list it")?
+                else {
+                    continue;
+                };
+                if let Some(approval) = record.approval {
                     pending.push(approval);
                 }
             }
@@ -2036,7 +2096,7 @@ impl Store for SqlStore {
             // [`UNFINISHED`]: see `recover`.
             let rows = query(sql!(self.dialect, |_|
                 "SELECT id FROM runs r WHERE {UNFINISHED} AND state = 'waiting' AND ( \
-                   EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id AND c.status IN ('allowed', 'approved')) \
+                   abort IS NOT NULL OR EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id AND c.status IN ('allowed', 'approved')) \
                    OR NOT EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.id \
                      AND c.status NOT IN ('refused', 'denied', 'settled', 'interrupted')))",
             ))
