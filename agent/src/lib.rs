@@ -36,6 +36,8 @@ pub mod events;
 pub mod harness;
 #[cfg(feature = "runtime")]
 pub mod interrupts;
+#[cfg(feature = "runtime")]
+mod logged_once;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 #[cfg(feature = "runtime")]

@@ -1593,10 +1593,10 @@ conformance!(
 // What only a durable store promises
 // ---------------------------------------------------------------------------------------------------------------
 
-/// The conformance tests that only a SQL store can take: each on SQLite and on PostgreSQL. On a runtime of two
-/// threads, because they change rows beside the store with a blocking `psql`: a transaction the store dropped
-/// is rolled back by a task of the runtime (sqlx's, as the connection goes back to its pool), and until then its
-/// rows stay locked.
+/// The conformance tests that only a SQL store can take: each on SQLite and on PostgreSQL. On a multi-thread
+/// runtime, because they change rows beside the store with a blocking `psql` from the test's own thread: a
+/// transaction the store dropped is rolled back by a task of the runtime (sqlx's, as the connection goes back to its
+/// pool), and until then its rows stay locked.
 macro_rules! durable {
     ($($test:ident),* $(,)?) => {
         mod durable_sqlite {
@@ -1774,6 +1774,9 @@ async fn an_abort_settles_what_reads_and_its_claim_ends_what_did_not(kind: Kind)
         "executing",
         "left for an instance that can read it"
     );
+    // With y gone by (its row settled beside the store), the run has no call to run and a call pending: only its
+    // abort makes it one to look at again.
+    beside.write("UPDATE calls SET status = 'settled' WHERE call_id = 'y'");
     assert!(
         store.stalled_runs().await.unwrap().contains(&run_id("r")),
         "a waiting run once aborted is looked at again, after a restart too"
@@ -1785,7 +1788,7 @@ async fn an_abort_settles_what_reads_and_its_claim_ends_what_did_not(kind: Kind)
     beside.write("UPDATE calls SET status = 'settled', executing_on = NULL WHERE call_id = 'x'");
     let refused = store.claim_batch(&run_id("r")).await;
     assert!(
-        matches!(&refused, Err(StoreError::Corrupt(why)) if why.contains("still to settle")),
+        matches!(&refused, Err(StoreError::Corrupt(why)) if why.contains("call b was left unsettled")),
         "{:?}",
         refused.map(|claimed| claimed.map(|claimed| claimed.epoch))
     );

@@ -147,9 +147,10 @@ async fn a_waiting_run_whose_call_does_not_read_can_be_cancelled() {
     );
 }
 
-/// A due approval that does not read is left pending and logged once a sweep, and the sweeper goes on to the next
-/// expiry after it (before, it found the same approval due at once, again and again, and a store that stopped at
-/// it timed out no approval of a run after it); another run's approval still times out.
+/// A due approval that does not read is left pending, met once by each sweep, and the sweeper goes on to the next
+/// expiry after it (before, it found the same approval due at once, again and again); another run's approval still
+/// times out. (Whether the store stopped at it, before, depended on the order of the runs' random ids: the store's
+/// conformance tests show that part in order.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
     let logged = Arc::new(AtomicUsize::new(0));
@@ -159,7 +160,8 @@ async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
     })
     .expect("no other test of this file sets a subscriber");
     let dir = tempfile::tempdir().unwrap();
-    let harness = sqlite_harness(dir.path(), Duration::from_millis(400)).await;
+    // Long enough for the row to be changed before the first approval is due, on a busy machine too.
+    let harness = sqlite_harness(dir.path(), Duration::from_secs(2)).await;
     std::fs::write(dir.path().join("ws/a.txt"), "a\n").unwrap();
     std::fs::write(dir.path().join("ws/b.txt"), "b\n").unwrap();
     let first = harness
@@ -200,12 +202,12 @@ async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
         ),
         "{resolved:?}"
     );
-    // Past both expiries, nothing is due that the sweeper has not swept.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Past both expiries, nothing is due that the sweeper has not swept: the next look is seconds away.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
     let times = logged.load(Ordering::Relaxed);
     assert!(
         (1..=3).contains(&times),
-        "the unreadable approval was logged {times} times: once a sweep that met it"
+        "the unreadable approval was met {times} times: once by each sweep"
     );
     let first = harness.run(first.run_id()).await.unwrap().unwrap();
     assert_eq!(first.info().state, RunState::Waiting, "left as it was");

@@ -116,7 +116,7 @@ impl Harness {
             return Ok(());
         }
         tracing::error!(%run_id, %why, "an aborted run's saved state cannot be read; it ends failed");
-        self.inner.unreadable.lock().remove(run_id);
+        self.inner.unreadable.forget(run_id);
         let error = RunError::Store(format!(
             "the run was aborted, and its saved state could not be read to end it as usual ({why})"
         ));
@@ -135,8 +135,9 @@ impl Harness {
             suspension: None,
             events: encode(run_id, failure),
             audit: Vec::new(),
-            // Every call is final (the claim looked before it read anything else); like recovery's, this end reads
-            // no call's row.
+            // No call is running (the claim looked at every call's status before it read anything else): the
+            // calls are final, or left unsettled by the abort because it could not read them. Like recovery's,
+            // this end reads no call's row; it deletes them.
             settle_pending: None,
         };
         if let Err(fenced) = store.finish_run(finish).await? {
@@ -148,7 +149,7 @@ impl Harness {
     /// Logs that a waiting run's saved state cannot be read here: once a run, as an error; again (every look for
     /// stalled runs on a shared database meets it) only at debug level.
     fn unreadable_here(&self, run_id: &RunId, why: &str) {
-        if self.inner.unreadable.lock().insert(run_id.clone()) {
+        if self.inner.unreadable.first(run_id.clone()) {
             tracing::error!(%run_id, %why, "a waiting run's saved state cannot be read here; it waits for an instance that can, or for an abort");
         } else {
             tracing::debug!(%run_id, %why, "a waiting run's saved state still cannot be read here");

@@ -247,11 +247,14 @@ impl Harness {
     pub(super) async fn sweep_expired_forever(self) {
         let timeout = self.inner.config.approval_timeout;
         let durable = self.inner.store.kind().is_durable();
-        // Every approval due by then is settled, or left pending because this version cannot read it: the next
-        // look is for what expires after it.
-        let mut swept_to = 0;
+        // After a sweep that left due approvals pending (this version cannot read them), the time of that sweep:
+        // the next look is for what expires after it, so that they are not due again at once. That also hides an
+        // approval committed since with an earlier expiry (a batch opened slower than the timeout, another
+        // instance's clock), so meanwhile a durable store is looked at again at least every few seconds, and each
+        // sweep takes whatever is due. Zero while nothing due is left.
+        let mut left_at = 0;
         loop {
-            let next = match self.inner.store.next_expiry(swept_to).await {
+            let next = match self.inner.store.next_expiry(left_at).await {
                 Ok(next) => next,
                 Err(error) => {
                     tracing::warn!(%error, "cannot read when the next approval expires");
@@ -264,9 +267,11 @@ impl Harness {
             } else {
                 None
             };
-            let wait = next
-                .map(|at| Duration::from_millis(at.saturating_sub(now_ms())))
-                .or(idle);
+            let wait = next.map(|at| Duration::from_millis(at.saturating_sub(now_ms())));
+            let wait = match (wait, idle) {
+                (Some(wait), Some(idle)) if left_at > 0 => Some(wait.min(idle)),
+                (wait, idle) => wait.or(idle),
+            };
             tokio::select! {
                 () = self.inner.closing.cancelled() => return,
                 () = self.inner.sweeper.notified() => continue,
@@ -278,7 +283,11 @@ impl Harness {
             let now = now_ms();
             match self.inner.store.expire(now, settle).await {
                 Ok(expired) => {
-                    swept_to = now;
+                    // What is still due is what this version cannot read.
+                    left_at = match self.inner.store.next_expiry(0).await {
+                        Ok(Some(at)) if at <= now => now,
+                        _ => 0,
+                    };
                     let mut runs: Vec<RunId> =
                         expired.into_iter().map(|record| record.run_id).collect();
                     runs.dedup();

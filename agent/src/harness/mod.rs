@@ -26,7 +26,7 @@ mod room;
 mod start;
 mod subscription;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -163,7 +163,7 @@ struct Inner {
     room: room::Room,
     /// Waiting runs whose saved state this process could not read, logged once each (the look for stalled runs
     /// meets them again every round).
-    unreadable: Mutex<HashSet<RunId>>,
+    unreadable: crate::logged_once::LoggedOnce<RunId>,
 }
 
 /// The application's harness. Cloning is cheap; every clone is the same harness.
@@ -248,7 +248,7 @@ impl Harness {
                 tasks: TaskTracker::new(),
                 sweeper: Notify::new(),
                 room: room::Room::default(),
-                unreadable: Mutex::default(),
+                unreadable: Default::default(),
             }),
         };
         harness.spawn_background();

@@ -732,7 +732,9 @@ pub trait Store: Send + Sync + 'static {
     /// Opens a batch: the run becomes `waiting`, its calls and their approvals are stored with their events.
     fn open_batch(&self, batch: OpenBatch) -> StoreFuture<'_, Result<(), Fenced>>;
 
-    /// Settles one pending approval with what `settle` makes of it. Exactly once: only a pending call passes.
+    /// Settles one pending approval with what `settle` makes of it. Exactly once: only a pending call passes, and
+    /// only while its run is not aborted (an abort settles every call it can read; one it cannot is left for no
+    /// decision).
     fn decide(
         &self,
         run_id: &RunId,
@@ -751,7 +753,8 @@ pub trait Store: Send + Sync + 'static {
     fn next_expiry(&self, after_ms: u64) -> StoreFuture<'_, Option<u64>>;
 
     /// Takes a call to run on this instance: allowed or approved, not started. `None` when someone else took it,
-    /// it is no longer to run, or this instance's lease ran out (another may have taken its work over). A call of a
+    /// it is no longer to run (its run aborted, say), or this instance's lease ran out (another may have taken its
+    /// work over). A call of a
     /// running run's own batch (`inline`) is inserted as it begins, only while this instance holds the run at that
     /// epoch (checked in the same transaction: a partitioned old owner never runs a call of a run taken over); it
     /// replaces a finished call of an earlier batch with the same id (ids are the model's), never one of its own
@@ -767,7 +770,8 @@ pub trait Store: Send + Sync + 'static {
     fn settle_call(&self, result: CallResult) -> StoreFuture<'_, bool>;
 
     /// Claims a waiting run whose every call is settled, to sample on. `None` when the batch is not settled or
-    /// somebody else claimed it.
+    /// somebody else claimed it. [`StoreError::Corrupt`], with nothing changed, when what it would read does not
+    /// read, or when the run's abort left a call unsettled because it could not read it (once no call runs).
     fn claim_batch(&self, run_id: &RunId) -> StoreFuture<'_, Option<Claimed>>;
 
     /// Ends a run: its terminal event last, the session free again, nothing left pending.

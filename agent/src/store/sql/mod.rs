@@ -510,6 +510,9 @@ pub struct SqlStore {
     /// How long this instance's heartbeat holds its work (PostgreSQL).
     lease: Duration,
     _lock: Option<FileLock>,
+    /// The calls (run and call id) this version could not read, logged once each: sweeps and listings meet them
+    /// again and again.
+    unreadable: crate::logged_once::LoggedOnce<(String, String)>,
     /// The store itself, for what runs once a transaction commits (`SqlStore::commit_change`).
     me: std::sync::Weak<SqlStore>,
 }
@@ -607,6 +610,7 @@ impl SqlStore {
             aborts: broadcast::channel(256).0,
             lease,
             _lock: lock,
+            unreadable: Default::default(),
             me: me.clone(),
         });
         store
@@ -699,6 +703,7 @@ impl SqlStore {
             aborts: broadcast::channel(1).0,
             lease: DEFAULT_LEASE,
             _lock: None,
+            unreadable: Default::default(),
             me: me.clone(),
         }))
     }

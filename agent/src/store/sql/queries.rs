@@ -99,24 +99,28 @@ fn call_record(row: &Row) -> StoreResult<CallRecord> {
     Ok(record)
 }
 
-/// A call's row read as [`call_record`] does, or `None`, logged with `what`, when this version cannot read it (a row
-/// of a newer version's, or damaged): for the changes and listings that go over many calls, which leave such a row
-/// as it is, for an instance that can read it, instead of failing for every other. The row has `call_id` and
-/// `run_id` too, for the log.
-fn readable(row: &Row, what: &'static str) -> StoreResult<Option<CallRecord>> {
-    match call_record(row) {
-        Ok(record) => Ok(Some(record)),
-        Err(StoreError::Corrupt(why)) => {
-            let run = row.try_get::<String, _>("run_id").unwrap_or_default();
-            let call = row.try_get::<String, _>("call_id").unwrap_or_default();
-            tracing::error!(run, call, %why, "{what}; it is left as it is");
-            Ok(None)
-        }
-        Err(error) => Err(error),
-    }
-}
-
 impl SqlStore {
+    /// A call's row read as [`call_record`] does, or `None` when this version cannot read it (a row of a newer
+    /// version's, or damaged), logged with `what` (as an error the first time): for the changes and listings that
+    /// go over many calls, which leave such a row as it is, for an instance that can read it, instead of failing
+    /// for every other. The row has `run_id` and `call_id` too, for the log.
+    fn readable(&self, row: &Row, what: &'static str) -> StoreResult<Option<CallRecord>> {
+        match call_record(row) {
+            Ok(record) => Ok(Some(record)),
+            Err(StoreError::Corrupt(why)) => {
+                let run = row.try_get::<String, _>("run_id").unwrap_or_default();
+                let call = row.try_get::<String, _>("call_id").unwrap_or_default();
+                if self.unreadable.first((run.clone(), call.clone())) {
+                    tracing::error!(run, call, %why, "{what}; it is left as it is");
+                } else {
+                    tracing::debug!(run, call, %why, "{what}, still");
+                }
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
     /// Appends events to a run's log and returns its newest sequence number, or `None` when the run is not there or
     /// (with `fence`) not this writer's any more. Rings the other instances' doorbell for the run.
     async fn append_in(
@@ -1089,7 +1093,8 @@ impl SqlStore {
             }
             // One picked that does not read is left as it is, and the rest settled: the claim of a run aborted
             // with such a call still to settle ends it (see `claim_batch`).
-            let Some(mut record) = readable(row, "a call to settle cannot be read here")? else {
+            let Some(mut record) = self.readable(row, "a call to settle cannot be read here")?
+            else {
                 continue;
             };
             let settlement = settle(&record);
@@ -1248,7 +1253,7 @@ impl Store for SqlStore {
                 for row in &rows {
                     // A row this version cannot read is left pending (an instance that can read it times it out)
                     // and does not keep the other runs' approvals from timing out.
-                    let Some(mut record) = readable(row, "a due approval cannot be read here")? else {
+                    let Some(mut record) = self.readable(row, "a due approval cannot be read here")? else {
                         continue;
                     };
                     let settlement = settle(&record);
@@ -1269,9 +1274,15 @@ impl Store for SqlStore {
                         expired.push(record);
                     }
                 }
-                let seq = self.append_in(&mut tx, &run_id, &events, None)
-                    .await
-                    .map_err(unavailable)?;
+                // A run none of whose due calls was settled here (one this version cannot read, or decided
+                // meanwhile) has nothing appended, and nobody is rung for it.
+                let seq = if events.is_empty() {
+                    None
+                } else {
+                    self.append_in(&mut tx, &run_id, &events, None)
+                        .await
+                        .map_err(unavailable)?
+                };
                 audit_in(&mut tx, &audit).await.map_err(unavailable)?;
                 self.commit_change(tx, taken, seq.map(|seq| (run_id.clone(), seq)))
                     .await?;
@@ -1473,7 +1484,7 @@ impl Store for SqlStore {
             if let Some(row) = left_by_abort {
                 let call: String = row.try_get("call_id").map_err(unavailable)?;
                 return Err(StoreError::Corrupt(format!(
-                    "its call {call} was still to settle and could not be read"
+                    "its call {call} was left unsettled by the run's abort, which could not read it"
                 )));
             }
             // Read before anything changes: what this version cannot read leaves the run as it was, for an
@@ -1736,7 +1747,7 @@ impl Store for SqlStore {
             .map_err(unavailable)?;
             for row in &executing {
                 // A call this version cannot read is left for an instance that can: the others are recovered.
-                let Some(mut record) = readable(row, "a running call cannot be read here to recover it")?
+                let Some(mut record) = self.readable(row, "a running call cannot be read here to recover it")?
                 else {
                     continue;
                 };
@@ -2010,7 +2021,7 @@ impl Store for SqlStore {
             // One this version cannot read is left out, not the listing failed for everyone.
             let mut pending = Vec::with_capacity(rows.len());
             for row in rows {
-                let Some(record) = readable(&row, "a pending approval cannot be read here to list it")?
+                let Some(record) = self.readable(&row, "a pending approval cannot be read here to list it")?
                 else {
                     continue;
                 };
