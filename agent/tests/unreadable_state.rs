@@ -3,8 +3,8 @@
 
 mod support;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::BTreeMap;
+use std::sync::{Mutex, Once};
 use std::time::Duration;
 
 use agent::harness::{Actor, RunSource, StartError, StartRun};
@@ -153,12 +153,7 @@ async fn a_waiting_run_whose_call_does_not_read_can_be_cancelled() {
 /// conformance tests show that part in order.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
-    let logged = Arc::new(AtomicUsize::new(0));
-    tracing::subscriber::set_global_default(Counting {
-        message: "a due approval cannot be read",
-        count: Arc::clone(&logged),
-    })
-    .expect("no other test of this file sets a subscriber");
+    count_what_sweeps_cannot_read();
     let dir = tempfile::tempdir().unwrap();
     // Long enough for the row to be changed before the first approval is due, on a busy machine too.
     let harness = sqlite_harness(dir.path(), Duration::from_secs(2)).await;
@@ -172,7 +167,7 @@ async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
     rusqlite::Connection::open(dir.path().join("toolgate.db"))
         .unwrap()
         .execute(
-            "UPDATE calls SET record = '{\"not\": \"a call\"}' WHERE run_id = ?1",
+            &format!("UPDATE calls SET record = {NOT_A_CALL} WHERE run_id = ?1"),
             [first.run_id().as_str()],
         )
         .unwrap();
@@ -183,28 +178,13 @@ async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
     let mut events = Events::of(&second);
     events.next_approval().await;
 
-    let (_, resolved) = tokio::time::timeout(
-        Duration::from_secs(10),
-        events.until(|event| matches!(event, StreamEvent::ApprovalResolved { .. })),
-    )
-    .await
-    .expect("the second run's approval times out");
-    assert!(
-        matches!(
-            resolved,
-            StreamEvent::ApprovalResolved {
-                resolution: Resolution::Denied {
-                    source: DenialSource::Timeout,
-                    ..
-                },
-                ..
-            }
-        ),
-        "{resolved:?}"
-    );
+    let resolved = tokio::time::timeout(Duration::from_secs(10), next_resolution(&mut events))
+        .await
+        .expect("the second run's approval times out");
+    assert!(timed_out(&resolved), "{resolved:?}");
     // Past both expiries, nothing is due that the sweeper has not swept: the next look is seconds away.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
-    let times = logged.load(Ordering::Relaxed);
+    let times = times_met(first.run_id().as_str());
     assert!(
         (1..=3).contains(&times),
         "the unreadable approval was met {times} times: once by each sweep"
@@ -213,11 +193,103 @@ async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
     assert_eq!(first.info().state, RunState::Waiting, "left as it was");
 }
 
-/// Counts the events logged whose message holds `message`.
-struct Counting {
-    message: &'static str,
-    count: Arc<AtomicUsize>,
+/// While a due approval that does not read is left pending, an approval committed after the sweep that left it,
+/// with an earlier expiry (here its row's expiry moved back beside the store, as a batch opened slower than the
+/// timeout or another instance's clock would leave it), still times out within seconds, however far the next
+/// expiry is (a minute here): the sweeper looks again by a deadline after each sweep that left something.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_due_behind_one_that_does_not_read_still_times_out() {
+    count_what_sweeps_cannot_read();
+    let dir = tempfile::tempdir().unwrap();
+    let harness = sqlite_harness(dir.path(), Duration::from_secs(60)).await;
+    for file in ["a", "b", "c"] {
+        std::fs::write(dir.path().join(format!("ws/{file}.txt")), "x\n").unwrap();
+    }
+    let beside = rusqlite::Connection::open(dir.path().join("toolgate.db")).unwrap();
+    let first = harness
+        .start(start_in("first", "delete a.txt"))
+        .await
+        .unwrap();
+    Events::of(&first).next_approval().await;
+    beside
+        .execute(
+            &format!("UPDATE calls SET record = {NOT_A_CALL}, expires_at = 1 WHERE run_id = ?1"),
+            [first.run_id().as_str()],
+        )
+        .unwrap();
+    // The next batch wakes the sweeper, which finds the first approval due and leaves it.
+    let second = harness
+        .start(start_in("second", "delete b.txt"))
+        .await
+        .unwrap();
+    let mut events = Events::of(&second);
+    events.next_approval().await;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while times_met(first.run_id().as_str()) == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a sweep meets the first approval");
+    beside
+        .execute(
+            "UPDATE calls SET expires_at = 2 WHERE run_id = ?1",
+            [second.run_id().as_str()],
+        )
+        .unwrap();
+    // The next expiry after the sweep is a minute away; this batch wakes the sweeper too.
+    let third = harness
+        .start(start_in("third", "delete c.txt"))
+        .await
+        .unwrap();
+    Events::of(&third).next_approval().await;
+
+    let resolved = tokio::time::timeout(Duration::from_secs(10), next_resolution(&mut events))
+        .await
+        .expect("the second run's approval times out within seconds");
+    assert!(timed_out(&resolved), "{resolved:?}");
 }
+
+/// What no version of a call's record reads as, as SQL.
+const NOT_A_CALL: &str = "'{\"not\": \"a call\"}'";
+
+async fn next_resolution(events: &mut Events) -> StreamEvent {
+    events
+        .until(|event| matches!(event, StreamEvent::ApprovalResolved { .. }))
+        .await
+        .1
+}
+
+fn timed_out(event: &StreamEvent) -> bool {
+    matches!(
+        event,
+        StreamEvent::ApprovalResolved {
+            resolution: Resolution::Denied {
+                source: DenialSource::Timeout,
+                ..
+            },
+            ..
+        }
+    )
+}
+
+/// How many times a sweep met a due approval of `run` that it could not read: its log lines, counted by run.
+fn times_met(run: &str) -> usize {
+    MET.lock().unwrap().get(run).copied().unwrap_or(0)
+}
+
+static MET: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
+
+/// Counts, into [`MET`], the events logged about a due approval that cannot be read; installed once for the tests
+/// of this file.
+fn count_what_sweeps_cannot_read() {
+    static INSTALLED: Once = Once::new();
+    INSTALLED.call_once(|| {
+        tracing::subscriber::set_global_default(Counting).expect("no other subscriber is set");
+    });
+}
+
+struct Counting;
 
 impl tracing::Subscriber for Counting {
     fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
@@ -233,18 +305,28 @@ impl tracing::Subscriber for Counting {
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
 
     fn event(&self, event: &tracing::Event<'_>) {
-        struct Message(String);
-        impl tracing::field::Visit for Message {
+        #[derive(Default)]
+        struct Fields {
+            message: String,
+            run: String,
+        }
+        impl tracing::field::Visit for Fields {
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                if field.name() == "run" {
+                    self.run = value.to_owned();
+                }
+            }
+
             fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
                 if field.name() == "message" {
-                    self.0 = format!("{value:?}");
+                    self.message = format!("{value:?}");
                 }
             }
         }
-        let mut message = Message(String::new());
-        event.record(&mut message);
-        if message.0.contains(self.message) {
-            self.count.fetch_add(1, Ordering::Relaxed);
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        if fields.message.contains("a due approval cannot be read") {
+            *MET.lock().unwrap().entry(fields.run).or_default() += 1;
         }
     }
 

@@ -150,7 +150,7 @@ impl Harness {
     /// stalled runs on a shared database meets it) only at debug level.
     fn unreadable_here(&self, run_id: &RunId, why: &str) {
         if self.inner.unreadable.first(run_id.clone()) {
-            tracing::error!(%run_id, %why, "a waiting run's saved state cannot be read here; it waits for an instance that can, or for an abort");
+            tracing::error!(%run_id, %why, "a waiting run's saved state cannot be read here; it is left for an instance that can read it");
         } else {
             tracing::debug!(%run_id, %why, "a waiting run's saved state still cannot be read here");
         }

@@ -247,12 +247,14 @@ impl Harness {
     pub(super) async fn sweep_expired_forever(self) {
         let timeout = self.inner.config.approval_timeout;
         let durable = self.inner.store.kind().is_durable();
-        // After a sweep that left due approvals pending (this version cannot read them), the time of that sweep:
-        // the next look is for what expires after it, so that they are not due again at once. That also hides an
-        // approval committed since with an earlier expiry (a batch opened slower than the timeout, another
-        // instance's clock), so meanwhile a durable store is looked at again at least every few seconds, and each
-        // sweep takes whatever is due. Zero while nothing due is left.
+        // After a sweep that left due approvals pending (a durable store's rows this version cannot read), the
+        // time of that sweep: the next look is for what expires after it, so that they are not due again at once.
+        // That also hides an approval committed since with an earlier expiry (a batch opened slower than the
+        // timeout, another instance's clock), so meanwhile the sweeper looks again by a deadline a few seconds
+        // after that sweep, which no wake-up puts off, and each sweep takes whatever is due. Zero while nothing
+        // due is left.
         let mut left_at = 0;
+        let mut look_again: Option<tokio::time::Instant> = None;
         loop {
             let next = match self.inner.store.next_expiry(left_at).await {
                 Ok(next) => next,
@@ -268,9 +270,12 @@ impl Harness {
                 None
             };
             let wait = next.map(|at| Duration::from_millis(at.saturating_sub(now_ms())));
-            let wait = match (wait, idle) {
-                (Some(wait), Some(idle)) if left_at > 0 => Some(wait.min(idle)),
-                (wait, idle) => wait.or(idle),
+            let wait = match look_again {
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    Some(wait.map_or(left, |wait| wait.min(left)))
+                }
+                None => wait.or(idle),
             };
             tokio::select! {
                 () = self.inner.closing.cancelled() => return,
@@ -283,10 +288,18 @@ impl Harness {
             let now = now_ms();
             match self.inner.store.expire(now, settle).await {
                 Ok(expired) => {
-                    // What is still due is what this version cannot read.
-                    left_at = match self.inner.store.next_expiry(0).await {
-                        Ok(Some(at)) if at <= now => now,
-                        _ => 0,
+                    // What is still due is what this version cannot read. (A memory store reads every row: an
+                    // approval due there now was committed during the sweep, and is swept at once.)
+                    let left = durable
+                        && match self.inner.store.next_expiry(0).await {
+                            Ok(next) => next.is_some_and(|at| at <= now),
+                            Err(_) => true,
+                        };
+                    (left_at, look_again) = if left {
+                        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                        (now, Some(deadline))
+                    } else {
+                        (0, None)
                     };
                     let mut runs: Vec<RunId> =
                         expired.into_iter().map(|record| record.run_id).collect();

@@ -747,9 +747,9 @@ pub trait Store: Send + Sync + 'static {
     /// approval from timing out.
     fn expire(&self, now_ms: u64, settle: SettleExpired) -> StoreFuture<'_, Vec<CallRecord>>;
 
-    /// The earliest expiry among pending approvals later than `after_ms`, to know when to look again: a sweeper
-    /// that expired everything due at `after_ms` asks past it, so that an approval [`Store::expire`] left pending
-    /// is not due again at once.
+    /// The earliest expiry among pending approvals later than `after_ms`, to know when to look again (0: all of
+    /// them). A sweeper whose sweep at `after_ms` left approvals it cannot read pending asks past it, so that they
+    /// are not due again at once.
     fn next_expiry(&self, after_ms: u64) -> StoreFuture<'_, Option<u64>>;
 
     /// Takes a call to run on this instance: allowed or approved, not started. `None` when someone else took it,

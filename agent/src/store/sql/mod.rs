@@ -510,9 +510,9 @@ pub struct SqlStore {
     /// How long this instance's heartbeat holds its work (PostgreSQL).
     lease: Duration,
     _lock: Option<FileLock>,
-    /// The calls (run and call id) this version could not read, logged once each: sweeps and listings meet them
-    /// again and again.
-    unreadable: crate::logged_once::LoggedOnce<(String, String)>,
+    /// The calls this version could not read, logged once each by what met them (run and call id, and what was
+    /// done): sweeps, listings and recovery meet them again and again.
+    unreadable: crate::logged_once::LoggedOnce<(&'static str, String, String)>,
     /// The store itself, for what runs once a transaction commits (`SqlStore::commit_change`).
     me: std::sync::Weak<SqlStore>,
 }

@@ -110,7 +110,7 @@ impl SqlStore {
             Err(StoreError::Corrupt(why)) => {
                 let run = row.try_get::<String, _>("run_id").unwrap_or_default();
                 let call = row.try_get::<String, _>("call_id").unwrap_or_default();
-                if self.unreadable.first((run.clone(), call.clone())) {
+                if self.unreadable.first((what, run.clone(), call.clone())) {
                     tracing::error!(run, call, %why, "{what}; it is left as it is");
                 } else {
                     tracing::debug!(run, call, %why, "{what}, still");
@@ -1746,17 +1746,18 @@ impl Store for SqlStore {
             .await
             .map_err(unavailable)?;
             for row in &executing {
+                let Some(dead) = row
+                    .try_get::<Option<String>, _>("executing_on")
+                    .map_err(unavailable)?
+                    .filter(|on| is_dead(&Some(on.clone())))
+                else {
+                    continue;
+                };
                 // A call this version cannot read is left for an instance that can: the others are recovered.
                 let Some(mut record) = self.readable(row, "a running call cannot be read here to recover it")?
                 else {
                     continue;
                 };
-                let Some(dead) = record.executing_on.clone() else {
-                    continue;
-                };
-                if !is_dead(&Some(dead.as_str().to_owned())) {
-                    continue;
-                }
                 let mut tx = self.writer.begin().await.map_err(unavailable)?;
                 lock_run_in(self.dialect, &mut tx, &record.run_id)
                     .await
