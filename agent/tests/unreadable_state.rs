@@ -4,13 +4,16 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::{Mutex, Once};
 use std::time::Duration;
 
-use agent::harness::{Actor, RunSource, StartError, StartRun};
+use agent::harness::{Actor, Harness, RunHandle, RunSource, StartError, StartRun};
+use agent::ids::RunId;
 use agent::store::RunState;
 use agent::wire::{
-    ApprovalMode, Decision, DecisionScope, DenialSource, Resolution, RunErrorCode, StreamEvent,
+    ApprovalMode, ApprovalRequest, Decision, DecisionScope, DenialSource, Resolution, RunErrorCode,
+    StreamEvent,
 };
 use support::{Events, sqlite_harness};
 
@@ -38,17 +41,13 @@ fn start_in(session_id: &str, message: &str) -> StartRun {
 async fn a_waiting_run_whose_batch_does_not_read_waits_and_ends_once_cancelled() {
     let dir = tempfile::tempdir().unwrap();
     let harness = sqlite_harness(dir.path(), Duration::from_secs(60)).await;
-    std::fs::write(dir.path().join("ws/old.txt"), "old\n").unwrap();
-    let run = harness.start(start("delete old.txt")).await.unwrap();
-    let mut events = Events::of(&run);
-    let request = events.next_approval().await;
-    rusqlite::Connection::open(dir.path().join("toolgate.db"))
-        .unwrap()
-        .execute(
-            "UPDATE runs SET batch = '{\"not\": \"a batch\"}' WHERE id = ?1",
-            [run.run_id().as_str()],
-        )
-        .unwrap();
+    let (run, mut events, request) =
+        asking_to_delete(&harness, dir.path(), "kept", "old.txt").await;
+    change_beside(
+        dir.path(),
+        "UPDATE runs SET batch = '{\"not\": \"a batch\"}' WHERE id = ?1",
+        run.run_id(),
+    );
 
     harness
         .decide(
@@ -80,25 +79,7 @@ async fn a_waiting_run_whose_batch_does_not_read_waits_and_ends_once_cancelled()
     );
 
     harness.cancel(run.run_id()).await.unwrap();
-    match tokio::time::timeout(Duration::from_secs(10), events.end())
-        .await
-        .expect("the cancelled run ends")
-    {
-        StreamEvent::Error { code, message, .. } => {
-            assert_eq!(code, RunErrorCode::Store);
-            assert!(
-                message.contains("aborted") && message.contains("batch"),
-                "{message}"
-            );
-        }
-        other => panic!("the run ended with {other:?}"),
-    }
-    let ended = harness.run(run.run_id()).await.unwrap().unwrap();
-    assert_eq!(ended.info().state, RunState::Failed);
-    assert!(
-        harness.start(start("say hello")).await.is_ok(),
-        "the session takes its next run"
-    );
+    ends_failed_saying(&harness, &run, &mut events, &["aborted", "batch"]).await;
 }
 
 /// A waiting run whose pending call does not read can still be cancelled (the cancel used to fail on the row, and
@@ -108,43 +89,21 @@ async fn a_waiting_run_whose_batch_does_not_read_waits_and_ends_once_cancelled()
 async fn a_waiting_run_whose_call_does_not_read_can_be_cancelled() {
     let dir = tempfile::tempdir().unwrap();
     let harness = sqlite_harness(dir.path(), Duration::from_secs(60)).await;
-    std::fs::write(dir.path().join("ws/old.txt"), "old\n").unwrap();
-    let run = harness.start(start("delete old.txt")).await.unwrap();
-    let mut events = Events::of(&run);
-    let request = events.next_approval().await;
-    rusqlite::Connection::open(dir.path().join("toolgate.db"))
-        .unwrap()
-        .execute(
-            "UPDATE calls SET record = '{\"not\": \"a call\"}' WHERE run_id = ?1",
-            [run.run_id().as_str()],
-        )
-        .unwrap();
+    let (run, mut events, request) =
+        asking_to_delete(&harness, dir.path(), "kept", "old.txt").await;
+    change_beside(
+        dir.path(),
+        &format!("UPDATE calls SET record = {NOT_A_CALL} WHERE run_id = ?1"),
+        run.run_id(),
+    );
 
     harness
         .cancel(run.run_id())
         .await
         .expect("the cancel is not refused for what cannot be read");
-    match tokio::time::timeout(Duration::from_secs(10), events.end())
-        .await
-        .expect("the cancelled run ends")
-    {
-        StreamEvent::Error { code, message, .. } => {
-            assert_eq!(code, RunErrorCode::Store);
-            assert!(
-                message.contains("aborted")
-                    && message.contains(&format!("call {}", request.tool_call_id)),
-                "{message}"
-            );
-        }
-        other => panic!("the run ended with {other:?}"),
-    }
-    let ended = harness.run(run.run_id()).await.unwrap().unwrap();
-    assert_eq!(ended.info().state, RunState::Failed);
+    let call = format!("call {}", request.tool_call_id);
+    ends_failed_saying(&harness, &run, &mut events, &["aborted", &call]).await;
     assert!(dir.path().join("ws/old.txt").exists(), "nothing ran");
-    assert!(
-        harness.start(start("say hello")).await.is_ok(),
-        "the session takes its next run"
-    );
 }
 
 /// A due approval that does not read is left pending, met once by each sweep, and the sweeper goes on to the next
@@ -157,26 +116,13 @@ async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
     let dir = tempfile::tempdir().unwrap();
     // Long enough for the row to be changed before the first approval is due, on a busy machine too.
     let harness = sqlite_harness(dir.path(), Duration::from_secs(2)).await;
-    std::fs::write(dir.path().join("ws/a.txt"), "a\n").unwrap();
-    std::fs::write(dir.path().join("ws/b.txt"), "b\n").unwrap();
-    let first = harness
-        .start(start_in("first", "delete a.txt"))
-        .await
-        .unwrap();
-    Events::of(&first).next_approval().await;
-    rusqlite::Connection::open(dir.path().join("toolgate.db"))
-        .unwrap()
-        .execute(
-            &format!("UPDATE calls SET record = {NOT_A_CALL} WHERE run_id = ?1"),
-            [first.run_id().as_str()],
-        )
-        .unwrap();
-    let second = harness
-        .start(start_in("second", "delete b.txt"))
-        .await
-        .unwrap();
-    let mut events = Events::of(&second);
-    events.next_approval().await;
+    let (first, _, _) = asking_to_delete(&harness, dir.path(), "first", "a.txt").await;
+    change_beside(
+        dir.path(),
+        &format!("UPDATE calls SET record = {NOT_A_CALL} WHERE run_id = ?1"),
+        first.run_id(),
+    );
+    let (_, mut events, _) = asking_to_delete(&harness, dir.path(), "second", "b.txt").await;
 
     let resolved = tokio::time::timeout(Duration::from_secs(10), next_resolution(&mut events))
         .await
@@ -202,28 +148,14 @@ async fn an_approval_due_behind_one_that_does_not_read_still_times_out() {
     count_what_sweeps_cannot_read();
     let dir = tempfile::tempdir().unwrap();
     let harness = sqlite_harness(dir.path(), Duration::from_secs(60)).await;
-    for file in ["a", "b", "c"] {
-        std::fs::write(dir.path().join(format!("ws/{file}.txt")), "x\n").unwrap();
-    }
-    let beside = rusqlite::Connection::open(dir.path().join("toolgate.db")).unwrap();
-    let first = harness
-        .start(start_in("first", "delete a.txt"))
-        .await
-        .unwrap();
-    Events::of(&first).next_approval().await;
-    beside
-        .execute(
-            &format!("UPDATE calls SET record = {NOT_A_CALL}, expires_at = 1 WHERE run_id = ?1"),
-            [first.run_id().as_str()],
-        )
-        .unwrap();
+    let (first, _, _) = asking_to_delete(&harness, dir.path(), "first", "a.txt").await;
+    change_beside(
+        dir.path(),
+        &format!("UPDATE calls SET record = {NOT_A_CALL}, expires_at = 1 WHERE run_id = ?1"),
+        first.run_id(),
+    );
     // The next batch wakes the sweeper, which finds the first approval due and leaves it.
-    let second = harness
-        .start(start_in("second", "delete b.txt"))
-        .await
-        .unwrap();
-    let mut events = Events::of(&second);
-    events.next_approval().await;
+    let (second, mut events, _) = asking_to_delete(&harness, dir.path(), "second", "b.txt").await;
     tokio::time::timeout(Duration::from_secs(10), async {
         while times_met(first.run_id().as_str()) == 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -231,18 +163,13 @@ async fn an_approval_due_behind_one_that_does_not_read_still_times_out() {
     })
     .await
     .expect("a sweep meets the first approval");
-    beside
-        .execute(
-            "UPDATE calls SET expires_at = 2 WHERE run_id = ?1",
-            [second.run_id().as_str()],
-        )
-        .unwrap();
+    change_beside(
+        dir.path(),
+        "UPDATE calls SET expires_at = 2 WHERE run_id = ?1",
+        second.run_id(),
+    );
     // The next expiry after the sweep is a minute away; this batch wakes the sweeper too.
-    let third = harness
-        .start(start_in("third", "delete c.txt"))
-        .await
-        .unwrap();
-    Events::of(&third).next_approval().await;
+    asking_to_delete(&harness, dir.path(), "third", "c.txt").await;
 
     let resolved = tokio::time::timeout(Duration::from_secs(10), next_resolution(&mut events))
         .await
@@ -252,6 +179,59 @@ async fn an_approval_due_behind_one_that_does_not_read_still_times_out() {
 
 /// What no version of a call's record reads as, as SQL.
 const NOT_A_CALL: &str = "'{\"not\": \"a call\"}'";
+
+/// A run of `session_id` that asks to delete `file` (written into the workspace first), waiting for the approval:
+/// the run, its events, and the approval.
+async fn asking_to_delete(
+    harness: &Harness,
+    dir: &Path,
+    session_id: &str,
+    file: &str,
+) -> (RunHandle, Events, ApprovalRequest) {
+    std::fs::write(dir.join("ws").join(file), "old\n").unwrap();
+    let run = harness
+        .start(start_in(session_id, &format!("delete {file}")))
+        .await
+        .unwrap();
+    let mut events = Events::of(&run);
+    let request = events.next_approval().await;
+    (run, events, request)
+}
+
+/// Changes a run's rows beside the harness's store in `dir`, as a newer version or a damaged disk would: `sql`, with
+/// the run's id as `?1`.
+fn change_beside(dir: &Path, sql: &str, run_id: &RunId) {
+    rusqlite::Connection::open(dir.join("toolgate.db"))
+        .unwrap()
+        .execute(sql, [run_id.as_str()])
+        .unwrap();
+}
+
+/// A cancelled run's end: failed, with a store error whose message holds each of `words`; its session takes the
+/// next run.
+async fn ends_failed_saying(
+    harness: &Harness,
+    run: &RunHandle,
+    events: &mut Events,
+    words: &[&str],
+) {
+    match tokio::time::timeout(Duration::from_secs(10), events.end())
+        .await
+        .expect("the cancelled run ends")
+    {
+        StreamEvent::Error { code, message, .. } => {
+            assert_eq!(code, RunErrorCode::Store);
+            assert!(words.iter().all(|word| message.contains(word)), "{message}");
+        }
+        other => panic!("the run ended with {other:?}"),
+    }
+    let ended = harness.run(run.run_id()).await.unwrap().unwrap();
+    assert_eq!(ended.info().state, RunState::Failed);
+    assert!(
+        harness.start(start("say hello")).await.is_ok(),
+        "the session takes its next run"
+    );
+}
 
 async fn next_resolution(events: &mut Events) -> StreamEvent {
     events
