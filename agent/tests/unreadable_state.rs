@@ -39,6 +39,7 @@ fn start_in(session_id: &str, message: &str) -> StartRun {
 /// it does not hold its session for good.
 #[tokio::test]
 async fn a_waiting_run_whose_batch_does_not_read_waits_and_ends_once_cancelled() {
+    count_the_log();
     let dir = tempfile::tempdir().unwrap();
     let harness = sqlite_harness(dir.path(), Duration::from_secs(60)).await;
     let (run, mut events, request) =
@@ -62,12 +63,13 @@ async fn a_waiting_run_whose_batch_does_not_read_waits_and_ends_once_cancelled()
         )
         .await
         .unwrap();
-    // The approved call runs; then the claim of the batch is refused, and the run waits on.
+    // The approved call runs; then the claim of the batch is refused, the harness says it leaves the run, and the
+    // run waits on.
     events
         .until(|event| matches!(event, StreamEvent::ToolResult { .. }))
         .await;
     assert!(!dir.path().join("ws/old.txt").exists(), "the call ran");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    logged(LEFT, run.run_id().as_str()).await;
     let waiting = harness.run(run.run_id()).await.unwrap().unwrap();
     assert_eq!(waiting.info().state, RunState::Waiting);
     assert!(
@@ -112,7 +114,7 @@ async fn a_waiting_run_whose_call_does_not_read_can_be_cancelled() {
 /// conformance tests show that part in order.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
-    count_what_sweeps_cannot_read();
+    count_the_log();
     let dir = tempfile::tempdir().unwrap();
     // Long enough for the row to be changed before the first approval is due, on a busy machine too.
     let harness = sqlite_harness(dir.path(), Duration::from_secs(2)).await;
@@ -130,7 +132,7 @@ async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
     assert!(timed_out(&resolved), "{resolved:?}");
     // Past both expiries, nothing is due that the sweeper has not swept: the next look is seconds away.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
-    let times = times_met(first.run_id().as_str());
+    let times = times_logged(SWEPT, first.run_id().as_str());
     assert!(
         (1..=3).contains(&times),
         "the unreadable approval was met {times} times: once by each sweep"
@@ -145,7 +147,7 @@ async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
 /// expiry is (a minute here): the sweeper looks again by a deadline after each sweep that left something.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_due_behind_one_that_does_not_read_still_times_out() {
-    count_what_sweeps_cannot_read();
+    count_the_log();
     let dir = tempfile::tempdir().unwrap();
     let harness = sqlite_harness(dir.path(), Duration::from_secs(60)).await;
     let (first, _, _) = asking_to_delete(&harness, dir.path(), "first", "a.txt").await;
@@ -156,13 +158,7 @@ async fn an_approval_due_behind_one_that_does_not_read_still_times_out() {
     );
     // The next batch wakes the sweeper, which finds the first approval due and leaves it.
     let (second, mut events, _) = asking_to_delete(&harness, dir.path(), "second", "b.txt").await;
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while times_met(first.run_id().as_str()) == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("a sweep meets the first approval");
+    logged(SWEPT, first.run_id().as_str()).await;
     change_beside(
         dir.path(),
         "UPDATE calls SET expires_at = 2 WHERE run_id = ?1",
@@ -253,16 +249,36 @@ fn timed_out(event: &StreamEvent) -> bool {
     )
 }
 
-/// How many times a sweep met a due approval of `run` that it could not read: its log lines, counted by run.
-fn times_met(run: &str) -> usize {
-    MET.lock().unwrap().get(run).copied().unwrap_or(0)
+/// What the tests count in the log, by run: a sweep meeting a due approval it cannot read (the store's log), and the
+/// harness leaving a waiting run whose saved state it cannot read.
+const SWEPT: &str = "a due approval cannot be read";
+const LEFT: &str = "saved state cannot be read here";
+
+/// How many times the log said `what` (one of [`SWEPT`] and [`LEFT`]) about `run`.
+fn times_logged(what: &'static str, run: &str) -> usize {
+    LOGGED
+        .lock()
+        .unwrap()
+        .get(&(what, run.to_owned()))
+        .copied()
+        .unwrap_or(0)
 }
 
-static MET: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
+/// Waits until the log has said `what` about `run`.
+async fn logged(what: &'static str, run: &str) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while times_logged(what, run) == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the log says {what:?} about {run}"));
+}
 
-/// Counts, into [`MET`], the events logged about a due approval that cannot be read; installed once for the tests
-/// of this file.
-fn count_what_sweeps_cannot_read() {
+static LOGGED: Mutex<BTreeMap<(&'static str, String), usize>> = Mutex::new(BTreeMap::new());
+
+/// Counts, into [`LOGGED`], what the tests look for in the log; installed once for the tests of this file.
+fn count_the_log() {
     static INSTALLED: Once = Once::new();
     INSTALLED.call_once(|| {
         tracing::subscriber::set_global_default(Counting).expect("no other subscriber is set");
@@ -291,6 +307,7 @@ impl tracing::Subscriber for Counting {
             run: String,
         }
         impl tracing::field::Visit for Fields {
+            // The store names a run `run` (a string), the harness `run_id` (its id, displayed).
             fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
                 if field.name() == "run" {
                     self.run = value.to_owned();
@@ -298,15 +315,23 @@ impl tracing::Subscriber for Counting {
             }
 
             fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" {
-                    self.message = format!("{value:?}");
+                match field.name() {
+                    "message" => self.message = format!("{value:?}"),
+                    "run_id" => self.run = format!("{value:?}"),
+                    _ => {}
                 }
             }
         }
         let mut fields = Fields::default();
         event.record(&mut fields);
-        if fields.message.contains("a due approval cannot be read") {
-            *MET.lock().unwrap().entry(fields.run).or_default() += 1;
+        for what in [SWEPT, LEFT] {
+            if fields.message.contains(what) {
+                *LOGGED
+                    .lock()
+                    .unwrap()
+                    .entry((what, fields.run.clone()))
+                    .or_default() += 1;
+            }
         }
     }
 
