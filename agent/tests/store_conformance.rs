@@ -373,7 +373,7 @@ async fn a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time(kind: Kind)
 fn done(run: &str, history: Vec<Message>, events: Vec<NewEvent>) -> FinishRun {
     FinishRun {
         run_id: run_id(run),
-        epoch: Some(1),
+        claim: EndClaim::Held(1),
         state: RunState::Done,
         history,
         conversation: None,
@@ -488,7 +488,7 @@ async fn an_end_refused_for_a_claim_it_lacks_loses_no_events_queued_with_it(kind
     store.append(&run_id("a"), 7, vec![step_event("a", 70)]);
     store.append(&run_id("b"), 1, vec![step_event("b", 3)]);
     let stray = FinishRun {
-        epoch: Some(7),
+        claim: EndClaim::Held(7),
         ..done("a", vec![], vec![step_event("a", 71)])
     };
     assert_eq!(store.finish_run(stray).await.unwrap(), Err(Fenced::Lost));
@@ -875,6 +875,18 @@ async fn a_settled_batch_is_claimed_once(kind: Kind) {
     let info = store.run(&run_id("r")).await.unwrap().unwrap();
     assert_eq!(info.state, RunState::Running);
     assert!(store.stalled_runs().await.unwrap().is_empty());
+    // An end meant for the run while it waited (by an instance that could not read it) no longer takes it.
+    let waiting_end = FinishRun {
+        claim: EndClaim::Waiting,
+        state: RunState::Failed,
+        ..done("r", vec![], vec![step_event("r", 9)])
+    };
+    assert_eq!(
+        store.finish_run(waiting_end).await.unwrap(),
+        Err(Fenced::Lost)
+    );
+    let info = store.run(&run_id("r")).await.unwrap().unwrap();
+    assert_eq!(info.state, RunState::Running, "still the claim's");
 }
 
 async fn finishing_a_run_frees_its_session_and_leaves_nothing_pending(kind: Kind) {
@@ -901,7 +913,7 @@ async fn finishing_a_run_frees_its_session_and_leaves_nothing_pending(kind: Kind
     store
         .finish_run(FinishRun {
             run_id: run_id("r"),
-            epoch: Some(claimed.epoch),
+            claim: EndClaim::Held(claimed.epoch),
             state: RunState::Failed,
             history: vec![],
             conversation: Some(vec![Message::User {
@@ -964,14 +976,14 @@ async fn an_end_settles_the_calls_still_pending_in_the_order_they_were_asked(kin
         &[],
     )
     .await;
-    let settling = |epoch| FinishRun {
-        epoch,
+    let settling = |claim| FinishRun {
+        claim,
         state: RunState::Failed,
         settle_pending: Some(Box::new(settle_in_batch_order)),
         ..done("r", vec![], vec![step_event("r", 5)])
     };
     assert_eq!(
-        store.finish_run(settling(Some(7))).await.unwrap(),
+        store.finish_run(settling(EndClaim::Held(7))).await.unwrap(),
         Err(Fenced::Lost),
         "a waiting run is no writer's to end"
     );
@@ -987,7 +999,11 @@ async fn an_end_settles_the_calls_still_pending_in_the_order_they_were_asked(kin
         [CallStatus::Pending; 3],
         "a refused end takes no call"
     );
-    store.finish_run(settling(None)).await.unwrap().unwrap();
+    store
+        .finish_run(settling(EndClaim::Waiting))
+        .await
+        .unwrap()
+        .unwrap();
     let expected = vec![(1, 1), (2, 2), (3, 90), (4, 91), (5, 92), (6, 5)];
     assert_eq!(
         steps(store, "r").await,
@@ -1008,11 +1024,13 @@ async fn an_end_settles_the_calls_still_pending_in_the_order_they_were_asked(kin
         .filter_map(|entry| entry.tool_call_id.map(|id| id.as_str().to_owned()))
         .collect();
     assert_eq!(resolved, ["m", "z", "a"]);
-    assert_eq!(
-        store.finish_run(settling(None)).await.unwrap(),
-        Err(Fenced::Lost),
-        "an ended run is not ended again"
-    );
+    for claim in [EndClaim::Unended, EndClaim::Waiting] {
+        assert_eq!(
+            store.finish_run(settling(claim)).await.unwrap(),
+            Err(Fenced::Lost),
+            "an ended run is not ended again"
+        );
+    }
     backend = backend.reopened().await;
     assert_eq!(steps(&*backend.store, "r").await, expected);
 }
@@ -1051,7 +1069,7 @@ fn suspension_of(run: &str, session_id: &str, expires_at: u64) -> Suspension {
 fn interrupted(suspension: &Suspension) -> FinishRun {
     FinishRun {
         run_id: suspension.run_id.clone(),
-        epoch: Some(1),
+        claim: EndClaim::Held(1),
         state: RunState::Interrupted,
         history: vec![],
         conversation: Some(vec![]),

@@ -8,7 +8,7 @@ use super::{Harness, Unavailable};
 use crate::events::AgentEvent;
 use crate::ids::RunId;
 use crate::runtime::{RunError, encode, execute};
-use crate::store::{FinishRun, RunState, StoreError};
+use crate::store::{EndClaim, FinishRun, RunState, StoreError};
 
 impl Harness {
     /// Advances a waiting run in a task of this process.
@@ -126,9 +126,9 @@ impl Harness {
         };
         let finish = FinishRun {
             run_id: run_id.clone(),
-            // Nobody holds a waiting run. Should another instance claim it meanwhile, it ends it too (it was
-            // aborted), and one of the two ends is refused.
-            epoch: None,
+            // Nobody holds a waiting run. Should another instance (one that can read it) claim it meanwhile, this
+            // end is refused: that instance ends it, as aborted.
+            claim: EndClaim::Waiting,
             state: RunState::Failed,
             history: Vec::new(),
             conversation: None,

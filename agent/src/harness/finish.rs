@@ -12,8 +12,8 @@ use crate::events::AgentEvent;
 use crate::interrupts::{IssuedInterrupt, Suspension, arguments_digest};
 use crate::runtime::{RunContext, RunError, call_record, encode, tool_result};
 use crate::store::{
-    AuditEntry, AuditKind, CallStatus, Fenced, FinishRun, OpenBatch, RecoveryEvents, RunState,
-    SavedBatch, SettleExpired, Settlement,
+    AuditEntry, AuditKind, CallStatus, EndClaim, Fenced, FinishRun, OpenBatch, RecoveryEvents,
+    RunState, SavedBatch, SettleExpired, Settlement,
 };
 use crate::wire::{
     DenialSource, InterruptRequest, Message, Resolution, RunErrorCode, ToolErrorCode, ToolOutput,
@@ -275,7 +275,7 @@ impl Harness {
         FinishRun {
             events: encode(&run_id, terminal),
             run_id,
-            epoch: Some(ending.epoch),
+            claim: EndClaim::Held(ending.epoch),
             state,
             history,
             conversation,

@@ -495,10 +495,11 @@ impl Store for MemoryStore {
             let outcome = match runs.get_mut(&finish.run_id) {
                 None => Err(Fenced::Lost),
                 Some(row) => {
-                    let fenced = match finish.epoch {
-                        Some(epoch) => row.owned_by(&self.instance, epoch),
-                        None if row.info.state.is_finished() => Err(Fenced::Lost),
-                        None => Ok(()),
+                    let fenced = match finish.claim {
+                        EndClaim::Held(epoch) => row.owned_by(&self.instance, epoch),
+                        EndClaim::Unended if !row.info.state.is_finished() => Ok(()),
+                        EndClaim::Waiting if row.info.state == RunState::Waiting => Ok(()),
+                        EndClaim::Unended | EndClaim::Waiting => Err(Fenced::Lost),
                     };
                     match fenced {
                         Err(fenced) => Err(fenced),

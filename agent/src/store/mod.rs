@@ -448,11 +448,21 @@ pub struct Claimed {
     pub abort: Option<AbortReason>,
 }
 
+/// Under which claim a run's end is made: an end made without it changes nothing ([`Fenced::Lost`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndClaim {
+    /// This instance holds the run at this epoch: its task's own end.
+    Held(Epoch),
+    /// The run has not ended, whoever holds it: recovery's end of a dead instance's run.
+    Unended,
+    /// The run waits, held by nobody: an end that must not take a run another instance claimed meanwhile.
+    Waiting,
+}
+
 /// How a run ends.
 pub struct FinishRun {
     pub run_id: RunId,
-    /// The owner's epoch; `None` ends a run whoever holds it (recovery, an abort of a waiting run).
-    pub epoch: Option<Epoch>,
+    pub claim: EndClaim,
     pub state: RunState,
     /// Messages that join the session's history.
     pub history: Vec<Message>,

@@ -1528,7 +1528,10 @@ impl Store for SqlStore {
 
     fn finish_run(&self, mut finish: FinishRun) -> StoreFuture<'_, Result<(), Fenced>> {
         async move {
-            let finishing = finish.epoch.map(|epoch| (&finish.run_id, epoch));
+            let finishing = match finish.claim {
+                EndClaim::Held(epoch) => Some((&finish.run_id, epoch)),
+                EndClaim::Unended | EndClaim::Waiting => None,
+            };
             let (mut tx, taken, mut events) = self.begin_finish(finishing).await?;
             // The run's calls go with its end. Those still pending are settled first: their events come after the
             // run's events queued last and before those of its end, all written by the one update of its row below.
@@ -1552,8 +1555,8 @@ impl Store for SqlStore {
             let ending_bytes = conversation.as_ref().map_or(0, String::len)
                 + suspension.as_ref().map_or(0, String::len);
             // The run's end and the room for its last events, in one update of its row, made only under the claim
-            // the end is made with: by the writer that holds the run (with an epoch), or by anyone while it has
-            // not ended (without).
+            // the end is made with ([`EndClaim`]): by the writer that holds the run, by anyone while it has not
+            // ended, or by anyone while it waits.
             macro_rules! end_under {
                 ($claim:literal) => {
                     sql!(self.dialect, |d|
@@ -1567,9 +1570,10 @@ impl Store for SqlStore {
                     )
                 };
             }
-            let mut end = query(match finish.epoch {
-                Some(_) => end_under!("state = 'running' AND owner = $9 AND epoch = $10"),
-                None => end_under!("state IN ('running', 'waiting')"),
+            let mut end = query(match finish.claim {
+                EndClaim::Held(_) => end_under!("state = 'running' AND owner = $9 AND epoch = $10"),
+                EndClaim::Unended => end_under!("state IN ('running', 'waiting')"),
+                EndClaim::Waiting => end_under!("state = 'waiting'"),
             })
             .bind(finish.run_id.as_str())
             .bind(finish.state.as_str())
@@ -1579,7 +1583,7 @@ impl Store for SqlStore {
             .bind(now)
             .bind(events.len() as i64)
             .bind(event_bytes(&events));
-            if let Some(epoch) = finish.epoch {
+            if let EndClaim::Held(epoch) = finish.claim {
                 end = end.bind(self.instance.as_str()).bind(epoch as i64);
             }
             let row = end.fetch_optional(&mut tx).await.map_err(unavailable)?;
@@ -1796,7 +1800,7 @@ impl Store for SqlStore {
             for info in dead_runs {
                 let finish = FinishRun {
                     run_id: info.run_id.clone(),
-                    epoch: None,
+                    claim: EndClaim::Unended,
                     state: RunState::Failed,
                     history: Vec::new(),
                     conversation: None,
@@ -2586,7 +2590,7 @@ mod tests {
     fn end_of_run_1(settle_pending: Option<SettleExpired>) -> FinishRun {
         FinishRun {
             run_id: RunId::parse("run_1").unwrap(),
-            epoch: None,
+            claim: EndClaim::Unended,
             state: RunState::Failed,
             history: Vec::new(),
             conversation: None,
