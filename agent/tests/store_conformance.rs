@@ -887,6 +887,15 @@ async fn a_settled_batch_is_claimed_once(kind: Kind) {
     );
     let info = store.run(&run_id("r")).await.unwrap().unwrap();
     assert_eq!(info.state, RunState::Running, "still the claim's");
+    // Recovery's end (of a dead instance's run) takes a running run, whoever holds it.
+    let recovery_end = FinishRun {
+        claim: EndClaim::Unended,
+        state: RunState::Failed,
+        ..done("r", vec![], vec![step_event("r", 9)])
+    };
+    store.finish_run(recovery_end).await.unwrap().unwrap();
+    let info = store.run(&run_id("r")).await.unwrap().unwrap();
+    assert_eq!(info.state, RunState::Failed);
 }
 
 async fn finishing_a_run_frees_its_session_and_leaves_nothing_pending(kind: Kind) {

@@ -141,7 +141,7 @@ impl Harness {
             settle_pending: None,
         };
         if let Err(fenced) = store.finish_run(finish).await? {
-            tracing::warn!(%run_id, %fenced, "the aborted run ended meanwhile");
+            tracing::warn!(%run_id, %fenced, "the aborted run ended, or was claimed by an instance that can read it, meanwhile");
         }
         Ok(())
     }
