@@ -247,16 +247,15 @@ impl Harness {
     pub(super) async fn sweep_expired_forever(self) {
         let timeout = self.inner.config.approval_timeout;
         let durable = self.inner.store.kind().is_durable();
-        // After a sweep that left due approvals pending (a durable store's rows this version cannot read), the
-        // time of that sweep: the next look is for what expires after it, so that they are not due again at once.
-        // That also hides an approval committed since with an earlier expiry (a batch opened slower than the
-        // timeout, another instance's clock), so meanwhile the sweeper looks again by a deadline a few seconds
-        // after that sweep, which no wake-up puts off, and each sweep takes whatever is due. Zero while nothing
-        // due is left.
-        let mut left_at = 0;
-        let mut look_again: Option<tokio::time::Instant> = None;
+        // While the last sweep left due approvals pending (a durable store's rows this version cannot read): when
+        // it swept, and when to look again. The next look is for what expires after that sweep, so that they are
+        // not due again at once. That also hides an approval committed since with an earlier expiry (a batch
+        // opened slower than the timeout, another instance's clock), so meanwhile the sweeper looks again by a
+        // deadline a few seconds after that sweep, which no wake-up puts off, and each sweep takes whatever is due.
+        let mut left: Option<(u64, tokio::time::Instant)> = None;
         loop {
-            let next = match self.inner.store.next_expiry(left_at).await {
+            let swept_at = left.map_or(0, |(at, _)| at);
+            let next = match self.inner.store.next_expiry(swept_at).await {
                 Ok(next) => next,
                 Err(error) => {
                     tracing::warn!(%error, "cannot read when the next approval expires");
@@ -270,10 +269,10 @@ impl Harness {
                 None
             };
             let wait = next.map(|at| Duration::from_millis(at.saturating_sub(now_ms())));
-            let wait = match look_again {
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    Some(wait.map_or(left, |wait| wait.min(left)))
+            let wait = match left {
+                Some((_, deadline)) => {
+                    let by = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    Some(wait.map_or(by, |wait| wait.min(by)))
                 }
                 None => wait.or(idle),
             };
@@ -290,17 +289,13 @@ impl Harness {
                 Ok(expired) => {
                     // What is still due is what this version cannot read. (A memory store reads every row: an
                     // approval due there now was committed during the sweep, and is swept at once.)
-                    let left = durable
+                    let still_due = durable
                         && match self.inner.store.next_expiry(0).await {
                             Ok(next) => next.is_some_and(|at| at <= now),
                             Err(_) => true,
                         };
-                    (left_at, look_again) = if left {
-                        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-                        (now, Some(deadline))
-                    } else {
-                        (0, None)
-                    };
+                    left = still_due
+                        .then(|| (now, tokio::time::Instant::now() + Duration::from_secs(5)));
                     let mut runs: Vec<RunId> =
                         expired.into_iter().map(|record| record.run_id).collect();
                     runs.dedup();
