@@ -1638,6 +1638,7 @@ macro_rules! durable {
 }
 
 durable!(
+    a_batch_that_does_not_read_leaves_its_run_waiting_and_whole,
     a_due_approval_that_does_not_read_holds_up_no_other,
     an_abort_settles_what_reads_and_its_claim_ends_what_did_not,
 );
@@ -1663,6 +1664,11 @@ impl Beside<'_> {
         }
     }
 
+    /// `text` as an SQL string literal.
+    fn quoted(text: &str) -> String {
+        format!("'{}'", text.replace('\'', "''"))
+    }
+
     /// The one text value `sql` selects.
     fn read(&self, sql: &str) -> String {
         match self.0 {
@@ -1673,6 +1679,16 @@ impl Beside<'_> {
             DatabaseUrl::Postgres(url) => postgres::psql(url, sql),
         }
     }
+}
+
+/// The claim of `run` is refused with [`StoreError::Corrupt`], saying `what` could not be read.
+async fn claim_is_refused_as_unreadable(store: &dyn Store, run: &str, what: &str) {
+    let refused = store.claim_batch(&run_id(run)).await;
+    assert!(
+        matches!(&refused, Err(StoreError::Corrupt(why)) if why.contains(what)),
+        "{:?}",
+        refused.map(|claimed| claimed.map(|claimed| claimed.epoch))
+    );
 }
 
 /// What no version of a call's record reads as.
@@ -1774,8 +1790,8 @@ async fn an_abort_settles_what_reads_and_its_claim_ends_what_did_not(kind: Kind)
 
     for (call, text) in [("b", &b), ("y", &y)] {
         beside.write(&format!(
-            "UPDATE calls SET record = '{}' WHERE call_id = '{call}'",
-            text.replace('\'', "''")
+            "UPDATE calls SET record = {} WHERE call_id = '{call}'",
+            Beside::quoted(text)
         ));
     }
     let decided = store
@@ -1813,12 +1829,7 @@ async fn an_abort_settles_what_reads_and_its_claim_ends_what_did_not(kind: Kind)
         "a call still runs"
     );
     beside.write("UPDATE calls SET status = 'settled', executing_on = NULL WHERE call_id = 'x'");
-    let refused = store.claim_batch(&run_id("r")).await;
-    assert!(
-        matches!(&refused, Err(StoreError::Corrupt(why)) if why.contains("call b was left unsettled")),
-        "{:?}",
-        refused.map(|claimed| claimed.map(|claimed| claimed.epoch))
-    );
+    claim_is_refused_as_unreadable(store, "r", "call b was left unsettled").await;
     assert_eq!(
         beside.read("SELECT state FROM runs WHERE id = 'r'"),
         "waiting",
@@ -2155,24 +2166,27 @@ async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
 /// only after its check of the calls' statuses (where a status it does not know is not final), and before it changes
 /// anything, so it does not take the run and erase the batch and its calls on its way to the error. Once the batch
 /// reads again, the run is claimed as usual.
-#[tokio::test]
-async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("toolgate.db");
-    let store = SqlStore::open(&DatabaseUrl::Sqlite(path.clone()))
-        .await
-        .unwrap();
+async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
-    open_waiting(&*store, "r", &[("a", u64::MAX)], &[]).await;
-    // A column's text, read and written beside the store.
-    let beside = rusqlite::Connection::open(&path).unwrap();
-    let read = |sql: &str| -> String { beside.query_row(sql, [], |row| row.get(0)).unwrap() };
-    let write = |sql: &str, text: &str| {
-        beside.execute(sql, [text]).unwrap();
-    };
+    open_waiting(store, "r", &[("a", u64::MAX)], &[]).await;
+    let beside = Beside::of(&backend);
     const UNREADABLE: &str = "{\"not\": \"a batch\"}";
-    let saved = read("SELECT batch FROM runs WHERE id = 'r'");
-    write("UPDATE runs SET batch = ?1 WHERE id = 'r'", UNREADABLE);
+    let saved = beside.read("SELECT batch FROM runs WHERE id = 'r'");
+    let set_batch = |text: &str| {
+        beside.write(&format!(
+            "UPDATE runs SET batch = {} WHERE id = 'r'",
+            Beside::quoted(text)
+        ))
+    };
+    let set_status = |status: &str| {
+        beside.write(&format!(
+            "UPDATE calls SET status = {} WHERE call_id = 'a'",
+            Beside::quoted(status)
+        ))
+    };
+    set_batch(UNREADABLE);
     assert!(
         store.claim_batch(&run_id("r")).await.unwrap().is_none(),
         "a batch with a call pending is not the claim's to read"
@@ -2189,38 +2203,27 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole() {
         .unwrap();
     // A call in a status this version does not know (a newer one's) may still be running where it is known: the
     // batch is not the claim's, and nothing is refused as unreadable.
-    let settled = read("SELECT status FROM calls WHERE call_id = 'a'");
-    write(
-        "UPDATE calls SET status = ?1 WHERE call_id = 'a'",
-        "archived",
-    );
+    let settled = beside.read("SELECT status FROM calls WHERE call_id = 'a'");
+    set_status("archived");
     assert!(
         store.claim_batch(&run_id("r")).await.unwrap().is_none(),
         "a call in a status this version does not know is not final here"
     );
-    write("UPDATE calls SET status = ?1 WHERE call_id = 'a'", &settled);
+    set_status(&settled);
 
-    let refused = store.claim_batch(&run_id("r")).await;
-    assert!(
-        matches!(&refused, Err(StoreError::Corrupt(why)) if why.contains("batch")),
-        "{:?}",
-        refused.map(|claimed| claimed.map(|claimed| claimed.epoch))
-    );
-    let (state, epoch, batch, calls): (String, i64, String, i64) = beside
-        .query_row(
-            "SELECT state, epoch, batch, (SELECT COUNT(*) FROM calls WHERE run_id = 'r') \
-             FROM runs WHERE id = 'r'",
-            [],
-            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
-        )
-        .unwrap();
+    claim_is_refused_as_unreadable(store, "r", "batch").await;
     assert_eq!(
-        (state.as_str(), epoch, batch.as_str(), calls),
-        ("waiting", 1, UNREADABLE, 1),
+        [
+            beside.read("SELECT state FROM runs WHERE id = 'r'"),
+            beside.read("SELECT CAST(epoch AS TEXT) FROM runs WHERE id = 'r'"),
+            beside.read("SELECT batch FROM runs WHERE id = 'r'"),
+            beside.read("SELECT CAST(COUNT(*) AS TEXT) FROM calls WHERE run_id = 'r'"),
+        ],
+        ["waiting", "1", UNREADABLE, "1"],
         "the run is not taken, and its batch and its call are as they were"
     );
 
-    write("UPDATE runs SET batch = ?1 WHERE id = 'r'", &saved);
+    set_batch(&saved);
     let claimed = store
         .claim_batch(&run_id("r"))
         .await

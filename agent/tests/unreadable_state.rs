@@ -12,8 +12,7 @@ use agent::harness::{Actor, Harness, RunHandle, RunSource, StartError, StartRun}
 use agent::ids::RunId;
 use agent::store::RunState;
 use agent::wire::{
-    ApprovalMode, ApprovalRequest, Decision, DecisionScope, DenialSource, Resolution, RunErrorCode,
-    StreamEvent,
+    ApprovalMode, ApprovalRequest, Decision, DenialSource, Resolution, RunErrorCode, StreamEvent,
 };
 use support::{Events, sqlite_harness};
 
@@ -54,11 +53,7 @@ async fn a_waiting_run_whose_batch_does_not_read_waits_and_ends_once_cancelled()
         .decide(
             &request.run_id,
             &request.tool_call_id,
-            Decision::Approve {
-                scope: DecisionScope::Once,
-                reason: None,
-                arguments: None,
-            },
+            Decision::approve(),
             &Actor::new("login"),
         )
         .await
@@ -114,17 +109,19 @@ async fn a_waiting_run_whose_call_does_not_read_can_be_cancelled() {
 /// conformance tests show that part in order.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
-    count_the_log();
-    let dir = tempfile::tempdir().unwrap();
     // Long enough for the row to be changed before the first approval is due, on a busy machine too.
-    let harness = sqlite_harness(dir.path(), Duration::from_secs(2)).await;
-    let (first, _, _) = asking_to_delete(&harness, dir.path(), "first", "a.txt").await;
-    change_beside(
-        dir.path(),
+    // (Every part is bound: the directory holds the harness's files for as long as the test runs.)
+    let Behind {
+        dir: _dir,
+        harness,
+        first,
+        second: _second,
+        mut events,
+    } = behind_an_unreadable_approval(
+        Duration::from_secs(2),
         &format!("UPDATE calls SET record = {NOT_A_CALL} WHERE run_id = ?1"),
-        first.run_id(),
-    );
-    let (_, mut events, _) = asking_to_delete(&harness, dir.path(), "second", "b.txt").await;
+    )
+    .await;
 
     let resolved = tokio::time::timeout(Duration::from_secs(10), next_resolution(&mut events))
         .await
@@ -147,17 +144,18 @@ async fn a_due_approval_that_does_not_read_is_not_swept_again_and_again() {
 /// expiry is (a minute here): the sweeper looks again by a deadline after each sweep that left something.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_due_behind_one_that_does_not_read_still_times_out() {
-    count_the_log();
-    let dir = tempfile::tempdir().unwrap();
-    let harness = sqlite_harness(dir.path(), Duration::from_secs(60)).await;
-    let (first, _, _) = asking_to_delete(&harness, dir.path(), "first", "a.txt").await;
-    change_beside(
-        dir.path(),
+    let Behind {
+        dir,
+        harness,
+        first,
+        second,
+        mut events,
+    } = behind_an_unreadable_approval(
+        Duration::from_secs(60),
         &format!("UPDATE calls SET record = {NOT_A_CALL}, expires_at = 1 WHERE run_id = ?1"),
-        first.run_id(),
-    );
-    // The next batch wakes the sweeper, which finds the first approval due and leaves it.
-    let (second, mut events, _) = asking_to_delete(&harness, dir.path(), "second", "b.txt").await;
+    )
+    .await;
+    // The second run's batch woke the sweeper, which found the first approval due and left it.
     logged(SWEPT, first.run_id().as_str()).await;
     change_beside(
         dir.path(),
@@ -171,6 +169,34 @@ async fn an_approval_due_behind_one_that_does_not_read_still_times_out() {
         .await
         .expect("the second run's approval times out within seconds");
     assert!(timed_out(&resolved), "{resolved:?}");
+}
+
+/// Two runs in sessions of their own, each waiting for its approval, on a harness whose approvals time out after
+/// `approval_timeout`; between the two, the first run's call is changed beside the store by `first_change` (the
+/// run's id as `?1`), to a row that does not read.
+struct Behind {
+    dir: tempfile::TempDir,
+    harness: Harness,
+    first: RunHandle,
+    second: RunHandle,
+    /// The second run's events, from its approval on.
+    events: Events,
+}
+
+async fn behind_an_unreadable_approval(approval_timeout: Duration, first_change: &str) -> Behind {
+    count_the_log();
+    let dir = tempfile::tempdir().unwrap();
+    let harness = sqlite_harness(dir.path(), approval_timeout).await;
+    let (first, _, _) = asking_to_delete(&harness, dir.path(), "first", "a.txt").await;
+    change_beside(dir.path(), first_change, first.run_id());
+    let (second, events, _) = asking_to_delete(&harness, dir.path(), "second", "b.txt").await;
+    Behind {
+        dir,
+        harness,
+        first,
+        second,
+        events,
+    }
 }
 
 /// What no version of a call's record reads as, as SQL.
