@@ -102,7 +102,7 @@ async fn every_way_an_approval_ends_is_in_the_audit_log_with_who_and_what() {
         .iter()
         .map(|e| {
             (
-                e.kind,
+                e.kind.clone(),
                 e.outcome.as_str(),
                 e.source.as_deref(),
                 e.scope.as_deref(),

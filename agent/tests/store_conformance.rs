@@ -1641,6 +1641,7 @@ durable!(
     a_batch_that_does_not_read_leaves_its_run_waiting_and_whole,
     a_due_approval_that_does_not_read_holds_up_no_other,
     an_abort_settles_what_reads_and_its_claim_ends_what_did_not,
+    an_audit_entry_of_a_kind_this_version_does_not_know_is_shown_as_it_is,
 );
 
 /// A SQL store's database, read and changed beside the store: as a newer version of toolgate, or a damaged disk,
@@ -2347,4 +2348,42 @@ async fn an_event_of_more_than_a_quarter_page_stays_on_the_events_tables_page() 
         .map(|event| (event.seq, event.kind))
         .collect();
     assert_eq!(kinds, [(1, "step"), (2, "assistantDelta"), (3, "step")]);
+}
+
+/// An audit entry of a kind this version does not know (a newer version's, written to the same database) is read
+/// back with its kind as the log holds it, among the others and in its place: the audit view neither fails for it
+/// nor leaves a line of the log out. The kind is shown as it was written.
+async fn an_audit_entry_of_a_kind_this_version_does_not_know_is_shown_as_it_is(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.audit(request_audit("r", "c1")).await.unwrap();
+    Beside::of(&backend).write(
+        "INSERT INTO audit (at, kind, run_id, outcome) VALUES (1500, 'budget_exceeded', 'r', 'stopped')",
+    );
+    store.audit(request_audit("r", "c2")).await.unwrap();
+
+    let entries = store
+        .audit_log(AuditQuery {
+            run_id: Some(run_id("r")),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let seen: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|entry| (entry.kind.as_str(), entry.outcome.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("approval_requested", "requested"),
+            ("budget_exceeded", "stopped"),
+            ("approval_requested", "requested"),
+        ]
+    );
+    assert_eq!(
+        serde_json::to_value(&entries[1]).unwrap()["kind"],
+        json!("budget_exceeded")
+    );
 }

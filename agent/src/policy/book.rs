@@ -561,7 +561,7 @@ mod tests {
             .iter()
             .map(|entry| {
                 (
-                    entry.kind,
+                    entry.kind.clone(),
                     entry.outcome.as_str(),
                     entry.reason.as_deref(),
                     entry.actor.as_deref(),

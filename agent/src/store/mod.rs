@@ -565,8 +565,7 @@ pub struct AuditEntry {
 }
 
 /// What an audit entry is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AuditKind {
     /// A call asked for approval (or an AG-UI interrupt was issued).
     ApprovalRequested,
@@ -580,10 +579,13 @@ pub enum AuditKind {
     GrantRevoked,
     /// A rule was added or removed.
     RuleChanged,
+    /// A kind this version does not know, as the log holds it: an entry of a newer version's, read back. The audit
+    /// view shows it as it is rather than failing, or leaving out a line of the log.
+    Unknown(Box<str>),
 }
 
 impl AuditKind {
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &str {
         match self {
             Self::ApprovalRequested => "approval_requested",
             Self::ApprovalResolved => "approval_resolved",
@@ -591,19 +593,34 @@ impl AuditKind {
             Self::ResumeRefused => "resume_refused",
             Self::GrantRevoked => "grant_revoked",
             Self::RuleChanged => "rule_changed",
+            Self::Unknown(kind) => kind,
         }
     }
 
-    pub fn parse(value: &str) -> Option<Self> {
-        Some(match value {
+    /// The kind `value` names; one this version does not know is [`AuditKind::Unknown`].
+    pub fn parse(value: &str) -> Self {
+        match value {
             "approval_requested" => Self::ApprovalRequested,
             "approval_resolved" => Self::ApprovalResolved,
             "call_interrupted" => Self::CallInterrupted,
             "resume_refused" => Self::ResumeRefused,
             "grant_revoked" => Self::GrantRevoked,
             "rule_changed" => Self::RuleChanged,
-            _ => return None,
-        })
+            unknown => Self::Unknown(unknown.into()),
+        }
+    }
+}
+
+/// As its name (`approval_requested`, ...).
+impl Serialize for AuditKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for AuditKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(Self::parse(&String::deserialize(deserializer)?))
     }
 }
 

@@ -2360,9 +2360,7 @@ impl Store for SqlStore {
                     Ok(AuditEntry {
                         id: row.try_get::<i64, _>(0).map_err(unavailable)? as u64,
                         at: row.try_get::<i64, _>(1).map_err(unavailable)? as u64,
-                        kind: AuditKind::parse(&kind).ok_or_else(|| {
-                            StoreError::Corrupt(format!("unknown audit kind {kind:?}"))
-                        })?,
+                        kind: AuditKind::parse(&kind),
                         session_id: row
                             .try_get::<Option<String>, _>(3)
                             .map_err(unavailable)?
