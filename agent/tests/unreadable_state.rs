@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use agent::harness::{Actor, Harness, RunHandle, RunSource, StartError, StartRun};
 use agent::ids::RunId;
-use agent::store::RunState;
+use agent::runtime::AbortReason;
+use agent::store::sql::{DatabaseUrl, OpenError, SqlStore};
+use agent::store::{RunState, Store};
 use agent::wire::{
     ApprovalMode, ApprovalRequest, Decision, DenialSource, Resolution, RunErrorCode, StreamEvent,
 };
@@ -100,6 +102,94 @@ async fn a_waiting_run_whose_call_does_not_read_can_be_cancelled() {
         .expect("the cancel is not refused for what cannot be read");
     let call = format!("call {}", request.tool_call_id);
     ends_failed_saying(&harness, &run, &mut events, &["aborted", &call]).await;
+    assert!(dir.path().join("ws/old.txt").exists(), "nothing ran");
+}
+
+/// A call that an abort left pending because the aborting instance could not read it (an older version beside the
+/// newer one that wrote the call, in a rolling deploy) is settled by an instance that can read it, as the abort
+/// would have: its approval resolves `denied/abort` and the run ends aborted, not failed with a store error.
+#[tokio::test]
+async fn a_call_an_abort_could_not_read_is_settled_where_it_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let harness = sqlite_harness(dir.path(), Duration::from_secs(60)).await;
+    let (run, _, request) = asking_to_delete(&harness, dir.path(), "kept", "old.txt").await;
+    let run_id = run.run_id().clone();
+    harness.shutdown(Duration::from_secs(1)).await;
+    harness.store().close().await.unwrap();
+    drop((run, harness));
+
+    // The instance that cannot read the call: its abort settles nothing and leaves the call pending.
+    let db = rusqlite::Connection::open(dir.path().join("toolgate.db")).unwrap();
+    let record: String = db
+        .query_row(
+            "SELECT record FROM calls WHERE run_id = ?1",
+            [run_id.as_str()],
+            |row| row.get(0),
+        )
+        .unwrap();
+    change_beside(
+        dir.path(),
+        &format!("UPDATE calls SET record = {NOT_A_CALL} WHERE run_id = ?1"),
+        &run_id,
+    );
+    // Once the first instance's tasks have let go of its store.
+    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    let older = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match SqlStore::open(&url).await {
+                Err(OpenError::Locked { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                opened => break opened.unwrap(),
+            }
+        }
+    })
+    .await
+    .expect("the first instance lets go of the database");
+    older
+        .abort_run(
+            &run_id,
+            AbortReason::Cancelled,
+            Box::new(|record| panic!("the older instance settled {:?}", record.call.id)),
+        )
+        .await
+        .unwrap()
+        .expect("the run is there");
+    older.close().await.unwrap();
+    drop(older);
+
+    // The instance that reads it.
+    db.execute(
+        "UPDATE calls SET record = ?2 WHERE run_id = ?1",
+        [run_id.as_str(), record.as_str()],
+    )
+    .unwrap();
+    let harness = sqlite_harness(dir.path(), Duration::from_secs(60)).await;
+    let run = harness
+        .run(&run_id)
+        .await
+        .unwrap()
+        .expect("the run is there");
+    let mut events = Events::of(&run);
+    match next_resolution(&mut events).await {
+        StreamEvent::ApprovalResolved {
+            tool_call_id,
+            resolution:
+                Resolution::Denied {
+                    source: DenialSource::Abort,
+                    ..
+                },
+            ..
+        } => assert_eq!(tool_call_id, request.tool_call_id),
+        other => panic!("the approval resolved as {other:?}"),
+    }
+    match tokio::time::timeout(Duration::from_secs(10), events.end())
+        .await
+        .expect("the aborted run ends")
+    {
+        StreamEvent::Error { code, .. } => assert_eq!(code, RunErrorCode::Aborted),
+        other => panic!("the run ended with {other:?}"),
+    }
     assert!(dir.path().join("ws/old.txt").exists(), "nothing ran");
 }
 
