@@ -263,6 +263,19 @@ fn deny(record: &CallRecord, source: DenialSource) -> Settlement {
     }
 }
 
+/// What an abort does to a call it left, as the claim is given it in these tests: denied (source `abort`), with its
+/// event and an audit entry.
+fn left_by_abort() -> SettleExpired {
+    Box::new(|record| Settlement {
+        audit: vec![AuditEntry {
+            kind: AuditKind::ApprovalResolved,
+            outcome: "aborted".into(),
+            ..request_audit(record.run_id.as_str(), record.call.id.as_str())
+        }],
+        ..deny(record, DenialSource::Abort)
+    })
+}
+
 async fn kinds(store: &dyn Store, run: &str) -> Vec<u64> {
     store
         .events_after(&run_id(run), 0, 10_000)
@@ -541,7 +554,11 @@ async fn a_writer_that_lost_its_claim_appends_nothing(kind: Kind) {
         vec![1, 2],
         "a run that is waiting has no writer"
     );
-    let claimed = store.claim_batch(&run_id("r")).await.unwrap().unwrap();
+    let claimed = store
+        .claim_batch(&run_id("r"), left_by_abort())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(claimed.epoch, 2);
     store.append(&run_id("r"), 1, vec![step_event("r", 4)]);
     store.append(&run_id("r"), 2, vec![step_event("r", 5)]);
@@ -844,7 +861,11 @@ async fn a_settled_batch_is_claimed_once(kind: Kind) {
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
     open_waiting(&*store, "r", &[("a", u64::MAX)], &[]).await;
     assert!(
-        store.claim_batch(&run_id("r")).await.unwrap().is_none(),
+        store
+            .claim_batch(&run_id("r"), left_by_abort())
+            .await
+            .unwrap()
+            .is_none(),
         "not while a call waits"
     );
     store
@@ -859,7 +880,12 @@ async fn a_settled_batch_is_claimed_once(kind: Kind) {
     assert_eq!(store.stalled_runs().await.unwrap(), vec![run_id("r")]);
     let claims = (0..8).map(|_| {
         let store = Arc::clone(&store);
-        tokio::spawn(async move { store.claim_batch(&run_id("r")).await.unwrap() })
+        tokio::spawn(async move {
+            store
+                .claim_batch(&run_id("r"), left_by_abort())
+                .await
+                .unwrap()
+        })
     });
     let claims: Vec<Claimed> = futures::future::join_all(claims)
         .await
@@ -917,7 +943,11 @@ async fn finishing_a_run_frees_its_session_and_leaves_nothing_pending(kind: Kind
         store.pending(None).await.unwrap().is_empty(),
         "an abort leaves nothing pending"
     );
-    let claimed = store.claim_batch(&run_id("r")).await.unwrap().unwrap();
+    let claimed = store
+        .claim_batch(&run_id("r"), left_by_abort())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(claimed.abort, Some(AbortReason::Cancelled));
     store
         .finish_run(FinishRun {
@@ -1554,13 +1584,16 @@ async fn a_decision_and_a_claim_at_once_never_fail_on_locks(kind: Kind) {
                     &call_id("a"),
                     Box::new(|r| Ok(deny(r, DenialSource::User)))
                 ),
-                store.claim_batch(&run_id(&run)),
+                store.claim_batch(&run_id(&run), left_by_abort()),
             );
             let decided = decided.map(|d| d.is_ok());
             // The claim may come before the decision (nothing to claim yet) or after it (the batch).
             let claimed = match claimed {
                 Ok(Some(_)) => Ok(true),
-                Ok(None) => store.claim_batch(&run_id(&run)).await.map(|c| c.is_some()),
+                Ok(None) => store
+                    .claim_batch(&run_id(&run), left_by_abort())
+                    .await
+                    .map(|c| c.is_some()),
                 Err(error) => Err(error),
             };
             (run, decided, claimed)
@@ -1642,6 +1675,7 @@ durable!(
     a_due_approval_that_does_not_read_holds_up_no_other,
     an_abort_settles_what_reads_and_its_claim_ends_what_did_not,
     an_audit_entry_of_a_kind_this_version_does_not_know_is_shown_as_it_is,
+    a_claim_settles_what_the_abort_left_where_it_reads,
 );
 
 /// A SQL store's database, read and changed beside the store: as a newer version of toolgate, or a damaged disk,
@@ -1684,7 +1718,7 @@ impl Beside<'_> {
 
 /// The claim of `run` is refused with [`StoreError::Corrupt`], saying `what` could not be read.
 async fn claim_is_refused_as_unreadable(store: &dyn Store, run: &str, what: &str) {
-    let refused = store.claim_batch(&run_id(run)).await;
+    let refused = store.claim_batch(&run_id(run), left_by_abort()).await;
     assert!(
         matches!(&refused, Err(StoreError::Corrupt(why)) if why.contains(what)),
         "{:?}",
@@ -1749,8 +1783,8 @@ async fn a_due_approval_that_does_not_read_holds_up_no_other(kind: Kind) {
 /// An abort settles the calls it can read and leaves one it cannot as it was (it used to fail, so that the run
 /// could not be cancelled), and it reads no call it has nothing to settle in. What it left is neither decided nor
 /// begun afterwards, even where it reads (an instance of a newer version). Recovery passes over a running call it
-/// cannot read. The run's claim waits for what still runs, then ends the run as one that does not read, naming a
-/// call the abort left: nothing else would settle it.
+/// cannot read. The run's claim waits for what still runs, then, where the call the abort left does not read either,
+/// ends the run as one that does not read, naming that call.
 async fn an_abort_settles_what_reads_and_its_claim_ends_what_did_not(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -1826,10 +1860,17 @@ async fn an_abort_settles_what_reads_and_its_claim_ends_what_did_not(kind: Kind)
         "a waiting run once aborted is looked at again, after a restart too"
     );
     assert!(
-        store.claim_batch(&run_id("r")).await.unwrap().is_none(),
+        store
+            .claim_batch(&run_id("r"), left_by_abort())
+            .await
+            .unwrap()
+            .is_none(),
         "a call still runs"
     );
-    beside.write("UPDATE calls SET status = 'settled', executing_on = NULL WHERE call_id = 'x'");
+    beside.write(&format!(
+        "UPDATE calls SET status = 'settled', executing_on = NULL WHERE call_id = 'x'; \
+         UPDATE calls SET record = {NOT_A_CALL} WHERE call_id = 'b'"
+    ));
     claim_is_refused_as_unreadable(store, "r", "call b was left unsettled").await;
     assert_eq!(
         beside.read("SELECT state FROM runs WHERE id = 'r'"),
@@ -2037,7 +2078,7 @@ async fn the_claim_of_a_batch_takes_a_calls_result_still_queued_along() {
         .unwrap();
     settle_the_free_call_of_a_waiting_run(&*store).await;
     let claimed = store
-        .claim_batch(&run_id("r"))
+        .claim_batch(&run_id("r"), left_by_abort())
         .await
         .unwrap()
         .expect("the batch is settled");
@@ -2189,7 +2230,11 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole(kind: Kind)
     };
     set_batch(UNREADABLE);
     assert!(
-        store.claim_batch(&run_id("r")).await.unwrap().is_none(),
+        store
+            .claim_batch(&run_id("r"), left_by_abort())
+            .await
+            .unwrap()
+            .is_none(),
         "a batch with a call pending is not the claim's to read"
     );
     // The call settled (denied by the run's abort): now the batch is the claim's to take.
@@ -2207,7 +2252,11 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole(kind: Kind)
     let settled = beside.read("SELECT status FROM calls WHERE call_id = 'a'");
     set_status("archived");
     assert!(
-        store.claim_batch(&run_id("r")).await.unwrap().is_none(),
+        store
+            .claim_batch(&run_id("r"), left_by_abort())
+            .await
+            .unwrap()
+            .is_none(),
         "a call in a status this version does not know is not final here"
     );
     set_status(&settled);
@@ -2226,7 +2275,7 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole(kind: Kind)
 
     set_batch(&saved);
     let claimed = store
-        .claim_batch(&run_id("r"))
+        .claim_batch(&run_id("r"), left_by_abort())
         .await
         .unwrap()
         .expect("claimed once its batch reads");
@@ -2385,5 +2434,92 @@ async fn an_audit_entry_of_a_kind_this_version_does_not_know_is_shown_as_it_is(k
     assert_eq!(
         serde_json::to_value(&entries[1]).unwrap()["kind"],
         json!("budget_exceeded")
+    );
+}
+
+/// A call an abort left because it could not read it (the aborting instance an older version, beside the newer one
+/// that wrote the call) is settled by the run's claim where it reads, as the abort would have, in the claim's own
+/// change: its denial goes to the model with the others, its event follows the abort's, and its audit entry is
+/// written; it does not time out meanwhile. Where it does not read, the claim is refused and takes nothing.
+async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(store, "r", &[("a", u64::MAX), ("b", 5_000)], &[]).await;
+    let beside = Beside::of(&backend);
+    let b = beside.read("SELECT record FROM calls WHERE call_id = 'b'");
+    beside.write(&format!(
+        "UPDATE calls SET record = {NOT_A_CALL} WHERE call_id = 'b'"
+    ));
+    let aborted = store
+        .abort_run(
+            &run_id("r"),
+            AbortReason::Cancelled,
+            Box::new(|r| deny(r, DenialSource::Abort)),
+        )
+        .await
+        .unwrap()
+        .expect("the run is there");
+    let abort_seq = aborted.run.last_seq;
+    claim_is_refused_as_unreadable(store, "r", "call b was left unsettled").await;
+    assert_eq!(
+        beside.read("SELECT state FROM runs WHERE id = 'r'"),
+        "waiting",
+        "the claim took nothing"
+    );
+
+    beside.write(&format!(
+        "UPDATE calls SET record = {} WHERE call_id = 'b'",
+        Beside::quoted(&b)
+    ));
+    let timeout: SettleExpired = Box::new(|r| deny(r, DenialSource::Timeout));
+    assert!(
+        store.expire(10_000, timeout).await.unwrap().is_empty(),
+        "what the abort left does not time out"
+    );
+    let claimed = store
+        .claim_batch(&run_id("r"), left_by_abort())
+        .await
+        .unwrap()
+        .expect("the claim settles what the abort left");
+    assert_eq!(claimed.abort, Some(AbortReason::Cancelled));
+    let denied: Vec<&str> = claimed
+        .outputs
+        .iter()
+        .map(|(call, _)| call.id.as_str())
+        .collect();
+    assert_eq!(denied, ["a", "b"]);
+    let after: Vec<(u64, &str)> = store
+        .events_after(&run_id("r"), abort_seq, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|event| (event.seq, event.kind))
+        .collect();
+    assert_eq!(
+        after,
+        [(abort_seq + 1, "step")],
+        "b's event, after the abort's"
+    );
+    let audit = store
+        .audit_log(AuditQuery {
+            run_id: Some(run_id("r")),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let entries: Vec<(&str, &str)> = audit
+        .iter()
+        .map(|entry| {
+            (
+                entry.tool_call_id.as_ref().map_or("", |id| id.as_str()),
+                entry.outcome.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [("a", "requested"), ("b", "requested"), ("b", "aborted")]
     );
 }

@@ -171,7 +171,10 @@ async fn a_call_an_abort_could_not_read_is_settled_where_it_reads() {
         .unwrap()
         .expect("the run is there");
     let mut events = Events::of(&run);
-    match next_resolution(&mut events).await {
+    match tokio::time::timeout(Duration::from_secs(10), next_resolution(&mut events))
+        .await
+        .expect("the approval resolves")
+    {
         StreamEvent::ApprovalResolved {
             tool_call_id,
             resolution:

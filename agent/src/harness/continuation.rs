@@ -9,7 +9,7 @@ use super::{Harness, Unavailable};
 use crate::events::AgentEvent;
 use crate::ids::RunId;
 use crate::runtime::{RunError, encode, execute};
-use crate::store::{Claimed, EndClaim, FinishRun, RunState, StoreError};
+use crate::store::{EndClaim, FinishRun, RunState, StoreError};
 
 impl Harness {
     /// Advances a waiting run in a task of this process.
@@ -85,18 +85,13 @@ impl Harness {
             return Ok(());
         }
         let store = &self.inner.store;
-        let claimed = match store.claim_batch(run_id).await {
+        let claimed = match store.claim_batch(run_id, abort_settlement()).await {
             Ok(Some(claimed)) => claimed,
             Ok(None) => return Ok(()),
             Err(StoreError::Corrupt(why)) => return self.unreadable(run_id, why).await,
             Err(error) => return Err(error.into()),
         };
-        self.sample_on(run_id, claimed).await
-    }
-
-    /// Samples on from a claimed batch, in a task of this process.
-    async fn sample_on(&self, run_id: &RunId, claimed: Claimed) -> Result<(), Unavailable> {
-        let Some(mut info) = self.inner.store.run(run_id).await? else {
+        let Some(mut info) = store.run(run_id).await? else {
             return Ok(());
         };
         info.state = RunState::Running;
@@ -111,33 +106,16 @@ impl Harness {
     /// was aborted, nothing is left to read it for: it ends, failed with a store error that says what could not be
     /// read, and its session is free. (An abort ends a waiting run through its claim, so without this a run nobody
     /// can read would hold its session for good.)
-    ///
-    /// The abort may have been recorded by an instance that could not read a call of the run, and left the call
-    /// as it was; this one may read it (a newer version's call, during a rolling deploy). So it first settles what
-    /// it reads as the abort would have, and claims the batch again: the run then ends as aborted, as usual.
     async fn unreadable(&self, run_id: &RunId, why: String) -> Result<(), Unavailable> {
         let store = &self.inner.store;
-        let abort = store
+        let aborted = store
             .run(run_id)
             .await?
-            .filter(|info| info.state == RunState::Waiting)
-            .and_then(|info| info.abort);
-        let Some(reason) = abort else {
+            .is_some_and(|info| info.state == RunState::Waiting && info.abort.is_some());
+        if !aborted {
             self.unreadable_here(run_id, &why);
             return Ok(());
-        };
-        // The first reason sticks: this one is the reason recorded.
-        store.abort_run(run_id, reason, abort_settlement()).await?;
-        if self.inner.closing.is_cancelled() && store.kind().is_durable() {
-            // Claimed after a restart, or by another instance, as in `claim`.
-            return Ok(());
         }
-        let why = match store.claim_batch(run_id).await {
-            Ok(Some(claimed)) => return self.sample_on(run_id, claimed).await,
-            Ok(None) => return Ok(()),
-            Err(StoreError::Corrupt(why)) => why,
-            Err(error) => return Err(error.into()),
-        };
         tracing::error!(%run_id, %why, "an aborted run's saved state cannot be read; it ends failed");
         self.inner.unreadable.forget(run_id);
         let error = RunError::Store(format!(

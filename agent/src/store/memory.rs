@@ -458,7 +458,8 @@ impl Store for MemoryStore {
         Self::ready(seq.is_some())
     }
 
-    fn claim_batch(&self, run_id: &RunId) -> StoreFuture<'_, Option<Claimed>> {
+    /// Its abort reads and settles every call, so nothing is `left_by_abort` here.
+    fn claim_batch(&self, run_id: &RunId, _: SettleExpired) -> StoreFuture<'_, Option<Claimed>> {
         let mut tables = self.tables.lock();
         let claimed = tables.runs.get_mut(run_id).and_then(|row| {
             if row.info.state != RunState::Waiting || !row.batch_settled() {

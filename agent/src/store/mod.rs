@@ -797,8 +797,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// Claims a waiting run whose every call is settled, to sample on. `None` when the batch is not settled or
     /// somebody else claimed it. [`StoreError::Corrupt`], with nothing changed, when what it would read does not
-    /// read, or when the run's abort left a call unsettled because it could not read it (once no call runs).
-    fn claim_batch(&self, run_id: &RunId) -> StoreFuture<'_, Option<Claimed>>;
+    /// read.
+    ///
+    /// An abort settles the run's calls still to run or to decide with it, except those the aborting instance
+    /// could not read (a newer version's, on a shared database). Once no call of an aborted run runs, its claim
+    /// settles those with `left_by_abort` (the abort's settlement) in its own change, or is refused with
+    /// [`StoreError::Corrupt`] when it cannot read one either.
+    fn claim_batch(
+        &self,
+        run_id: &RunId,
+        left_by_abort: SettleExpired,
+    ) -> StoreFuture<'_, Option<Claimed>>;
 
     /// Ends a run: its terminal event last, the session free again, nothing left pending.
     fn finish_run(&self, finish: FinishRun) -> StoreFuture<'_, Result<(), Fenced>>;

@@ -1238,9 +1238,11 @@ impl Store for SqlStore {
                 lock_run_in(self.dialect, &mut tx, &run_id)
                     .await
                     .map_err(unavailable)?;
+                // Not a call an abort left (it could not read it): that one is settled by the run's claim, as
+                // the abort would have.
                 let rows = query(sql!(self.dialect, |d|
                     "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE run_id = $1 \
-                     AND status = 'pending' AND expires_at <= $2 ORDER BY idx{}",
+                     AND status = 'pending' AND expires_at <= $2 AND {NOT_ABORTED} ORDER BY idx{}",
                     d.for_update()
                 ))
                 .bind(run_id.as_str())
@@ -1433,7 +1435,11 @@ impl Store for SqlStore {
         .boxed()
     }
 
-    fn claim_batch(&self, run_id: &RunId) -> StoreFuture<'_, Option<Claimed>> {
+    fn claim_batch(
+        &self,
+        run_id: &RunId,
+        left_by_abort: SettleExpired,
+    ) -> StoreFuture<'_, Option<Claimed>> {
         let run_id = run_id.clone();
         async move {
             let (mut tx, taken) = self.begin_after_results().await?;
@@ -1466,9 +1472,11 @@ impl Store for SqlStore {
             // A batch is the claim's once every call is final. A status this version does not know (written by a
             // newer one) is not final here: the call may still be running, on an instance that knows it.
             // An aborted run's abort settled every call still to run or to decide in the change that recorded it,
-            // except the ones it could not read: nothing will settle those, so once nothing else is under way
-            // (a call running) the run is ended as one that does not read.
-            let mut left_by_abort = None;
+            // except the ones it could not read (an instance of an older version's, beside the newer one that
+            // wrote them). Once nothing else is under way (a call running), this claim settles those it reads as
+            // the abort would have (`left_by_abort`), and a run with one it cannot read either is ended as one
+            // that does not read: nothing else would settle it.
+            let mut left = Vec::new();
             for row in &calls {
                 let status: String = row.try_get("status").map_err(unavailable)?;
                 match CallStatus::parse(&status) {
@@ -1476,22 +1484,31 @@ impl Store for SqlStore {
                     Some(CallStatus::Pending | CallStatus::Allowed | CallStatus::Approved)
                         if abort.is_some() =>
                     {
-                        left_by_abort = Some(row);
+                        left.push(row);
                     }
                     _ => return Ok(None),
                 }
             }
-            if let Some(row) = left_by_abort {
-                let call: String = row.try_get("call_id").map_err(unavailable)?;
-                return Err(StoreError::Corrupt(format!(
-                    "its call {call} was left unsettled by the run's abort, which could not read it"
-                )));
+            for row in &left {
+                if call_record(row).is_err() {
+                    let call: String = row.try_get("call_id").map_err(unavailable)?;
+                    return Err(StoreError::Corrupt(format!(
+                        "its call {call} was left unsettled by the run's abort, which could not read it"
+                    )));
+                }
             }
             // Read before anything changes: what this version cannot read leaves the run as it was, for an
             // instance that can, not claimed with its batch and calls erased on the way to the error.
             let mut outputs = Vec::with_capacity(calls.len());
+            let (mut events, mut audit) = (Vec::new(), Vec::new());
             for row in &calls {
-                let record = call_record(row)?;
+                let mut record = call_record(row)?;
+                if !record.status.is_final() {
+                    let settlement = left_by_abort(&record);
+                    let (mut settled_events, mut settled_audit) = apply(&mut record, settlement);
+                    events.append(&mut settled_events);
+                    audit.append(&mut settled_audit);
+                }
                 if let Some(output) = record.output {
                     outputs.push((record.call, output));
                 }
@@ -1515,7 +1532,16 @@ impl Store for SqlStore {
                 .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
-            self.commit_change(tx, taken, None).await?;
+            let seq = if events.is_empty() {
+                None
+            } else {
+                self.append_in(&mut tx, &run_id, &events, None)
+                    .await
+                    .map_err(unavailable)?
+            };
+            audit_in(&mut tx, &audit).await.map_err(unavailable)?;
+            self.commit_change(tx, taken, seq.map(|seq| (run_id.clone(), seq)))
+                .await?;
             Ok(Some(Claimed {
                 epoch,
                 batch,
