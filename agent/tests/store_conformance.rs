@@ -263,10 +263,11 @@ fn deny(record: &CallRecord, source: DenialSource) -> Settlement {
     }
 }
 
-/// What an abort does to a call it left, as the claim is given it in these tests: denied (source `abort`), with its
-/// event and an audit entry.
+/// What an abort does to a call it left, as the claim is given it in these tests: denied (source `abort`), with an
+/// event of its own (step 97) and an audit entry.
 fn left_by_abort() -> SettleExpired {
     Box::new(|record| Settlement {
+        events: vec![step_event(record.run_id.as_str(), 97)],
         audit: vec![AuditEntry {
             kind: AuditKind::ApprovalResolved,
             outcome: "aborted".into(),
@@ -2463,9 +2464,17 @@ async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
     let abort_seq = aborted.run.last_seq;
     claim_is_refused_as_unreadable(store, "r", "call b was left unsettled").await;
     assert_eq!(
-        beside.read("SELECT state FROM runs WHERE id = 'r'"),
-        "waiting",
+        [
+            beside.read("SELECT state FROM runs WHERE id = 'r'"),
+            beside.read("SELECT status FROM calls WHERE call_id = 'b'"),
+        ],
+        ["waiting", "pending"],
         "the claim took nothing"
+    );
+    assert_eq!(
+        store.run(&run_id("r")).await.unwrap().unwrap().last_seq,
+        abort_seq,
+        "and wrote nothing"
     );
 
     beside.write(&format!(
@@ -2489,16 +2498,16 @@ async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
         .map(|(call, _)| call.id.as_str())
         .collect();
     assert_eq!(denied, ["a", "b"]);
-    let after: Vec<(u64, &str)> = store
+    let after: Vec<(u64, String)> = store
         .events_after(&run_id("r"), abort_seq, 10)
         .await
         .unwrap()
         .iter()
-        .map(|event| (event.seq, event.kind))
+        .map(|event| (event.seq, event.json.to_string()))
         .collect();
     assert_eq!(
         after,
-        [(abort_seq + 1, "step")],
+        [(abort_seq + 1, step_event("r", 97).json.to_string())],
         "b's event, after the abort's"
     );
     let audit = store

@@ -1092,7 +1092,7 @@ impl SqlStore {
                 continue;
             }
             // One picked that does not read is left as it is, and the rest settled: the claim of a run aborted
-            // with such a call still to settle ends it (see `claim_batch`).
+            // with such a call still to settle settles it where it reads, or ends the run (see `claim_batch`).
             let Some(mut record) = self.readable(row, "a call to settle cannot be read here")?
             else {
                 continue;
