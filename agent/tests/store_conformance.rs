@@ -277,6 +277,32 @@ fn left_by_abort() -> SettleExpired {
     })
 }
 
+/// Aborts `run` as a cancel does (what it has pending is denied, source `abort`): the abort is not refused, and the
+/// run is there.
+async fn cancelled(store: &dyn Store, run: &str) -> Aborted {
+    store
+        .abort_run(
+            &run_id(run),
+            AbortReason::Cancelled,
+            Box::new(|r| deny(r, DenialSource::Abort)),
+        )
+        .await
+        .expect("the abort is not refused")
+        .expect("the run is there")
+}
+
+/// The audit log's entries about `run`, oldest first (ten at the most).
+async fn audit_of(store: &dyn Store, run: &str) -> Vec<AuditEntry> {
+    store
+        .audit_log(AuditQuery {
+            run_id: Some(run_id(run)),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+}
+
 async fn kinds(store: &dyn Store, run: &str) -> Vec<u64> {
     store
         .events_after(&run_id(run), 0, 10_000)
@@ -930,15 +956,7 @@ async fn finishing_a_run_frees_its_session_and_leaves_nothing_pending(kind: Kind
     let store = &*backend.store;
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
     open_waiting(store, "r", &[("a", u64::MAX)], &[]).await;
-    let claimed = store
-        .abort_run(
-            &run_id("r"),
-            AbortReason::Cancelled,
-            Box::new(|r| deny(r, DenialSource::Abort)),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let claimed = cancelled(store, "r").await;
     assert_eq!(claimed.run.abort, Some(AbortReason::Cancelled));
     assert!(
         store.pending(None).await.unwrap().is_empty(),
@@ -1293,15 +1311,7 @@ async fn retention_forgets_old_runs_and_keeps_open_suspensions(kind: Kind) {
         "a run going is never pruned"
     );
     assert_eq!(
-        store
-            .audit_log(AuditQuery {
-                run_id: Some(run_id("old")),
-                limit: 10,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .len(),
+        audit_of(store, "old").await.len(),
         1,
         "the audit log outlives the runs"
     );
@@ -1803,15 +1813,7 @@ async fn an_abort_settles_what_reads_and_its_claim_ends_what_did_not(kind: Kind)
          UPDATE calls SET status = 'executing', executing_on = 'elsewhere' WHERE call_id = 'x'"
     ));
 
-    let aborted = store
-        .abort_run(
-            &run_id("r"),
-            AbortReason::Cancelled,
-            Box::new(|r| deny(r, DenialSource::Abort)),
-        )
-        .await
-        .expect("the abort is not refused for what it cannot read")
-        .expect("the run is there");
+    let aborted = cancelled(store, "r").await;
     assert_eq!(aborted.run.abort, Some(AbortReason::Cancelled));
     assert_eq!(aborted.executing.len(), 1, "x still runs");
     let status = |call: &str| {
@@ -2239,15 +2241,7 @@ async fn a_batch_that_does_not_read_leaves_its_run_waiting_and_whole(kind: Kind)
         "a batch with a call pending is not the claim's to read"
     );
     // The call settled (denied by the run's abort): now the batch is the claim's to take.
-    store
-        .abort_run(
-            &run_id("r"),
-            AbortReason::Cancelled,
-            Box::new(|r| deny(r, DenialSource::Abort)),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    cancelled(store, "r").await;
     // A call in a status this version does not know (a newer one's) may still be running where it is known: the
     // batch is not the claim's, and nothing is refused as unreadable.
     let settled = beside.read("SELECT status FROM calls WHERE call_id = 'a'");
@@ -2412,14 +2406,7 @@ async fn an_audit_entry_of_a_kind_this_version_does_not_know_is_shown_as_it_is(k
     );
     store.audit(request_audit("r", "c2")).await.unwrap();
 
-    let entries = store
-        .audit_log(AuditQuery {
-            run_id: Some(run_id("r")),
-            limit: 10,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let entries = audit_of(store, "r").await;
     let seen: Vec<(&str, &str)> = entries
         .iter()
         .map(|entry| (entry.kind.as_str(), entry.outcome.as_str()))
@@ -2452,15 +2439,7 @@ async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
     beside.write(&format!(
         "UPDATE calls SET record = {NOT_A_CALL} WHERE call_id = 'b'"
     ));
-    let aborted = store
-        .abort_run(
-            &run_id("r"),
-            AbortReason::Cancelled,
-            Box::new(|r| deny(r, DenialSource::Abort)),
-        )
-        .await
-        .unwrap()
-        .expect("the run is there");
+    let aborted = cancelled(store, "r").await;
     let abort_seq = aborted.run.last_seq;
     claim_is_refused_as_unreadable(store, "r", "call b was left unsettled").await;
     assert_eq!(
@@ -2510,14 +2489,7 @@ async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
         [(abort_seq + 1, step_event("r", 97).json.to_string())],
         "b's event, after the abort's"
     );
-    let audit = store
-        .audit_log(AuditQuery {
-            run_id: Some(run_id("r")),
-            limit: 10,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let audit = audit_of(store, "r").await;
     let entries: Vec<(&str, &str)> = audit
         .iter()
         .map(|entry| {

@@ -673,6 +673,28 @@ impl SqlStore {
         }
     }
 
+    /// Writes what settling calls of a run gave (its events, if any, and its audit entries) and commits `tx`, as
+    /// [`Self::commit_change`] does.
+    async fn commit_settled(
+        &self,
+        mut tx: Tx,
+        taken: Taken,
+        run_id: &RunId,
+        events: &[NewEvent],
+        audit: &[AuditEntry],
+    ) -> StoreResult<()> {
+        let seq = if events.is_empty() {
+            None
+        } else {
+            self.append_in(&mut tx, run_id, events, None)
+                .await
+                .map_err(unavailable)?
+        };
+        audit_in(&mut tx, audit).await.map_err(unavailable)?;
+        self.commit_change(tx, taken, seq.map(|seq| (run_id.clone(), seq)))
+            .await
+    }
+
     /// Commits `tx`. Once it committed, the appends it took are written and `run`, if any, is committed through its
     /// sequence number (its readers wake): with the commit itself, even if this future is dropped while it waits for
     /// the commit of its group (SQLite).
@@ -1209,11 +1231,7 @@ impl Store for SqlStore {
             if changed.rows_affected() != 1 {
                 return Ok(Err(DecideFailure::NotPending));
             }
-            let seq = self.append_in(&mut tx, &run_id, &events, None)
-                .await
-                .map_err(unavailable)?;
-            audit_in(&mut tx, &audit).await.map_err(unavailable)?;
-            self.commit_change(tx, taken, seq.map(|seq| (run_id.clone(), seq)))
+            self.commit_settled(tx, taken, &run_id, &events, &audit)
                 .await?;
             Ok(Ok(record))
         }
@@ -1278,15 +1296,7 @@ impl Store for SqlStore {
                 }
                 // A run none of whose due calls was settled here (one this version cannot read, or decided
                 // meanwhile) has nothing appended, and nobody is rung for it.
-                let seq = if events.is_empty() {
-                    None
-                } else {
-                    self.append_in(&mut tx, &run_id, &events, None)
-                        .await
-                        .map_err(unavailable)?
-                };
-                audit_in(&mut tx, &audit).await.map_err(unavailable)?;
-                self.commit_change(tx, taken, seq.map(|seq| (run_id.clone(), seq)))
+                self.commit_settled(tx, taken, &run_id, &events, &audit)
                     .await?;
             }
             Ok(expired)
@@ -1532,15 +1542,7 @@ impl Store for SqlStore {
                 .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
-            let seq = if events.is_empty() {
-                None
-            } else {
-                self.append_in(&mut tx, &run_id, &events, None)
-                    .await
-                    .map_err(unavailable)?
-            };
-            audit_in(&mut tx, &audit).await.map_err(unavailable)?;
-            self.commit_change(tx, taken, seq.map(|seq| (run_id.clone(), seq)))
+            self.commit_settled(tx, taken, &run_id, &events, &audit)
                 .await?;
             Ok(Some(Claimed {
                 epoch,
