@@ -2428,7 +2428,8 @@ async fn an_audit_entry_of_a_kind_this_version_does_not_know_is_shown_as_it_is(k
 /// A call an abort left because it could not read it (the aborting instance an older version, beside the newer one
 /// that wrote the call) is settled by the run's claim where it reads, as the abort would have, in the claim's own
 /// change: its denial goes to the model with the others, its event follows the abort's, and its audit entry is
-/// written; it does not time out meanwhile. Where it does not read, the claim is refused and takes nothing.
+/// written; meanwhile it neither times out nor is listed among the approvals. Where it does not read, the claim is
+/// refused and takes nothing.
 async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -2464,6 +2465,14 @@ async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
     assert!(
         store.expire(10_000, timeout).await.unwrap().is_empty(),
         "what the abort left does not time out"
+    );
+    assert_eq!(
+        [
+            store.pending(None).await.unwrap(),
+            store.pending(Some(&run_id("r"))).await.unwrap()
+        ],
+        [vec![], vec![]],
+        "nor is it listed as waiting for a decision"
     );
     let claimed = store
         .claim_batch(&run_id("r"), left_by_abort())

@@ -2034,16 +2034,18 @@ impl Store for SqlStore {
     fn pending(&self, run_id: Option<&RunId>) -> StoreFuture<'_, Vec<ApprovalRequest>> {
         let run_id = run_id.cloned();
         async move {
+            // Not a call an abort left (it could not read it): nobody may decide it, and the run's claim settles it.
             let rows = match &run_id {
-                Some(run_id) => query(
+                Some(run_id) => query(sql!(self.dialect, |_|
                     "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE status = 'pending' \
-                     AND run_id = $1 ORDER BY requested_at, run_id, call_id",
-                )
+                     AND run_id = $1 AND {NOT_ABORTED} ORDER BY requested_at, run_id, call_id"
+                ))
                 .bind(run_id.as_str())
                 .fetch_all(self.by_key())
                 .await,
                 None => query(
                     "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE status = 'pending' \
+                     AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.id = calls.run_id AND runs.abort IS NOT NULL) \
                      ORDER BY requested_at, run_id, call_id",
                 )
                 .fetch_all(&self.reader)
