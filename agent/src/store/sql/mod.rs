@@ -1376,11 +1376,15 @@ mod tests {
         for (sql, index) in [
             (queries::DUE_CALLS, "calls_pending"),
             (queries::NEXT_EXPIRY, "calls_pending"),
+            (queries::PENDING_CALLS, "calls_pending"),
             (queries::UNFINISHED_RUNS, "runs_unfinished"),
         ] {
             let plan = plan(sql);
             assert!(plan.contains(&format!("INDEX {index}")), "{sql}: {plan}");
         }
+        // The listing looks each pending call's run up by its id, without a pass over the runs.
+        let listing = plan(queries::PENDING_CALLS);
+        assert!(listing.contains("SEARCH runs USING"), "{listing}");
         // A run's events are one range of the events table's row numbers.
         for sql in [
             Dialect::Sqlite.events_after(),

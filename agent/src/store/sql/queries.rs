@@ -551,6 +551,11 @@ fn begin_inline_call(dialect: super::Dialect) -> &'static str {
 /// `DISTINCT`, SQLite would rather scan every call in key order than read the index of pending calls by expiry.)
 pub(super) const DUE_CALLS: &str =
     "SELECT run_id FROM calls WHERE status = 'pending' AND expires_at <= $1";
+/// Every pending approval, for the listing, oldest first: not a call an abort left, which nobody may decide.
+pub(super) const PENDING_CALLS: &str = "SELECT call_id, run_id, record, status, executing_on FROM calls \
+     WHERE status = 'pending' \
+     AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.id = calls.run_id AND runs.abort IS NOT NULL) \
+     ORDER BY requested_at, run_id, call_id";
 /// That the run whose id is `$1` has not been aborted, for the changes that settle or begin one of its calls.
 const NOT_ABORTED: &str = "NOT EXISTS (SELECT 1 FROM runs WHERE id = $1 AND abort IS NOT NULL)";
 /// When the next pending call expires, after a time already swept.
@@ -2043,12 +2048,7 @@ impl Store for SqlStore {
                 .bind(run_id.as_str())
                 .fetch_all(self.by_key())
                 .await,
-                None => query(
-                    "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE status = 'pending' \
-                     AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.id = calls.run_id AND runs.abort IS NOT NULL) \
-                     ORDER BY requested_at, run_id, call_id",
-                )
-                .fetch_all(&self.reader)
+                None => query(PENDING_CALLS).fetch_all(&self.reader)
                 .await,
             }
             .map_err(unavailable)?;
