@@ -2467,6 +2467,11 @@ async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
         "what the abort left does not time out"
     );
     assert_eq!(
+        store.next_expiry(0).await.unwrap(),
+        None,
+        "and the sweeper does not wait for it to"
+    );
+    assert_eq!(
         [
             store.pending(None).await.unwrap(),
             store.pending(Some(&run_id("r"))).await.unwrap()

@@ -287,9 +287,9 @@ impl Harness {
             let now = now_ms();
             match self.inner.store.expire(now, settle).await {
                 Ok(expired) => {
-                    // What is still due is what this version cannot read, or what an abort left, for its run's
-                    // claim. (A memory store reads every row, and its aborts settle every call: an approval due
-                    // there now was committed during the sweep, and is swept at once.)
+                    // What is still due is what this version cannot read (what an abort left, for its run's
+                    // claim, is neither due nor counted). A memory store reads every row, and its aborts settle
+                    // every call: an approval due there now was committed during the sweep, and is swept at once.
                     let still_due = durable
                         && match self.inner.store.next_expiry(0).await {
                             Ok(next) => next.is_some_and(|at| at <= now),

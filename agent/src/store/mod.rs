@@ -776,8 +776,8 @@ pub trait Store: Send + Sync + 'static {
     fn expire(&self, now_ms: u64, settle: SettleExpired) -> StoreFuture<'_, Vec<CallRecord>>;
 
     /// The earliest expiry among pending approvals later than `after_ms`, to know when to look again (0: all of
-    /// them). A sweeper whose sweep at `after_ms` left approvals it cannot read pending asks past it, so that they
-    /// are not due again at once.
+    /// them), not counting what an abort left (it does not expire). A sweeper whose sweep at `after_ms` left
+    /// approvals it cannot read pending asks past it, so that they are not due again at once.
     fn next_expiry(&self, after_ms: u64) -> StoreFuture<'_, Option<u64>>;
 
     /// Takes a call to run on this instance: allowed or approved, not started. `None` when someone else took it,

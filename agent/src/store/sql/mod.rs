@@ -1382,9 +1382,15 @@ mod tests {
             let plan = plan(sql);
             assert!(plan.contains(&format!("INDEX {index}")), "{sql}: {plan}");
         }
-        // The listing looks each pending call's run up by its id, without a pass over the runs.
-        let listing = plan(queries::PENDING_CALLS);
-        assert!(listing.contains("SEARCH runs USING"), "{listing}");
+        // Each looks a pending call's run up by its id (is it aborted?), without a pass over the runs.
+        for sql in [
+            queries::DUE_CALLS,
+            queries::NEXT_EXPIRY,
+            queries::PENDING_CALLS,
+        ] {
+            let plan = plan(sql);
+            assert!(plan.contains("SEARCH runs USING"), "{sql}: {plan}");
+        }
         // A run's events are one range of the events table's row numbers.
         for sql in [
             Dialect::Sqlite.events_after(),

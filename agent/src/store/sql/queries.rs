@@ -547,20 +547,33 @@ fn begin_inline_call(dialect: super::Dialect) -> &'static str {
     )
 }
 
+/// That a call's run has not been aborted: a pending call of an aborted run is one its abort left (it could not
+/// read it), which nobody may decide and which does not time out; the run's claim settles it. A macro, so that
+/// constant queries can be made of it with `concat!`.
+macro_rules! of_a_live_run {
+    () => {
+        "NOT EXISTS (SELECT 1 FROM runs WHERE runs.id = calls.run_id AND runs.abort IS NOT NULL)"
+    };
+}
 /// The pending calls due to expire by `$1`, one row per call. (Each run once, deduplicated by the caller: with
 /// `DISTINCT`, SQLite would rather scan every call in key order than read the index of pending calls by expiry.)
-pub(super) const DUE_CALLS: &str =
-    "SELECT run_id FROM calls WHERE status = 'pending' AND expires_at <= $1";
-/// Every pending approval, for the listing, oldest first: not a call an abort left, which nobody may decide.
-pub(super) const PENDING_CALLS: &str = "SELECT call_id, run_id, record, status, executing_on FROM calls \
-     WHERE status = 'pending' \
-     AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.id = calls.run_id AND runs.abort IS NOT NULL) \
-     ORDER BY requested_at, run_id, call_id";
+pub(super) const DUE_CALLS: &str = concat!(
+    "SELECT run_id FROM calls WHERE status = 'pending' AND expires_at <= $1 AND ",
+    of_a_live_run!()
+);
+/// Every pending approval, for the listing, oldest first.
+pub(super) const PENDING_CALLS: &str = concat!(
+    "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE status = 'pending' AND ",
+    of_a_live_run!(),
+    " ORDER BY requested_at, run_id, call_id"
+);
 /// That the run whose id is `$1` has not been aborted, for the changes that settle or begin one of its calls.
 const NOT_ABORTED: &str = "NOT EXISTS (SELECT 1 FROM runs WHERE id = $1 AND abort IS NOT NULL)";
 /// When the next pending call expires, after a time already swept.
-pub(super) const NEXT_EXPIRY: &str =
-    "SELECT MIN(expires_at) FROM calls WHERE status = 'pending' AND expires_at > $1";
+pub(super) const NEXT_EXPIRY: &str = concat!(
+    "SELECT MIN(expires_at) FROM calls WHERE status = 'pending' AND expires_at > $1 AND ",
+    of_a_live_run!()
+);
 /// The condition of the index of unfinished runs, in both databases' forms: SQLite's index holds the runs without
 /// an end (a run's wait and resumption then leave it alone), PostgreSQL's the runs running or waiting. The two
 /// are the same runs: a run's end, the one change that takes it out of both, records when it ended. A macro, so
