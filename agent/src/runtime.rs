@@ -165,8 +165,9 @@ pub struct RunContext {
     pub session_id: SessionId,
     pub approval_mode: ApprovalMode,
     pub permissions: PermissionPolicy,
-    /// What people approved for the session: as it stood when this part of the run began, and what this part
-    /// granted since (an AG-UI resume approving for the session).
+    /// What people approved for the session: as the store held it before this step's calls were decided (see
+    /// [`RunContext::refresh_grants`]), and what this part granted since (an AG-UI resume approving for the
+    /// session).
     pub grants: Arc<parking_lot::RwLock<SessionGrants>>,
     pub approval_timeout: Duration,
     pub toolbox: Arc<Toolbox>,
@@ -186,6 +187,20 @@ impl RunContext {
     /// The session's grants as this part of the run knows them.
     pub fn grants(&self) -> parking_lot::RwLockReadGuard<'_, SessionGrants> {
         self.grants.read()
+    }
+
+    /// Reads the session's grants again, before a step's calls are decided: a grant revoked since (on any
+    /// instance sharing the store) no longer allows, and one given elsewhere does. When the store cannot say, the
+    /// run holds none: what a grant would have allowed asks, which is safe.
+    pub async fn refresh_grants(&self) {
+        let grants = match self.store.grants(&self.session_id).await {
+            Ok(stored) => SessionGrants::from_stored(&stored),
+            Err(error) => {
+                tracing::warn!(%error, run_id = %self.run_id, "cannot read the session's grants; what they cover will ask");
+                SessionGrants::default()
+            }
+        };
+        *self.grants.write() = grants;
     }
 
     /// The decision for a call of `spec` with `input`.

@@ -416,3 +416,95 @@ async fn a_tool_that_does_not_stop_after_the_abort_is_reported_as_left_behind() 
     );
     assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
 }
+
+/// A replayed model that holds its second step back until the test lets it go.
+struct HeldSecondStep {
+    steps: ReplayModel,
+    asked: std::sync::atomic::AtomicUsize,
+    release: tokio::sync::Semaphore,
+}
+
+impl agent::model::Model for HeldSecondStep {
+    fn name(&self) -> &str {
+        "held"
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: agent::model::ModelRequest<'a>,
+    ) -> agent::model::ModelStream<'a> {
+        use futures::StreamExt;
+        let second = self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1;
+        futures::stream::once(async move {
+            if second {
+                self.release.acquire().await.unwrap().forget();
+            }
+            self.steps.stream(request)
+        })
+        .flatten()
+        .boxed()
+    }
+}
+
+#[tokio::test]
+async fn a_grant_revoked_while_the_run_goes_on_allows_none_of_its_later_calls() {
+    let model = Arc::new(HeldSecondStep {
+        steps: ReplayModel::new(vec![
+            tool_step(&[call("call-1", "delete_file", json!({"path": "a.txt"}))]),
+            tool_step(&[call("call-2", "delete_file", json!({"path": "b.txt"}))]),
+            text_step("done"),
+        ]),
+        asked: Default::default(),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let tools = counting_tools(
+        Arc::clone(&model) as Arc<dyn agent::model::Model>,
+        ApprovalPolicy::OnRequest,
+        Default::default(),
+        Default::default(),
+    );
+    let harness = &tools.harness;
+    let run = harness
+        .start(agent::harness::StartRun {
+            message: "delete a and b".into(),
+            session_id: None,
+            policy: None,
+            mode: ApprovalMode::Interactive,
+            run_id: None,
+            source: agent::harness::RunSource::Session,
+            refused_while_interrupted: false,
+        })
+        .await
+        .unwrap();
+    let mut events = Events::of(&run);
+    let request = events.next_approval().await;
+    harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::Approve {
+                scope: DecisionScope::Session,
+                reason: None,
+                arguments: None,
+            },
+            &agent::harness::Actor::local(),
+        )
+        .await
+        .unwrap();
+    events
+        .until(|e| matches!(e, StreamEvent::ToolResult { .. }))
+        .await;
+    let grants = harness.grants(run.session_id()).await.unwrap();
+    let [grant] = grants.list() else {
+        panic!("one grant: {grants:?}")
+    };
+    harness
+        .revoke_grant(run.session_id(), &grant.id, &agent::harness::Actor::local())
+        .await
+        .unwrap();
+
+    model.release.add_permits(1);
+    let request = events.next_approval().await;
+    assert_eq!(request.tool_call_id.as_str(), "call-2", "b asks again");
+    assert_eq!(tools.deletes.count(), 1, "and has not run");
+}
