@@ -1240,6 +1240,57 @@ mod tests {
         assert_eq!(processes_in(ws.root()), Vec::<String>::new());
     }
 
+    /// A shell whose trap signals its own process group (`kill 0`, a common clean-up) ends as the shell, with
+    /// its output; and what it left running, in the group or not, is stopped.
+    #[tokio::test]
+    async fn a_command_that_signals_its_own_group_keeps_its_output_and_leaves_nothing() {
+        let (_dir, ws, tools) = setup();
+        let context = context();
+        let script = "trap 'kill 0' EXIT; (trap '' TERM; sleep 300) & setsid sleep 300 & \
+             until [ -e go ]; do sleep 0.01; done; echo hello";
+        let run_command = tools.get("run_command").unwrap();
+        let running =
+            run_command.execute(json!({"command": "sh", "args": ["-c", script]}), &context);
+        let exit_once_started = async {
+            sleepers_started(ws.root(), 2).await;
+            std::fs::write(ws.root().join("go"), "").unwrap();
+        };
+        let (result, ()) = tokio::join!(running, exit_once_started);
+        let output = result.expect("the command's own result");
+        assert_eq!(output["stdout"], "hello\n");
+        assert_eq!(processes_in(ws.root()), Vec::<String>::new());
+    }
+
+    /// A process whose main thread ended while its other threads run is alive, and is stopped with the rest.
+    #[tokio::test]
+    async fn a_process_whose_main_thread_ended_is_stopped_too() {
+        let (_dir, ws, _tools) = setup();
+        let tool = RunCommand::new(
+            ws.clone(),
+            CommandLimits {
+                timeout: Duration::from_secs(2),
+                output_bytes: 1024,
+            },
+        );
+        let script = "import ctypes, os, threading, time\n\
+             threading.Thread(target=time.sleep, args=(300,)).start()\n\
+             open('pid', 'w').write(str(os.getpid()))\n\
+             ctypes.CDLL(None).pthread_exit(None)\n";
+        let error = tool
+            .execute(
+                json!({"command": "python3", "args": ["-c", script]}),
+                &context(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::Timeout, "{error}");
+        let pid = std::fs::read_to_string(ws.root().join("pid")).unwrap();
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "process {pid} outlived the call"
+        );
+    }
+
     #[tokio::test]
     async fn what_a_command_leaves_running_is_stopped_when_it_exits() {
         let (_dir, ws, tools) = setup();

@@ -15,6 +15,11 @@
 //! groups, such as `process-wrap`, stop at the group, which `setsid` leaves; cgroups need a delegated hierarchy that
 //! a user's machine may not have.)
 //!
+//! The command leads a process group of its own, apart from the supervisor's, and the supervisor ignores every
+//! signal it can, so that nothing the tree does by accident (a shell's `kill 0`, a signal to its parent) ends it.
+//! What it cannot stop: a process of the tree that kills its supervisor with SIGKILL on purpose (the same user may),
+//! or a server killed with SIGKILL, leaves the tree to init; a server that shuts down ends its trees first.
+//!
 //! Elsewhere (other Unixes) the command gets its own process group, and the group is what is killed.
 
 use std::io;
@@ -185,7 +190,12 @@ mod linux {
                 return Err(io::Error::last_os_error());
             }
             if command == 0 {
-                // The command: the subreaper mark is not inherited, and the status pipe closes on exec.
+                // The command: the subreaper mark is not inherited, and the status pipe closes on exec. It leads a
+                // process group of its own, so that a signal it sends its group (`kill 0` in a shell's trap, say)
+                // does not reach the supervisor.
+                if libc::setpgid(0, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
                 return Ok(());
             }
             run_supervisor(command as pid_t, status_fd)
@@ -197,14 +207,17 @@ mod linux {
         // SAFETY: signal dispositions, descriptor closing, waitpid, write and _exit are all async-signal-safe and
         // touch only this process.
         unsafe {
-            // The server's signal handlers (copied by the fork) would swallow SIGTERM; a supervisor dies like any
-            // process. A closed status pipe must not kill it before it reaps, though.
+            // The server's signal handlers (copied by the fork) must not run here. Any process of the tree may
+            // signal the supervisor (its pid is the tree's parent's, or its group's once the command moved), and a
+            // supervisor that died of it would let the tree go to init and lose the command's status: it ignores
+            // every signal it may, and only the server ends it (with SIGKILL, or SIGSTOP and SIGCONT while it kills
+            // the tree). SIGCHLD keeps its default, so that the children it reaps are waited for; a closed status
+            // pipe does not end it either.
             for signal in 1..65 {
-                if signal != libc::SIGKILL && signal != libc::SIGSTOP {
-                    libc::signal(signal, libc::SIG_DFL);
+                if ![libc::SIGKILL, libc::SIGSTOP, libc::SIGCHLD, libc::SIGCONT].contains(&signal) {
+                    libc::signal(signal, libc::SIG_IGN);
                 }
             }
-            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
             // Keep nothing of the server (its listening socket, the command's pipes, the spawn's error pipe) but the
             // status pipe: the command's output must end when the command's tree ends, and the port must close when
             // the server does.
@@ -320,6 +333,7 @@ mod linux {
                 continue;
             };
             if let Some((parent, alive)) = parse_stat(&stat) {
+                let alive = alive || threads_alive(pid);
                 children.entry(parent).or_default().push((pid, alive));
             }
         }
@@ -334,6 +348,22 @@ mod linux {
             }
         }
         living
+    }
+
+    /// Whether a process whose first thread is a zombie still has threads that run: its main thread ended
+    /// (`pthread_exit`) and the others go on, so the process lives on and must be killed (a signal to its pid
+    /// reaches them all).
+    fn threads_alive(pid: pid_t) -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        tasks.flatten().any(|task| {
+            task.file_name().to_str() != Some(&pid.to_string())
+                && std::fs::read_to_string(task.path().join("stat"))
+                    .ok()
+                    .and_then(|stat| parse_stat(&stat))
+                    .is_some_and(|(_, alive)| alive)
+        })
     }
 
     /// The parent pid and whether the process is alive (not a zombie), from `/proc/<pid>/stat`. The command name
