@@ -389,7 +389,13 @@ impl PermissionPolicy {
             ToolKind::Command => argv(input).and_then(|argv| Rule::allow_exact_command(&argv)),
             ToolKind::WorkspaceFile => {
                 let raw = input.get("path").and_then(Value::as_str).unwrap_or("");
-                match self.paths.candidates(raw).as_slice() {
+                let readings = self.paths.candidates(raw);
+                if readings.unknown {
+                    return Err(format!(
+                        "{raw:?} cannot be followed through the workspace's links, so no rule can tell where it leads."
+                    ));
+                }
+                match readings.known.as_slice() {
                     [] => return Err(format!("{raw:?} is not a path inside the workspace.")),
                     [lexical] if lexical.is_empty() => {
                         return Err(

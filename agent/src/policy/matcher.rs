@@ -206,47 +206,92 @@ impl PathContext {
     }
 
     /// What a file tool's path stands for: the path normalised, and, when it goes through a symlink inside the
-    /// workspace, where that leads (relative to the workspace). Empty when the path leaves the workspace either
-    /// way: the tool refuses it, and no path glob matches it.
-    pub fn candidates(&self, raw: &str) -> Vec<String> {
+    /// workspace, where that leads (relative to the workspace). Nothing when the path leaves the workspace either
+    /// way: the tool refuses it, and no path glob matches it. Partly unknown when its links cannot be followed
+    /// (a path too long to resolve, a loop of links, a directory that may not be read): the tool may still reach
+    /// a file through them.
+    pub fn candidates(&self, raw: &str) -> Readings {
         let Some(lexical) = normalize_relative(raw) else {
-            return Vec::new();
+            return Readings::default();
         };
         let Some(root) = &self.root else {
-            return vec![lexical];
+            return Readings::known(vec![lexical]);
         };
         match resolve_in(root, &lexical) {
-            Some(resolved) if resolved != lexical => vec![lexical, resolved],
-            Some(_) => vec![lexical],
-            None => Vec::new(),
+            Resolved::Inside(resolved) if resolved != lexical => {
+                Readings::known(vec![lexical, resolved])
+            }
+            Resolved::Inside(_) => Readings::known(vec![lexical]),
+            Resolved::Outside => Readings::default(),
+            Resolved::Unknown => Readings {
+                known: vec![lexical],
+                unknown: true,
+            },
         }
     }
 }
 
+/// What a value stands for, to a matcher: the readings known, and whether it may stand for something else too,
+/// which cannot be told (a path whose links cannot be followed, a value that is not text, a number or a flag).
+/// A `deny` or `ask` rule matches a value partly unknown, and an `allow` rule does not.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Readings {
+    pub known: Vec<String>,
+    pub unknown: bool,
+}
+
+impl Readings {
+    pub fn known(known: Vec<String>) -> Self {
+        Self {
+            known,
+            unknown: false,
+        }
+    }
+}
+
+/// Where a path inside the workspace leads through its symlinks.
+enum Resolved {
+    /// Inside the workspace, relative to it.
+    Inside(String),
+    Outside,
+    /// The links could not be followed (not because a part does not exist yet).
+    Unknown,
+}
+
 /// Follows `relative` through the symlinks that exist under `root`; the part that does not exist yet is taken
-/// as written. `None` when that leads outside `root`.
-fn resolve_in(root: &Path, relative: &str) -> Option<String> {
+/// as written.
+fn resolve_in(root: &Path, relative: &str) -> Resolved {
     let full = root.join(relative);
     let mut existing = full.as_path();
     let mut missing: Vec<&std::ffi::OsStr> = Vec::new();
     let canonical = loop {
         match existing.canonicalize() {
             Ok(canonical) => break canonical,
-            Err(_) => {
-                missing.push(existing.file_name()?);
-                existing = existing.parent()?;
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                let (Some(name), Some(parent)) = (existing.file_name(), existing.parent()) else {
+                    return Resolved::Outside;
+                };
+                missing.push(name);
+                existing = parent;
                 if !existing.starts_with(root) {
-                    return None;
+                    return Resolved::Outside;
                 }
             }
+            Err(_) => return Resolved::Unknown,
         }
     };
     let mut resolved = canonical;
     for part in missing.iter().rev() {
         resolved.push(part);
     }
-    let inside = resolved.strip_prefix(root).ok()?;
-    normalize_relative(inside.to_str()?)
+    match resolved
+        .strip_prefix(root)
+        .ok()
+        .and_then(|inside| normalize_relative(inside.to_str()?))
+    {
+        Some(inside) => Resolved::Inside(inside),
+        None => Resolved::Outside,
+    }
 }
 
 /// Writes an empty file with a lower-case name and looks for it under the upper-case name.
@@ -370,7 +415,7 @@ pub fn escape_glob(literal: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -445,15 +490,74 @@ mod tests {
         std::os::unix::fs::symlink(root.join(".env"), root.join("src/config")).unwrap();
         std::os::unix::fs::symlink(root.join("src"), root.join("code")).unwrap();
         let paths = PathContext::with_root(root, false).unwrap();
-        assert_eq!(paths.candidates("src/config"), ["src/config", ".env"]);
-        assert_eq!(
-            paths.candidates("code/new.txt"),
-            ["code/new.txt", "src/new.txt"]
-        );
-        assert_eq!(paths.candidates("src/plain.txt"), ["src/plain.txt"]);
+        let known = |path: &str| {
+            let readings = paths.candidates(path);
+            assert!(!readings.unknown, "{path}");
+            readings.known
+        };
+        assert_eq!(known("src/config"), ["src/config", ".env"]);
+        assert_eq!(known("code/new.txt"), ["code/new.txt", "src/new.txt"]);
+        assert_eq!(known("src/plain.txt"), ["src/plain.txt"]);
         std::os::unix::fs::symlink("/etc", root.join("out")).unwrap();
-        assert!(paths.candidates("out/passwd").is_empty());
-        assert!(paths.candidates("../x").is_empty());
+        assert!(known("out/passwd").is_empty());
+        assert!(known("../x").is_empty());
+    }
+
+    /// A path whose links cannot be followed may lead anywhere its links do: a long path ending in a link to
+    /// `.env` resolves past the system's limit on a path's length, while the tool, which opens it from the
+    /// workspace's directory a part at a time, does not.
+    #[test]
+    fn a_path_whose_links_cannot_be_followed_is_partly_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join(".env"), "secret").unwrap();
+        let long = deep_link_to_env(root);
+        std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
+        let paths = PathContext::with_root(root, false).unwrap();
+        assert_eq!(
+            paths.candidates(&long),
+            Readings {
+                known: vec![long.clone()],
+                unknown: true
+            }
+        );
+        assert!(paths.candidates("loop/x").unknown);
+        assert!(!paths.candidates("missing/x").unknown);
+    }
+
+    /// Makes a link to the workspace's `.env` under directories deep enough that its whole path is longer than
+    /// the system resolves (made a directory at a time, from within, as only a relative path can be), and returns
+    /// the link's path in the workspace, which is shorter than a file tool's limit.
+    pub(crate) fn deep_link_to_env(root: &Path) -> String {
+        use std::ffi::CString;
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        // Sixteen directories of 250 characters and one of 69: the link's path is 4,090 characters long.
+        let mut names = vec!["d".repeat(250); 16];
+        names.push("d".repeat(69));
+        let depth = names.len();
+        let mut dir = OwnedFd::from(std::fs::File::open(root).unwrap());
+        for name in &names {
+            let c_name = CString::new(name.as_str()).unwrap();
+            // SAFETY: mkdirat and openat read a NUL-terminated name that outlives the calls, relative to an open
+            // directory; the descriptor openat returns is owned at once.
+            dir = unsafe {
+                assert_eq!(libc::mkdirat(dir.as_raw_fd(), c_name.as_ptr(), 0o755), 0);
+                let next = libc::openat(
+                    dir.as_raw_fd(),
+                    c_name.as_ptr(),
+                    libc::O_DIRECTORY | libc::O_RDONLY | libc::O_CLOEXEC,
+                );
+                assert!(next >= 0);
+                OwnedFd::from_raw_fd(next)
+            };
+        }
+        let target = CString::new(format!("{}.env", "../".repeat(depth))).unwrap();
+        // SAFETY: symlinkat reads two NUL-terminated strings that outlive the call.
+        let linked = unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), c"link".as_ptr()) };
+        assert_eq!(linked, 0);
+        let long = format!("{}/link", names.join("/"));
+        assert!(root.as_os_str().len() + long.len() > 4_096 && long.len() < 4_096);
+        long
     }
 
     #[test]

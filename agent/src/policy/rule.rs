@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::matcher::{
-    COMMAND_TOOL, FILE_TOOLS, PathContext, RuleGlob, ToolKind, argv, basename, tool_glob,
+    COMMAND_TOOL, FILE_TOOLS, PathContext, Readings, RuleGlob, ToolKind, argv, basename, tool_glob,
 };
 use crate::permissions::shell_words;
 use crate::wire::RuleAction;
@@ -394,14 +394,16 @@ impl Rule {
                 argv(call.input).is_some_and(|argv| prefix.matches(&argv, !strict_reading))
             }
             Some(ArgumentMatcher::Named(globs)) => globs.iter().all(|argument| {
-                let candidates = argument_candidates(call, &argument.name);
+                let readings = argument_readings(call, &argument.name);
                 let case_insensitive = is_workspace_path(call.tool_name, &argument.name)
                     && call.paths.case_insensitive();
                 let hit = |candidate: &String| argument.glob.is_match(candidate, case_insensitive);
                 if strict_reading {
-                    !candidates.is_empty() && candidates.iter().all(hit)
+                    !readings.unknown
+                        && !readings.known.is_empty()
+                        && readings.known.iter().all(hit)
                 } else {
-                    candidates.iter().any(hit)
+                    readings.unknown || readings.known.iter().any(hit)
                 }
             }),
         }
@@ -686,29 +688,44 @@ fn starts_with_argument_name(text: &str) -> bool {
 }
 
 /// What a named argument stands for: a file tool's path as it resolves, each element of an array, a scalar as
-/// its text. A missing argument stands for nothing, so no glob matches it.
-fn argument_candidates(call: &CallFacts<'_>, name: &str) -> Vec<String> {
-    let scalar = |value: &Value| match value {
-        Value::String(text) => Some(text.clone()),
-        Value::Number(number) => Some(number.to_string()),
-        Value::Bool(flag) => Some(flag.to_string()),
-        _ => None,
-    };
+/// its text (a whole number also as an integer: `1e3` and `1000.0` are `1000`). A missing argument stands for
+/// nothing, so no glob matches it; an object, or an array inside an array, stands for what no glob can tell.
+fn argument_readings(call: &CallFacts<'_>, name: &str) -> Readings {
+    fn scalar(value: &Value, readings: &mut Readings) {
+        match value {
+            Value::String(text) => readings.known.push(text.clone()),
+            Value::Number(number) => {
+                readings.known.push(number.to_string());
+                if let Some(whole) = number
+                    .as_f64()
+                    .filter(|n| number.is_f64() && n.fract() == 0.0 && n.abs() < 9.0e15)
+                {
+                    readings.known.push(format!("{}", whole as i64));
+                }
+            }
+            Value::Bool(flag) => readings.known.push(flag.to_string()),
+            Value::Null | Value::Array(_) | Value::Object(_) => readings.unknown = true,
+        }
+    }
+    let mut readings = Readings::default();
     match call.input.get(name) {
         None | Some(Value::Null) => {
             // A file tool without a path works on the workspace itself.
             if is_workspace_path(call.tool_name, name) {
-                call.paths.candidates("")
-            } else {
-                Vec::new()
+                return call.paths.candidates("");
             }
         }
         Some(Value::String(path)) if is_workspace_path(call.tool_name, name) => {
-            call.paths.candidates(path)
+            return call.paths.candidates(path);
         }
-        Some(Value::Array(items)) => items.iter().filter_map(scalar).collect(),
-        Some(value) => scalar(value).into_iter().collect(),
+        Some(Value::Array(items)) => {
+            for item in items {
+                scalar(item, &mut readings);
+            }
+        }
+        Some(value) => scalar(value, &mut readings),
     }
+    readings
 }
 
 /// Finds `wanted` outside parentheses, quotes and backslash escapes.

@@ -525,6 +525,37 @@ fn a_symlink_inside_the_workspace_cannot_carry_a_path_past_a_rule() {
     );
 }
 
+/// A path whose links cannot be followed when the call is decided (a loop, or past the system's limit on a
+/// path's length, which the tool does not meet: it opens a part at a time) may lead to what a deny rule names: it is
+/// denied, and an allow rule does not take it.
+#[test]
+fn a_path_whose_links_cannot_be_followed_meets_the_deny_rules_and_no_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join(".env"), "secret").unwrap();
+    let long = matcher::tests::deep_link_to_env(root);
+    let policy = policy(
+        ApprovalPolicy::OnRequest,
+        "read_file(**/.env*)=deny,write_file(**)=allow",
+    )
+    .with_paths(PathContext::with_root(root, false).unwrap());
+    let none = SessionGrants::new();
+    let read = policy.decide(&tool("read_file", READ_ONLY), &json!({"path": long}), &none);
+    assert_eq!(verdict_kind(&read), "deny", "{read:?}");
+    let write = policy.decide(
+        &tool("write_file", DESTRUCTIVE),
+        &json!({"path": long}),
+        &none,
+    );
+    assert_eq!(verdict_kind(&write), "ask", "{write:?}");
+    let choices = policy.approval_choices(
+        &tool("write_file", DESTRUCTIVE),
+        &json!({"path": long}),
+        &none,
+    );
+    assert!(choices.always_allow.is_none(), "{choices:?}");
+}
+
 #[test]
 fn case_counts_only_where_the_file_system_counts_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -570,6 +601,10 @@ fn named_argument_globs_apply_to_any_tool() {
         (json!({"title": "no repo"}), "ask"),
         (json!({"repo": ["acme/widgets", "evil/x"]}), "ask"),
         (json!({"repo": ["acme/widgets", "acme/secret"]}), "deny"),
+        // A value no glob can read: what it holds cannot be told, so the deny takes it and the allow does not.
+        (json!({"repo": ["acme/widgets", ["acme/secret"]]}), "deny"),
+        (json!({"repo": {"name": "acme/secret"}}), "deny"),
+        (json!({"repo": ["acme/widgets", null]}), "deny"),
     ];
     for (input, expected) in table {
         assert_eq!(
@@ -578,6 +613,37 @@ fn named_argument_globs_apply_to_any_tool() {
             "{input}"
         );
     }
+}
+
+/// A number is read by its value: every JSON spelling of a whole number meets the rule written with it.
+#[test]
+fn a_number_meets_a_rule_whatever_its_spelling() {
+    let none = SessionGrants::new();
+    let pay = tool("mcp__bank__pay", ToolAnnotations::default());
+    let policy = policy(
+        ApprovalPolicy::Trusted,
+        "mcp__bank__pay(amount=1000)=deny,mcp__bank__pay(amount=5)=ask",
+    );
+    for text in ["1000", "1e3", "1000.0", "1.0e3", "[1, 1e3]"] {
+        let input: Value = serde_json::from_str(&format!(r#"{{"amount": {text}}}"#)).unwrap();
+        assert_eq!(
+            verdict_kind(&policy.decide(&pay, &input, &none)),
+            "deny",
+            "{text}"
+        );
+    }
+    for text in ["5.0", "5e0"] {
+        let input: Value = serde_json::from_str(&format!(r#"{{"amount": {text}}}"#)).unwrap();
+        assert_eq!(
+            verdict_kind(&policy.decide(&pay, &input, &none)),
+            "ask",
+            "{text}"
+        );
+    }
+    assert_eq!(
+        verdict_kind(&policy.decide(&pay, &json!({"amount": 1000.5}), &none)),
+        "allow"
+    );
 }
 
 #[test]
