@@ -19,7 +19,7 @@ use parking_lot::RwLock;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::rule::{Rule, RuleEntry, RuleError, RuleProblem, split_top_level};
+use super::rule::{Rule, RuleEntry, RuleError, RuleProblem, split_rules};
 use crate::clock::now_ms;
 use crate::ids::RuleId;
 use crate::permissions::{ListedRule, RuleOrigin};
@@ -52,7 +52,7 @@ impl FromStr for RuleSet {
     type Err = RuleError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let parts = split_top_level(s, ',').map_err(|problem| RuleError {
+        let parts = split_rules(s).map_err(|problem| RuleError {
             rule: format!("list {:?}", s.trim()),
             problem,
         })?;

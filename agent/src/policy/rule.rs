@@ -53,6 +53,10 @@ pub enum RuleProblem {
         "the command prefix cannot be split into words (an open quote or a trailing backslash)"
     )]
     CommandWords,
+    #[error(
+        "a word of the command prefix starts with an unquoted # (in shell words, a comment that would drop the rest); quote it: '#...'"
+    )]
+    CommandComment,
     #[error("the command prefix names no program")]
     NoProgram,
     #[error(
@@ -433,7 +437,12 @@ impl Rule {
                     .map(|argument| {
                         let glob = quote_if_needed(argument.glob.pattern());
                         if bare_path {
-                            glob
+                            // A bare glob that reads as `name=glob` is quoted, so it is read back as a path.
+                            if starts_with_argument_name(&glob) {
+                                quote(argument.glob.pattern())
+                            } else {
+                                glob
+                            }
                         } else {
                             format!("{}={glob}", argument.name)
                         }
@@ -498,9 +507,7 @@ impl Rule {
                     return Err(RuleProblem::CommandNotForTool);
                 }
                 let words = match command {
-                    CommandWords::Line(line) => {
-                        shlex::split(line).ok_or(RuleProblem::CommandWords)?
-                    }
+                    CommandWords::Line(line) => command_words(line)?,
                     CommandWords::Words(words) => words.clone(),
                 };
                 Some(ArgumentMatcher::Command(command_prefix(
@@ -612,7 +619,7 @@ fn parse_matcher(tool: &ToolPattern, text: &str) -> Result<ArgumentMatcher, Rule
     }
     if tool.kind() == Some(ToolKind::Command) {
         let trimmed = text.trim();
-        let words = shlex::split(trimmed).ok_or(RuleProblem::CommandWords)?;
+        let words = command_words(trimmed)?;
         // A last word `$` written bare (not quoted) anchors the end.
         let anchored = words.last().is_some_and(|w| w == "$")
             && trimmed.ends_with('$')
@@ -628,6 +635,37 @@ fn parse_matcher(tool: &ToolPattern, text: &str) -> Result<ArgumentMatcher, Rule
         "path",
         &unquote(text.trim())?,
     )?]))
+}
+
+/// A command prefix's words, split as a shell splits them, except that a word may not start with an unquoted
+/// `#`: a shell (and `shlex`) reads it as a comment and drops the rest of the line, `$` included, so that an exact
+/// rule would become a prefix rule.
+fn command_words(line: &str) -> Result<Vec<String>, RuleProblem> {
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    let mut word_start = true;
+    for c in line.chars() {
+        if escaped {
+            (escaped, word_start) = (false, false);
+            continue;
+        }
+        match (quote, c) {
+            (Some('\''), '\'') => quote = None,
+            (Some('\''), _) => {}
+            (Some(_), '\\') => escaped = true,
+            (Some(_), '"') => quote = None,
+            (Some(_), _) => {}
+            (None, '#') if word_start => return Err(RuleProblem::CommandComment),
+            (None, '\\') => escaped = true,
+            (None, '\'' | '"') => quote = Some(c),
+            (None, c) => {
+                word_start = c.is_whitespace();
+                continue;
+            }
+        }
+        word_start = false;
+    }
+    shlex::split(line).ok_or(RuleProblem::CommandWords)
 }
 
 fn command_prefix(words: Vec<String>, exact: bool) -> Result<CommandPrefix, RuleProblem> {
@@ -765,17 +803,42 @@ fn closing_paren(text: &str, open: usize) -> Result<usize, RuleProblem> {
 
 /// Splits at `separator` outside parentheses, braces, brackets, quotes and escapes.
 pub(crate) fn split_top_level(text: &str, separator: char) -> Result<Vec<&str>, RuleProblem> {
+    split(text, separator, false)
+}
+
+/// Splits a list of rules at the commas between them: outside parentheses and quotes, and past each rule's reason
+/// (an unquoted reason runs to the next comma whatever it holds, so the `'` of "don't" opens no quote).
+pub(crate) fn split_rules(text: &str) -> Result<Vec<&str>, RuleProblem> {
+    split(text, ',', true)
+}
+
+fn split(text: &str, separator: char, reasons: bool) -> Result<Vec<&str>, RuleProblem> {
     let mut parts = Vec::new();
     let mut depth = 0usize;
     let mut quote: Option<char> = None;
     let mut escaped = false;
     let mut start = 0;
+    // Within this part: past its `=` (at the top level), and within its unquoted reason.
+    let mut past_equals = false;
+    let mut in_reason = false;
     for (i, c) in text.char_indices() {
+        if in_reason {
+            if c == separator {
+                parts.push(&text[start..i]);
+                start = i + c.len_utf8();
+                (past_equals, in_reason) = (false, false);
+            }
+            continue;
+        }
         if escaped {
             escaped = false;
             continue;
         }
         match (quote, c) {
+            (None, '=') if reasons && depth == 0 => past_equals = true,
+            (None, ':') if reasons && depth == 0 && past_equals => {
+                in_reason = !text[i + 1..].trim_start().starts_with('"');
+            }
             (_, '\\') => escaped = true,
             (Some(q), c) if c == q => quote = None,
             (Some(_), _) => {}
@@ -787,6 +850,7 @@ pub(crate) fn split_top_level(text: &str, separator: char) -> Result<Vec<&str>, 
             (None, c) if c == separator && depth == 0 => {
                 parts.push(&text[start..i]);
                 start = i + c.len_utf8();
+                past_equals = false;
             }
             (None, _) => {}
         }
@@ -891,6 +955,8 @@ mod tests {
             "*_file(\"odd(name\")=deny",
             "read_file(**/.env*)=deny:\"Secrets stay on this machine.\"",
             "read_file({a,b}/*)=deny",
+            "read_file(\"x=y\")=deny",
+            "run_command(git log '#abc' $)=allow",
         ] {
             let parsed = rule(text);
             assert_eq!(parsed.to_string(), text);
@@ -904,6 +970,10 @@ mod tests {
             rule("read_file(./src/**)=deny").to_string(),
             "read_file(src/**)=deny"
         );
+        // A path glob that reads as an argument is written quoted, so that it stays a path glob.
+        let path = rule("read_file(path=x=y)=deny");
+        assert_eq!(path.to_string(), "read_file(\"x=y\")=deny");
+        assert_eq!(Rule::parse(&path.to_string()).unwrap(), path);
     }
 
     #[test]
@@ -938,6 +1008,15 @@ mod tests {
             RuleProblem::DuplicateArgument("a".into())
         );
         assert_eq!(problem("x=deny:"), RuleProblem::EmptyReason);
+        assert_eq!(
+            problem("run_command(git log -n 1 #abc $)=allow"),
+            RuleProblem::CommandComment
+        );
+        // A `#` inside a word, escaped or quoted is a `#`.
+        assert_eq!(
+            rule("run_command(git log a#b \\#c \"#d\" $)=allow").to_string(),
+            "run_command(git log 'a#b' '#c' '#d' $)=allow"
+        );
         assert_eq!(
             problem("run_command(a) b=deny"),
             RuleProblem::TrailingText("b".into())

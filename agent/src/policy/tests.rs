@@ -584,6 +584,28 @@ fn case_counts_only_where_the_file_system_counts_it() {
     let _ = probed.case_insensitive();
 }
 
+/// An unquoted reason runs to the next comma whatever it holds: the apostrophe of "don't" opens no quote that would
+/// take the rules after it into the reason.
+#[test]
+fn an_apostrophe_in_a_reason_keeps_the_rules_after_it() {
+    let rules: RuleSet = "delete_file=deny:don't, run_command(rm)=deny, write_file=ask:won't, read_file=deny:\"a, b\""
+        .parse()
+        .unwrap();
+    let written: Vec<String> = rules.rules().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        written,
+        [
+            "delete_file=deny:\"don't\"",
+            "run_command(rm)=deny",
+            "write_file=ask:\"won't\"",
+            "read_file=deny:\"a, b\"",
+        ]
+    );
+    let policy = PermissionPolicy::new(ApprovalPolicy::Trusted, rules);
+    let rm = policy.decide(&run_command(), &command("rm -rf x"), &SessionGrants::new());
+    assert_eq!(verdict_kind(&rm), "deny", "{rm:?}");
+}
+
 #[test]
 fn named_argument_globs_apply_to_any_tool() {
     let none = SessionGrants::new();
