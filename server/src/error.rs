@@ -66,6 +66,9 @@ pub enum ApiError {
     Forbidden(String),
     #[error("{0}")]
     Unauthorized(String),
+    /// A client that sent too many wrong credentials lately.
+    #[error("{0}")]
+    TooManyAttempts(String),
     /// The store could not be read or written; nothing was half-written.
     #[error(
         "The server cannot reach its database right now; nothing was changed. Try again shortly."
@@ -117,6 +120,7 @@ impl ApiError {
             Self::TooManyStreams { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::TooManyAttempts(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -142,6 +146,7 @@ impl ApiError {
             Self::NoRoute => "NO_ROUTE",
             Self::Forbidden(_) => "FORBIDDEN",
             Self::Unauthorized(_) => "UNAUTHORIZED",
+            Self::TooManyAttempts(_) => "TOO_MANY_ATTEMPTS",
             Self::Unavailable(_) => "STORE_UNAVAILABLE",
             Self::Internal(_) => "INTERNAL",
         }

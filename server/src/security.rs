@@ -12,23 +12,25 @@
 //!    `Authorization: Bearer <token>` or the login cookie; a state-changing request that authenticates with the
 //!    cookie must also carry `Origin` or `Sec-Fetch-Site` (browsers always do), so the cookie alone, which a
 //!    browser attaches by itself, never suffices. Pages without credentials redirect to `/login`; everything else gets a 401. Login cookies carry
-//!    their expiry under their MAC, and are `Secure` when every public origin is https.
+//!    their expiry under their MAC, and are `Secure` when every public origin is https. Wrong bearer tokens are
+//!    counted per client address ([`attempts`]): past a few, the address gets a 429 until it may try again.
 //!
 //! Every response also refuses to be framed by another page, so nobody can trick a person into pressing Approve
 //! through an invisible frame.
 
+pub mod attempts;
 pub mod cookies;
 pub mod login;
 pub mod origin;
 pub mod token;
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -86,6 +88,10 @@ enum Refusal {
     },
     CookieWithoutOrigin,
     WrongToken,
+    /// The client's address sent too many wrong tokens lately; its token was not looked at.
+    TooManyWrongTokens {
+        wait_secs: u64,
+    },
     NoCredentials {
         page: bool,
     },
@@ -124,6 +130,10 @@ impl fmt::Display for Refusal {
             Self::WrongToken => f.write_str(
                 "The access token is wrong. Send Authorization: Bearer <token> with the token the server was started with.",
             ),
+            Self::TooManyWrongTokens { wait_secs } => write!(
+                f,
+                "Too many wrong access tokens from your address. Wait {wait_secs} s and try again."
+            ),
             Self::NoCredentials { .. } => f.write_str(
                 "This server needs its access token: send Authorization: Bearer <token>, or log in at /login.",
             ),
@@ -145,6 +155,13 @@ impl IntoResponse for Refusal {
                 );
                 response
             }
+            Self::TooManyWrongTokens { wait_secs } => {
+                let mut response = ApiError::TooManyAttempts(self.to_string()).into_response();
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(wait_secs));
+                response
+            }
             other => ApiError::Forbidden(other.to_string()).into_response(),
         }
     }
@@ -164,6 +181,8 @@ struct Policy {
     /// `--public-origin`; when empty, the server's origin is `http://{Host}`.
     origins: Vec<PublicOrigin>,
     credentials: Option<Credentials>,
+    /// Wrong bearer tokens per client address.
+    wrong_tokens: attempts::WrongTokens,
     /// Whether cookies are marked `Secure`: when every public origin is https, so that a browser never sends them
     /// over plain HTTP.
     secure_cookies: bool,
@@ -259,6 +278,7 @@ impl Security {
             policy: Arc::new(Policy {
                 origins: public_origins,
                 credentials,
+                wrong_tokens: Default::default(),
                 secure_cookies,
             }),
         })
@@ -317,7 +337,13 @@ impl Security {
     }
 
     /// Admits a request or says why not; an admitted request is told who it comes from, for the audit log.
-    fn admit(&self, method: &Method, path: &str, headers: &HeaderMap) -> Result<Actor, Refusal> {
+    fn admit(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        client: Option<IpAddr>,
+    ) -> Result<Actor, Refusal> {
         let host = match single(headers, &header::HOST, "Host")? {
             Some(value) => Some(
                 value
@@ -338,7 +364,7 @@ impl Security {
         };
         match self.credentials() {
             Some(credentials) if !is_open(method, path) => {
-                self.check_credentials(credentials, method, path, headers, provenance)
+                self.check_credentials(credentials, method, path, headers, provenance, client)
             }
             Some(_) => Ok(Actor::new("anonymous")),
             None => Ok(Actor::local()),
@@ -411,12 +437,27 @@ impl Security {
         path: &str,
         headers: &HeaderMap,
         provenance: Provenance,
+        client: Option<IpAddr>,
     ) -> Result<Actor, Refusal> {
         if let Some(value) = single(headers, &header::AUTHORIZATION, "Authorization")? {
+            let wrong_tokens = &self.policy.wrong_tokens;
+            let now = Instant::now();
+            if let Some(client) = client
+                && let Err(wait) = wrong_tokens.may_try(client, now)
+            {
+                return Err(Refusal::TooManyWrongTokens {
+                    wait_secs: wait.as_secs_f64().ceil().max(1.0) as u64,
+                });
+            }
             // A wrong token is wrong even with a good cookie: a script should learn its token is stale.
             return match bearer(value) {
                 Some(token) if credentials.is_token(token) => Ok(Actor::new("token")),
-                _ => Err(Refusal::WrongToken),
+                _ => {
+                    if let Some(client) = client {
+                        wrong_tokens.failed(client, now);
+                    }
+                    Err(Refusal::WrongToken)
+                }
             };
         }
         if self.has_login_cookie(headers) {
@@ -458,7 +499,16 @@ pub(crate) async fn guard(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let verdict = security.admit(request.method(), request.uri().path(), request.headers());
+    let client = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| peer.ip().to_canonical());
+    let verdict = security.admit(
+        request.method(),
+        request.uri().path(),
+        request.headers(),
+        client,
+    );
     let mut response = match verdict {
         Ok(actor) => {
             // Who is acting comes from here, never from a request body.
@@ -635,15 +685,15 @@ mod tests {
             ("origin", "http://evil.example"),
         ]);
         assert_eq!(
-            open.admit(&Method::GET, "/api/agent/approvals", &evil),
+            open.admit(&Method::GET, "/api/agent/approvals", &evil, None),
             Ok(Actor::local())
         );
         assert!(matches!(
-            open.admit(&Method::POST, "/api/anything-added-later", &evil),
+            open.admit(&Method::POST, "/api/anything-added-later", &evil, None),
             Err(Refusal::ForeignOrigin { .. })
         ));
         assert!(matches!(
-            open.admit(&Method::DELETE, "/api/x", &evil),
+            open.admit(&Method::DELETE, "/api/x", &evil, None),
             Err(Refusal::ForeignOrigin { .. })
         ));
     }
@@ -657,7 +707,7 @@ mod tests {
             ("origin", "http://evil.example"),
         ]);
         assert_eq!(
-            open.admit(&Method::POST, "/api/agent/runs", &twice),
+            open.admit(&Method::POST, "/api/agent/runs", &twice, None),
             Err(Refusal::MalformedHeader { name: "Origin" })
         );
     }

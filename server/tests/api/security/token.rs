@@ -600,3 +600,42 @@ async fn cookies_are_secure_when_the_public_origin_is_https() {
     let removal = logout.headers()["set-cookie"].to_str().unwrap().to_owned();
     assert!(removal.split("; ").any(|a| a == "Secure"), "{removal}");
 }
+
+/// Wrong bearer tokens are counted per client as wrong logins are: past a few, a client's requests with a token
+/// get a 429 without the token being looked at, so the right one cannot be told from a guess at network speed.
+/// Another client, and the right token once the wait is over, are not held back.
+#[tokio::test]
+async fn wrong_bearer_tokens_are_rate_limited_per_client() {
+    let app = protected().await;
+    let guesser = client_from("127.0.0.1");
+    let with_token = |client: &reqwest::Client, token: &str| {
+        client
+            .get(app.url("/api/agent/approvals"))
+            .header("authorization", format!("Bearer {token}"))
+            .send()
+    };
+    for attempt in 0..5 {
+        let response = with_token(&guesser, &format!("guess-{attempt}"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 401, "attempt {attempt}");
+    }
+    let limited = with_token(&guesser, TOKEN).await.unwrap();
+    assert_eq!(limited.status(), 429, "even the right token waits");
+    let wait: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=12).contains(&wait), "{wait}");
+    let body: Value = limited.json().await.unwrap();
+    assert_eq!(body["code"], "TOO_MANY_ATTEMPTS");
+    assert_eq!(
+        body["error"],
+        format!("Too many wrong access tokens from your address. Wait {wait} s and try again.")
+    );
+
+    let person = client_from("127.0.0.2");
+    let response = with_token(&person, TOKEN).await.unwrap();
+    assert_eq!(response.status(), 200, "another client");
+}
