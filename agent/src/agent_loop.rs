@@ -291,8 +291,14 @@ pub async fn resume_until_end(
                 edited_arguments,
                 ..
             } => {
-                let input = edited_arguments.as_ref().unwrap_or(&pending.input);
-                grant_for_session(context, &pending.call, input, *scope).await
+                grant_for_session(
+                    context,
+                    &pending.call,
+                    &pending.input,
+                    edited_arguments.as_ref(),
+                    *scope,
+                )
+                .await
             }
             Resolution::Denied { .. } => None,
         };

@@ -327,12 +327,19 @@ impl PermissionPolicy {
     }
 
     /// The grant approving this call with `scope` creates: `None` for `once`, for a scope not on offer, and in a
-    /// `strict` run, where grants do not apply.
-    pub fn grant_for(&self, tool: &ToolSpec, input: &Value, scope: DecisionScope) -> Option<Grant> {
+    /// `strict` run, where grants do not apply. With arguments a person edited, the grant the card offered for the
+    /// arguments `asked`, when the edited ones make that same grant, or an error.
+    pub fn grant_for(
+        &self,
+        tool: &ToolSpec,
+        asked: &Value,
+        edited: Option<&Value>,
+        scope: DecisionScope,
+    ) -> Result<Option<Grant>, grant::EditedGrant> {
         if self.policy == ApprovalPolicy::Strict {
-            return None;
+            return Ok(None);
         }
-        grant::grant_for(tool, input, scope)
+        grant::grant_for_approval(tool, asked, edited, scope)
     }
 
     /// What a card for this call offers beyond approving once: each session scope with the exact grant it

@@ -422,18 +422,28 @@ fn denied_by_rule(context: &RunContext, call: &ToolCall, edited: &Value) -> Opti
     }
 }
 
-/// Remembers what a person approved for the rest of the session with `scope`: the grant that scope creates for
-/// `input` (what the card showed, or the arguments the person edited), no more. Nothing for `once`, for a scope
-/// the call does not offer, or in a `strict` run. The grant is kept in the store, and this part of the run holds
-/// it at once; the caller announces it.
+/// Remembers what a person approved for the rest of the session with `scope`: the grant the card offered for the
+/// arguments `asked` (edited arguments must make the same one; the resume's check refuses others first), no more.
+/// Nothing for `once`, for a scope the call does not offer, or in a `strict` run. The grant is kept in the store,
+/// and this part of the run holds it at once; the caller announces it.
 pub async fn grant_for_session(
     context: &RunContext,
     call: &ToolCall,
-    input: &Value,
+    asked: &Value,
+    edited: Option<&Value>,
     scope: DecisionScope,
 ) -> Option<SessionGrant> {
     let tool = context.toolbox.lookup(&call.name)?;
-    let grant = context.permissions.grant_for(tool.spec(), input, scope)?;
+    let grant = match context
+        .permissions
+        .grant_for(tool.spec(), asked, edited, scope)
+    {
+        Ok(grant) => grant?,
+        Err(error) => {
+            tracing::warn!(%error, call = %call.id, "approved once: {error}");
+            return None;
+        }
+    };
     let granted = session_grant(grant, context.run_id.clone(), call.id.clone());
     if let Err(error) = context
         .store

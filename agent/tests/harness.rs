@@ -531,3 +531,79 @@ async fn a_session_follower_sees_each_run_in_turn_including_runs_started_later()
     let rest: Vec<_> = follower.collect().await;
     assert!(rest.iter().all(|(run, _)| run == second.run_id()));
 }
+
+/// Approving for the session makes the grant the card offered, never another: arguments edited so that they would
+/// grant something else (another program, other arguments) are refused, and the approval stays pending; the same
+/// edit approved once runs.
+#[tokio::test]
+async fn edited_arguments_cannot_widen_the_grant_the_card_offered() {
+    let Setup { harness, .. } = setup();
+    let run = harness
+        .start(start(
+            r#"call run_command {"command": "echo", "args": ["asked"]}"#,
+        ))
+        .await
+        .unwrap();
+    let mut events = run.subscribe(0);
+    let (_, event) = until(&mut events, |e| {
+        matches!(e, StreamEvent::ApprovalRequired { .. })
+    })
+    .await;
+    let StreamEvent::ApprovalRequired { request } = event else {
+        unreachable!()
+    };
+    let approve = |scope, arguments| Decision::Approve {
+        scope,
+        reason: None,
+        arguments: Some(arguments),
+    };
+    for (scope, edited) in [
+        (
+            DecisionScope::SessionProgram,
+            json!({"command": "touch", "args": ["made-by-edit"]}),
+        ),
+        (
+            DecisionScope::Session,
+            json!({"command": "echo", "args": ["other"]}),
+        ),
+    ] {
+        let refused = harness
+            .decide(
+                &request.run_id,
+                &request.tool_call_id,
+                approve(scope, edited.clone()),
+                &Actor::local(),
+            )
+            .await
+            .unwrap_err();
+        let DecideError::ScopeNotOffered(message) = refused else {
+            panic!("{refused:?}")
+        };
+        assert!(
+            message.contains("would allow something else than the card offered"),
+            "{message}"
+        );
+        assert_eq!(harness.pending(None).await.unwrap().len(), 1, "{edited}");
+    }
+    harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            approve(
+                DecisionScope::Once,
+                json!({"command": "echo", "args": ["edited"]}),
+            ),
+            &Actor::local(),
+        )
+        .await
+        .unwrap();
+    run.finished().await;
+    assert!(
+        harness
+            .grants(run.session_id())
+            .await
+            .unwrap()
+            .list()
+            .is_empty()
+    );
+}

@@ -203,14 +203,17 @@ impl Harness {
         if !choices.offers(*scope) {
             return Err(not_offered(choices.session_note.as_deref().unwrap_or("")));
         }
-        // What the person approves is what runs: with edited arguments, the grant covers the call as edited.
-        let input = arguments.as_ref().unwrap_or(&record.input);
-        self.inner
+        // The grant is the one the card offered: edited arguments that would make another are refused.
+        let tool = self
+            .inner
             .toolbox
             .lookup(&record.call.name)
-            .and_then(|tool| grant::grant_for(tool.spec(), input, *scope))
-            .map(Some)
-            .ok_or_else(|| not_offered("The edited arguments do not allow it."))
+            .ok_or_else(|| not_offered("The tool is gone."))?;
+        match grant::grant_for_approval(tool.spec(), &record.input, arguments.as_ref(), *scope) {
+            Ok(Some(grant)) => Ok(Some(grant)),
+            Ok(None) => Err(not_offered("")),
+            Err(edited) => Err(DecideError::ScopeNotOffered(edited.to_string())),
+        }
     }
 
     /// Aborts a run: when this returns, its pending approvals are resolved as `denied/abort` (no later decision

@@ -114,6 +114,37 @@ fn write_canonical(value: &Value, out: &mut String) {
 }
 
 /// The grant approving `input` with `scope` would create, when that scope is on offer for this call.
+/// The grant approving a call with `scope` makes, when a person may have edited its arguments: the card offered
+/// the grant of the arguments as asked (`asked`), and edited arguments keep that scope only when they make that
+/// same grant (a file tool on another path), never another (another command, another program). `Ok(None)` when
+/// the scope makes no grant for the call.
+pub fn grant_for_approval(
+    spec: &ToolSpec,
+    asked: &Value,
+    edited: Option<&Value>,
+    scope: DecisionScope,
+) -> Result<Option<Grant>, EditedGrant> {
+    let offered = grant_for(spec, asked, scope);
+    match (offered, edited) {
+        (Some(offered), Some(edited))
+            if grant_for(spec, edited, scope).as_ref() != Some(&offered) =>
+        {
+            Err(EditedGrant { offered })
+        }
+        (offered, _) => Ok(offered),
+    }
+}
+
+/// Edited arguments that would make another grant than the one the card offered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "With the edited arguments, approving for the session would allow something else than the card offered ({}). Approve once, or for the session without editing.",
+    offered.describe()
+)]
+pub struct EditedGrant {
+    pub offered: Grant,
+}
+
 pub fn grant_for(spec: &ToolSpec, input: &Value, scope: DecisionScope) -> Option<Grant> {
     let grant_scope = match (ToolKind::of(&spec.name), scope) {
         (_, DecisionScope::Once) => return None,

@@ -681,7 +681,13 @@ fn a_card_offers_the_exact_grants_and_the_narrowest_rule() {
     assert_eq!(
         choices.session[0].grant,
         on_request
-            .grant_for(&run_command(), &command("ls -la"), DecisionScope::Session)
+            .grant_for(
+                &run_command(),
+                &command("ls -la"),
+                None,
+                DecisionScope::Session
+            )
+            .unwrap()
             .unwrap()
     );
     assert!(

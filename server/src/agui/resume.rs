@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 use agent::ids::ToolCallId;
 use agent::interrupts::{Suspension, arguments_digest};
+use agent::policy::grant;
 use agent::tools::Toolbox;
 use agent::wire::{Decision, DecisionScope, Message, Resolution};
 use axum::http::StatusCode;
@@ -229,6 +230,7 @@ pub fn check(
         let decision = decision(entry)?;
         if let Decision::Approve {
             arguments: Some(arguments),
+            scope,
             ..
         } = &decision
         {
@@ -243,6 +245,21 @@ pub fn check(
                         ),
                     )
                 })?;
+            // Approving for the session makes the grant the interrupt offered, or none.
+            if let Some(tool) = toolbox.lookup(&issued.request.tool_name) {
+                grant::grant_for_approval(
+                    tool.spec(),
+                    &issued.request.arguments,
+                    Some(arguments),
+                    *scope,
+                )
+                .map_err(|edited| {
+                    unprocessable(
+                        "INVALID_RESUME_PAYLOAD",
+                        format!("The answer to interrupt {}: {edited}", entry.interrupt_id),
+                    )
+                })?;
+            }
         }
         resolutions.insert(
             issued.request.tool_call_id.clone(),

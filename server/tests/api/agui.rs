@@ -590,6 +590,25 @@ async fn approving_a_command_for_the_session_covers_that_command_and_no_other() 
     )
     .await
     .refused(422, "INVALID_RESUME_PAYLOAD");
+    // So is an edit that would make another grant than the one offered (another command), and uses nothing.
+    let edited = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "scope": "session", "arguments": {"command": "rm", "args": ["-rf", "x"]}}});
+    let refused = agui(
+        &app,
+        resume(
+            "thread-ls",
+            "run-2b",
+            "run-1",
+            first.snapshot(),
+            json!([edited]),
+        ),
+    )
+    .await;
+    refused.refused(422, "INVALID_RESUME_PAYLOAD");
+    let message = refused.body["error"].as_str().unwrap();
+    assert!(
+        message.contains("would allow something else than the card offered"),
+        "{message}"
+    );
     let entry = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "scope": "session"}});
     let resumed = agui(
         &app,
