@@ -5,7 +5,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use std::io::{Read, Write};
+use std::io::Read;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -241,9 +241,7 @@ impl Tool for WriteFile {
         blocking(move || {
             let path = WorkspacePath::parse(str_field(&input, "path"))?;
             let content = str_field(&input, "content");
-            let mut file = workspace.create_file(&path)?;
-            file.write_all(content.as_bytes())
-                .map_err(|e| io_failure("write", &path, e))?;
+            workspace.write_file(&path, content.as_bytes())?;
             Ok(json!({"path": path.to_string(), "bytes": content.len()}))
         })
     }

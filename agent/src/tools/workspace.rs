@@ -13,7 +13,7 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::io;
+use std::io::{self, Write};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -304,50 +304,74 @@ impl Workspace {
         Ok((file, meta))
     }
 
-    /// Opens a file to replace its content, creating it and its parent directories when missing. The last component
-    /// is never followed as a symlink; the file is checked (a regular file with one link) before it is truncated, so
-    /// a refused file keeps its content.
-    pub(crate) fn create_file(&self, path: &WorkspacePath) -> Result<File, ToolError> {
+    /// Replaces a file's content with `content`, creating it and its parent directories when missing. What is
+    /// there must be nothing, or a regular file with one link (never a link: a write does not go through one). The
+    /// content goes to a new file beside it, which then takes the name in one rename: a write that fails (a full
+    /// disk) leaves the old content whole, and a reader never sees half of the new. The new file keeps the old
+    /// one's permissions.
+    pub(crate) fn write_file(&self, path: &WorkspacePath, content: &[u8]) -> Result<(), ToolError> {
         if path.is_workspace() {
             return Err(ToolError::failed("The workspace itself is not a file."));
         }
+        let link = || {
+            outside(format!(
+                "{:?} is a symbolic link; write_file does not write through links. Write to the path it points to.",
+                path.to_string()
+            ))
+        };
+        let permissions =
+            match self.beneath(path, FollowSymlinks::No, |p| self.dir.symlink_metadata(p)) {
+                Ok(meta) if meta.is_symlink() => return Err(link()),
+                Ok(meta) => {
+                    regular_with_one_link(&meta, path)?;
+                    Some(meta.permissions())
+                }
+                Err(error) if error.kind() == io::ErrorKind::NotFound => None,
+                Err(error) => return Err(io_failure("write", path, error)),
+            };
         let mut options = OpenOptions::new();
         options
             .write(true)
-            .create(true)
-            .follow(FollowSymlinks::No)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
-        let file = self
-            .beneath(path, FollowSymlinks::No, |p| {
-                match self.dir.open_with(p, &options) {
-                    // Parents are created only once the open says they are missing: creating them first would hide
-                    // an escape behind "already exists".
-                    Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                        if let Some(parent) = p.parent() {
-                            self.dir.create_dir_all(parent)?;
-                        }
-                        self.dir.open_with(p, &options)
+            .create_new(true)
+            .follow(FollowSymlinks::No);
+        let unique = uuid::Uuid::new_v4().simple();
+        let written = self.beneath(path, FollowSymlinks::No, |p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            let temporary = p.with_file_name(format!(".{name}.{unique}.toolgate-write"));
+            let mut file = match self.dir.open_with(&temporary, &options) {
+                // Parents are created only once the open says they are missing: creating them first would hide an
+                // escape behind "already exists".
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                    if let Some(parent) = p.parent() {
+                        self.dir.create_dir_all(parent)?;
                     }
-                    opened => opened,
+                    self.dir.open_with(&temporary, &options)?
                 }
-            })
-            .map_err(|error| {
-                if error.raw_os_error() == Some(libc::ELOOP) {
-                    outside(format!(
-                        "{:?} is a symbolic link; write_file does not write through links. Write to the path it points to.",
-                        path.to_string()
-                    ))
-                } else {
-                    self.open_failure("write", path, error)
+                opened => opened?,
+            };
+            let replaced = (|| {
+                file.write_all(content)?;
+                if let Some(permissions) = &permissions {
+                    file.set_permissions(permissions.clone())?;
                 }
-            })?;
-        let meta = file
-            .metadata()
-            .map_err(|error| io_failure("write", path, error))?;
-        regular_with_one_link(&meta, path)?;
-        file.set_len(0)
-            .map_err(|error| io_failure("write", path, error))?;
-        Ok(file)
+                self.dir.rename(&temporary, &self.dir, p)
+            })();
+            if replaced.is_err() {
+                let _ = self.dir.remove_file(&temporary);
+            }
+            replaced
+        });
+        written.map_err(|error| {
+            let failure = io_failure("write", path, error);
+            if permissions.is_some() && failure.code == ToolErrorCode::ToolFailed {
+                ToolError::failed(format!(
+                    "{} The file keeps its old content.",
+                    failure.message
+                ))
+            } else {
+                failure
+            }
+        })
     }
 
     /// Deletes a file, or a symlink (never what it points to). A symlink that leads outside the workspace, a
@@ -505,7 +529,7 @@ impl Workspace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Write};
+    use std::io::Read;
 
     fn workspace() -> (tempfile::TempDir, Workspace) {
         let dir = tempfile::tempdir().unwrap();
@@ -525,9 +549,51 @@ mod tests {
     }
 
     fn write(ws: &Workspace, relative: &str, content: &str) -> Result<(), ToolError> {
-        let mut file = ws.create_file(&path(relative))?;
-        file.write_all(content.as_bytes()).unwrap();
-        Ok(())
+        ws.write_file(&path(relative), content.as_bytes())
+    }
+
+    /// A write that fails part of the way (here past the process's limit on a file's size, as a full disk would)
+    /// leaves the file's old content whole, and nothing beside it. Run in a process of its own, which alone has
+    /// that limit.
+    #[test]
+    fn a_write_that_fails_leaves_the_old_content() {
+        const CHILD: &str = "TOOLGATE_TEST_FILE_SIZE_LIMIT";
+        if std::env::var_os(CHILD).is_none() {
+            let status = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "tools::workspace::tests::a_write_that_fails_leaves_the_old_content",
+                    "--test-threads=1",
+                ])
+                .env(CHILD, "1")
+                .stdout(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success());
+            return;
+        }
+        let (_dir, ws) = workspace();
+        write(&ws, "keep.txt", "the old content").unwrap();
+        // SAFETY: setrlimit and signal change only this process, which runs this test alone.
+        unsafe {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit {
+                rlim_cur: 4_096,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
+        }
+        let error = write(&ws, "keep.txt", &"new ".repeat(10_000)).unwrap_err();
+        assert!(
+            error.message.contains("The file keeps its old content."),
+            "{error}"
+        );
+        assert_eq!(read(&ws, "keep.txt").unwrap(), "the old content");
+        let names: Vec<_> = std::fs::read_dir(ws.root())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["keep.txt"]);
     }
 
     #[test]
