@@ -453,6 +453,14 @@ async fn appended_events_are_read_back_in_order_once_durable(kind: Kind) {
         store.run(&run_id("r")).await.unwrap().unwrap().last_seq,
         600
     );
+    // A client may say it saw any event id; past the end, there is nothing after it.
+    for after in [600, u64::MAX - 1, u64::MAX] {
+        assert_eq!(
+            store.events_after(&run_id("r"), after, 10).await.unwrap(),
+            vec![],
+            "{after}"
+        );
+    }
 }
 
 async fn a_reader_at_the_end_of_a_log_is_told_whether_more_may_come(kind: Kind) {
@@ -1568,6 +1576,32 @@ async fn grants_rules_and_the_audit_log_are_kept_and_filtered(kind: Kind) {
         .await
         .unwrap();
     assert_eq!(by_tool.len(), 1);
+    // Bounds past what a database column holds mean what they say: nothing is that late, everything is earlier.
+    let count = |query: AuditQuery| async move {
+        store
+            .audit_log(AuditQuery {
+                limit: 100,
+                ..query
+            })
+            .await
+            .unwrap()
+            .len()
+    };
+    for huge in [i64::MAX as u64, i64::MAX as u64 + 1, u64::MAX] {
+        let since = count(AuditQuery {
+            since: Some(huge),
+            ..Default::default()
+        });
+        let until = count(AuditQuery {
+            until: Some(huge),
+            ..Default::default()
+        });
+        let after = count(AuditQuery {
+            after_id: Some(huge),
+            ..Default::default()
+        });
+        assert_eq!([since.await, until.await, after.await], [0, 6, 0], "{huge}");
+    }
 }
 
 /// A decision (a denial, which settles the batch) and the run's own attempt to claim its batch, at the same moment,

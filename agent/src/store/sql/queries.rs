@@ -2383,7 +2383,9 @@ impl Store for SqlStore {
             ] {
                 if let Some(value) = value {
                     sql.push_str(&format!(" AND {column} {op} ${next}"));
-                    numbers.push((next, value as i64));
+                    // Past what the column holds, the bound means the same at its largest value: nothing is that
+                    // late (no time or id reaches it), everything is earlier.
+                    numbers.push((next, value.min(i64::MAX as u64) as i64));
                     next += 1;
                 }
             }

@@ -81,7 +81,7 @@ impl RunTail {
 
     /// Whether the tail holds every committed event after `after`.
     fn covers(&self, after: u64) -> bool {
-        self.from <= after + 1 && self.next_seq() > self.known
+        self.from <= after.saturating_add(1) && self.next_seq() > self.known
     }
 }
 
@@ -287,7 +287,7 @@ impl Tails {
         if !tail.covers(after) {
             return None;
         }
-        let skip = usize::try_from((after + 1).saturating_sub(tail.from)).ok()?;
+        let skip = usize::try_from(after.saturating_add(1).saturating_sub(tail.from)).ok()?;
         Some(tail.events.iter().skip(skip).take(limit).cloned().collect())
     }
 
