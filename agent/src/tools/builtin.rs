@@ -532,25 +532,43 @@ impl Tool for RunCommand {
                 .and_then(Result::ok)
                 .unwrap_or_default();
 
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&stdout),
+                String::from_utf8_lossy(&stderr),
+            );
+            // What a stopped command printed is part of what the model learns about it.
+            let so_far = |stopped: String| {
+                let mut message = stopped;
+                for (name, text) in [("stdout", &stdout), ("stderr", &stderr)] {
+                    if !text.is_empty() {
+                        message.push_str(&format!("\nIts {name} until then:\n{text}"));
+                    }
+                }
+                message
+            };
             match ending {
-                Ending::Exited(status) => Ok(json!({
-                    "command": command,
-                    "args": args,
-                    "exitCode": status.code(),
-                    "stdout": String::from_utf8_lossy(&stdout),
-                    "stderr": String::from_utf8_lossy(&stderr),
-                    "truncated": out_truncated || err_truncated,
-                })),
+                Ending::Exited(status) => {
+                    let signal = std::os::unix::process::ExitStatusExt::signal(&status);
+                    Ok(json!({
+                        "command": command,
+                        "args": args,
+                        "exitCode": status.code(),
+                        "signal": signal,
+                        "stdout": stdout,
+                        "stderr": stderr,
+                        "truncated": out_truncated || err_truncated,
+                    }))
+                }
                 Ending::TimedOut => Err(ToolError::new(
                     ToolErrorCode::Timeout,
-                    format!(
+                    so_far(format!(
                         "{command:?} did not finish within {} s and was stopped.",
                         self.limits.timeout.as_secs_f64()
-                    ),
+                    )),
                 )),
-                Ending::Aborted => Err(ToolError::failed(format!(
+                Ending::Aborted => Err(ToolError::failed(so_far(format!(
                     "{command:?} was stopped because the run was aborted."
-                ))),
+                )))),
             }
         })
     }
@@ -1229,12 +1247,17 @@ mod tests {
             },
         );
         let context = context();
-        let running = tool.execute(
-            json!({"command": "sh", "args": ["-c", LEAVES_A_SESSION]}),
-            &context,
-        );
+        let script = format!("echo started; echo warned >&2; {LEAVES_A_SESSION}");
+        let running = tool.execute(json!({"command": "sh", "args": ["-c", script]}), &context);
         let (result, ()) = tokio::join!(running, sleepers_started(ws.root(), 2));
-        assert_eq!(result.unwrap_err().code, ToolErrorCode::Timeout);
+        let error = result.unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::Timeout);
+        assert_eq!(
+            error.message,
+            "\"sh\" did not finish within 3 s and was stopped.\n\
+             Its stdout until then:\nstarted\n\nIts stderr until then:\nwarned\n",
+            "what it printed is kept"
+        );
         assert_eq!(processes_in(ws.root()), Vec::<String>::new());
     }
 
@@ -1256,6 +1279,11 @@ mod tests {
         let (result, ()) = tokio::join!(running, exit_once_started);
         let output = result.expect("the command's own result");
         assert_eq!(output["stdout"], "hello\n");
+        assert_eq!(
+            [&output["exitCode"], &output["signal"]],
+            [&json!(null), &json!(libc::SIGTERM)],
+            "the shell's own kill 0 ended it"
+        );
         assert_eq!(processes_in(ws.root()), Vec::<String>::new());
     }
 
