@@ -14,6 +14,7 @@ use super::process_tree::ProcessTree;
 use super::workspace::{Peek, io_failure};
 use super::{Tool, ToolContext, ToolError, ToolFuture, Toolbox, Workspace, WorkspacePath};
 use crate::wire::{ApprovalPreview, ToolAnnotations, ToolErrorCode, ToolSpec};
+use cap_std::fs::FileTypeExt;
 
 /// The most a `read_file` returns, in bytes.
 pub const MAX_READ_BYTES: usize = 256 * 1024;
@@ -134,10 +135,15 @@ impl Tool for ListFiles {
                     truncated = true;
                     break;
                 }
+                // What the file tools refuse (pipes, sockets, devices) is named as what it is, not a file.
                 let kind = match entry.file_type() {
                     Ok(t) if t.is_symlink() => "symlink",
                     Ok(t) if t.is_dir() => "dir",
-                    _ => "file",
+                    Ok(t) if t.is_file() => "file",
+                    Ok(t) if t.is_fifo() => "fifo",
+                    Ok(t) if t.is_socket() => "socket",
+                    Ok(t) if t.is_char_device() || t.is_block_device() => "device",
+                    _ => "other",
                 };
                 entries.push(json!({
                     "name": entry.file_name().to_string_lossy(),
@@ -241,6 +247,16 @@ impl Tool for WriteFile {
         blocking(move || {
             let path = WorkspacePath::parse(str_field(&input, "path"))?;
             let content = str_field(&input, "content");
+            // The schema's maxLength counts characters; the limit is in bytes.
+            if content.len() > MAX_WRITE_BYTES {
+                return Err(ToolError::new(
+                    ToolErrorCode::InvalidInput,
+                    format!(
+                        "The content is {} bytes long; write_file writes at most {MAX_WRITE_BYTES} bytes.",
+                        content.len()
+                    ),
+                ));
+            }
             workspace.write_file(&path, content.as_bytes())?;
             Ok(json!({"path": path.to_string(), "bytes": content.len()}))
         })
@@ -860,6 +876,23 @@ mod tests {
         assert!(ws.root().join("linked.txt").exists());
     }
 
+    /// The limit on what a write writes is in bytes, whatever the characters (the schema can count only those).
+    #[tokio::test]
+    async fn a_write_is_bounded_in_bytes() {
+        let (_dir, ws, tools) = setup();
+        let content = "𝄞".repeat(MAX_WRITE_BYTES / 4 + 1);
+        assert!(content.chars().count() < MAX_WRITE_BYTES);
+        let error = call(
+            &tools,
+            "write_file",
+            json!({"path": "wide.txt", "content": content}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::InvalidInput, "{error}");
+        assert!(!ws.root().join("wide.txt").exists());
+    }
+
     #[test]
     fn fifos_sockets_and_devices_are_refused_at_once() {
         let (_dir, ws, tools) = setup();
@@ -901,6 +934,24 @@ mod tests {
             }
             assert!(ws.root().join(name).exists(), "{name} is still there");
         }
+        // The listing names each as what it is.
+        let listed = call_promptly(&tools, "list_files", json!({})).unwrap();
+        let kinds: Vec<(&str, &str)> = listed["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| {
+                (
+                    entry["name"].as_str().unwrap(),
+                    entry["kind"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        let mut expected = vec![("pipe", "fifo"), ("socket", "socket")];
+        if made == 0 {
+            expected.insert(0, ("null", "device"));
+        }
+        assert_eq!(kinds, expected);
 
         // With a reader waiting on the FIFO, a write would open it; it is still refused and nothing arrives.
         use std::os::unix::fs::OpenOptionsExt;
