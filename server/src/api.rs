@@ -14,7 +14,7 @@ use agent::store::EncodedEvent;
 use agent::view::RunView;
 use agent::wire::{ApprovalMode, ApprovalRequest, Decision, RunErrorCode};
 use axum::Json;
-use axum::extract::{Extension, Path, Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -22,7 +22,7 @@ use futures::{Stream, StreamExt};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::body::JsonValue;
+use crate::body::{JsonValue, Path};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::streams::{ClientAddr, StreamPermit, holding};

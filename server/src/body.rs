@@ -125,3 +125,23 @@ mod tests {
         assert!(!is_json(""));
     }
 }
+
+/// Path parameters, refused as any other bad input is: a JSON 400 that names the problem (axum's own rejection is
+/// plain text).
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> axum::extract::FromRequestParts<S>
+    for Path<T>
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(value)| Self(value))
+            .map_err(|rejection| ApiError::field("path", rejection.body_text()))
+    }
+}

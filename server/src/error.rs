@@ -62,6 +62,8 @@ pub enum ApiError {
     TooManyStreams { limit: usize },
     #[error("There is no API route at this path.")]
     NoRoute,
+    #[error("This route does not take that method; the Allow header lists the ones it takes.")]
+    MethodNotAllowed,
     #[error("{0}")]
     Forbidden(String),
     #[error("{0}")]
@@ -111,6 +113,7 @@ impl ApiError {
             | Self::GrantNotFound(_)
             | Self::Rules(RuleBookError::NotFound(_))
             | Self::NoRoute => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Rules(RuleBookError::NotRemovable { .. }) => StatusCode::FORBIDDEN,
             Self::Rules(RuleBookError::AlreadyPresent { .. }) => StatusCode::CONFLICT,
             Self::Rules(RuleBookError::Stored { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -144,6 +147,7 @@ impl ApiError {
             Self::Refused(refusal) => refusal.code,
             Self::TooManyStreams { .. } => "TOO_MANY_STREAMS",
             Self::NoRoute => "NO_ROUTE",
+            Self::MethodNotAllowed => "METHOD_NOT_ALLOWED",
             Self::Forbidden(_) => "FORBIDDEN",
             Self::Unauthorized(_) => "UNAUTHORIZED",
             Self::TooManyAttempts(_) => "TOO_MANY_ATTEMPTS",
@@ -230,7 +234,7 @@ impl IntoResponse for ApiError {
             Self::Invalid(errors) => json!({
                 "ok": false,
                 "code": code,
-                "error": "Invalid request body.",
+                "error": "Invalid request: fieldErrors and formErrors say what is wrong.",
                 "formErrors": errors.form_errors,
                 "fieldErrors": errors.field_errors,
             }),

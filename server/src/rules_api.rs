@@ -7,13 +7,13 @@ use agent::ids::{GrantId, RuleId, SessionId};
 use agent::permissions::{ListedRule, SessionGrant};
 use agent::policy::Rule;
 use agent::wire::ValidationErrors;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 
-use crate::body::JsonValue;
+use crate::body::{JsonValue, Path};
 use crate::error::ApiError;
 use crate::state::AppState;
 

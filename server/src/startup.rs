@@ -123,6 +123,10 @@ async fn api_not_found() -> ApiError {
     ApiError::NoRoute
 }
 
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
 /// Builds the harness and the router, and binds the listener (port 0 picks a free port).
 pub async fn build(config: Config) -> Result<Application, StartupError> {
     // First: a server that must not start should not create a workspace or bind a port either.
@@ -261,7 +265,8 @@ fn router(state: AppState, security: &Security) -> Router {
         .route("/api/agui", post(agui::run))
         .route("/api/tools", get(tools::list_tools))
         .route("/api/audit", get(api::audit_log))
-        .route("/api/{*rest}", any(api_not_found));
+        .route("/api/{*rest}", any(api_not_found))
+        .method_not_allowed_fallback(method_not_allowed);
 
     let harness = state.harness.clone();
     let login_required = LoginRequired(security.has_logins());

@@ -11,7 +11,10 @@ async fn field_errors(response: reqwest::Response) -> Value {
     assert_eq!(response.status(), 400);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["ok"], false);
-    assert_eq!(body["error"], "Invalid request body.");
+    assert_eq!(
+        body["error"],
+        "Invalid request: fieldErrors and formErrors say what is wrong."
+    );
     body
 }
 
@@ -213,6 +216,39 @@ async fn malformed_ids_in_paths_and_queries_are_400() {
     field_errors(response).await;
     let response = app.get("/api/agent/sessions/a%20b/events").await;
     field_errors(response).await;
+    // Bytes that are not UTF-8 are refused the same way, on every route with ids in its path.
+    for path in [
+        "/api/agent/runs/%FF",
+        "/api/agent/runs/%FF/events",
+        "/api/agent/sessions/%FF/grants",
+    ] {
+        let errors = field_errors(app.get(path).await).await;
+        let message = errors["fieldErrors"]["path"][0]
+            .as_str()
+            .unwrap_or_default();
+        assert!(message.contains("UTF-8"), "{path}: {errors}");
+    }
+    let errors = field_errors(
+        app.post_json(
+            "/api/agent/approvals/%FF/call-1",
+            &json!({"decision": "approve"}),
+        )
+        .await,
+    )
+    .await;
+    assert!(errors["fieldErrors"]["path"][0].is_string(), "{errors}");
+}
+
+/// A route asked with a method it does not take answers as the API does, and says which it takes.
+#[tokio::test]
+async fn a_method_a_route_does_not_take_is_405_with_the_api_error() {
+    let app = spawn_app().await;
+    let response = app.get("/api/agent").await;
+    assert_eq!(response.status(), 405);
+    assert_eq!(response.headers()["allow"], "POST");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["ok"], false);
+    assert_eq!(body["code"], "METHOD_NOT_ALLOWED");
 }
 
 #[tokio::test]
