@@ -55,10 +55,11 @@ fn number(index: usize) -> u32 {
     u32::try_from(index + 1).unwrap_or(u32::MAX)
 }
 
-/// Collects diff lines up to the bound, counting what goes past it.
+/// Collects diff lines, then keeps what fits the bound, counting what goes past it.
 #[derive(Default)]
 struct Lines {
     diff: FileDiff,
+    all: Vec<DiffLine>,
 }
 
 impl Lines {
@@ -68,11 +69,29 @@ impl Lines {
             DiffLine::Removed { .. } => self.diff.removed += 1,
             DiffLine::Same { .. } | DiffLine::Folded { .. } => {}
         }
-        if self.diff.lines.len() < PREVIEW_DIFF_LINES {
-            self.diff.lines.push(line);
-        } else if !matches!(line, DiffLine::Folded { .. }) {
-            self.diff.omitted += 1;
+        self.all.push(line);
+    }
+
+    /// The diff with the lines that fit the bound, in order. Removed lines take at most half of it while added
+    /// lines are still to come, so that a write replacing a long file shows what it writes, not only what it
+    /// removes.
+    fn finish(mut self) -> FileDiff {
+        let mut added_to_come = self.diff.added;
+        let mut removed_kept = 0;
+        for line in self.all {
+            if matches!(line, DiffLine::Added { .. }) {
+                added_to_come -= 1;
+            }
+            let removed = matches!(line, DiffLine::Removed { .. });
+            let crowding = removed && added_to_come > 0 && removed_kept >= PREVIEW_DIFF_LINES / 2;
+            if self.diff.lines.len() < PREVIEW_DIFF_LINES && !crowding {
+                removed_kept += usize::from(removed);
+                self.diff.lines.push(line);
+            } else if !matches!(line, DiffLine::Folded { .. }) {
+                self.diff.omitted += 1;
+            }
         }
+        self.diff
     }
 }
 
@@ -88,7 +107,7 @@ pub fn file_diff(old: Option<&str>, new: &str) -> FileDiff {
                 text: shown(line),
             });
         }
-        return lines.diff;
+        return lines.finish();
     };
     lines.diff.old_bytes = Some(old.len() as u64);
     let diff = TextDiff::configure()
@@ -134,7 +153,6 @@ pub fn file_diff(old: Option<&str>, new: &str) -> FileDiff {
         new_end = last.new_range().end;
     }
     if lines.diff.added == 0 && lines.diff.removed == 0 {
-        lines.diff.lines.clear();
         lines.diff.note = Some("No change: the file already holds exactly this content.".into());
         return lines.diff;
     }
@@ -146,7 +164,7 @@ pub fn file_diff(old: Option<&str>, new: &str) -> FileDiff {
             count: u32::try_from(rest).unwrap_or(u32::MAX),
         });
     }
-    lines.diff
+    lines.finish()
 }
 
 /// The diff of a write when the file as it is cannot be compared line by line: too large, or not text.
@@ -192,6 +210,33 @@ mod tests {
 
     fn numbered(count: usize) -> String {
         (1..=count).map(|n| format!("line {n}\n")).collect()
+    }
+
+    /// A write that replaces a long file with other text shows some of what it writes, not only the removals
+    /// that come first in the diff.
+    #[test]
+    fn removed_lines_leave_room_for_the_added_ones() {
+        let new: String = (1..=300).map(|n| format!("new {n}\n")).collect();
+        let diff = file_diff(Some(&numbered(1_000)), &new);
+        let count = |added: bool| {
+            diff.lines
+                .iter()
+                .filter(|line| match line {
+                    DiffLine::Added { .. } => added,
+                    DiffLine::Removed { .. } => !added,
+                    _ => false,
+                })
+                .count()
+        };
+        assert_eq!(diff.lines.len(), PREVIEW_DIFF_LINES);
+        assert_eq!(count(false), PREVIEW_DIFF_LINES / 2);
+        assert_eq!(count(true), PREVIEW_DIFF_LINES / 2);
+        assert_eq!(
+            diff.omitted,
+            1_000 + 300 - PREVIEW_DIFF_LINES as u32,
+            "the rest is counted"
+        );
+        assert_eq!((diff.added, diff.removed), (300, 1_000));
     }
 
     #[test]
