@@ -17,8 +17,10 @@
 //!
 //! The command leads a process group of its own, apart from the supervisor's, and the supervisor ignores every
 //! signal it can, so that nothing the tree does by accident (a shell's `kill 0`, a signal to its parent) ends it.
-//! What it cannot stop: a process of the tree that kills its supervisor with SIGKILL on purpose (the same user may),
-//! or a server killed with SIGKILL, leaves the tree to init; a server that shuts down ends its trees first.
+//! The supervisor watches the server too: when the status pipe's reading end closes with the command's tree still
+//! there (the server was killed, or crashed), it kills the tree itself, a pass over /proc at a time, as the server
+//! would have. What it cannot stop: a process of the tree that kills its supervisor with SIGKILL on purpose (the
+//! same user may) leaves the tree to init.
 //!
 //! Elsewhere (other Unixes) the command gets its own process group, and the group is what is killed.
 
@@ -202,10 +204,12 @@ mod linux {
         }
     }
 
-    /// The supervisor's whole life: report the command's status, reap everything, exit when nothing is left.
+    /// The supervisor's whole life: report the command's status, reap everything, exit when nothing is left. If
+    /// the server goes away first (killed, crashed: the status pipe's reading end closes), it kills the tree
+    /// itself.
     unsafe fn run_supervisor(command: pid_t, status_fd: RawFd) -> ! {
-        // SAFETY: signal dispositions, descriptor closing, waitpid, write and _exit are all async-signal-safe and
-        // touch only this process.
+        // SAFETY: signal dispositions and masks, descriptor calls, poll, waitpid, kill, write and _exit are all
+        // async-signal-safe and touch only this process and its descendants.
         unsafe {
             // The server's signal handlers (copied by the fork) must not run here. Any process of the tree may
             // signal the supervisor (its pid is the tree's parent's, or its group's once the command moved), and a
@@ -222,22 +226,191 @@ mod linux {
             // status pipe: the command's output must end when the command's tree ends, and the port must close when
             // the server does.
             close_all_but(status_fd);
-            let mut status_fd = Some(status_fd);
+            // SIGCHLD through a descriptor, so that one poll waits both for a child to end and for the server to
+            // go. (Without signalfd, the supervisor only waits for its children.)
+            let mut children: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut children);
+            libc::sigaddset(&mut children, libc::SIGCHLD);
+            let ended = if libc::sigprocmask(libc::SIG_BLOCK, &children, std::ptr::null_mut()) == 0
+            {
+                libc::signalfd(-1, &children, libc::SFD_CLOEXEC)
+            } else {
+                -1
+            };
+            let mut reported = false;
+            let mut server_gone = false;
             loop {
-                let mut status = 0;
-                let reaped = libc::waitpid(-1, &mut status, 0);
-                if reaped == command {
-                    if let Some(fd) = status_fd.take() {
+                // Reap whatever ended; the command's status goes to the server (once).
+                loop {
+                    let mut status = 0;
+                    let reaped = libc::waitpid(-1, &mut status, libc::WNOHANG);
+                    if reaped == command && !reported {
                         let bytes = status.to_ne_bytes();
-                        libc::write(fd, bytes.as_ptr().cast(), bytes.len());
-                        libc::close(fd);
+                        libc::write(status_fd, bytes.as_ptr().cast(), bytes.len());
+                        reported = true;
+                    } else if reaped == 0 {
+                        break;
+                    } else if reaped < 0 && *libc::__errno_location() != libc::EINTR {
+                        // ECHILD: the whole tree is gone.
+                        libc::_exit(0);
                     }
-                } else if reaped < 0 && *libc::__errno_location() != libc::EINTR {
-                    // ECHILD: the whole tree is gone.
-                    libc::_exit(0);
+                }
+                if server_gone {
+                    kill_children();
+                    let mut status = 0;
+                    libc::waitpid(-1, &mut status, 0);
+                    continue;
+                }
+                if ended < 0 {
+                    let mut status = 0;
+                    if libc::waitpid(-1, &mut status, 0) == command && !reported {
+                        let bytes = status.to_ne_bytes();
+                        libc::write(status_fd, bytes.as_ptr().cast(), bytes.len());
+                        reported = true;
+                    }
+                    continue;
+                }
+                // The status pipe's writing end reports an error once nobody reads it: the server is gone.
+                let mut waiting = [
+                    libc::pollfd {
+                        fd: ended,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                    libc::pollfd {
+                        fd: status_fd,
+                        events: 0,
+                        revents: 0,
+                    },
+                ];
+                if libc::poll(waiting.as_mut_ptr(), 2, -1) < 0 {
+                    continue;
+                }
+                if waiting[0].revents & libc::POLLIN != 0 {
+                    let mut drained = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
+                    libc::read(ended, drained.as_mut_ptr().cast(), drained.len());
+                }
+                if waiting[1].revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+                    server_gone = true;
                 }
             }
         }
+    }
+
+    /// Kills every child of this process (the supervisor, whose server is gone): what they leave behind is
+    /// re-parented to it, a subreaper, and killed on the next pass. It reaps nothing meanwhile, so no pid it reads
+    /// is freed for reuse before its kill. Reads /proc with system calls and buffers on the stack only: the
+    /// supervisor is a fork of a multi-threaded process, where the allocator's locks may be held.
+    unsafe fn kill_children() {
+        // SAFETY: open, getdents64, read, close and kill on buffers of this stack frame.
+        unsafe {
+            let me = libc::getpid();
+            let proc = libc::open(
+                c"/proc".as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            );
+            if proc < 0 {
+                return;
+            }
+            let mut entries = [0u8; 4096];
+            loop {
+                let read = libc::syscall(
+                    libc::SYS_getdents64,
+                    proc,
+                    entries.as_mut_ptr(),
+                    entries.len(),
+                );
+                if read <= 0 {
+                    break;
+                }
+                let mut at = 0usize;
+                while at + 19 < read as usize {
+                    // struct linux_dirent64: inode (8), offset (8), record length (2), type (1), name.
+                    let length = u16::from_ne_bytes([entries[at + 16], entries[at + 17]]) as usize;
+                    if length == 0 {
+                        break;
+                    }
+                    let name = &entries[at + 19..(at + length).min(read as usize)];
+                    if let Some(pid) = pid_of(name)
+                        && parent_of(pid) == Some(me)
+                    {
+                        libc::kill(pid, libc::SIGKILL);
+                    }
+                    at += length;
+                }
+            }
+            libc::close(proc);
+        }
+    }
+
+    /// The pid a /proc entry's NUL-terminated name is, if it is a number.
+    fn pid_of(name: &[u8]) -> Option<pid_t> {
+        let digits = &name[..name.iter().position(|&b| b == 0)?];
+        if digits.is_empty() || digits.len() > 9 || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        Some(
+            digits
+                .iter()
+                .fold(0, |pid: pid_t, &digit| pid * 10 + pid_t::from(digit - b'0')),
+        )
+    }
+
+    /// A process's parent, read from /proc/<pid>/stat without allocating.
+    unsafe fn parent_of(pid: pid_t) -> Option<pid_t> {
+        let mut path = [0u8; 32];
+        let mut length = 0;
+        for &b in b"/proc/" {
+            path[length] = b;
+            length += 1;
+        }
+        let mut digits = [0u8; 10];
+        let mut count = 0;
+        let mut rest = pid;
+        loop {
+            digits[count] = b'0' + (rest % 10) as u8;
+            count += 1;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        for i in (0..count).rev() {
+            path[length] = digits[i];
+            length += 1;
+        }
+        for &b in b"/stat" {
+            path[length] = b;
+            length += 1;
+        }
+        // SAFETY: the path is NUL-terminated (the buffer was zeroed), the read stays within the buffer.
+        let stat = unsafe {
+            let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return None;
+            }
+            let mut stat = [0u8; 1024];
+            let read = libc::read(fd, stat.as_mut_ptr().cast(), stat.len());
+            libc::close(fd);
+            if read <= 0 {
+                return None;
+            }
+            (stat, read as usize)
+        };
+        let text = &stat.0[..stat.1];
+        let after_name = &text[text.iter().rposition(|&b| b == b')')? + 1..];
+        // " S 1234 ...": the state, then the parent.
+        let mut fields = after_name
+            .split(|&b| b == b' ')
+            .filter(|field| !field.is_empty());
+        fields.next()?;
+        let parent = fields.next()?;
+        if parent.is_empty() || !parent.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        Some(parent.iter().fold(0, |pid: pid_t, &digit| {
+            pid.wrapping_mul(10) + pid_t::from(digit - b'0')
+        }))
     }
 
     unsafe fn close_all_but(keep: RawFd) {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::helpers::{PATIENCE, SseStream};
-use crate::process::{EXIT_WITHIN, Server, toolgate};
+use crate::process::{EXIT_WITHIN, Home, Server, toolgate};
 
 /// With a memory store nothing can outlive the process: a signal ends every run, its approvals resolved as
 /// aborted, and the streams say why.
@@ -313,4 +313,55 @@ async fn sigterm_ends_runs_in_the_middle_of_tools_and_leaves_no_process_behind()
         result.data
     );
     assert_eq!(command.last().unwrap().data["code"], "SHUTDOWN");
+}
+
+/// A server killed outright (SIGKILL, a crash, the OOM killer) cannot end its commands itself: each command's
+/// supervisor sees the server gone and ends the command's whole tree, what left its session included.
+#[tokio::test]
+async fn a_killed_server_leaves_no_command_running() {
+    // The home outlives the server, so that what runs there is still found by its working directory.
+    let home = Home::new();
+    let server = Server::start_in(
+        &home,
+        &["--policy", "trusted", "--database-url", "memory"],
+        &[],
+    )
+    .await;
+    let workspace = server.workspace();
+    let client = reqwest::Client::new();
+    let mut command = SseStream::new(
+        client
+            .post(server.url("/api/agent/stream"))
+            .json(&json!({ "message": "run sh -c 'sleep 300 & setsid sleep 300 & wait'" }))
+            .send()
+            .await
+            .unwrap(),
+    );
+    command.until("toolCall").await;
+    let sleepers = || {
+        processes_in(&workspace)
+            .iter()
+            .filter(|cmdline| cmdline.starts_with("sleep 300"))
+            .count()
+    };
+    let started = Instant::now();
+    while sleepers() < 2 {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "{:?}",
+            processes_in(&workspace)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    server.kill9().await;
+    let killed = Instant::now();
+    while !processes_in(&workspace).is_empty() {
+        assert!(
+            killed.elapsed() < PATIENCE,
+            "left running: {:?}",
+            processes_in(&workspace)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
