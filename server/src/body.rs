@@ -110,22 +110,6 @@ impl<S: Send + Sync> FromRequest<S> for JsonValue {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::is_json;
-
-    #[test]
-    fn json_content_types() {
-        assert!(is_json("application/json"));
-        assert!(is_json("application/json; charset=utf-8"));
-        assert!(is_json("Application/JSON"));
-        assert!(is_json("application/vnd.api+json"));
-        assert!(!is_json("text/plain"));
-        assert!(!is_json("application/x-www-form-urlencoded"));
-        assert!(!is_json(""));
-    }
-}
-
 /// Path parameters, refused as any other bad input is: a JSON 400 that names the problem (axum's own rejection is
 /// plain text).
 pub struct Path<T>(pub T);
@@ -143,5 +127,21 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> axum::extract::FromR
             .await
             .map(|axum::extract::Path(value)| Self(value))
             .map_err(|rejection| ApiError::field("path", rejection.body_text()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_json;
+
+    #[test]
+    fn json_content_types() {
+        assert!(is_json("application/json"));
+        assert!(is_json("application/json; charset=utf-8"));
+        assert!(is_json("Application/JSON"));
+        assert!(is_json("application/vnd.api+json"));
+        assert!(!is_json("text/plain"));
+        assert!(!is_json("application/x-www-form-urlencoded"));
+        assert!(!is_json(""));
     }
 }
