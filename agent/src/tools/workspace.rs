@@ -324,20 +324,37 @@ impl Workspace {
                 Ok(meta) if meta.is_symlink() => return Err(link()),
                 Ok(meta) => {
                     regular_with_one_link(&meta, path)?;
+                    // A file this process may not write (read-only, another user's) stays as it is: the rename
+                    // below needs only the directory's permission, so the file's own is asked first, by opening
+                    // it to write (it is neither truncated nor followed).
+                    let mut probe = OpenOptions::new();
+                    probe
+                        .write(true)
+                        .follow(FollowSymlinks::No)
+                        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+                    self.beneath(path, FollowSymlinks::No, |p| self.dir.open_with(p, &probe))
+                        .map_err(|error| self.open_failure("write", path, error))?;
                     Some(meta.permissions())
                 }
                 Err(error) if error.kind() == io::ErrorKind::NotFound => None,
                 Err(error) => return Err(io_failure("write", path, error)),
             };
+        // The new file is made no more open than the old one (a new file as any other), so that nobody reads the
+        // content of a private file while it is written.
         let mut options = OpenOptions::new();
         options
             .write(true)
             .create_new(true)
-            .follow(FollowSymlinks::No);
-        let unique = uuid::Uuid::new_v4().simple();
+            .follow(FollowSymlinks::No)
+            .mode(
+                permissions
+                    .as_ref()
+                    .map_or(0o666, |old| cap_std::fs::PermissionsExt::mode(old) & 0o777),
+            );
+        // Named apart from the file (whose name may be as long as a name can be), and hidden.
+        let temporary_name = format!(".toolgate-write-{}", uuid::Uuid::new_v4().simple());
         let written = self.beneath(path, FollowSymlinks::No, |p| {
-            let name = p.file_name().unwrap_or_default().to_string_lossy();
-            let temporary = p.with_file_name(format!(".{name}.{unique}.toolgate-write"));
+            let temporary = p.with_file_name(&temporary_name);
             let mut file = match self.dir.open_with(&temporary, &options) {
                 // Parents are created only once the open says they are missing: creating them first would hide an
                 // escape behind "already exists".
@@ -350,10 +367,10 @@ impl Workspace {
                 opened => opened?,
             };
             let replaced = (|| {
-                file.write_all(content)?;
                 if let Some(permissions) = &permissions {
                     file.set_permissions(permissions.clone())?;
                 }
+                file.write_all(content)?;
                 self.dir.rename(&temporary, &self.dir, p)
             })();
             if replaced.is_err() {
@@ -552,35 +569,50 @@ mod tests {
         ws.write_file(&path(relative), content.as_bytes())
     }
 
+    /// Runs the test `name` of this module again in a process of its own, with `CHILD` set, and checks that it ran
+    /// and passed there. Returns true in that process, where the test does its work.
+    fn in_own_process(name: &str) -> bool {
+        const CHILD: &str = "TOOLGATE_TEST_IN_OWN_PROCESS";
+        if std::env::var_os(CHILD).is_some() {
+            return true;
+        }
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                &format!("tools::workspace::tests::{name}"),
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("test result: ok. 1 passed"),
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        false
+    }
+
     /// A write that fails part of the way (here past the process's limit on a file's size, as a full disk would)
     /// leaves the file's old content whole, and nothing beside it. Run in a process of its own, which alone has
     /// that limit.
     #[test]
     fn a_write_that_fails_leaves_the_old_content() {
-        const CHILD: &str = "TOOLGATE_TEST_FILE_SIZE_LIMIT";
-        if std::env::var_os(CHILD).is_none() {
-            let status = std::process::Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "tools::workspace::tests::a_write_that_fails_leaves_the_old_content",
-                    "--test-threads=1",
-                ])
-                .env(CHILD, "1")
-                .stdout(std::process::Stdio::null())
-                .status()
-                .unwrap();
-            assert!(status.success());
+        if !in_own_process("a_write_that_fails_leaves_the_old_content") {
             return;
         }
         let (_dir, ws) = workspace();
         write(&ws, "keep.txt", "the old content").unwrap();
-        // SAFETY: setrlimit and signal change only this process, which runs this test alone.
+        // SAFETY: getrlimit, setrlimit and signal change only this process, which runs this test alone.
         unsafe {
             libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-            let limit = libc::rlimit {
-                rlim_cur: 4_096,
-                rlim_max: libc::RLIM_INFINITY,
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
             };
+            assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit), 0);
+            limit.rlim_cur = 4_096;
             assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
         }
         let error = write(&ws, "keep.txt", &"new ".repeat(10_000)).unwrap_err();
@@ -594,6 +626,47 @@ mod tests {
             .map(|entry| entry.unwrap().file_name())
             .collect();
         assert_eq!(names, ["keep.txt"]);
+    }
+
+    /// A file this process may not write (read-only) is refused, as when it was written in place: the rename that
+    /// replaces a file needs only the directory's permission. Run as an unprivileged user (nobody, when the tests
+    /// run as root, who may write anything), in a process of its own. A private file stays private.
+    #[test]
+    fn a_file_the_process_may_not_write_is_refused_and_modes_are_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        if !in_own_process("a_file_the_process_may_not_write_is_refused_and_modes_are_kept") {
+            return;
+        }
+        // SAFETY: setgroups, setgid and setuid change only this process, which runs this test alone.
+        unsafe {
+            if libc::geteuid() == 0 {
+                assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
+                assert_eq!(libc::setgid(65_534), 0);
+                assert_eq!(libc::setuid(65_534), 0);
+            }
+        }
+        let (_dir, ws) = workspace();
+        let mode = |name: &str| {
+            std::fs::metadata(ws.root().join(name))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        write(&ws, "locked.txt", "the old content").unwrap();
+        let read_only = std::fs::Permissions::from_mode(0o444);
+        std::fs::set_permissions(ws.root().join("locked.txt"), read_only).unwrap();
+        let error = write(&ws, "locked.txt", "new").unwrap_err();
+        assert!(error.message.contains("ermission denied"), "{error}");
+        assert_eq!(read(&ws, "locked.txt").unwrap(), "the old content");
+        assert_eq!(mode("locked.txt"), 0o444);
+
+        write(&ws, "private.txt", "old").unwrap();
+        let private = std::fs::Permissions::from_mode(0o600);
+        std::fs::set_permissions(ws.root().join("private.txt"), private).unwrap();
+        write(&ws, "private.txt", "new").unwrap();
+        assert_eq!(read(&ws, "private.txt").unwrap(), "new");
+        assert_eq!(mode("private.txt"), 0o600);
     }
 
     #[test]
