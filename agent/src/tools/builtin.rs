@@ -237,9 +237,27 @@ impl WriteFile {
     }
 }
 
+/// The schema's maxLength counts characters; the limit is in bytes.
+fn within_write_limit(content: &str) -> Result<(), ToolError> {
+    if content.len() > MAX_WRITE_BYTES {
+        return Err(ToolError::new(
+            ToolErrorCode::InvalidInput,
+            format!(
+                "The content is {} bytes long; write_file writes at most {MAX_WRITE_BYTES} bytes.",
+                content.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Tool for WriteFile {
     fn spec(&self) -> &ToolSpec {
         &self.spec
+    }
+
+    fn check(&self, input: &Value) -> Result<(), ToolError> {
+        within_write_limit(str_field(input, "content"))
     }
 
     fn execute<'a>(&'a self, input: Value, _: &'a ToolContext) -> ToolFuture<'a> {
@@ -247,16 +265,7 @@ impl Tool for WriteFile {
         blocking(move || {
             let path = WorkspacePath::parse(str_field(&input, "path"))?;
             let content = str_field(&input, "content");
-            // The schema's maxLength counts characters; the limit is in bytes.
-            if content.len() > MAX_WRITE_BYTES {
-                return Err(ToolError::new(
-                    ToolErrorCode::InvalidInput,
-                    format!(
-                        "The content is {} bytes long; write_file writes at most {MAX_WRITE_BYTES} bytes.",
-                        content.len()
-                    ),
-                ));
-            }
+            within_write_limit(content)?;
             workspace.write_file(&path, content.as_bytes())?;
             Ok(json!({"path": path.to_string(), "bytes": content.len()}))
         })
@@ -891,6 +900,10 @@ mod tests {
         .unwrap_err();
         assert_eq!(error.code, ToolErrorCode::InvalidInput, "{error}");
         assert!(!ws.root().join("wide.txt").exists());
+        // Checked with the schema, so that such a call never reaches a card.
+        let input = json!({"path": "wide.txt", "content": "𝄞".repeat(MAX_WRITE_BYTES / 4 + 1)});
+        let refused = tools.validate("write_file", &input).unwrap_err();
+        assert!(refused.message.contains("at most"), "{refused}");
     }
 
     #[test]

@@ -79,6 +79,12 @@ pub trait Tool: Send + Sync {
     /// Runs the tool with input that already satisfies its schema.
     fn execute<'a>(&'a self, input: Value, context: &'a ToolContext) -> ToolFuture<'a>;
 
+    /// What the input must satisfy beyond what its schema can say (a limit in bytes, where a schema counts
+    /// characters), checked with the schema: before a call asks, and for arguments a person edited.
+    fn check(&self, _input: &Value) -> Result<(), ToolError> {
+        Ok(())
+    }
+
     /// What a call with this input (which satisfies the schema) would do, for the person asked to approve it:
     /// worked out once, when the call asks, and sent with the approval request. It must be quick and bounded, and
     /// touch only what the tool itself may (see [`preview`]). `None`: the arguments say it all.
@@ -149,7 +155,7 @@ impl RegisteredTool {
             })
             .collect();
         if problems.is_empty() {
-            Ok(())
+            self.tool.check(input)
         } else {
             Err(ToolError::new(
                 ToolErrorCode::InvalidInput,
