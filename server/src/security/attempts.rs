@@ -18,21 +18,41 @@ use parking_lot::Mutex;
 pub const BURST: u32 = 5;
 /// How often an address that used its allowance gets one more try.
 pub const REFILL: Duration = Duration::from_secs(12);
-/// Past this many addresses, those back to a full allowance are forgotten.
+/// Past this many clients, those back to a full allowance are forgotten (at most once a second).
 const REMEMBERED: usize = 1_024;
+/// The most clients remembered at once: past it, after a sweep, the allowances start over (a flood from that
+/// many addresses gets that many guesses anyway).
+const MOST: usize = 65_536;
+
+/// Who a client is, for the count: an IPv4 address, or the /64 an IPv6 address is in (one host has a whole /64 to
+/// pick addresses from).
+fn client_of(address: IpAddr) -> IpAddr {
+    match address.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
+            u128::from(v6) & !((1u128 << 64) - 1),
+        )),
+        v4 => v4,
+    }
+}
 
 /// Each address's allowance, as the time at which it is whole again (a generic cell rate: each wrong token moves it
 /// one `REFILL` later; an address may try while it is at most `BURST - 1` refills ahead of now).
 #[derive(Debug, Default)]
 pub struct WrongTokens {
-    whole_at: Mutex<HashMap<IpAddr, Instant>>,
+    clients: Mutex<Clients>,
+}
+
+#[derive(Debug, Default)]
+struct Clients {
+    whole_at: HashMap<IpAddr, Instant>,
+    swept: Option<Instant>,
 }
 
 impl WrongTokens {
     /// Whether `client` may try a token now; if not, how long until it may.
     pub fn may_try(&self, client: IpAddr, now: Instant) -> Result<(), Duration> {
-        let whole_at = self.whole_at.lock();
-        match whole_at.get(&client) {
+        let clients = self.clients.lock();
+        match clients.whole_at.get(&client_of(client)) {
             Some(&at) => {
                 let ahead = at.saturating_duration_since(now);
                 let allowed = REFILL * (BURST - 1);
@@ -48,9 +68,18 @@ impl WrongTokens {
 
     /// Counts a wrong token from `client`.
     pub fn failed(&self, client: IpAddr, now: Instant) {
-        let mut whole_at = self.whole_at.lock();
-        if whole_at.len() >= REMEMBERED && !whole_at.contains_key(&client) {
+        let client = client_of(client);
+        let mut clients = self.clients.lock();
+        let Clients { whole_at, swept } = &mut *clients;
+        if whole_at.len() >= REMEMBERED
+            && !whole_at.contains_key(&client)
+            && swept.is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_secs(1))
+        {
             whole_at.retain(|_, at| *at > now);
+            *swept = Some(now);
+            if whole_at.len() >= MOST {
+                whole_at.clear();
+            }
         }
         let at = whole_at.entry(client).or_insert(now);
         *at = (*at).max(now) + REFILL;
@@ -87,6 +116,21 @@ mod tests {
             wrong.failed(IpAddr::from(i.to_be_bytes()), start);
         }
         wrong.failed([198, 51, 100, 1].into(), start + REFILL * 2);
-        assert_eq!(wrong.whole_at.lock().len(), 1);
+        assert_eq!(wrong.clients.lock().whole_at.len(), 1);
+    }
+
+    /// One host has a whole IPv6 /64 to pick addresses from: they count as one client.
+    #[test]
+    fn the_addresses_of_one_ipv6_network_are_one_client() {
+        let wrong = WrongTokens::default();
+        let start = Instant::now();
+        for host in 0..BURST as u16 {
+            let address = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, host + 1);
+            wrong.failed(address.into(), start);
+        }
+        let neighbour = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0xffff, 0, 0, 9);
+        assert!(wrong.may_try(neighbour.into(), start).is_err());
+        let elsewhere = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 2, 0, 0, 0, 1);
+        assert_eq!(wrong.may_try(elsewhere.into(), start), Ok(()));
     }
 }
