@@ -734,11 +734,16 @@ fn argument_readings(call: &CallFacts<'_>, name: &str) -> Readings {
             Value::String(text) => readings.known.push(text.clone()),
             Value::Number(number) => {
                 readings.known.push(number.to_string());
+                // A whole number written as a float (1e3, 1000.0, 1e16) is also its integer's digits.
                 if let Some(whole) = number
                     .as_f64()
-                    .filter(|n| number.is_f64() && n.fract() == 0.0 && n.abs() < 9.0e15)
+                    .filter(|n| number.is_f64() && n.is_finite() && n.fract() == 0.0)
                 {
-                    readings.known.push(format!("{}", whole as i64));
+                    readings.known.push(if whole == 0.0 {
+                        "0".to_owned()
+                    } else {
+                        format!("{whole:.0}")
+                    });
                 }
             }
             Value::Bool(flag) => readings.known.push(flag.to_string()),

@@ -644,9 +644,11 @@ fn a_number_meets_a_rule_whatever_its_spelling() {
     let pay = tool("mcp__bank__pay", ToolAnnotations::default());
     let policy = policy(
         ApprovalPolicy::Trusted,
-        "mcp__bank__pay(amount=1000)=deny,mcp__bank__pay(amount=5)=ask",
+        "mcp__bank__pay(amount=1000)=deny,mcp__bank__pay(amount=5)=ask,mcp__bank__pay(amount=10000000000000000)=deny,mcp__bank__pay(amount=0)=deny",
     );
-    for text in ["1000", "1e3", "1000.0", "1.0e3", "[1, 1e3]"] {
+    for text in [
+        "1000", "1e3", "1000.0", "1.0e3", "[1, 1e3]", "1e16", "-0.0", "0.0",
+    ] {
         let input: Value = serde_json::from_str(&format!(r#"{{"amount": {text}}}"#)).unwrap();
         assert_eq!(
             verdict_kind(&policy.decide(&pay, &input, &none)),
