@@ -61,14 +61,6 @@ impl Harness {
         epoch: Epoch,
     ) -> RunContext {
         let inner = &self.inner;
-        let grants = match self.grants(&info.session_id).await {
-            Ok(grants) => grants,
-            Err(error) => {
-                // Without the grants, the policy asks where a grant would have allowed: safe.
-                tracing::warn!(%error, run_id = %info.run_id, "cannot read the session's grants");
-                Default::default()
-            }
-        };
         if inner.store.kind() == StoreKind::Postgres
             && let Err(error) = inner.rules.refresh().await
         {
@@ -80,7 +72,8 @@ impl Harness {
             session_id: info.session_id.clone(),
             approval_mode: info.mode,
             permissions: inner.config.permissions.with_policy(policy),
-            grants: Arc::new(parking_lot::RwLock::new(grants)),
+            // Read before each step's calls are decided (`RunContext::refresh_grants`).
+            grants: Default::default(),
             approval_timeout: inner.config.approval_timeout,
             toolbox: Arc::clone(&inner.toolbox),
             abort,
