@@ -77,24 +77,27 @@ fn plan_new_run(input: &RunInput) -> Result<Plan, ApiError> {
 async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiError> {
     let store = state.harness.store();
     let parent = match &input.parent_run_id {
-        Some(parent) => parent.clone(),
+        Some(parent) => Ok(parent.clone()),
         None => store
             .open_interrupt(&input.thread_id)
             .await
             .map_err(unavailable)?
             .map(|(parent, _)| parent)
             .ok_or_else(|| {
-                Refusal::new(
+                ApiError::from(Refusal::new(
                     StatusCode::NOT_FOUND,
                     "UNKNOWN_PARENT_RUN",
                     format!(
                         "Thread {} has no interrupted run to resume.",
                         input.thread_id
                     ),
-                )
-            })?,
+                ))
+            }),
     };
-    let checked = check_resume(state, input, &parent).await;
+    let checked = match parent {
+        Ok(parent) => check_resume(state, input, &parent).await,
+        Err(refused) => Err(refused),
+    };
     // A run id already in use is refused before anything the check of the resume found. Only a resume that did not
     // pass asks here: one that passes starts as a new run does, whose start refuses a taken run id (after the
     // server's own refusals: shutting down, full) before anything else, leaving the parent's interrupts open, and

@@ -369,6 +369,16 @@ async fn a_resume_under_a_run_id_in_use_is_refused_audited_and_leaves_its_interr
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert_eq!(entries[0]["kind"], "resume_refused", "{entries:?}");
     assert_eq!(entries[0]["runId"], "run-1", "{entries:?}");
+    // Without a parent named, on a thread with nothing to resume, the taken id is still what is refused.
+    let mut unnamed = resume(
+        "thread-fresh",
+        "run-9",
+        "run-1",
+        first.snapshot(),
+        approved(),
+    );
+    unnamed.as_object_mut().unwrap().remove("parentRunId");
+    agui(&app, unnamed).await.refused(409, "RUN_ID_TAKEN");
 
     let honest = agui(
         &app,
