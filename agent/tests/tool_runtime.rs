@@ -464,33 +464,19 @@ async fn a_grant_revoked_while_the_run_goes_on_allows_none_of_its_later_calls() 
         Default::default(),
     );
     let harness = &tools.harness;
-    let run = harness
-        .start(agent::harness::StartRun {
-            message: "delete a and b".into(),
-            session_id: None,
-            policy: None,
-            mode: ApprovalMode::Interactive,
-            run_id: None,
-            source: agent::harness::RunSource::Session,
-            refused_while_interrupted: false,
-        })
-        .await
-        .unwrap();
+    let run = start_run(harness, ApprovalMode::Interactive, "delete a and b").await;
     let mut events = Events::of(&run);
     let request = events.next_approval().await;
-    harness
-        .decide(
-            &request.run_id,
-            &request.tool_call_id,
-            Decision::Approve {
-                scope: DecisionScope::Session,
-                reason: None,
-                arguments: None,
-            },
-            &agent::harness::Actor::local(),
-        )
-        .await
-        .unwrap();
+    decide_pending(
+        harness,
+        &request,
+        Decision::Approve {
+            scope: DecisionScope::Session,
+            reason: None,
+            arguments: None,
+        },
+    )
+    .await;
     events
         .until(|e| matches!(e, StreamEvent::ToolResult { .. }))
         .await;

@@ -1300,16 +1300,21 @@ mod tests {
         assert_eq!(processes_in(ws.root()), Vec::<String>::new());
     }
 
+    /// `run_command` with a timeout of `seconds`.
+    fn timing_out_after(ws: &Workspace, seconds: u64) -> RunCommand {
+        RunCommand::new(
+            ws.clone(),
+            CommandLimits {
+                timeout: Duration::from_secs(seconds),
+                output_bytes: 1024,
+            },
+        )
+    }
+
     #[tokio::test]
     async fn a_command_that_times_out_leaves_no_process() {
         let (_dir, ws, _tools) = setup();
-        let tool = RunCommand::new(
-            ws.clone(),
-            CommandLimits {
-                timeout: Duration::from_secs(3),
-                output_bytes: 1024,
-            },
-        );
+        let tool = timing_out_after(&ws, 3);
         let context = context();
         let script = format!("echo started; echo warned >&2; {LEAVES_A_SESSION}");
         let running = tool.execute(json!({"command": "sh", "args": ["-c", script]}), &context);
@@ -1355,13 +1360,7 @@ mod tests {
     #[tokio::test]
     async fn a_process_whose_main_thread_ended_is_stopped_too() {
         let (_dir, ws, _tools) = setup();
-        let tool = RunCommand::new(
-            ws.clone(),
-            CommandLimits {
-                timeout: Duration::from_secs(2),
-                output_bytes: 1024,
-            },
-        );
+        let tool = timing_out_after(&ws, 2);
         let script = "import ctypes, os, threading, time\n\
              threading.Thread(target=time.sleep, args=(300,)).start()\n\
              open('pid', 'w').write(str(os.getpid()))\n\

@@ -240,32 +240,42 @@ pub fn on_request(steps: Vec<Vec<ModelChunk>>) -> Fixture {
     fixture(ApprovalPolicy::OnRequest, RuleSet::new(), steps)
 }
 
+/// Starts a run of `message` in a session of its own.
+pub async fn start_run(harness: &Harness, mode: ApprovalMode, message: &str) -> RunHandle {
+    harness
+        .start(StartRun {
+            message: message.into(),
+            session_id: None,
+            policy: None,
+            mode,
+            run_id: None,
+            source: RunSource::Session,
+            refused_while_interrupted: false,
+        })
+        .await
+        .unwrap()
+}
+
+/// Decides a pending approval as a person at this machine.
+pub async fn decide_pending(harness: &Harness, request: &ApprovalRequest, decision: Decision) {
+    harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            decision,
+            &Actor::local(),
+        )
+        .await
+        .expect("the approval is pending");
+}
+
 impl Fixture {
     pub async fn start(&self, mode: ApprovalMode, message: &str) -> RunHandle {
-        self.harness
-            .start(StartRun {
-                message: message.into(),
-                session_id: None,
-                policy: None,
-                mode,
-                run_id: None,
-                source: RunSource::Session,
-                refused_while_interrupted: false,
-            })
-            .await
-            .unwrap()
+        start_run(&self.harness, mode, message).await
     }
 
     pub async fn decide(&self, request: &ApprovalRequest, decision: Decision) {
-        self.harness
-            .decide(
-                &request.run_id,
-                &request.tool_call_id,
-                decision,
-                &Actor::local(),
-            )
-            .await
-            .expect("the approval is pending");
+        decide_pending(&self.harness, request, decision).await;
     }
 
     pub async fn pending(&self) -> Vec<ApprovalRequest> {
