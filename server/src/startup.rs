@@ -165,20 +165,33 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         ..Retention::default()
     };
     harness_config.takeover_every = Duration::from_secs(config.lease_secs).div_f64(2.0);
-    let store = open_store(&config.database_url, Duration::from_secs(config.lease_secs)).await?;
-    let harness = Harness::open(harness_config, model(&config)?, toolbox.clone(), store)
-        .await
-        .map_err(|error| StartupError::Recover(error.to_string()))?;
-
-    let listener = TcpListener::bind(config.addr)
-        .await
-        .map_err(|source| StartupError::Bind {
-            addr: config.addr,
-            source,
-        })?;
-    // The servers' tools join the toolbox before the first request can come; one that must start and cannot stops
-    // startup (after stopping the others).
+    // The servers' tools join the toolbox before the harness opens, which goes on with the waiting runs' approved
+    // calls at once (an MCP tool not there yet would fail them as unknown), and before the first request can come.
+    // One that must start and cannot stops startup (after stopping the others).
     let mcp = McpServers::start(&mcp_config, workspace.root(), &toolbox).await?;
+    let opened = async {
+        let store =
+            open_store(&config.database_url, Duration::from_secs(config.lease_secs)).await?;
+        let harness = Harness::open(harness_config, model(&config)?, toolbox.clone(), store)
+            .await
+            .map_err(|error| StartupError::Recover(error.to_string()))?;
+        let listener =
+            TcpListener::bind(config.addr)
+                .await
+                .map_err(|source| StartupError::Bind {
+                    addr: config.addr,
+                    source,
+                })?;
+        Ok::<_, StartupError>((harness, listener))
+    }
+    .await;
+    let (harness, listener) = match opened {
+        Ok(opened) => opened,
+        Err(error) => {
+            mcp.shutdown().await;
+            return Err(error);
+        }
+    };
     let addr = listener.local_addr().map_err(|source| StartupError::Bind {
         addr: config.addr,
         source,

@@ -535,3 +535,64 @@ async fn the_binary_keeps_the_model_key_from_mcp_servers_and_stops_them_all_on_s
     exited(pids["server"].as_i64().unwrap() as i32).await;
     exited(pids["child"].as_i64().unwrap() as i32).await;
 }
+
+/// A call a person approved that had not run when toolgate stopped runs once it starts again, MCP tools included:
+/// the servers' tools are in the toolbox before the harness goes on with waiting runs. (The approval is written
+/// into the stopped server's file, as a decision made just before a stop leaves it.)
+#[tokio::test]
+async fn an_approved_mcp_call_left_by_a_stop_runs_after_the_restart() {
+    use crate::process::{Home, Server};
+    let (_dir, path) = write_config(json!({"fx": fixture(json!({}))}));
+    let path = path.display().to_string();
+    let args = ["--mcp-config", path.as_str()];
+    let home = Home::new();
+    let server = Server::start_in(&home, &args, &[]).await;
+    let run_id = server
+        .create_run(json!({"message": "call mcp__fx__echo {\"text\": \"after the restart\"}"}))
+        .await;
+    server
+        .events(&run_id, None)
+        .await
+        .until("approvalRequired")
+        .await;
+    let pending = server.pending().await;
+    let call_id = pending[0]["toolCallId"].as_str().unwrap().to_owned();
+    server.kill9().await;
+
+    let database = rusqlite::Connection::open(home.path().join("toolgate.db")).unwrap();
+    let text: String = database
+        .query_row(
+            "SELECT record FROM calls WHERE call_id = ?1",
+            [&call_id],
+            |row| row.get(0),
+        )
+        .unwrap();
+    let mut record: agent::store::CallRecord = serde_json::from_str(&text).unwrap();
+    record.status = agent::store::CallStatus::Approved;
+    record.resolution = Some(agent::wire::Resolution::Approved {
+        source: agent::wire::ApprovalSource::User,
+        scope: Default::default(),
+        reason: None,
+        edited_arguments: None,
+    });
+    let changed = database
+        .execute(
+            "UPDATE calls SET status = 'approved', record = ?1 WHERE call_id = ?2",
+            [serde_json::to_string(&record).unwrap(), call_id],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(database);
+
+    let server = Server::start_in(&home, &args, &[]).await;
+    let events = server.events(&run_id, None).await.rest().await;
+    let result = events
+        .iter()
+        .find(|event| event.name == "toolResult")
+        .expect("the approved call ran");
+    assert_eq!(
+        result.data["output"],
+        json!({"status": "ok", "content": "after the restart"})
+    );
+    assert_eq!(events.last().unwrap().name, "done");
+}
