@@ -47,43 +47,52 @@ pub fn qualified_name(server: &str, tool: &str) -> String {
     if plain.len() <= MAX_TOOL_NAME_LEN {
         plain
     } else {
-        with_digest(&plain, tool, 0)
+        with_digest(&plain, tool)
     }
 }
 
 /// The names the model sees for each of a server's tools, as `(model name, real name)` pairs in the order of the
-/// real names: at most 64 characters, and unique.
-pub fn qualify<'a>(
-    server: &str,
-    tools: impl IntoIterator<Item = &'a str>,
-) -> Vec<(String, String)> {
+/// real names: at most 64 characters, each the tool's own [`qualified_name`]. Tools whose names would be the same
+/// (`drop.table` and `drop_table` are both `drop_table` to the model) are left out, all of them, and returned
+/// apart: a rule in the server's configuration names a tool by its real name through [`qualified_name`], so a name
+/// given to another tool (a digest added to one of the two, say) would let that rule land on the other, a `deny`
+/// on a decoy. A server offers such names rarely, and only on purpose.
+pub fn qualify<'a>(server: &str, tools: impl IntoIterator<Item = &'a str>) -> Qualified {
     let mut tools: Vec<&str> = tools.into_iter().collect();
-    // A tool whose name is safe already keeps it; the others yield when they collide with it.
-    tools.sort_unstable_by_key(|tool| (sanitize_tool_name(tool) != *tool, *tool));
+    tools.sort_unstable();
     tools.dedup();
-    let mut taken = std::collections::BTreeSet::new();
-    let mut named = Vec::with_capacity(tools.len());
-    for tool in tools {
-        let mut name = qualified_name(server, tool);
-        let mut attempt = 0;
-        while taken.contains(&name) {
-            attempt += 1;
-            name = with_digest(
-                &format!("{PREFIX}{server}__{}", sanitize_tool_name(tool)),
-                tool,
-                attempt,
-            );
-        }
-        taken.insert(name.clone());
-        named.push((name, tool.to_owned()));
+    let named: Vec<(String, &str)> = tools
+        .into_iter()
+        .map(|tool| (qualified_name(server, tool), tool))
+        .collect();
+    let mut uses = std::collections::HashMap::<&str, usize>::new();
+    for (name, _) in &named {
+        *uses.entry(name.as_str()).or_default() += 1;
     }
-    named.sort_unstable_by(|a, b| a.1.cmp(&b.1));
-    named
+    let mut qualified = Qualified::default();
+    for (name, real) in &named {
+        if uses[name.as_str()] == 1 {
+            qualified.named.push((name.clone(), (*real).to_owned()));
+        } else {
+            qualified.colliding.push((*real).to_owned());
+        }
+    }
+    qualified
 }
 
-/// `name` cut short enough to end in `_` and eight hex digits of a digest of the real name (and `attempt`).
-fn with_digest(name: &str, real: &str, attempt: u32) -> String {
-    let digest = Sha256::digest(format!("{real}\u{0}{attempt}").as_bytes());
+/// A server's tools as the model sees them, and those left out because their names collide.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Qualified {
+    /// `(model name, real name)`, in the order of the real names.
+    pub named: Vec<(String, String)>,
+    /// The real names left out, in order.
+    pub colliding: Vec<String>,
+}
+
+/// `name` cut short enough to end in `_` and eight hex digits of a digest of the real name .
+fn with_digest(name: &str, real: &str) -> String {
+    // (The `0` keeps the names that earlier versions gave, which grants and rules name.)
+    let digest = Sha256::digest(format!("{real}\u{0}0").as_bytes());
     let hex: String = digest[..4]
         .iter()
         .map(|byte| format!("{byte:02x}"))
@@ -109,7 +118,7 @@ mod tests {
 
     #[test]
     fn tools_are_named_mcp_server_tool_and_made_safe() {
-        let named = qualify("fs", ["read_file", "write.file", "list dir"]);
+        let named = qualify("fs", ["read_file", "write.file", "list dir"]).named;
         assert_eq!(
             named,
             [
@@ -120,35 +129,34 @@ mod tests {
         );
     }
 
+    /// Names that would be the same to the model are left out, every one of them, so that a rule naming one by
+    /// its real name can never land on another; a long name is shortened with a digest of itself.
     #[test]
-    fn long_and_colliding_names_stay_within_64_characters_and_unique() {
+    fn colliding_names_are_left_out_and_long_ones_stay_within_64_characters() {
         let long = "a".repeat(100);
-        let named = qualify("server", ["a.b", "a_b", "a-b", long.as_str()]);
-        let names: Vec<&str> = named.iter().map(|(name, _)| name.as_str()).collect();
+        let qualified = qualify("server", ["a.b", "a_b", "a-b", long.as_str()]);
+        assert_eq!(qualified.colliding, ["a.b", "a_b"]);
+        let names: Vec<&str> = qualified
+            .named
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect();
         assert!(
             names.iter().all(|name| name.len() <= MAX_TOOL_NAME_LEN),
             "{names:?}"
         );
-        assert!(names.iter().all(|name| name.starts_with("mcp__server__")));
-        let unique: std::collections::BTreeSet<&str> = names.iter().copied().collect();
-        assert_eq!(unique.len(), 4, "{names:?}");
-        let name_of = |real: &str| named.iter().find(|(_, r)| r == real).unwrap().0.clone();
+        for (name, real) in &qualified.named {
+            assert_eq!(name, &qualified_name("server", real), "each its own name");
+        }
+        assert_eq!(qualified.named.len(), 2);
         assert_eq!(
-            name_of("a_b"),
-            "mcp__server__a_b",
-            "a safe name keeps its own"
+            qualified,
+            qualify("server", [long.as_str(), "a_b", "a-b", "a.b"]),
+            "the same list gives the same names again"
         );
-        assert_eq!(name_of("a-b"), "mcp__server__a-b");
-        assert!(name_of("a.b").starts_with("mcp__server__a_b_"));
-        // Each maps back to its real name, and the same list gives the same names again.
-        assert!(named.iter().any(|(_, real)| real == &long));
-        assert_eq!(
-            named,
-            qualify("server", [long.as_str(), "a_b", "a-b", "a.b"])
-        );
-        assert_eq!(
-            qualified_name("server", &long),
-            named.iter().find(|(_, r)| r == &long).unwrap().0
-        );
+        // A safe name made to look like another's shortened one collides with it too.
+        let shortened = qualified_name("server", &long);
+        let decoy = shortened.strip_prefix("mcp__server__").unwrap();
+        assert_eq!(qualify("server", [long.as_str(), decoy]).colliding.len(), 2);
     }
 }

@@ -324,11 +324,19 @@ impl McpServer {
             .iter()
             .filter(|tool| self.config.offers(&tool.name))
             .collect();
-        let named = qualify(
+        let qualified = qualify(
             &self.config.tool_prefix_name,
             offered.iter().map(|tool| tool.name.as_str()),
         );
-        let tools: Vec<Arc<dyn Tool>> = named
+        if !qualified.colliding.is_empty() {
+            tracing::warn!(
+                server = self.config.name,
+                tools = ?qualified.colliding,
+                "MCP tools left out: their names would be the same to the model"
+            );
+        }
+        let tools: Vec<Arc<dyn Tool>> = qualified
+            .named
             .into_iter()
             .filter_map(|(name, real)| {
                 let remote = offered.iter().find(|tool| tool.name == real)?;
