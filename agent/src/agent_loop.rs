@@ -84,6 +84,10 @@ pub struct PendingCall {
     pub input: Value,
     /// Why the policy asks.
     pub reason: String,
+    /// The digest of the tool's definition when it asked, for a tool whose definition may change (see
+    /// [`crate::store::CallRecord::spec_digest`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_digest: Option<String>,
 }
 
 /// Where an `interrupt`-mode run stopped: a batch in which some calls need a person. The calls that did not need
@@ -297,6 +301,7 @@ pub async fn resume_until_end(
                     &pending.input,
                     edited_arguments.as_ref(),
                     *scope,
+                    pending.spec_digest.as_deref(),
                 )
                 .await
             }
@@ -338,6 +343,7 @@ pub async fn resume_until_end(
                 );
                 record.resolution = Some(resolution.clone());
                 record.edited_arguments = edited_arguments.clone();
+                record.spec_digest = pending.spec_digest.clone();
                 run_inline(context, record).await
             }
         };
@@ -425,7 +431,10 @@ async fn settle_inline(
             Ok(output)
         }
         PreparedCall::Decided { call, input, .. } => {
-            let record = CallRecord::new(context.run_id.clone(), call, input, CallStatus::Allowed);
+            let mut record =
+                CallRecord::new(context.run_id.clone(), call, input, CallStatus::Allowed);
+            record.spec_digest =
+                crate::runtime::changing_definition(&context.toolbox, &record.call.name);
             run_inline(context, record).await
         }
     }
@@ -644,6 +653,7 @@ async fn interrupt(
                 permission: PermissionDecision::Ask { reason },
                 ..
             } => pending.push(PendingCall {
+                spec_digest: crate::runtime::changing_definition(&context.toolbox, &call.name),
                 call,
                 input,
                 reason,

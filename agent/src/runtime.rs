@@ -371,6 +371,7 @@ pub async fn execute(
     let edited = record.edited_arguments.clone();
     let started = Instant::now();
     let output = match &edited {
+        _ if let Some(refused) = changed_since_decided(context, &record) => Err(refused),
         Some(edited) => match context.toolbox.validate(&call.name, edited) {
             Err(error) => Err(ToolOutput::from(error)),
             Ok(()) => match denied_by_rule(context, call, edited) {
@@ -432,8 +433,16 @@ pub async fn grant_for_session(
     asked: &Value,
     edited: Option<&Value>,
     scope: DecisionScope,
+    decided_for: Option<&str>,
 ) -> Option<SessionGrant> {
     let tool = context.toolbox.lookup(&call.name)?;
+    if decided_for.is_some()
+        && changing_definition(&context.toolbox, &call.name).as_deref() != decided_for
+    {
+        // The tool changed since the card was shown: the grant would be for a definition nobody saw.
+        tracing::warn!(call = %call.id, "approved once: the tool changed since it asked");
+        return None;
+    }
     let grant = match context
         .permissions
         .grant_for(tool.spec(), asked, edited, scope)
@@ -456,6 +465,31 @@ pub async fn grant_for_session(
     }
     context.grants.write().insert(granted.clone());
     Some(granted)
+}
+
+/// The digest of a tool's definition as it is now, for a tool whose definition may change while the process runs
+/// (an MCP server's; the built-in tools' cannot): what a call decided now is decided for.
+pub fn changing_definition(toolbox: &Toolbox, name: &str) -> Option<String> {
+    toolbox
+        .lookup(name)
+        .filter(|tool| tool.spec().mcp.is_some())
+        .map(|tool| crate::policy::spec_digest(tool.spec()))
+}
+
+/// Refuses a call whose tool's definition changed since the call was decided: an approval, or the policy's
+/// decision, was for the definition then (what the card showed), not for whatever the server offers now.
+fn changed_since_decided(context: &RunContext, record: &CallRecord) -> Option<ToolOutput> {
+    let decided = record.spec_digest.as_ref()?;
+    if changing_definition(&context.toolbox, &record.call.name).as_ref() == Some(decided) {
+        return None;
+    }
+    Some(ToolOutput::error(
+        ToolErrorCode::PermissionDenied,
+        format!(
+            "The tool {} changed after this call was decided (its server describes it differently now, or no longer offers it), so the call was not run: what was approved or allowed was the tool as it was.",
+            record.call.name
+        ),
+    ))
 }
 
 /// Runs the tool itself with checked input.
@@ -532,6 +566,7 @@ pub fn call_record(context: &RunContext, prepared: &PreparedCall, requested_at: 
             };
             let mut record =
                 CallRecord::new(context.run_id.clone(), call.clone(), input.clone(), status);
+            record.spec_digest = changing_definition(&context.toolbox, &call.name);
             if let PermissionDecision::Ask { reason } = permission {
                 let choices = context
                     .toolbox

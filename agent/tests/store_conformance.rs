@@ -1115,6 +1115,7 @@ fn suspension_of(run: &str, session_id: &str, expires_at: u64) -> Suspension {
                 call: tool_call("c"),
                 input: json!({"path": "c"}),
                 reason: "destructive".into(),
+                spec_digest: None,
             }],
         },
         interrupts: vec![IssuedInterrupt {

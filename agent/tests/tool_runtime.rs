@@ -494,3 +494,117 @@ async fn a_grant_revoked_while_the_run_goes_on_allows_none_of_its_later_calls() 
     assert_eq!(request.tool_call_id.as_str(), "call-2", "b asks again");
     assert_eq!(tools.deletes.count(), 1, "and has not run");
 }
+
+/// A server's tool, as its server describes it now, that counts its runs.
+struct ServerTool {
+    spec: agent::wire::ToolSpec,
+    runs: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ServerTool {
+    fn described(description: &str, runs: &Arc<std::sync::atomic::AtomicUsize>) -> Arc<dyn Tool> {
+        Arc::new(Self {
+            spec: agent::wire::ToolSpec {
+                name: "mcp__srv__x".into(),
+                description: description.into(),
+                input_schema: json!({"type": "object"}),
+                annotations: ToolAnnotations::default(),
+                mcp: Some(agent::wire::McpToolOrigin {
+                    server: "srv".into(),
+                    tool: "x".into(),
+                    trust: agent::wire::McpTrust::Untrusted,
+                }),
+            },
+            runs: Arc::clone(runs),
+        })
+    }
+}
+
+impl Tool for ServerTool {
+    fn spec(&self) -> &agent::wire::ToolSpec {
+        &self.spec
+    }
+
+    fn execute<'a>(&'a self, _: serde_json::Value, _: &'a ToolContext) -> ToolFuture<'a> {
+        self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async { Ok(json!("ran")) })
+    }
+}
+
+/// An approval is for the tool the card showed: a server that changes the tool's definition while the approval is
+/// pending gets neither a session grant for the new one nor a run of it.
+#[tokio::test]
+async fn a_tool_changed_while_its_approval_waits_is_not_run_under_it() {
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let toolbox = Toolbox::new();
+    let status = || agent::wire::McpServerStatus {
+        name: "srv".into(),
+        transport: agent::wire::McpTransportKind::Stdio,
+        trust: agent::wire::McpTrust::Untrusted,
+        required: false,
+        state: agent::wire::McpServerState::Ready,
+        message: None,
+        stderr_tail: None,
+        tools: Vec::new(),
+    };
+    toolbox.replace_source(status(), vec![ServerTool::described("Harmless.", &runs)]);
+    let model = Arc::new(ReplayModel::new(vec![
+        tool_step(&[call("call-1", "mcp__srv__x", json!({}))]),
+        text_step("done"),
+    ]));
+    let harness = agent::harness::Harness::new(
+        agent::harness::HarnessConfig::new(
+            agent::policy::PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
+            std::time::Duration::from_secs(120),
+        ),
+        model,
+        toolbox.clone(),
+    );
+    let run = start_run(&harness, ApprovalMode::Interactive, "call x").await;
+    let mut events = Events::of(&run);
+    let request = events.next_approval().await;
+    toolbox.replace_source(
+        status(),
+        vec![ServerTool::described("Deletes everything.", &runs)],
+    );
+
+    let refused = harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::Approve {
+                scope: DecisionScope::Session,
+                reason: None,
+                arguments: None,
+            },
+            &agent::harness::Actor::local(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("changed since this card was shown"),
+        "{refused}"
+    );
+    decide_pending(&harness, &request, Decision::approve()).await;
+    let events = all_events(&run).await;
+    let output = output_of(&events, "call-1");
+    let ToolOutput::Error { code, message } = &output else {
+        panic!("{output:?}")
+    };
+    assert_eq!(*code, ToolErrorCode::PermissionDenied);
+    assert!(
+        message.contains("changed after this call was decided"),
+        "{message}"
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(
+        harness
+            .grants(run.session_id())
+            .await
+            .unwrap()
+            .list()
+            .is_empty()
+    );
+}

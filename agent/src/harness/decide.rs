@@ -210,7 +210,19 @@ impl Harness {
             .lookup(&record.call.name)
             .ok_or_else(|| not_offered("The tool is gone."))?;
         match grant::grant_for_approval(tool.spec(), &record.input, arguments.as_ref(), *scope) {
-            Ok(Some(grant)) => Ok(Some(grant)),
+            // The grant the card offered, for the tool as the card showed it: a tool whose definition changed
+            // since (an MCP server's) would make a grant for a definition nobody saw.
+            Ok(Some(grant))
+                if choices
+                    .session_choice(*scope)
+                    .is_some_and(|offered| offered.grant == grant) =>
+            {
+                Ok(Some(grant))
+            }
+            Ok(Some(_)) => Err(DecideError::ScopeNotOffered(format!(
+                "{} changed since this card was shown, so it will not run as the card showed it, and a grant would allow the tool as it is now, which nobody was shown. Deny it; the model may ask again.",
+                record.call.name
+            ))),
             Ok(None) => Err(not_offered("")),
             Err(edited) => Err(DecideError::ScopeNotOffered(edited.to_string())),
         }

@@ -352,6 +352,10 @@ pub struct CallRecord {
     pub output: Option<ToolOutput>,
     /// The instance running it, while it runs.
     pub executing_on: Option<InstanceId>,
+    /// The digest of the tool's definition when the call was decided, for a tool whose definition may change
+    /// while the process runs (an MCP server's): the call runs only under that definition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_digest: Option<String>,
 }
 
 impl CallRecord {
@@ -368,6 +372,7 @@ impl CallRecord {
             edited_arguments: None,
             output: None,
             executing_on: None,
+            spec_digest: None,
         }
     }
 
