@@ -5,7 +5,7 @@
 //! in what they send (`null` or nothing, an `index` or none, `usage` in every chunk or only the last), and a
 //! missing field we can do without must not fail a run.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -237,6 +237,9 @@ impl From<ChunkUsage> for Usage {
 /// A tool call whose pieces are still arriving.
 #[derive(Debug, Default)]
 struct PartialCall {
+    /// The `index` its pieces carry (its place when it came without one), then its place among the calls: the
+    /// order they come out in.
+    order: (u32, usize),
     id: Option<String>,
     name: String,
     arguments: String,
@@ -245,11 +248,14 @@ struct PartialCall {
 /// One step assembled from its chunks: text goes out as it arrives, tool calls and the rest when the step ends.
 #[derive(Debug, Default)]
 pub struct StepAssembler {
-    /// Keyed by the call's `index`, so calls come out in the order the model made them even when their pieces
-    /// interleave.
-    calls: BTreeMap<u32, PartialCall>,
-    /// The index of the call the last piece belonged to, for servers that send no `index`.
-    last_index: Option<u32>,
+    /// In the order their first pieces came; they come out in the order of their `index`, as the model made them,
+    /// even when their pieces interleave.
+    calls: Vec<PartialCall>,
+    /// The call each `index` last stood for. Some servers (Ollama, for one) give every call of a step the same
+    /// index, each with an id of its own: a piece with another id, or another name, starts a new call.
+    by_index: HashMap<u32, usize>,
+    /// The call the last piece belonged to, for servers that send no `index`.
+    last: Option<usize>,
     finish_reason: Option<String>,
     usage: Option<Usage>,
 }
@@ -295,47 +301,74 @@ impl StepAssembler {
 
     fn add_call_piece(&mut self, piece: ToolCallDelta) {
         let id = piece.id.filter(|id| !id.is_empty());
-        let index = piece.index.unwrap_or_else(|| {
-            // Without an index, a new id starts a new call and anything else continues the last one.
-            let known = id.as_ref().and_then(|id| {
-                self.calls
+        let name = piece
+            .function
+            .as_ref()
+            .and_then(|function| function.name.clone())
+            .filter(|name| !name.is_empty());
+        // The call this piece goes on with, if any. Without an index, a known id names its call, a new id starts a
+        // new call, and a piece without an id continues the last one.
+        let current = match piece.index {
+            Some(index) => self.by_index.get(&index).copied(),
+            None => match &id {
+                Some(id) => self
+                    .calls
                     .iter()
-                    .find(|(_, call)| call.id.as_ref() == Some(id))
-                    .map(|(index, _)| *index)
-            });
-            match (known, &id, self.last_index) {
-                (Some(index), _, _) => index,
-                (None, Some(_), _) | (None, None, None) => {
-                    self.calls.keys().next_back().map_or(0, |last| last + 1)
-                }
-                (None, None, Some(last)) => last,
-            }
+                    .position(|call| call.id.as_ref() == Some(id)),
+                None => self.last,
+            },
+        };
+        // The id and the name come whole in the call's first piece; some servers repeat them in later pieces. Another
+        // id or another name is another call.
+        let continues = current.filter(|&at| {
+            let call = &self.calls[at];
+            let other_id = matches!((&call.id, &id), (Some(known), Some(new)) if known != new);
+            let other_name =
+                matches!(&name, Some(new) if !call.name.is_empty() && *new != call.name);
+            !other_id && !other_name
         });
-        self.last_index = Some(index);
-        let call = self.calls.entry(index).or_default();
-        // The id and the name come whole in the call's first piece; some servers repeat them in later pieces.
+        let at = match continues {
+            Some(at) => at,
+            None => {
+                let at = self.calls.len();
+                let index = piece
+                    .index
+                    .unwrap_or_else(|| u32::try_from(at).unwrap_or(u32::MAX));
+                self.calls.push(PartialCall {
+                    order: (index, at),
+                    ..PartialCall::default()
+                });
+                at
+            }
+        };
+        if let Some(index) = piece.index {
+            self.by_index.insert(index, at);
+        }
+        self.last = Some(at);
+        let call = &mut self.calls[at];
         if call.id.is_none() {
             call.id = id;
         }
-        if let Some(function) = piece.function {
-            if let Some(name) = function.name.filter(|name| !name.is_empty())
-                && call.name.is_empty()
-            {
-                call.name = name;
-            }
-            if let Some(arguments) = function.arguments {
-                call.arguments.push_str(&arguments);
-            }
+        if let Some(name) = name
+            && call.name.is_empty()
+        {
+            call.name = name;
+        }
+        if let Some(arguments) = piece.function.and_then(|function| function.arguments) {
+            call.arguments.push_str(&arguments);
         }
     }
 
     /// The end of the step: the complete tool calls in the model's order, then the usage and the finish reason.
     pub fn finish(self) -> Result<Vec<ModelChunk>, ModelError> {
         let mut chunks = Vec::with_capacity(self.calls.len() + 2);
-        for (index, call) in self.calls {
+        let mut calls = self.calls;
+        calls.sort_by_key(|call| call.order);
+        for call in calls {
             if call.name.is_empty() {
                 return Err(ModelError::Malformed(format!(
-                    "tool call {index} has no function name"
+                    "tool call {} has no function name",
+                    call.order.0
                 )));
             }
             chunks.push(ModelChunk::ToolCall(ToolCall {
@@ -602,6 +635,37 @@ mod tests {
                 ("c2".into(), "read_file".into(), "{\"path\":\"b\"}".into()),
             ]
         );
+    }
+
+    /// Ollama gives every call of a step index 0, each with an id of its own (and llama.cpp-style servers may
+    /// repeat an index for another name): each is a call of its own, never one call with both calls' arguments.
+    #[test]
+    fn calls_that_share_an_index_are_told_apart_by_their_ids_and_names() {
+        let mut step = StepAssembler::new();
+        for piece in [
+            tool_piece(0, Some("call_a"), Some("list_files"), ""),
+            tool_piece(0, Some("call_b"), Some("read_file"), "{\"path\":"),
+            tool_piece(0, None, None, "\"a.txt\"}"),
+            tool_piece(1, None, Some("list_files"), "{}"),
+            tool_piece(1, None, Some("delete_file"), "{\"path\":\"b\"}"),
+        ] {
+            step.apply(chunk(piece)).unwrap();
+        }
+        let assembled = calls(&step.finish().unwrap());
+        let named: Vec<(&str, &str)> = assembled
+            .iter()
+            .map(|(_, name, arguments)| (name.as_str(), arguments.as_str()))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                ("list_files", ""),
+                ("read_file", "{\"path\":\"a.txt\"}"),
+                ("list_files", "{}"),
+                ("delete_file", "{\"path\":\"b\"}"),
+            ]
+        );
+        assert_eq!((&*assembled[0].0, &*assembled[1].0), ("call_a", "call_b"));
     }
 
     #[test]
