@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use crate::api::{Choice, decide_approval};
 use crate::components::mcp_trust_label;
-use crate::format::{byte_size, countdown, pretty_json};
+use crate::format::{byte_size, countdown, has_hidden, pretty_json, visible};
 use crate::rules::{AlwaysAllow, scope_notes, session_buttons};
 use crate::schema;
 use crate::state::{ApprovalKey, Ui, card_dom_id, key_of};
@@ -69,6 +69,62 @@ fn target(request: &ApprovalRequest) -> Option<String> {
             .get("path")
             .and_then(Value::as_str)
             .map(str::to_owned),
+    }
+    .map(|target| visible(&target))
+}
+
+/// A preview as the card shows it: every text the call or the file brings with its hidden characters written out
+/// ([`visible`]), so that nothing reads otherwise than it runs.
+fn shown(preview: ApprovalPreview) -> ApprovalPreview {
+    let all = |texts: Vec<String>| texts.iter().map(|text| visible(text)).collect();
+    match preview {
+        ApprovalPreview::FileWrite { path, mut diff } => {
+            for line in &mut diff.lines {
+                match line {
+                    DiffLine::Same { text, .. }
+                    | DiffLine::Added { text, .. }
+                    | DiffLine::Removed { text, .. } => *text = visible(text),
+                    DiffLine::Folded { .. } => {}
+                }
+            }
+            ApprovalPreview::FileWrite {
+                path: visible(&path),
+                diff,
+            }
+        }
+        ApprovalPreview::FileDelete {
+            path,
+            bytes,
+            head,
+            more,
+            note,
+        } => ApprovalPreview::FileDelete {
+            path: visible(&path),
+            bytes,
+            head: all(head),
+            more,
+            note,
+        },
+        ApprovalPreview::Command {
+            program,
+            args,
+            directory,
+        } => ApprovalPreview::Command {
+            program: visible(&program),
+            args: all(args),
+            directory: visible(&directory),
+        },
+        ApprovalPreview::Fields { server, fields } => ApprovalPreview::Fields {
+            server,
+            fields: fields
+                .into_iter()
+                .map(|field| agent::wire::PreviewField {
+                    name: visible(&field.name),
+                    value: visible(&field.value),
+                })
+                .collect(),
+        },
+        unavailable @ ApprovalPreview::Unavailable { .. } => unavailable,
     }
 }
 
@@ -529,9 +585,16 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
             _ => None,
         },
     };
-    let preview = request.preview.clone();
+    // Characters that would make the card read otherwise than the call runs are written out, and said to be there.
+    let hidden = has_hidden(&request.arguments.to_string())
+        || request
+            .preview
+            .as_ref()
+            .and_then(|preview| serde_json::to_string(preview).ok())
+            .is_some_and(|text| has_hidden(&text));
+    let preview = request.preview.clone().map(shown);
     let has_preview = preview.is_some();
-    let arguments_json = pretty_json(&request.arguments);
+    let arguments_json = visible(&pretty_json(&request.arguments));
     let target = target(&request);
     let editor_id = dom_id.clone();
     let labelled_by = title_id.clone();
@@ -563,6 +626,12 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
                 </p>
             })}
             <p class="reason" id=reason_text_id>{request.reason.clone()}</p>
+            {hidden.then(|| view! {
+                <p class="hidden-characters" role="note">
+                    "This call holds characters that would hide themselves or turn text around; they are shown as "
+                    <code>"\\u{…}"</code> "."
+                </p>
+            })}
             <div class="actions">
                 <button type="button" class="approve" on:click=approve disabled=move || in_flight.get()>
                     {move || if editing.with(Option::is_some) { "Approve edited" } else { "Approve" }}

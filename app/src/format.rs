@@ -4,6 +4,39 @@ use agent::view::{ToolCallStatus, ToolCallView};
 use agent::wire::{DenialSource, PermissionDecision, Resolution, ToolErrorCode, ToolOutput};
 use serde_json::Value;
 
+/// Whether a character would change how a card reads without being seen: the controls of text direction (an
+/// `U+202E` shows `txt.kcab` as `back.txt`), and characters that are invisible (zero-width spaces, a byte order
+/// mark, a soft hyphen, the tag characters that can hide text). The joiners that emoji and some scripts need are
+/// not among them.
+fn hides_itself(c: char) -> bool {
+    matches!(c,
+        '\u{061C}' | '\u{00AD}' | '\u{180E}' | '\u{200B}' | '\u{200E}' | '\u{200F}'
+        | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}'
+        | '\u{FEFF}' | '\u{E0000}'..='\u{E007F}')
+}
+
+/// `text` with each character that would hide itself (see [`hides_itself`]) written out as `\u{…}`, so that a card
+/// shows exactly what would run.
+pub fn visible(text: &str) -> String {
+    if !text.contains(hides_itself) {
+        return text.to_owned();
+    }
+    let mut shown = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if hides_itself(c) {
+            shown.push_str(&format!("\\u{{{:04X}}}", u32::from(c)));
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
+}
+
+/// Whether `text` holds a character [`visible`] writes out.
+pub fn has_hidden(text: &str) -> bool {
+    text.contains(hides_itself)
+}
+
 /// JSON indented for reading.
 pub fn pretty_json(value: &Value) -> String {
     serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
@@ -124,6 +157,19 @@ pub fn output_text(output: &ToolOutput) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn characters_that_hide_themselves_are_written_out() {
+        assert_eq!(
+            visible("important\u{202E}txt.kcab"),
+            "important\\u{202E}txt.kcab"
+        );
+        assert_eq!(visible("a\u{200B}b\u{E0041}"), "a\\u{200B}b\\u{E0041}");
+        // What reads as it is stays: other scripts, and emoji joined by their joiner.
+        let plain = "straße שלום 👩\u{200D}💻";
+        assert_eq!(visible(plain), plain);
+        assert!(!has_hidden(plain) && has_hidden("\u{2066}x"));
+    }
     use agent::ids::ToolCallId;
     use agent::wire::{ApprovalRequest, ApprovalSource, DecisionScope};
     use serde_json::json;

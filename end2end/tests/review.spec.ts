@@ -395,3 +395,17 @@ test("editing and approving with the keyboard alone", async ({ page }, testInfo)
   await expect(pending).toHaveCount(0);
   await expect(page.locator(".tool-call .arguments.edited")).toContainText('"content": "typed by keys"');
 });
+
+test("characters that hide themselves or turn text around are written out on the card, and said to be there", async ({ page }, testInfo) => {
+  await openPage(page);
+  // U+202E turns the rest of a line around: unescaped, `important‮txt.kcab` reads as `importantback.txt`.
+  await send(page, 'call run_command {"command": "rm", "args": ["-f", "important\\u202etxt.kcab"]}');
+  const command = card(page, "run_command");
+  await expect(command).toBeVisible();
+  await expect(command.locator(".args li code")).toHaveText(["-f", "important\\u{202E}txt.kcab"]);
+  await expect(command.locator(".hidden-characters")).toContainText("shown as \\u{…}");
+  await expect(command.locator("pre.arguments")).toContainText("important\\u{202E}txt.kcab");
+  await screenshot(page, testInfo, "review-hidden-characters");
+  await command.getByRole("button", { name: "Deny" }).click();
+  await expect(page.locator(".approval-card")).toHaveCount(0);
+});
