@@ -20,11 +20,21 @@ const STDERR_KEPT: usize = 8 * 1024;
 /// How much of it a status shows.
 const STDERR_SHOWN: usize = 2 * 1024;
 
-/// The end of what a server wrote to its standard error.
+/// The end of what a server wrote to its standard error, and whether all of it was read.
 #[derive(Clone, Debug, Default)]
-pub struct StderrTail(Arc<Mutex<VecDeque<u8>>>);
+pub struct StderrTail(
+    Arc<Mutex<VecDeque<u8>>>,
+    Arc<tokio::sync::watch::Sender<bool>>,
+);
 
 impl StderrTail {
+    /// Waits (at most `patience`) until the pipe was read to its end: a process that exited may have written its
+    /// last words without their being read yet.
+    pub async fn read_to_end(&self, patience: Duration) {
+        let mut done = self.1.subscribe();
+        let _ = tokio::time::timeout(patience, done.wait_for(|done| *done)).await;
+    }
+
     fn push(&self, bytes: &[u8]) {
         let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         kept.extend(bytes);
@@ -111,6 +121,7 @@ pub fn spawn(
                     "MCP server wrote to stderr"
                 );
             }
+            tail.1.send_replace(true);
         });
     }
     Ok(Spawned {

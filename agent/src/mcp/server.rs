@@ -549,8 +549,12 @@ impl McpServer {
 async fn failed_start(message: String, process: ServerProcess) -> (String, Option<String>) {
     let stderr = process.stderr();
     process.stop(STOP_GRACE).await;
+    stderr.read_to_end(STDERR_PATIENCE).await;
     (message, stderr.text())
 }
+
+/// How long the end of a stopped server's standard error may take to be read, after the process is gone.
+const STDERR_PATIENCE: Duration = Duration::from_secs(1);
 
 /// How long to wait before starting a server again after `failures` failed starts: none after a crash, then 1 s,
 /// doubling up to a minute.
@@ -583,7 +587,9 @@ async fn supervise(
                 Ok(status) => format!("its process exited ({status})"),
                 Err(error) => format!("its process could not be waited for ({error})"),
             };
-            let stderr_tail = process.stderr().text();
+            let stderr = process.stderr();
+            stderr.read_to_end(STDERR_PATIENCE).await;
+            let stderr_tail = stderr.text();
             if let Some(server) = server.upgrade() {
                 server
                     .connection_lost(generation, reason, stderr_tail)
