@@ -1360,7 +1360,7 @@ mod tests {
     #[tokio::test]
     async fn a_process_whose_main_thread_ended_is_stopped_too() {
         let (_dir, ws, _tools) = setup();
-        let tool = timing_out_after(&ws, 2);
+        let tool = timing_out_after(&ws, 5);
         let script = "import ctypes, os, threading, time\n\
              threading.Thread(target=time.sleep, args=(300,)).start()\n\
              open('pid', 'w').write(str(os.getpid()))\n\
