@@ -114,11 +114,14 @@ impl<'a> ChatToolCall<'a> {
             function: ChatFunctionCall {
                 name: &call.name,
                 // Models send an empty string for a call without arguments, and the tool runtime reads it as `{}`.
-                // Servers that parse the history (Ollama does) refuse an empty string, so we send what it meant.
-                arguments: if call.arguments.trim().is_empty() {
-                    "{}"
-                } else {
+                // Servers that parse the history (Ollama, vLLM, llama.cpp) refuse what is not JSON, so a call whose
+                // arguments were not JSON (the model was told so in its result) is sent back with none: the
+                // run's log keeps what the model sent.
+                arguments: if serde_json::from_str::<serde::de::IgnoredAny>(&call.arguments).is_ok()
+                {
                     &call.arguments
+                } else {
+                    "{}"
                 },
             },
         }
@@ -550,6 +553,30 @@ mod tests {
         );
         let denial = body["messages"][3]["content"].as_str().unwrap();
         assert!(denial.contains("APPROVAL_DENIED") && denial.contains("Do not retry"));
+    }
+
+    /// A server that parses the history refuses arguments that are not JSON, and would refuse every later step of
+    /// the session: a call whose arguments were not JSON goes back with none.
+    #[test]
+    fn arguments_that_are_not_json_go_back_as_none() {
+        for (sent, back) in [
+            (r#"{"path": "a.txt"}"#, r#"{"path": "a.txt"}"#),
+            ("", "{}"),
+            ("  ", "{}"),
+            (r#"{"path": "a.txt"}{"path": "b.txt"}"#, "{}"),
+            (r#"{"path": "#, "{}"),
+        ] {
+            let call = ToolCall {
+                id: ToolCallId::parse("call_1").unwrap(),
+                name: "read_file".into(),
+                arguments: sent.into(),
+            };
+            assert_eq!(
+                ChatToolCall::from_call(&call).function.arguments,
+                back,
+                "{sent}"
+            );
+        }
     }
 
     #[test]
