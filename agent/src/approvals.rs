@@ -102,7 +102,7 @@ pub fn settlement(record: &CallRecord, resolution: Resolution, actor: Option<&st
 }
 
 /// The same, for an approval for the session: `approvalResolved` names the grant it made, and a `debug` event
-/// says what the grant covers.
+/// says what the grant covers; the grant is kept with the decision.
 pub fn granting_settlement(
     record: &CallRecord,
     resolution: Resolution,
@@ -112,6 +112,10 @@ pub fn granting_settlement(
     let run_id = &record.run_id;
     let call = &record.call;
     let was_pending = record.status == CallStatus::Pending;
+    let kept = grant
+        .as_ref()
+        .filter(|_| was_pending)
+        .map(crate::policy::stored_grant);
     let mut events = Vec::new();
     if was_pending {
         let waited = record.approval.as_ref().map_or(Duration::ZERO, |approval| {
@@ -165,6 +169,7 @@ pub fn granting_settlement(
         output,
         events,
         audit,
+        grant: kept,
     }
 }
 

@@ -246,6 +246,7 @@ fn approve(record: &CallRecord) -> Settlement {
             actor: Some("local".into()),
             ..request_audit(record.run_id.as_str(), record.call.id.as_str())
         }],
+        grant: None,
     }
 }
 
@@ -260,6 +261,7 @@ fn deny(record: &CallRecord, source: DenialSource) -> Settlement {
         output: Some(ToolOutput::error(ToolErrorCode::ApprovalDenied, "no")),
         events: vec![step_event(record.run_id.as_str(), 98)],
         audit: vec![],
+        grant: None,
     }
 }
 
@@ -1477,6 +1479,54 @@ async fn a_sessions_grants_are_its_own_and_outlive_the_process(kind: Kind) {
     );
 }
 
+/// A decision's grant (an approval for the session) is kept with the decision, in its change: whoever reads the
+/// decision's event finds the grant; a decision that does not happen keeps none.
+async fn a_decisions_grant_is_kept_with_it(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(store, "r", &[("a", u64::MAX)], &[]).await;
+    let grant = StoredGrant {
+        id: "g1".into(),
+        grant: json!({"tool": "delete_file"}),
+        created_at: 5,
+    };
+    let granting = |grant: &StoredGrant| -> agent::store::Settle {
+        let grant = grant.clone();
+        Box::new(move |record| {
+            Ok(Settlement {
+                grant: Some(grant),
+                ..approve(record)
+            })
+        })
+    };
+    store
+        .decide(&run_id("r"), &call_id("a"), granting(&grant))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store.grants(&session("s")).await.unwrap(),
+        vec![grant.clone()]
+    );
+    let too_late = StoredGrant {
+        id: "g2".into(),
+        ..grant.clone()
+    };
+    assert_eq!(
+        store
+            .decide(&run_id("r"), &call_id("a"), granting(&too_late))
+            .await
+            .unwrap(),
+        Err(DecideFailure::NotPending)
+    );
+    assert_eq!(
+        store.grants(&session("s")).await.unwrap(),
+        vec![grant],
+        "a decision that lost keeps no grant"
+    );
+}
+
 async fn grants_rules_and_the_audit_log_are_kept_and_filtered(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -1691,6 +1741,7 @@ conformance!(
     a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own,
     a_run_reads_back_the_conversation_its_end_recorded,
     a_sessions_grants_are_its_own_and_outlive_the_process,
+    a_decisions_grant_is_kept_with_it,
     grants_rules_and_the_audit_log_are_kept_and_filtered,
     a_decision_and_a_claim_at_once_never_fail_on_locks,
 );

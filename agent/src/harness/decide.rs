@@ -11,7 +11,7 @@ use crate::approvals::{
 use crate::clock::now_ms;
 use crate::ids::{RunId, ToolCallId};
 use crate::permissions::Grant;
-use crate::policy::{grant, session_grant, stored_grant};
+use crate::policy::{grant, session_grant};
 use crate::runtime::AbortReason;
 use crate::store::{Aborted, CallStatus, DecideFailure, Refused, RunInfo};
 use crate::wire::{Decision, DecisionScope, DenialSource, Resolution};
@@ -76,8 +76,8 @@ pub struct Cancelled {
 impl Harness {
     /// Resolves a pending approval with a person's decision. Edited arguments must satisfy the tool's schema, and
     /// a session scope must be one the card offered; otherwise the approval stays pending. A decision is durable
-    /// before its `approvalResolved` event is readable (it names the session grant an approval for the session
-    /// made); an approved call then runs in this process.
+    /// before its `approvalResolved` event is readable, and so is the session grant an approval for the session
+    /// made (the event names it); an approved call then runs in this process.
     pub async fn decide(
         &self,
         run_id: &RunId,
@@ -87,11 +87,10 @@ impl Harness {
     ) -> Result<ResolvedApproval, DecideError> {
         let toolbox = std::sync::Arc::clone(&self.inner.toolbox);
         let who = actor.as_str().to_owned();
-        let granted = self
+        let grant = self
             .session_scope(run_id, tool_call_id, &decision)
             .await?
             .map(|grant| session_grant(grant, run_id.clone(), tool_call_id.clone()));
-        let grant = granted.clone();
         let settle = Box::new(move |record: &crate::store::CallRecord| {
             if let Decision::Approve {
                 arguments: Some(arguments),
@@ -127,23 +126,7 @@ impl Harness {
                 return Err(DecideError::InvalidArguments(refused.0));
             }
         };
-        if let Some(granted) = granted {
-            // Before the run goes on: its next calls are decided with the grant. The decision stands whatever
-            // happens here; a grant that could not be kept only means that what it covers asks again.
-            let kept = match self.inner.store.run(run_id).await {
-                Ok(Some(info)) => self
-                    .inner
-                    .store
-                    .add_grant(&info.session_id, stored_grant(&granted))
-                    .await
-                    .map_err(|error| error.to_string()),
-                Ok(None) => Err("its run is gone".to_owned()),
-                Err(error) => Err(error.to_string()),
-            };
-            if let Err(error) = kept {
-                tracing::warn!(%error, grant = %granted.id, "cannot keep a session grant; what it covers will ask again");
-            }
-        }
+        // A grant the decision made was kept with it (`Settlement::grant`), before the run goes on.
         self.spawn_advance(run_id.clone());
         let (Some(pending), Some(resolution)) = (record.approval, record.resolution) else {
             return Err(DecideError::Unavailable(Unavailable(

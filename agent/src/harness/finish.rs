@@ -86,6 +86,7 @@ pub(super) fn recovery_events() -> RecoveryEvents {
                     ),
                     actor: None,
                 }],
+                grant: None,
             }
         }),
     }

@@ -333,13 +333,26 @@ impl Store for MemoryStore {
                         .ok_or(DecideFailure::NotPending)?;
                     let mut settlement = settle(record)?;
                     let audit = std::mem::take(&mut settlement.audit);
+                    let grant = settlement.grant.take();
                     let events = RunRow::settle(record, settlement);
                     let decided = record.clone();
                     row.append(events);
-                    Ok((decided, row.info.last_seq, audit))
+                    Ok((
+                        decided,
+                        row.info.last_seq,
+                        audit,
+                        grant.map(|grant| (row.info.session_id.clone(), grant)),
+                    ))
                 });
-            decided.map(|(record, seq, audit)| {
+            decided.map(|(record, seq, audit, grant)| {
                 tables.audit(audit);
+                // Kept with the decision: whoever sees the decision finds the grant.
+                if let Some((session_id, grant)) = grant
+                    && let Some(session) = tables.sessions.get_mut(&session_id)
+                {
+                    session.grants.retain(|kept| kept.id != grant.id);
+                    session.grants.push(grant);
+                }
                 (record, seq)
             })
         };

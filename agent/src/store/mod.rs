@@ -406,6 +406,9 @@ pub struct Settlement {
     pub output: Option<ToolOutput>,
     pub events: Vec<NewEvent>,
     pub audit: Vec<AuditEntry>,
+    /// The grant an approval for the session makes, kept for the run's session in the decision's own change, so
+    /// that whoever sees the decision finds the grant. Only a decision makes one.
+    pub grant: Option<StoredGrant>,
 }
 
 /// A decision refused by its check (edited arguments outside the schema, say); the approval stays pending.

@@ -121,6 +121,36 @@ impl SqlStore {
         }
     }
 
+    /// Keeps `grant` for the session, in `connection`'s change (one grant per id: the same grant twice is one).
+    async fn grant_in(
+        &self,
+        connection: &mut Tx,
+        session_id: &SessionId,
+        grant: &StoredGrant,
+    ) -> StoreResult<()> {
+        if let Some(granted) = &self.granted {
+            // Before the grant is written: a read that finds the session not here finds it holds none.
+            granted.lock().insert(session_id.clone());
+        }
+        query("DELETE FROM grants WHERE session_id = $1 AND id = $2")
+            .bind(session_id.as_str())
+            .bind(grant.id.clone())
+            .execute(&mut *connection)
+            .await
+            .map_err(unavailable)?;
+        query(
+            "INSERT INTO grants (session_id, id, grant_json, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(session_id.as_str())
+        .bind(grant.id.clone())
+        .bind(json(&grant.grant))
+        .bind(grant.created_at as i64)
+        .execute(&mut *connection)
+        .await
+        .map_err(unavailable)?;
+        Ok(())
+    }
+
     /// Appends events to a run's log and returns its newest sequence number, or `None` when the run is not there or
     /// (with `fence`) not this writer's any more. Rings the other instances' doorbell for the run.
     async fn append_in(
@@ -1230,10 +1260,21 @@ impl Store for SqlStore {
                 return Ok(Err(DecideFailure::NotPending));
             };
             let mut record = call_record(&row)?;
-            let settlement = match settle(&record) {
+            let mut settlement = match settle(&record) {
                 Ok(settlement) => settlement,
                 Err(refused) => return Ok(Err(DecideFailure::Refused(refused))),
             };
+            // A grant the decision makes is kept with it: whoever sees the decision finds the grant.
+            if let Some(grant) = settlement.grant.take() {
+                let session: String = query("SELECT session_id FROM runs WHERE id = $1")
+                    .bind(run_id.as_str())
+                    .fetch_one(&mut tx)
+                    .await
+                    .map_err(unavailable)?
+                    .try_get(0)
+                    .map_err(unavailable)?;
+                self.grant_in(&mut tx, &session_id(session)?, &grant).await?;
+            }
             let (events, audit) = apply(&mut record, settlement);
             // Only a pending call passes: exactly one decision wins, in this process or another.
             let changed = query(
@@ -2226,27 +2267,8 @@ impl Store for SqlStore {
     fn add_grant(&self, session_id: &SessionId, grant: StoredGrant) -> StoreFuture<'_, ()> {
         let session_id = session_id.clone();
         async move {
-            if let Some(granted) = &self.granted {
-                // Before the grant is written: a read that finds the session not here finds it holds none.
-                granted.lock().insert(session_id.clone());
-            }
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
-            query("DELETE FROM grants WHERE session_id = $1 AND id = $2")
-                .bind(session_id.as_str())
-                .bind(grant.id.clone())
-                .execute(&mut tx)
-                .await
-                .map_err(unavailable)?;
-            query(
-                "INSERT INTO grants (session_id, id, grant_json, created_at) VALUES ($1, $2, $3, $4)",
-            )
-            .bind(session_id.as_str())
-            .bind(grant.id.clone())
-            .bind(json(&grant.grant))
-            .bind(grant.created_at as i64)
-            .execute(&mut tx)
-            .await
-            .map_err(unavailable)?;
+            self.grant_in(&mut tx, &session_id, &grant).await?;
             tx.commit().await.map_err(unavailable)?;
             Ok(())
         }
@@ -2669,6 +2691,7 @@ mod tests {
                 .unwrap(),
             ],
             audit: Vec::new(),
+            grant: None,
         }
     }
 
