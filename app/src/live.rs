@@ -34,7 +34,7 @@ mod browser {
 
     struct Subscription {
         source: EventSource,
-        _on_event: Closure<dyn FnMut(MessageEvent)>,
+        _on_event: Closure<dyn FnMut(web_sys::Event)>,
         _on_open: Closure<dyn FnMut(web_sys::Event)>,
         _on_error: Closure<dyn FnMut(web_sys::Event)>,
     }
@@ -70,7 +70,12 @@ mod browser {
                 return;
             }
         };
-        let on_event = Closure::<dyn FnMut(MessageEvent)>::new(move |message: MessageEvent| {
+        let on_event = Closure::<dyn FnMut(web_sys::Event)>::new(move |event: web_sys::Event| {
+            // The server's `error` events are messages; the browser's own `error` (the connection failed, handled
+            // by `on_error`) is a plain event, with no id or data to read.
+            let Ok(message) = event.dyn_into::<MessageEvent>() else {
+                return;
+            };
             // Ids are `runId:seq`; run ids may themselves contain colons.
             let id = message.last_event_id();
             let seq = id

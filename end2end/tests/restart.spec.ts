@@ -63,6 +63,9 @@ test("the server killed with a card pending and started again: the page reconnec
   try {
     server = await start(dir);
     const first = server.process.pid;
+    // The connection's failures are the page's to handle: none escapes as an exception.
+    const pageErrors: string[] = [];
+    page.on("pageerror", (error) => pageErrors.push(error.message));
     await openPage(page, `${RESTARTED}/`);
     const file = unique("restart");
     await send(page, `write ${file}: survived`);
@@ -88,6 +91,7 @@ test("the server killed with a card pending and started again: the page reconnec
     await expect(page.locator(".turn.assistant").last()).toHaveText(`write_file wrote 8 bytes to ${file}.`);
     expect(fs.readFileSync(path.join(dir, "workspace", file), "utf8")).toBe("survived");
     await screenshot(page, testInfo, "restart-decided");
+    expect(pageErrors).toEqual([]);
   } finally {
     if (server) await kill(server);
     fs.rmSync(dir, { recursive: true, force: true });
