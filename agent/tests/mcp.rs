@@ -719,6 +719,26 @@ async fn a_changed_tool_is_in_the_toolbox_when_the_call_that_changed_it_answers(
     started.shut_down().await;
 }
 
+/// A server that announces a new tool list and never answers tools/list holds up nothing for longer than its tool
+/// timeout: that list is given up, and the server's next change is applied as before.
+#[tokio::test]
+async fn a_tool_list_never_answered_is_given_up_and_the_next_change_applies() {
+    let started = start(json!({"fixture": fixture(json!({"tool_timeout_secs": 1}))}))
+        .await
+        .unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    run.call("mcp__fixture__change_tools_hang_list", json!({}))
+        .await;
+    run.call("mcp__fixture__change_tools", json!({})).await;
+    let echo = started
+        .toolbox
+        .lookup("mcp__fixture__echo")
+        .map(|tool| tool.spec().clone())
+        .unwrap();
+    assert_eq!(echo.description, "Echoes the text back (version 3).");
+    started.shut_down().await;
+}
+
 #[tokio::test]
 async fn only_the_enabled_tools_are_offered_and_disabled_servers_start_nothing() {
     let started = start(json!({

@@ -29,6 +29,8 @@ process.stdout.write("fixture: this line is not JSON-RPC\n");
 const readOnly = { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false };
 const object = (properties = {}, required = []) => ({ type: "object", properties, required, additionalProperties: false });
 let version = 1;
+// Set by change_tools_hang_list: the next tools/list is never answered.
+let hangNextList = false;
 const cancellations = [];
 const text = (value) => ({ content: [{ type: "text", text: value }] });
 const log = (line) => appendFileSync("fixture-calls.log", `${line}\n`);
@@ -44,13 +46,20 @@ const tools = () => [
   { name: "huge", description: "Answers with this many bytes of text.", inputSchema: object({ bytes: { type: "integer", minimum: 8 } }, ["bytes"]) },
   { name: "junk", description: "Writes junk to stdout, then answers.", inputSchema: object() },
   { name: "change_tools", description: "Changes the echo tool's description and announces it.", inputSchema: object() },
+  { name: "change_tools_hang_list", description: "Changes the echo tool's description, announces it, and never answers the next tools/list.", inputSchema: object() },
   { name: "spawn_child", description: "Starts a long sleep of its own and gives both process ids.", inputSchema: object() },
   { name: "whereami", description: "Gives its working directory and the names of its environment variables.", inputSchema: object(), annotations: readOnly },
 ];
 
 const server = new Server({ name: "toolgate-misbehaving-fixture", version: "1.0.0" }, { capabilities: { tools: { listChanged: true } } });
 
-server.setRequestHandler(ListToolsRequestSchema, async () => ({ tools: tools() }));
+server.setRequestHandler(ListToolsRequestSchema, async () => {
+  if (hangNextList) {
+    hangNextList = false;
+    return await new Promise(() => {});
+  }
+  return { tools: tools() };
+});
 
 server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
   const { name, arguments: args = {} } = request.params;
@@ -91,6 +100,11 @@ server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
       version += 1;
       await server.sendToolListChanged();
       return text(`echo is now version ${version}`);
+    case "change_tools_hang_list":
+      version += 1;
+      hangNextList = true;
+      await server.sendToolListChanged();
+      return text(`echo is now version ${version}, and the next tools/list hangs`);
     case "spawn_child": {
       const child = spawn("sleep", ["600"], { stdio: "ignore" });
       return text(JSON.stringify({ server: process.pid, child: child.pid }));

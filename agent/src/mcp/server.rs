@@ -616,15 +616,24 @@ async fn follow_tool_list(
         let (Some(server), Some(connection)) = (server.upgrade(), connection.upgrade()) else {
             return;
         };
-        match connection.client.list_tools().await {
-            Ok(tools) => {
+        // Bounded like a call: a server that never answers must hold up neither the calls that wait for its list
+        // (see `tools_settled`) nor its later changes.
+        let patience = server.config.tool_timeout;
+        match tokio::time::timeout(patience, connection.client.list_tools()).await {
+            Ok(Ok(tools)) => {
                 let link = server.link.lock().await;
                 if matches!(&*link, Link::Up(up) if up.generation == connection.generation) {
                     server.publish(tools);
                 }
             }
-            Err(error) => {
+            Ok(Err(error)) => {
                 tracing::warn!(server = server.config.name, %error, "an MCP server's new tool list could not be read");
+            }
+            Err(_) => {
+                tracing::warn!(
+                    server = server.config.name,
+                    "an MCP server did not answer tools/list within {patience:?}; its tools stay as they were"
+                );
             }
         }
         applied.send_replace(target);
