@@ -1278,6 +1278,24 @@ mod tests {
         }
     }
 
+    /// Runs `sh -c script`, which starts two `sleep 300` and waits for a file `go`; makes the file once both run.
+    async fn run_until_told(
+        tools: &Toolbox,
+        ws: &Workspace,
+        script: &str,
+    ) -> Result<Value, ToolError> {
+        let context = context();
+        let run_command = tools.get("run_command").unwrap();
+        let running =
+            run_command.execute(json!({"command": "sh", "args": ["-c", script]}), &context);
+        let exit_once_started = async {
+            sleepers_started(ws.root(), 2).await;
+            std::fs::write(ws.root().join("go"), "").unwrap();
+        };
+        let (result, ()) = tokio::join!(running, exit_once_started);
+        result
+    }
+
     /// A shell that starts two sleepers, one of them in a session of its own, and waits for them.
     const LEAVES_A_SESSION: &str = "sleep 300 & setsid sleep 300 & wait";
 
@@ -1335,18 +1353,11 @@ mod tests {
     #[tokio::test]
     async fn a_command_that_signals_its_own_group_keeps_its_output_and_leaves_nothing() {
         let (_dir, ws, tools) = setup();
-        let context = context();
         let script = "trap 'kill 0' EXIT; (trap '' TERM; sleep 300) & setsid sleep 300 & \
              until [ -e go ]; do sleep 0.01; done; echo hello";
-        let run_command = tools.get("run_command").unwrap();
-        let running =
-            run_command.execute(json!({"command": "sh", "args": ["-c", script]}), &context);
-        let exit_once_started = async {
-            sleepers_started(ws.root(), 2).await;
-            std::fs::write(ws.root().join("go"), "").unwrap();
-        };
-        let (result, ()) = tokio::join!(running, exit_once_started);
-        let output = result.expect("the command's own result");
+        let output = run_until_told(&tools, &ws, script)
+            .await
+            .expect("the command's own result");
         assert_eq!(output["stdout"], "hello\n");
         assert_eq!(
             [&output["exitCode"], &output["signal"]],
@@ -1383,19 +1394,10 @@ mod tests {
     #[tokio::test]
     async fn what_a_command_leaves_running_is_stopped_when_it_exits() {
         let (_dir, ws, tools) = setup();
-        let context = context();
         // The shell starts two sleepers, one of them in a session of its own, and exits once told to.
         let script =
             "sleep 300 & setsid sleep 300 & until [ -e go ]; do sleep 0.01; done; echo done";
-        let run_command = tools.get("run_command").unwrap();
-        let running =
-            run_command.execute(json!({"command": "sh", "args": ["-c", script]}), &context);
-        let exit_once_started = async {
-            sleepers_started(ws.root(), 2).await;
-            std::fs::write(ws.root().join("go"), "").unwrap();
-        };
-        let (result, ()) = tokio::join!(running, exit_once_started);
-        let output = result.unwrap();
+        let output = run_until_told(&tools, &ws, script).await.unwrap();
         assert_eq!(output["exitCode"], 0);
         assert_eq!(output["stdout"], "done\n");
         assert_eq!(processes_in(ws.root()), Vec::<String>::new());

@@ -455,12 +455,7 @@ async fn login_attempts_are_rate_limited_per_client() {
         .unwrap();
     assert_eq!(limited.status(), 429);
     assert!(limited.headers().get("set-cookie").is_none());
-    let wait: u64 = limited.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!((1..=12).contains(&wait), "{wait}");
+    let wait = retry_after(&limited);
     assert_eq!(limited.headers()["cache-control"], "no-store");
     let html = limited.text().await.unwrap();
     assert!(
@@ -622,12 +617,7 @@ async fn wrong_bearer_tokens_are_rate_limited_per_client() {
     }
     let limited = with_token(&guesser, TOKEN).await.unwrap();
     assert_eq!(limited.status(), 429, "even the right token waits");
-    let wait: u64 = limited.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!((1..=12).contains(&wait), "{wait}");
+    let wait = retry_after(&limited);
     let body: Value = limited.json().await.unwrap();
     assert_eq!(body["code"], "TOO_MANY_ATTEMPTS");
     assert_eq!(
@@ -638,4 +628,15 @@ async fn wrong_bearer_tokens_are_rate_limited_per_client() {
     let person = client_from("127.0.0.2");
     let response = with_token(&person, TOKEN).await.unwrap();
     assert_eq!(response.status(), 200, "another client");
+}
+
+/// The seconds a 429 asks to wait, which are at most one refill of an allowance (12 s).
+fn retry_after(limited: &reqwest::Response) -> u64 {
+    let wait: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=12).contains(&wait), "{wait}");
+    wait
 }
