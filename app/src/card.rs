@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use crate::api::{Choice, decide_approval};
 use crate::components::mcp_trust_label;
-use crate::format::{byte_size, countdown, has_hidden, pretty_json, visible};
+use crate::format::{byte_size, countdown, has_hidden, pretty_json, shown_json, visible};
 use crate::rules::{AlwaysAllow, scope_notes, session_buttons};
 use crate::schema;
 use crate::state::{ApprovalKey, Ui, card_dom_id, key_of};
@@ -594,7 +594,7 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
             .is_some_and(|text| has_hidden(&text));
     let preview = request.preview.clone().map(shown);
     let has_preview = preview.is_some();
-    let arguments_json = visible(&pretty_json(&request.arguments));
+    let arguments_json = shown_json(&request.arguments);
     let target = target(&request);
     let editor_id = dom_id.clone();
     let labelled_by = title_id.clone();

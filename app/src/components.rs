@@ -7,7 +7,7 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 
 use crate::api::{cancel_run, start_run};
-use crate::format::{call_status, clock, output_text, permission_label, pretty_json};
+use crate::format::{call_status, clock, output_text, permission_label, shown_json};
 use crate::state::{Connection, Ui};
 
 fn ui() -> Ui {
@@ -58,8 +58,8 @@ pub fn ConnectionNote() -> impl IntoView {
 #[component]
 fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
     let (status_class, status) = call_status(&call);
-    let arguments = pretty_json(&call.arguments);
-    let edited = call.executed_arguments.as_ref().map(pretty_json);
+    let arguments = shown_json(&call.arguments);
+    let edited = call.executed_arguments.as_ref().map(shown_json);
     let output = call.output.as_ref().map(output_text);
     let permission = format!(
         "{}: {}",

@@ -37,6 +37,12 @@ pub fn has_hidden(text: &str) -> bool {
     text.contains(hides_itself)
 }
 
+/// JSON indented for reading, as the page shows a call's arguments or output: with its hidden characters written
+/// out ([`visible`]). (An editor's text is [`pretty_json`], which parses back.)
+pub fn shown_json(value: &Value) -> String {
+    visible(&pretty_json(value))
+}
+
 /// JSON indented for reading.
 pub fn pretty_json(value: &Value) -> String {
     serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
@@ -131,7 +137,7 @@ pub fn output_text(output: &ToolOutput) -> String {
         ToolOutput::Ok {
             content: Value::String(text),
         } => text.clone(),
-        ToolOutput::Ok { content } => pretty_json(content),
+        ToolOutput::Ok { content } => shown_json(content),
         ToolOutput::Error { code, message } => format!("{}: {message}", code.as_str()),
     };
     if text.len() <= OUTPUT_SHOWN {

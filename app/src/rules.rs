@@ -11,6 +11,7 @@ use leptos::task::spawn_local;
 use serde::{Deserialize, Serialize};
 
 use crate::api::Choice;
+use crate::format::visible;
 use crate::state::{ApprovalKey, Ui};
 
 /// What the panel shows.
@@ -152,11 +153,11 @@ pub fn session_buttons(
                 <button
                     type="button"
                     class=class
-                    title=choice.covers.clone()
+                    title=visible(&choice.covers)
                     on:click=move |_| decide(pick)
                     disabled=disabled
                 >
-                    {choice.label.clone()}
+                    {visible(&choice.label)}
                 </button>
             })
         })
@@ -168,7 +169,7 @@ pub fn scope_notes(choices: &ApprovalChoices) -> impl IntoView {
     let notes: Vec<String> = choices
         .session
         .iter()
-        .map(|choice| format!("{}: {}", choice.label, choice.covers))
+        .map(|choice| visible(&format!("{}: {}", choice.label, choice.covers)))
         .chain(choices.session_note.clone())
         .collect();
     (!notes.is_empty()).then(|| {
@@ -220,7 +221,7 @@ pub fn AlwaysAllow(key: ApprovalKey, rule: String, in_flight: Memo<bool>) -> imp
             <Show when=move || confirming.get()>
                 <div class="confirm" role="group" aria-label="Confirm the rule">
                     <span>"Add this rule? Calls it covers run without asking, in every session, until it is removed:"</span>
-                    <code class="rule-text">{rule.get_value()}</code>
+                    <code class="rule-text">{visible(&rule.get_value())}</code>
                     <button type="button" class="approve always-allow-confirm" on:click=confirm.clone() disabled=move || in_flight.get()>
                         "Add rule and approve"
                     </button>

@@ -405,6 +405,9 @@ test("characters that hide themselves or turn text around are written out on the
   await expect(command.locator(".args li code")).toHaveText(["-f", "important\\u{202E}txt.kcab"]);
   await expect(command.locator(".hidden-characters")).toContainText("shown as \\u{…}");
   await expect(command.locator("pre.arguments")).toContainText("important\\u{202E}txt.kcab");
+  // Everywhere else the call is shown too: what each session scope covers, and the transcript's call.
+  await expect(command.locator(".scope-notes")).toContainText("important\\u{202E}txt.kcab");
+  await expect(page.locator(".tool-call pre").first()).toContainText("important\\u{202E}txt.kcab");
   await screenshot(page, testInfo, "review-hidden-characters");
   await command.getByRole("button", { name: "Deny" }).click();
   await expect(page.locator(".approval-card")).toHaveCount(0);
