@@ -260,7 +260,9 @@ pub fn RulesPanel() -> impl IntoView {
     // Effects run in the browser only: the server renders the panel closed and empty.
     Effect::new(move |_| {
         ui.rules_changed.track();
-        approvals.track();
+        // Read, not only tracked: a memo computes (and so follows the session) only once something reads it, and
+        // one that was merely tracked would never change.
+        approvals.get();
         spawn_local(async move {
             match load_rules_and_grants(Some(ui.session_id())).await {
                 Ok(state) => panel.set(Some(state)),

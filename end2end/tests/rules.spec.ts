@@ -70,3 +70,28 @@ test("a command's card names what each session scope covers, in plain words", as
   await pending.getByRole("button", { name: "Deny" }).click();
   await expect(pending).toHaveCount(0);
 });
+
+test("approving for the session lists the grant in the panel at once, and revoking it there makes the call ask again", async ({
+  page,
+}, testInfo) => {
+  await openPage(page);
+  const file = unique("granted");
+  await send(page, `write ${file}: one`);
+  const pending = card(page, "write_file");
+  await pending.getByRole("button", { name: "Approve for session" }).click();
+  await expect(pending).toHaveCount(0);
+  await expect(page.locator(".turn.assistant").last()).toHaveText(`write_file wrote 3 bytes to ${file}.`);
+
+  // Without a reload: the panel reads the grants when it sees the approval, and the grant is there by then.
+  await page.locator(".rules-panel summary").click();
+  const grant = page.locator(".rules-panel .grant");
+  await expect(grant).toHaveCount(1);
+  await expect(grant).toContainText("write_file");
+  await screenshot(page, testInfo, "grant-listed");
+  await grant.getByRole("button", { name: "Revoke" }).click();
+  await expect(grant).toHaveCount(0);
+  await send(page, `write ${file}: two`);
+  await expect(card(page, "write_file")).toBeVisible();
+  await card(page, "write_file").getByRole("button", { name: "Deny" }).click();
+  await expect(card(page, "write_file")).toHaveCount(0);
+});
