@@ -739,6 +739,51 @@ async fn a_tool_list_never_answered_is_given_up_and_the_next_change_applies() {
     started.shut_down().await;
 }
 
+/// A run aborted while a call's announced tool list is awaited reports the call's real result at once: the call took
+/// effect. Before, the wait went on to the server's tool timeout, and the call was left behind as unknown.
+#[tokio::test]
+async fn a_run_aborted_while_a_tool_list_is_awaited_ends_at_once() {
+    let started = start(json!({"fixture": fixture(json!({"tool_timeout_secs": 60}))}))
+        .await
+        .unwrap();
+    let model = Arc::new(ReplayModel::new(vec![
+        tool_step(&[support::call(
+            "call_1",
+            "mcp__fixture__change_tools_hang_list",
+            json!({}),
+        )]),
+        text_step("never"),
+    ]));
+    let harness = harness_over(model, started.toolbox.clone(), ApprovalPolicy::Trusted);
+    let run = harness
+        .start(start_run(ApprovalMode::Interactive))
+        .await
+        .unwrap();
+    started.until_fixture_called("change_tools_hang_list").await;
+    // The call has answered by now; what holds its result is the list that never comes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    harness.cancel(run.run_id()).await.unwrap();
+    let events = tokio::time::timeout(Duration::from_secs(20), all_events(&run))
+        .await
+        .expect("the run ends long before the 60 s tool timeout");
+    assert_eq!(
+        failure(&events).map(|(code, _)| code),
+        Some(RunErrorCode::Aborted)
+    );
+    let output = events
+        .iter()
+        .find_map(|event| match event {
+            StreamEvent::ToolResult { output, .. } => Some(output.clone()),
+            _ => None,
+        })
+        .expect("the call has a result");
+    assert!(
+        text(&output).contains("echo is now version 2"),
+        "{output:?}"
+    );
+    started.shut_down().await;
+}
+
 #[tokio::test]
 async fn only_the_enabled_tools_are_offered_and_disabled_servers_start_nothing() {
     let started = start(json!({

@@ -143,12 +143,16 @@ struct Connection {
 
 impl Connection {
     /// Waits until every tool-list change the server announced so far is in the toolbox (bounded: a server
-    /// that never answers tools/list must not hold a call's result forever).
-    async fn tools_settled(&self, patience: Duration) {
+    /// that never answers tools/list must not hold a call's result forever, nor a run aborted meanwhile).
+    async fn tools_settled(&self, patience: Duration, cancel: &CancellationToken) {
         let target = *self.client.announcements().borrow();
         let mut applied = self.applied.clone();
-        let _ =
-            tokio::time::timeout(patience, applied.wait_for(|applied| *applied >= target)).await;
+        let settled =
+            tokio::time::timeout(patience, applied.wait_for(|applied| *applied >= target));
+        tokio::select! {
+            _ = settled => {}
+            () = cancel.cancelled() => {}
+        }
     }
 }
 
@@ -478,7 +482,7 @@ impl McpServer {
         {
             Ok(result) => {
                 // A tool that changed the server's tools answers after announcing it: the next step sees them.
-                connection.tools_settled(timeout).await;
+                connection.tools_settled(timeout, cancel).await;
                 if result.is_error {
                     let text = match result.content {
                         Value::String(text) => text,
