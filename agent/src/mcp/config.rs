@@ -211,7 +211,7 @@ impl McpConfig {
                 .map_err(|e| error(format!("it cannot be read: {e}")))?;
             (document, "mcp_servers")
         } else {
-            let document: Value = serde_json::from_str(text)
+            let UniqueKeys(document) = serde_json::from_str(text)
                 .map_err(|e| error(format!("it is not valid JSON: {e}")))?;
             (document, "mcpServers")
         };
@@ -661,6 +661,79 @@ fn kind_of(value: &Value) -> &'static str {
     }
 }
 
+/// A JSON document in which no object names a key twice. `serde_json` keeps the last of a repeated key without a
+/// word; in a configuration that would drop a server, or a setting the person wrote, unseen. (TOML refuses a
+/// repeated key itself.)
+struct UniqueKeys(Value);
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(UniqueKeysVisitor)
+            .map(UniqueKeys)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
+    type Value = Value;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
+        Ok(Value::Bool(value))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_string<E>(self, value: String) -> Result<Value, E> {
+        Ok(Value::String(value))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(UniqueKeys(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "the key \"{key}\" appears twice in one object"
+                )));
+            }
+            let UniqueKeys(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -675,6 +748,27 @@ mod tests {
 
     fn parse(file: &str, text: &str) -> Result<McpConfig, ConfigError> {
         McpConfig::parse(Path::new(file), text, &env)
+    }
+
+    #[test]
+    fn a_key_written_twice_in_json_is_an_error_where_it_is() {
+        for text in [
+            r#"{"mcpServers": {"fs": {"command": "a"}, "fs": {"command": "b"}}}"#,
+            r#"{"mcpServers": {"fs": {"command": "a", "args": ["x"], "command": "b"}}}"#,
+            r#"{"mcpServers": {"fs": {"command": "a", "env": {"K": "1", "K": "2"}}}}"#,
+        ] {
+            let error = parse("servers.json", text).unwrap_err().to_string();
+            assert!(
+                error.contains("it is not valid JSON: the key ") && error.contains("appears twice"),
+                "{error}"
+            );
+        }
+        // Objects apart may use the same keys; arrays and numbers read as before.
+        let config = parse(
+            "servers.json",
+            r#"{"mcpServers": {"a": {"command": "x", "args": ["1", "2"], "tool_timeout_secs": 5}, "b": {"command": "x", "enabled_tools": ["echo"]}}}"#,
+        );
+        assert!(config.is_ok(), "{config:?}");
     }
 
     #[test]
