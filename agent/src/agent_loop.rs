@@ -6,7 +6,7 @@
 //! where decisions settle it and whoever settles it last samples on from its saved state; `interrupt` (AG-UI) runs
 //! what needs nobody and ends the run with the rest set aside ([`RunEnd::Interrupted`]) for a later run to resume.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use futures::StreamExt;
@@ -518,6 +518,7 @@ async fn sample(
             usage,
             elapsed: started.elapsed(),
         });
+        renew_reused_ids(&mut calls, messages);
         messages.push(Message::Assistant {
             content: text.clone(),
             tool_calls: calls.clone(),
@@ -525,7 +526,7 @@ async fn sample(
         if calls.is_empty() {
             return (RunEnd::Answer(text), step);
         }
-        let mut ids = std::collections::HashSet::with_capacity(calls.len());
+        let mut ids = HashSet::with_capacity(calls.len());
         if let Some(twice) = calls.iter().find(|call| !ids.insert(&call.id)) {
             let error = RunError::Model(format!(
                 "the model gave two calls of one step the same id ({})",
@@ -634,6 +635,29 @@ async fn sample(
         }),
         limits.max_steps,
     )
+}
+
+/// Gives a call whose id an earlier call of the conversation had a fresh one. Some providers number the calls of
+/// each step from the start; an id names one call in the conversation we send back, in the store and in the events
+/// a client matches results by (AG-UI's `toolCallId`), so a reused one would make two calls one. The conversation
+/// carries the new id from here on, so the provider sees ids it can match.
+fn renew_reused_ids(calls: &mut [ToolCall], earlier: &[Message]) {
+    if calls.is_empty() {
+        return;
+    }
+    let used: HashSet<&ToolCallId> = earlier
+        .iter()
+        .flat_map(|message| match message {
+            Message::Assistant { tool_calls, .. } => {
+                tool_calls.iter().map(|call| &call.id).collect::<Vec<_>>()
+            }
+            Message::Tool { tool_call_id, .. } => vec![tool_call_id],
+            Message::System { .. } | Message::User { .. } => Vec::new(),
+        })
+        .collect();
+    for call in calls.iter_mut().filter(|call| used.contains(&call.id)) {
+        call.id = ToolCallId::generate();
+    }
 }
 
 /// Runs what in the batch needs no person and sets the rest aside for a later run.

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use agent::runtime::AbortReason;
 use agent::tools::{Tool, ToolContext, ToolFuture, Toolbox};
 use agent::wire::{
-    ApprovalMode, ApprovalPolicy, Decision, DecisionScope, DenialSource, PermissionDecision,
-    Resolution, RunErrorCode, StreamEvent, ToolAnnotations, ToolCall, ToolErrorCode, ToolOutput,
+    ApprovalMode, ApprovalPolicy, Decision, DecisionScope, DenialSource, Message,
+    PermissionDecision, Resolution, RunErrorCode, StreamEvent, ToolAnnotations, ToolCall,
+    ToolErrorCode, ToolOutput,
 };
 use serde_json::json;
 use support::*;
@@ -606,5 +607,55 @@ async fn a_tool_changed_while_its_approval_waits_is_not_run_under_it() {
             .unwrap()
             .list()
             .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_call_id_the_provider_uses_again_gets_a_fresh_one() {
+    // The provider numbers each step's calls from the start, as some do: the second step's "call_0" is another call.
+    let fx = on_request(vec![
+        tool_step(&[call("call_0", "read_file", json!({"path": "a"}))]),
+        tool_step(&[call("call_0", "read_file", json!({"path": "b"}))]),
+        text_step("read both"),
+    ]);
+    let run = fx.start(ApprovalMode::Interactive, "read a and b").await;
+    let events = all_events(&run).await;
+    let calls: Vec<(String, String)> = events
+        .iter()
+        .filter_map(|event| match event {
+            StreamEvent::ToolCall {
+                tool_call_id,
+                arguments,
+                ..
+            } => Some((tool_call_id.to_string(), arguments.to_string())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0].0, "call_0");
+    assert_ne!(calls[1].0, "call_0", "{calls:?}");
+    assert!(output_of(&events, &calls[0].0).is_ok());
+    assert!(output_of(&events, &calls[1].0).is_ok());
+    assert_eq!(
+        fx.reads.inputs(),
+        [json!({"path": "a"}), json!({"path": "b"})]
+    );
+
+    // The conversation sent back names each call once, and each result by its call's id.
+    let last = fx.model.requests().pop().unwrap();
+    let ids: Vec<String> = last
+        .iter()
+        .flat_map(|message| match message {
+            Message::Assistant { tool_calls, .. } => {
+                tool_calls.iter().map(|call| call.id.to_string()).collect()
+            }
+            Message::Tool { tool_call_id, .. } => vec![tool_call_id.to_string()],
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [&calls[0].0, &calls[0].0, &calls[1].0, &calls[1].0].map(String::clone),
+        "{last:?}"
     );
 }
