@@ -71,6 +71,18 @@ pub enum ModelError {
     Provider(String),
     #[error("the model provider did not answer within {0:?}")]
     Timeout(Duration),
+    /// The provider stopped the answer before its end (its output limit, a content filter) while it was making
+    /// tool calls: what they would have done is not known, so none of them runs.
+    #[error(
+        "the model's answer was cut off (finish reason `{reason}`) while it made {calls} tool call(s); none of them ran"
+    )]
+    CutOff { reason: String, calls: usize },
+    #[error(
+        "the model's answer for one step is larger than {limit} bytes; it was not read further"
+    )]
+    TooLarge { limit: usize },
+    #[error("the model made more than {limit} tool calls in one step; none of them ran")]
+    TooManyCalls { limit: usize },
 }
 
 /// What the loop asks a model for.

@@ -182,7 +182,13 @@ impl Redactor {
             ModelError::Connection(message) => ModelError::Connection(scrub(message)),
             ModelError::Malformed(message) => ModelError::Malformed(scrub(message)),
             ModelError::Provider(message) => ModelError::Provider(scrub(message)),
-            ModelError::Timeout(after) => ModelError::Timeout(after),
+            ModelError::CutOff { reason, calls } => ModelError::CutOff {
+                reason: scrub(reason),
+                calls,
+            },
+            error @ (ModelError::Timeout(_)
+            | ModelError::TooLarge { .. }
+            | ModelError::TooManyCalls { .. }) => error,
         }
     }
 }

@@ -16,6 +16,13 @@ use crate::wire::{Message, ToolCall, ToolSpec};
 
 /// The longest piece of a provider's text we put into an error message.
 const MAX_MESSAGE_CHARS: usize = 500;
+/// The most text and tool-call arguments one step may carry. The largest call a built-in tool takes is a 1 MiB
+/// write; a provider that streams more than this is broken or hostile, and our memory is not its to fill.
+pub const MAX_STEP_BYTES: usize = 16 * 1024 * 1024;
+/// The most tool calls one step may make: each is a card, a record and an event.
+pub const MAX_CALLS_PER_STEP: usize = 256;
+/// Finish reasons that say the answer stopped before its end.
+const CUT_OFF: [&str; 2] = ["length", "content_filter"];
 
 /// The body of `POST {base}/chat/completions`.
 #[derive(Debug, Serialize)]
@@ -261,6 +268,8 @@ pub struct StepAssembler {
     last: Option<usize>,
     finish_reason: Option<String>,
     usage: Option<Usage>,
+    /// The bytes of text and arguments taken so far.
+    carried: usize,
 }
 
 impl StepAssembler {
@@ -292,17 +301,30 @@ impl StepAssembler {
                 text.extend(delta.content);
                 text.extend(delta.refusal);
                 for piece in delta.tool_calls.unwrap_or_default() {
-                    self.add_call_piece(piece);
+                    self.carry(piece_bytes(&piece))?;
+                    self.add_call_piece(piece)?;
                 }
             }
             if let Some(reason) = choice.finish_reason {
                 self.finish_reason = Some(reason);
             }
         }
+        self.carry(text.len())?;
         Ok((!text.is_empty()).then_some(text))
     }
 
-    fn add_call_piece(&mut self, piece: ToolCallDelta) {
+    /// Counts what a chunk adds, refusing a step larger than [`MAX_STEP_BYTES`].
+    fn carry(&mut self, bytes: usize) -> Result<(), ModelError> {
+        self.carried = self.carried.saturating_add(bytes);
+        if self.carried > MAX_STEP_BYTES {
+            return Err(ModelError::TooLarge {
+                limit: MAX_STEP_BYTES,
+            });
+        }
+        Ok(())
+    }
+
+    fn add_call_piece(&mut self, piece: ToolCallDelta) -> Result<(), ModelError> {
         let id = piece.id.filter(|id| !id.is_empty());
         let name = piece
             .function
@@ -334,6 +356,11 @@ impl StepAssembler {
             Some(at) => at,
             None => {
                 let at = self.calls.len();
+                if at == MAX_CALLS_PER_STEP {
+                    return Err(ModelError::TooManyCalls {
+                        limit: MAX_CALLS_PER_STEP,
+                    });
+                }
                 let index = piece
                     .index
                     .unwrap_or_else(|| u32::try_from(at).unwrap_or(u32::MAX));
@@ -360,10 +387,20 @@ impl StepAssembler {
         if let Some(arguments) = piece.function.and_then(|function| function.arguments) {
             call.arguments.push_str(&arguments);
         }
+        Ok(())
     }
 
     /// The end of the step: the complete tool calls in the model's order, then the usage and the finish reason.
     pub fn finish(self) -> Result<Vec<ModelChunk>, ModelError> {
+        if let Some(reason) = self.finish_reason.as_deref()
+            && CUT_OFF.contains(&reason)
+            && !self.calls.is_empty()
+        {
+            return Err(ModelError::CutOff {
+                reason: reason.to_owned(),
+                calls: self.calls.len(),
+            });
+        }
         let mut chunks = Vec::with_capacity(self.calls.len() + 2);
         let mut calls = self.calls;
         calls.sort_by_key(|call| call.order);
@@ -386,6 +423,18 @@ impl StepAssembler {
         chunks.extend(self.finish_reason.map(ModelChunk::Finish));
         Ok(chunks)
     }
+}
+
+/// What a piece of a call adds to the step: its id, name and arguments.
+fn piece_bytes(piece: &ToolCallDelta) -> usize {
+    let function = piece.function.as_ref();
+    piece.id.as_ref().map_or(0, String::len)
+        + function
+            .and_then(|function| function.name.as_ref())
+            .map_or(0, String::len)
+        + function
+            .and_then(|function| function.arguments.as_ref())
+            .map_or(0, String::len)
 }
 
 /// The provider's id when it is one we can carry, otherwise a fresh one. The API matches tool results to calls by
@@ -744,6 +793,95 @@ mod tests {
         assert_eq!(
             step.finish().unwrap(),
             vec![ModelChunk::Finish("stop".into())]
+        );
+    }
+
+    #[test]
+    fn calls_of_an_answer_cut_off_run_none_and_a_cut_off_text_is_kept() {
+        for reason in ["length", "content_filter"] {
+            let mut step = StepAssembler::new();
+            step.apply(chunk(tool_piece(
+                0,
+                Some("call_a"),
+                Some("run_command"),
+                r#"{"command": "ls"}"#,
+            )))
+            .unwrap();
+            step.apply(chunk(tool_piece(
+                1,
+                Some("call_b"),
+                Some("delete_file"),
+                r#"{"path": "#,
+            )))
+            .unwrap();
+            step.apply(chunk(
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}),
+            ))
+            .unwrap();
+            assert_eq!(
+                step.finish(),
+                Err(ModelError::CutOff {
+                    reason: reason.into(),
+                    calls: 2
+                })
+            );
+        }
+        let mut step = StepAssembler::new();
+        step.apply(chunk(
+            json!({"choices": [{"index": 0, "delta": {"content": "A long ans"}, "finish_reason": "length"}]}),
+        ))
+        .unwrap();
+        assert_eq!(
+            step.finish().unwrap(),
+            vec![ModelChunk::Finish("length".into())]
+        );
+    }
+
+    #[test]
+    fn a_step_may_carry_only_so_much() {
+        let piece = "x".repeat(1024 * 1024);
+        let mut step = StepAssembler::new();
+        step.apply(chunk(tool_piece(0, Some("call_a"), Some("write_file"), "")))
+            .unwrap();
+        for _ in 0..MAX_STEP_BYTES / piece.len() - 1 {
+            step.apply(chunk(tool_piece(0, None, None, &piece)))
+                .unwrap();
+        }
+        assert_eq!(
+            step.apply(chunk(tool_piece(0, None, None, &piece))),
+            Err(ModelError::TooLarge {
+                limit: MAX_STEP_BYTES
+            })
+        );
+
+        let mut text = StepAssembler::new();
+        for _ in 0..MAX_STEP_BYTES / piece.len() {
+            text.apply(chunk(
+                json!({"choices": [{"index": 0, "delta": {"content": piece}}]}),
+            ))
+            .unwrap();
+        }
+        assert_eq!(
+            text.apply(chunk(
+                json!({"choices": [{"index": 0, "delta": {"content": "!"}}]})
+            )),
+            Err(ModelError::TooLarge {
+                limit: MAX_STEP_BYTES
+            })
+        );
+
+        let mut calls = StepAssembler::new();
+        for index in 0..MAX_CALLS_PER_STEP {
+            let index = u32::try_from(index).unwrap();
+            calls
+                .apply(chunk(tool_piece(index, None, Some("read_file"), "{}")))
+                .unwrap();
+        }
+        assert_eq!(
+            calls.apply(chunk(tool_piece(9999, None, Some("read_file"), "{}"))),
+            Err(ModelError::TooManyCalls {
+                limit: MAX_CALLS_PER_STEP
+            })
         );
     }
 

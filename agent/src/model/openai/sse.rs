@@ -3,8 +3,9 @@
 //! The parsing itself is `eventsource-stream`'s (the HTML standard's rules: any line ending, data lines joined with
 //! LF, comments, a leading byte order mark, no event without data). Two things a client of a remote server needs
 //! come before it, on the raw bytes: each read of the body must arrive within the model's timeout (a keep-alive
-//! comment counts, so a slow but alive server is not cut off), and no line may grow without end (a broken server
-//! that sends megabytes without a line ending must not take our memory). A leading byte order mark is also taken
+//! comment counts, so a slow but alive server is not cut off), and neither a line nor an event may grow without end
+//! (a broken server that sends megabytes without a line ending, or `data:` lines without the blank line that ends
+//! their event, must not take our memory). A leading byte order mark is also taken
 //! off here: `eventsource-stream` 0.2.3 slices it off by one byte, not three, and panics on it.
 
 use std::time::Duration;
@@ -15,6 +16,9 @@ use futures::{Stream, StreamExt};
 
 /// The longest line we hold. A chat chunk is a few hundred bytes.
 pub const MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
+
+/// The longest event we hold: its lines, up to the blank line that dispatches it.
+pub const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
 
 /// One dispatched event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -32,6 +36,8 @@ pub enum SseError<E> {
     InvalidUtf8,
     #[error("a line of the event stream is longer than {MAX_LINE_BYTES} bytes")]
     LineTooLong,
+    #[error("an event of the event stream is longer than {MAX_EVENT_BYTES} bytes")]
+    EventTooLong,
     #[error("the event stream is malformed: {0}")]
     Malformed(String),
     #[error("no part of the answer arrived within {} s", .0.as_secs_f64())]
@@ -43,14 +49,24 @@ pub enum SseError<E> {
 /// Errors of the bytes before they are parsed.
 enum Read<E> {
     LineTooLong,
+    EventTooLong,
     Timeout(Duration),
     Transport(E),
 }
 
-/// Counts the bytes of the line not yet ended, across reads.
+/// Counts the bytes of the line not yet ended and of the event not yet dispatched, across reads.
 #[derive(Default)]
-struct LineBound {
-    open: usize,
+struct Bounds {
+    line: usize,
+    event: usize,
+    /// The last byte was a CR: an LF now is the same line end.
+    after_cr: bool,
+}
+
+/// What a read would make the stream hold that is too much.
+enum Overflow {
+    Line,
+    Event,
 }
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
@@ -83,13 +99,34 @@ impl LeadingBom {
     }
 }
 
-impl LineBound {
-    fn admit(&mut self, bytes: &[u8]) -> bool {
-        match bytes.iter().rposition(|b| matches!(b, b'\n' | b'\r')) {
-            Some(end) => self.open = bytes.len() - end - 1,
-            None => self.open += bytes.len(),
+impl Bounds {
+    /// Follows the line ends of one read (CR, LF or CRLF, as the parser reads them): a line that ends empty is the
+    /// blank line that dispatches the event.
+    fn admit(&mut self, bytes: &[u8]) -> Result<(), Overflow> {
+        for &byte in bytes {
+            match byte {
+                b'\n' if self.after_cr => self.after_cr = false,
+                b'\n' | b'\r' => {
+                    if self.line == 0 {
+                        self.event = 0;
+                    }
+                    self.line = 0;
+                    self.after_cr = byte == b'\r';
+                }
+                _ => {
+                    self.line += 1;
+                    self.event += 1;
+                    self.after_cr = false;
+                }
+            }
         }
-        self.open <= MAX_LINE_BYTES
+        if self.line > MAX_LINE_BYTES {
+            Err(Overflow::Line)
+        } else if self.event > MAX_EVENT_BYTES {
+            Err(Overflow::Event)
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -105,7 +142,7 @@ where
     let bytes = futures::stream::unfold(
         (
             body.boxed(),
-            LineBound::default(),
+            Bounds::default(),
             LeadingBom::default(),
             false,
         ),
@@ -117,8 +154,11 @@ where
                 Err(_) => Err(Read::Timeout(timeout)),
                 Ok(None) => return None,
                 Ok(Some(Err(error))) => Err(Read::Transport(error)),
-                Ok(Some(Ok(bytes))) if !bound.admit(bytes.as_ref()) => Err(Read::LineTooLong),
-                Ok(Some(Ok(bytes))) => Ok(bom.strip(bytes.as_ref())),
+                Ok(Some(Ok(bytes))) => match bound.admit(bytes.as_ref()) {
+                    Err(Overflow::Line) => Err(Read::LineTooLong),
+                    Err(Overflow::Event) => Err(Read::EventTooLong),
+                    Ok(()) => Ok(bom.strip(bytes.as_ref())),
+                },
             };
             let failed = item.is_err();
             Some((item, (body, bound, bom, failed)))
@@ -134,6 +174,7 @@ where
             Err(EventStreamError::Utf8(_)) => Err(SseError::InvalidUtf8),
             Err(EventStreamError::Parser(error)) => Err(SseError::Malformed(error.to_string())),
             Err(EventStreamError::Transport(Read::LineTooLong)) => Err(SseError::LineTooLong),
+            Err(EventStreamError::Transport(Read::EventTooLong)) => Err(SseError::EventTooLong),
             Err(EventStreamError::Transport(Read::Timeout(after))) => Err(SseError::Timeout(after)),
             Err(EventStreamError::Transport(Read::Transport(error))) => {
                 Err(SseError::Transport(error))
@@ -274,5 +315,43 @@ mod tests {
             parse_pieces(vec![ended.clone(), ended]).await.is_ok(),
             "only one line is bounded, not the body"
         );
+    }
+
+    #[tokio::test]
+    async fn refuses_an_event_whose_lines_never_end_it() {
+        // Lines of 1 MiB, each short enough, never followed by the blank line that would dispatch them.
+        let mut line = b"data: ".to_vec();
+        line.extend(vec![b'a'; 1024 * 1024]);
+        line.extend(b"\r\n");
+        let endless = vec![line.clone(); MAX_EVENT_BYTES / (1024 * 1024) + 1];
+        assert_eq!(
+            parse_pieces(endless).await,
+            Err(format!(
+                "an event of the event stream is longer than {MAX_EVENT_BYTES} bytes"
+            ))
+        );
+    }
+
+    #[test]
+    fn an_event_is_bounded_up_to_the_blank_line_that_ends_it_whatever_the_line_ends() {
+        let line = vec![b'a'; 1024 * 1024];
+        for end in [&b"\r\n\r\n"[..], b"\n\n", b"\r\r", b"\r\n\n", b"\n\r\n"] {
+            let mut event = line.clone();
+            event.extend(end);
+            let body = event.repeat(MAX_EVENT_BYTES / line.len() + 1);
+            let mut bounds = Bounds::default();
+            for piece in body.chunks(4093) {
+                assert!(bounds.admit(piece).is_ok(), "events ended by {end:?}");
+            }
+        }
+        // Lines that end, with no blank line between them, are one event.
+        let mut event_line = line.clone();
+        event_line.extend(b"\r\n");
+        let mut bounds = Bounds::default();
+        let overflowed = event_line
+            .repeat(MAX_EVENT_BYTES / line.len() + 1)
+            .chunks(4093)
+            .any(|piece| matches!(bounds.admit(piece), Err(Overflow::Event)));
+        assert!(overflowed);
     }
 }
