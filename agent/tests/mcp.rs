@@ -673,6 +673,39 @@ async fn a_huge_result_reaches_the_model_as_head_and_tail_and_the_log_keeps_all_
     started.shut_down().await;
 }
 
+/// A message longer than toolgate reads fails its call at once and says why; before, the line was dropped and the
+/// call waited its whole tool timeout, then was reported as timed out. The server is started again for the next call.
+#[tokio::test]
+async fn a_result_longer_than_toolgate_reads_fails_its_call_at_once_and_says_why() {
+    let started = start(json!({"fixture": fixture(json!({"tool_timeout_secs": 60}))}))
+        .await
+        .unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let bytes = agent::mcp::MAX_MESSAGE_BYTES + 1024;
+    let called = tokio::time::timeout(
+        Duration::from_secs(30),
+        run.call("mcp__fixture__huge", json!({"bytes": bytes})),
+    )
+    .await
+    .expect("the call fails long before the 60 s tool timeout");
+    let (code, message) = error(&called);
+    assert_eq!(code, ToolErrorCode::ToolFailed);
+    assert!(
+        message.starts_with(
+            "The MCP server fixture sent a message longer than 64 MiB while mcp__fixture__huge was running"
+        ),
+        "{message}"
+    );
+    assert_eq!(
+        text(
+            &run.call("mcp__fixture__echo", json!({"text": "again"}))
+                .await
+        ),
+        "again"
+    );
+    started.shut_down().await;
+}
+
 #[tokio::test]
 async fn junk_on_stdout_is_skipped() {
     let started = start(json!({"fixture": fixture(json!({}))})).await.unwrap();

@@ -4,7 +4,10 @@
 //! than from the SDK's structs, which grow with every revision of the protocol.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Once;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rmcp::model::JsonRpcMessage;
@@ -19,14 +22,16 @@ use rmcp::transport::Transport;
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Map, Value};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::wire::ToolAnnotations;
 
-/// The longest message a server may send, on stdio or HTTP. The SDK's default (16 MiB) would drop a larger result
-/// without a word, and the call would wait for its timeout.
+/// The longest message a server may send, on stdio or HTTP. The SDK drops a longer line without a word, and the
+/// call it answered would wait for its timeout: on stdio, a longer message ends the connection instead (see
+/// [`BoundedLines`]), and the call says why.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// At most this many pages of tools are read from one server.
@@ -58,6 +63,11 @@ pub enum CallError {
     /// The connection ended (the process exited, the HTTP session failed) before the answer came.
     #[error("the connection ended before the answer came ({0})")]
     Disconnected(String),
+    /// The server sent a message longer than [`MAX_MESSAGE_BYTES`]; the connection was closed on it.
+    #[error(
+        "it sent a message longer than {MAX_MESSAGE_BYTES} bytes, which toolgate does not read"
+    )]
+    TooLarge,
     /// The server answered with a protocol error (an unknown tool, invalid parameters).
     #[error("{0}")]
     Refused(String),
@@ -83,6 +93,8 @@ pub struct McpClient {
     /// How many `notifications/tools/list_changed` the server has sent, counted as each arrives and before
     /// anything after it is handled.
     announced: watch::Receiver<u64>,
+    /// Set when the server sent a message longer than [`MAX_MESSAGE_BYTES`] (stdio): why the connection ended.
+    oversized: Arc<AtomicBool>,
 }
 
 impl McpClient {
@@ -92,9 +104,16 @@ impl McpClient {
         stdout: ChildStdout,
         stdin: ChildStdin,
     ) -> Result<Self, ConnectError> {
+        let oversized = Arc::new(AtomicBool::new(false));
+        let stdout = BoundedLines {
+            inner: stdout,
+            open: 0,
+            oversized: Arc::clone(&oversized),
+        };
+        // The SDK's own bound is never the one met: a line it dropped would leave its call waiting.
         let transport = AsyncRwTransport::<RoleClient, _, _>::new(stdout, stdin)
-            .with_max_line_length(MAX_MESSAGE_BYTES);
-        Self::connect(transport).await
+            .with_max_line_length(MAX_MESSAGE_BYTES.saturating_mul(2));
+        Self::connect(transport, oversized).await
     }
 
     /// Speaks MCP over streamable HTTP, sending `headers` with every request.
@@ -123,10 +142,14 @@ impl McpClient {
             .custom_headers(custom)
             .max_json_response_size(MAX_MESSAGE_BYTES)
             .max_sse_event_size(MAX_MESSAGE_BYTES);
-        Self::connect(StreamableHttpClientTransport::with_client(client, config)).await
+        Self::connect(
+            StreamableHttpClientTransport::with_client(client, config),
+            Arc::new(AtomicBool::new(false)),
+        )
+        .await
     }
 
-    async fn connect<T>(transport: T) -> Result<Self, ConnectError>
+    async fn connect<T>(transport: T, oversized: Arc<AtomicBool>) -> Result<Self, ConnectError>
     where
         T: Transport<RoleClient> + 'static,
     {
@@ -142,7 +165,21 @@ impl McpClient {
         let service = rmcp::serve_client(info, transport)
             .await
             .map_err(|error| ConnectError::Handshake(error.to_string()))?;
-        Ok(Self { service, announced })
+        Ok(Self {
+            service,
+            announced,
+            oversized,
+        })
+    }
+
+    /// What a failed request says: a connection that ended on an overlong message ended for that reason.
+    fn call_error(&self, error: rmcp::ServiceError) -> CallError {
+        match call_error(error) {
+            CallError::Disconnected(_) if self.oversized.load(Ordering::Acquire) => {
+                CallError::TooLarge
+            }
+            error => error,
+        }
     }
 
     /// The server's name and version, as it gave them.
@@ -178,7 +215,7 @@ impl McpClient {
             let page = match peer
                 .send_request(ClientRequest::ListToolsRequest(request))
                 .await
-                .map_err(call_error)?
+                .map_err(|error| self.call_error(error))?
             {
                 ServerResult::ListToolsResult(page) => page,
                 other => {
@@ -225,7 +262,9 @@ impl McpClient {
         // cancelled at once still goes out before its cancellation.
         let result = tokio::select! {
             biased;
-            result = self.service.peer().call_tool(params) => result.map_err(call_error)?,
+            result = self.service.peer().call_tool(params) => {
+                result.map_err(|error| self.call_error(error))?
+            }
             () = tokio::time::sleep(timeout) => return Err(CallError::TimedOut(timeout)),
             () = cancel.cancelled() => return Err(CallError::Cancelled),
         };
@@ -248,6 +287,49 @@ impl McpClient {
     /// Ends the session without waiting; calls still going end with it.
     pub fn cancel(&self) {
         self.service.cancellation_token().cancel();
+    }
+}
+
+/// A server's standard output, read line by line by the SDK, that ends with an error at a line longer than
+/// [`MAX_MESSAGE_BYTES`]. The SDK would drop such a line and read on, and the request it answered would wait for
+/// its timeout; ending the stream ends the connection, and every request waiting on it fails at once.
+struct BoundedLines<R> {
+    inner: R,
+    /// The bytes of the line not yet ended.
+    open: usize,
+    oversized: Arc<AtomicBool>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for BoundedLines<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let read = Pin::new(&mut this.inner).poll_read(context, buf);
+        if let Poll::Ready(Ok(())) = read {
+            // Each line this read ends, and the one it leaves open: the first goes on from the last read.
+            let mut longest = 0;
+            let mut lines = buf.filled()[before..].split(|&byte| byte == b'\n');
+            let mut open = this
+                .open
+                .saturating_add(lines.next().map_or(0, <[u8]>::len));
+            for line in lines {
+                longest = longest.max(open);
+                open = line.len();
+            }
+            this.open = open;
+            if longest.max(open) > MAX_MESSAGE_BYTES {
+                this.oversized.store(true, Ordering::Release);
+                return Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("a message longer than {MAX_MESSAGE_BYTES} bytes"),
+                )));
+            }
+        }
+        read
     }
 }
 

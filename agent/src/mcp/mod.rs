@@ -21,6 +21,7 @@ pub mod rules;
 pub mod server;
 mod tool;
 
+pub use client::MAX_MESSAGE_BYTES;
 pub use config::{ConfigError, McpConfig, McpServerConfig, McpTransport};
 pub use process::INHERITED_VARIABLES;
 pub use rules::{policy_rules, server_rule};

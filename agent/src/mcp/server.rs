@@ -15,7 +15,7 @@ use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::mcp::client::{CallError, ConnectError, McpClient, RemoteTool};
+use crate::mcp::client::{CallError, ConnectError, MAX_MESSAGE_BYTES, McpClient, RemoteTool};
 use crate::mcp::config::{McpConfig, McpServerConfig, McpTransport};
 use crate::mcp::naming::qualify;
 use crate::mcp::process::{ServerProcess, StderrTail, spawn};
@@ -517,6 +517,22 @@ impl McpServer {
                 .await;
                 Err(ToolError::failed(format!(
                     "The MCP server {server} stopped while {qualified} was running, so whether the call took effect is unknown. toolgate did not retry it: check before calling it again. The server is started again for the next call."
+                )))
+            }
+            Err(CallError::TooLarge) => {
+                connection.stop.cancel();
+                let stderr_tail = connection.stderr.as_ref().and_then(StderrTail::text);
+                self.connection_lost(
+                    connection.generation,
+                    format!(
+                        "it sent a message longer than {MAX_MESSAGE_BYTES} bytes during a call of {tool}"
+                    ),
+                    stderr_tail,
+                )
+                .await;
+                Err(ToolError::failed(format!(
+                    "The MCP server {server} sent a message longer than {} MiB while {qualified} was running (most likely its result), which toolgate does not read. The connection was closed on it, so whether the call took effect is not known for sure. toolgate did not retry it: check before calling it again, or ask for less. The server is started again for the next call.",
+                    MAX_MESSAGE_BYTES / (1024 * 1024)
                 )))
             }
             Err(CallError::Refused(why)) => Err(ToolError::failed(format!(
