@@ -7,7 +7,7 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 
 use crate::api::{AuditLine, audit_log};
-use crate::format::date_time;
+use crate::format::{date_time, server_said};
 use crate::state::{Ui, View};
 
 /// Outcomes the log records, for the filter.
@@ -63,9 +63,10 @@ pub fn AuditView() -> impl IntoView {
         spawn_local(async move {
             match audit_log(session, run, tool, outcome, since, until).await {
                 Ok(found) => entries.set(Some(found)),
-                Err(error) => ui
-                    .error
-                    .set(Some(format!("The audit log could not be read: {error}"))),
+                Err(error) => ui.error.set(Some(format!(
+                    "The audit log could not be read: {}",
+                    server_said(&error)
+                ))),
             }
         });
     };

@@ -3,6 +3,8 @@
 //! so the screen shows what the server holds.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use agent::wire::{ApprovalPreview, ApprovalRequest, DiffLine, FileDiff};
 use leptos::html;
@@ -12,7 +14,9 @@ use serde_json::{Map, Value};
 
 use crate::api::{Choice, decide_approval};
 use crate::components::mcp_trust_label;
-use crate::format::{byte_size, countdown, has_hidden, pretty_json, shown_json, visible};
+use crate::format::{
+    byte_size, countdown, has_hidden, pretty_json, server_said, shown_json, visible,
+};
 use crate::rules::{AlwaysAllow, scope_notes, session_buttons};
 use crate::schema;
 use crate::state::{ApprovalKey, Ui, card_dom_id, key_of};
@@ -49,7 +53,8 @@ pub fn send_decision(
         .await;
         if let Err(error) = sent {
             ui.error.set(Some(format!(
-                "The decision did not reach the server: {error}"
+                "The decision was not recorded: {}",
+                server_said(&error)
             )));
             ui.deciding.update(|deciding| {
                 deciding.remove(&key);
@@ -457,6 +462,34 @@ fn Editor(
     }
 }
 
+/// After a card left: a focus it took with it (now on the page's body) goes to the next card, or else to the message
+/// box, so a person at the keyboard goes on from where they were. Focus elsewhere stays where it is.
+fn hand_on_focus() {
+    #[cfg(feature = "hydrate")]
+    request_animation_frame(|| {
+        use wasm_bindgen::JsCast;
+
+        let document = document();
+        let lost = match (document.active_element(), document.body()) {
+            (Some(active), Some(body)) => active == *body.unchecked_ref::<web_sys::Element>(),
+            (None, _) => true,
+            (Some(_), None) => false,
+        };
+        if !lost {
+            return;
+        }
+        let next = document
+            .query_selector(".approval-card")
+            .ok()
+            .flatten()
+            .or_else(|| document.query_selector(".composer textarea").ok().flatten())
+            .and_then(|next| next.dyn_into::<web_sys::HtmlElement>().ok());
+        if let Some(next) = next {
+            let _ = next.focus();
+        }
+    });
+}
+
 #[component]
 fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView {
     let ui = ui();
@@ -501,6 +534,30 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
             if !elsewhere {
                 let _ = card.focus();
             }
+        }
+    });
+
+    // When the card leaves (its call was settled, here or elsewhere), the focus it held goes on, and an edit this
+    // page did not send is said to be lost rather than silently dropped.
+    let drafting = Arc::new(AtomicBool::new(false));
+    Effect::new({
+        let drafting = Arc::clone(&drafting);
+        move |_| drafting.store(editing.with(Option::is_some), Ordering::Relaxed)
+    });
+    on_cleanup({
+        let key = key.clone();
+        let tool = visible(&request.tool_name);
+        move || {
+            let sent_here = ui
+                .deciding
+                .try_with_untracked(|deciding| deciding.contains(&key))
+                .unwrap_or(true);
+            if drafting.load(Ordering::Relaxed) && !sent_here {
+                ui.error.try_set(Some(format!(
+                    "The call of {tool} you were editing was settled elsewhere (another tab, a timeout or the end of its run); your edit was not sent."
+                )));
+            }
+            hand_on_focus();
         }
     });
 

@@ -1,5 +1,6 @@
 //! The page's parts: the transcript, the composer and the debug console (the ApprovalBar is in `card`).
 
+use agent::request_body::MAX_MESSAGE_BYTES;
 use agent::view::{RunStatus, RunView, ToolCallView};
 use agent::wire::{McpServerState, McpServerStatus, McpTrust};
 use leptos::html;
@@ -7,7 +8,9 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 
 use crate::api::{cancel_run, start_run};
-use crate::format::{call_status, clock, output_text, permission_label, shown_json};
+use crate::format::{
+    byte_size, call_status, clock, output_text, permission_label, server_said, shown_json,
+};
 use crate::state::{Connection, Ui};
 
 fn ui() -> Ui {
@@ -263,7 +266,17 @@ pub fn Composer() -> impl IntoView {
         if message.trim().is_empty() || blocked.get_untracked() {
             return;
         }
+        // Said here, with the message still in the box: the server would refuse it, in words about its body.
+        if message.len() > MAX_MESSAGE_BYTES {
+            ui.error.set(Some(format!(
+                "The message is {}; a message may be at most {}. Nothing was sent.",
+                byte_size(message.len() as u64),
+                byte_size(MAX_MESSAGE_BYTES as u64)
+            )));
+            return;
+        }
         ui.sending.set(true);
+        crate::scroll_to_the_end();
         let session = ui.session_id();
         spawn_local(async move {
             match start_run(message, Some(session)).await {
@@ -273,9 +286,10 @@ pub fn Composer() -> impl IntoView {
                         area.set_value("");
                     }
                 }
-                Err(error) => ui
-                    .error
-                    .set(Some(format!("The message was not sent: {error}"))),
+                Err(error) => ui.error.set(Some(format!(
+                    "The message was not sent: {}",
+                    server_said(&error)
+                ))),
             }
             ui.sending.set(false);
         });
@@ -295,8 +309,10 @@ pub fn Composer() -> impl IntoView {
             let session = ui.session_id();
             spawn_local(async move {
                 if let Err(error) = cancel_run(run_id, Some(session)).await {
-                    ui.error
-                        .set(Some(format!("The run could not be cancelled: {error}")));
+                    ui.error.set(Some(format!(
+                        "The run could not be cancelled: {}",
+                        server_said(&error)
+                    )));
                 }
             });
         }

@@ -2,6 +2,7 @@
 
 use agent::view::{ToolCallStatus, ToolCallView};
 use agent::wire::{DenialSource, PermissionDecision, Resolution, ToolErrorCode, ToolOutput};
+use leptos::prelude::ServerFnError;
 use serde_json::Value;
 
 /// Whether a character would change how a card reads without being seen: the controls of text direction (an
@@ -160,9 +161,62 @@ pub fn output_text(output: &ToolOutput) -> String {
     )
 }
 
+/// What a failed server function tells a person: the server's own message, without the library's wording around
+/// it. A request the server refused before any function ran (a body over the size limit, a missing token) is
+/// answered with the API's JSON error, which the server functions' client cannot read and reports with the body
+/// quoted; the body's `error` is the message.
+pub fn server_said(error: &ServerFnError) -> String {
+    match error {
+        ServerFnError::ServerError(message) => message.clone(),
+        ServerFnError::Request(message) => format!("the server could not be reached ({message})"),
+        ServerFnError::Deserialization(text) => {
+            api_error_in(text).unwrap_or_else(|| error.to_string())
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The `error` of an API error body quoted in `text` (as the client quotes it: a Rust string literal, which reads
+/// as a JSON string when it holds no `\u{…}` escapes) or written in it as it is.
+fn api_error_in(text: &str) -> Option<String> {
+    let quoted = text.find("\"{").and_then(|start| {
+        let end = text.rfind("}\"")?;
+        serde_json::from_str::<String>(text.get(start..end + 2)?).ok()
+    });
+    let body = match quoted {
+        Some(body) => body,
+        None => text.get(text.find('{')?..=text.rfind('}')?)?.to_owned(),
+    };
+    let body: Value = serde_json::from_str(&body).ok()?;
+    body.get("error")?.as_str().map(str::to_owned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_error_reads_as_the_servers_own_message() {
+        // What the server functions' client made of a 413 with the API's JSON body, as the page showed it.
+        let refused = ServerFnError::Deserialization(
+            r#"Invalid format: missing delimiter in "{\"code\":\"PAYLOAD_TOO_LARGE\",\"error\":\"The request body is larger than 65536 bytes.\",\"ok\":false}""#
+                .into(),
+        );
+        assert_eq!(
+            server_said(&refused),
+            "The request body is larger than 65536 bytes."
+        );
+        assert_eq!(
+            server_said(&ServerFnError::new("No pending approval call_1 in run r.")),
+            "No pending approval call_1 in run r."
+        );
+        assert_eq!(
+            server_said(&ServerFnError::Request("Failed to fetch".into())),
+            "the server could not be reached (Failed to fetch)"
+        );
+        let unreadable = ServerFnError::Deserialization("expected value at line 1".into());
+        assert_eq!(server_said(&unreadable), unreadable.to_string());
+    }
 
     #[test]
     fn characters_that_hide_themselves_are_written_out() {

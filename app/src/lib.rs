@@ -216,6 +216,15 @@ fn follow_the_bottom(ui: Ui) {
     let _ = ui;
 }
 
+/// Brings the end of the page into view, where a message just sent will show its run; the transcript then follows
+/// the bottom again (`follow_the_bottom` sees the person there), even if they had scrolled up to read.
+pub(crate) fn scroll_to_the_end() {
+    #[cfg(feature = "hydrate")]
+    if let Some(window) = web_sys::window() {
+        window.scroll_to_with_x_and_y(0.0, 1e9);
+    }
+}
+
 /// The browser's clock in milliseconds since the Unix epoch. Only effects call it, and effects run only in the
 /// browser.
 fn js_now() -> u64 {

@@ -27,6 +27,7 @@ mod browser {
     };
 
     use crate::api::list_pending;
+    use crate::format::server_said;
     use crate::state::{Connection, Ui, card_dom_id, key_of};
 
     /// The longest pause between attempts to open the stream again.
@@ -160,7 +161,8 @@ mod browser {
                     });
                 }
                 Err(error) => ui.error.set(Some(format!(
-                    "Could not ask the server which approvals are pending: {error}"
+                    "Could not ask the server which approvals are pending: {}",
+                    server_said(&error)
                 ))),
             }
         });

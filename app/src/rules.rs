@@ -11,7 +11,7 @@ use leptos::task::spawn_local;
 use serde::{Deserialize, Serialize};
 
 use crate::api::Choice;
-use crate::format::visible;
+use crate::format::{server_said, visible};
 use crate::state::{ApprovalKey, Ui};
 
 /// What the panel shows.
@@ -198,8 +198,10 @@ pub fn AlwaysAllow(key: ApprovalKey, rule: String, in_flight: Memo<bool>) -> imp
             match always_allow(key.0.clone(), key.1.clone(), rule, Some(ui.session_id())).await {
                 Ok(()) => ui.rules_changed.update(|n| *n += 1),
                 Err(error) => {
-                    ui.error
-                        .set(Some(format!("The rule was not added: {error}")));
+                    ui.error.set(Some(format!(
+                        "The rule was not added: {}",
+                        server_said(&error)
+                    )));
                     ui.deciding.update(|deciding| {
                         deciding.remove(&key);
                     });
@@ -267,14 +269,16 @@ pub fn RulesPanel() -> impl IntoView {
             match load_rules_and_grants(Some(ui.session_id())).await {
                 Ok(state) => panel.set(Some(state)),
                 Err(error) => ui.error.set(Some(format!(
-                    "The rules and grants could not be loaded: {error}"
+                    "The rules and grants could not be loaded: {}",
+                    server_said(&error)
                 ))),
             }
         });
     });
     let after = move |result: Result<(), ServerFnError>, what: &'static str| {
         if let Err(error) = result {
-            ui.error.set(Some(format!("{what}: {error}")));
+            ui.error
+                .set(Some(format!("{what}: {}", server_said(&error))));
         }
         ui.rules_changed.update(|n| *n += 1);
     };

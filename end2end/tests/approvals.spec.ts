@@ -133,6 +133,31 @@ test("a decision in another tab removes the card in every tab", async ({ context
   await expect(first.locator(".tool-call .badge")).toHaveText("approved · failed · NOT_FOUND");
 });
 
+test("an edit in one tab is said to be lost when another tab decides the call", async ({ context }, testInfo) => {
+  const first = await context.newPage();
+  const second = await context.newPage();
+  await openPage(first);
+  await openPage(second);
+  await first.bringToFront();
+  await send(first, `write ${unique("overtaken")}: one`);
+  const editing = card(first, "write_file");
+  await editing.getByRole("button", { name: "Edit" }).click();
+  await expect(editing.getByRole("group", { name: "Edit the arguments" })).toBeVisible();
+
+  await second.bringToFront();
+  await card(second, "write_file").getByRole("button", { name: "Deny" }).click();
+  await expect(card(second, "write_file")).toHaveCount(0);
+  // The second tab sent its own decision: it has nothing to be told.
+  await expect(second.getByRole("alert")).toHaveCount(0);
+
+  await first.bringToFront();
+  await expect(editing).toHaveCount(0);
+  await expect(first.getByRole("alert")).toContainText(
+    "The call of write_file you were editing was settled elsewhere (another tab, a timeout or the end of its run); your edit was not sent.",
+  );
+  await screenshot(first, testInfo, "edit-overtaken");
+});
+
 test("the send box is disabled, with the reason shown, while a card is open", async ({ page }, testInfo) => {
   await openPage(page);
   const box = page.getByLabel("Message", { exact: true });

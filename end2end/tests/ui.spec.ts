@@ -28,6 +28,21 @@ test("a person can decide with the keyboard alone", async ({ page }, testInfo) =
   await page.keyboard.press("Enter");
   await expect(pending).toHaveCount(0);
   await expect(page.locator(".tool-call .resolution")).toHaveText("The user denied this tool call: not by keyboard");
+  // The focus the card held goes on to the message box, not back to the top of the page.
+  await expect(page.getByLabel("Message", { exact: true })).toBeFocused();
+});
+
+test("deciding one of two cards by keyboard hands the focus to the other", async ({ page }) => {
+  await openPage(page);
+  await send(page, `delete ${unique("first")} and delete ${unique("second")}`);
+  const cards = page.locator(".approval-card");
+  await expect(cards).toHaveCount(2);
+  await cards.first().getByRole("button", { name: "Deny" }).focus();
+  await page.keyboard.press("Enter");
+  await expect(cards).toHaveCount(1);
+  await expect(cards.first()).toBeFocused();
+  await cards.first().getByRole("button", { name: "Deny" }).click();
+  await expect(cards).toHaveCount(0);
 });
 
 test("the page reads well in a narrow window", async ({ page }, testInfo) => {
@@ -46,6 +61,65 @@ test("the page reads well in a narrow window", async ({ page }, testInfo) => {
     expect(box!.x + box!.width).toBeLessThanOrEqual(375);
   }
   await screenshot(page, testInfo, "narrow-window");
+});
+
+test("a card's details keep their width in a 400 px window", async ({ page }, testInfo) => {
+  await page.setViewportSize({ width: 400, height: 800 });
+  await openPage(page);
+  await send(page, "run ls -la /tmp/a/rather/long/path/that/goes/on");
+  const pending = card(page, "run_command");
+  await expect(pending).toBeVisible();
+  // The arguments read as words, not a letter a line beside a long label.
+  const args = pending.locator(".preview.command .args");
+  await expect(args).toBeVisible();
+  const box = await args.boundingBox();
+  expect(box!.width).toBeGreaterThan(250);
+  expect(box!.height).toBeLessThan(120);
+  await screenshot(page, testInfo, "narrow-command-card");
+  await pending.getByRole("button", { name: "Deny" }).click();
+  await expect(pending).toHaveCount(0);
+});
+
+test("a message too long to send says so in view, and stays in the box", async ({ page }, testInfo) => {
+  await openPage(page);
+  const long = "x".repeat(40_000);
+  await page.getByLabel("Message", { exact: true }).fill(long);
+  await page.getByRole("button", { name: "Send" }).click();
+  const alert = page.getByRole("alert");
+  await expect(alert).toContainText("The message is 39.1 KiB; a message may be at most 32.0 KiB. Nothing was sent.");
+  await expect(alert).toBeInViewport();
+  await expect(page.getByLabel("Message", { exact: true })).toHaveValue(long);
+  await screenshot(page, testInfo, "message-too-long");
+});
+
+test("an error stays in view when the page is scrolled to its end", async ({ page }) => {
+  await page.setViewportSize({ width: 1000, height: 500 });
+  await openPage(page);
+  // A transcript taller than the window: the page follows its end.
+  for (let i = 0; i < 4; i++) {
+    await send(page, "list files");
+    await expect(page.locator(".turn.assistant")).toHaveCount(i + 1);
+  }
+  expect(await page.evaluate(() => document.documentElement.scrollHeight)).toBeGreaterThan(900);
+  await page.route("**/api/fn/start_run", (route) => route.abort("connectionrefused"));
+  await send(page, "list files");
+  const alert = page.getByRole("alert");
+  await expect(alert).toContainText("The message was not sent: the server could not be reached");
+  await expect(alert).toBeInViewport();
+});
+
+test("sending brings the new run into view after scrolling up to read", async ({ page }) => {
+  await page.setViewportSize({ width: 1000, height: 500 });
+  await openPage(page);
+  for (let i = 0; i < 4; i++) {
+    await send(page, "list files");
+    await expect(page.locator(".turn.assistant")).toHaveCount(i + 1);
+  }
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await expect(page.locator(".turn.assistant").last()).not.toBeInViewport();
+  await send(page, "list files");
+  await expect(page.locator(".turn.assistant")).toHaveCount(5);
+  await expect(page.locator(".turn.assistant").last()).toBeInViewport();
 });
 
 test("a message that does not reach the server says so", async ({ page }, testInfo) => {
