@@ -104,8 +104,9 @@ test("an error stays in view when the page is scrolled to its end", async ({ pag
   await page.route("**/api/fn/start_run", (route) => route.abort("connectionrefused"));
   await send(page, "list files");
   const alert = page.getByRole("alert");
-  await expect(alert).toContainText("The message was not sent: the server could not be reached");
+  await expect(alert).toBeVisible();
   await expect(alert).toBeInViewport();
+  await expect(alert).toContainText("The message was not sent: the server could not be reached");
 });
 
 test("sending brings the new run into view after scrolling up to read", async ({ page }) => {
