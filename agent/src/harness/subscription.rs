@@ -134,6 +134,34 @@ impl RunHandle {
             .conversation(&self.info.run_id)
             .await?)
     }
+
+    /// The conversation as the run goes on from it: for a run that ended interrupted, the results of the calls of
+    /// its batch that ran already follow the batch's calls (the run keeps its conversation up to the calls, and
+    /// those results wait with its interrupts until it resumes); for any other run, its conversation.
+    pub async fn conversation_with_settled(&self) -> Result<Option<Arc<[Message]>>, Unavailable> {
+        let Some(conversation) = self.conversation().await? else {
+            return Ok(None);
+        };
+        let store = &self.harness.inner.store;
+        let Some((suspension, _)) = store.interrupt(&self.info.run_id).await? else {
+            return Ok(Some(conversation));
+        };
+        let interruption = &suspension.interruption;
+        if interruption.settled.is_empty() {
+            return Ok(Some(conversation));
+        }
+        let mut messages = conversation.to_vec();
+        for call in &interruption.calls {
+            if let Some((_, output)) = interruption.settled.iter().find(|(id, _)| *id == call.id) {
+                messages.push(Message::Tool {
+                    tool_call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    output: output.clone(),
+                });
+            }
+        }
+        Ok(Some(Arc::from(messages)))
+    }
 }
 
 /// Every event of a run, with its sequence number, decoded.

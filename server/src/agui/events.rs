@@ -370,16 +370,6 @@ pub struct Translator {
     /// The message id of each step's assistant message, in step order.
     step_ids: Vec<String>,
     open_text: Option<String>,
-    /// The results sent as `TOOL_CALL_RESULT`. A run interrupted after part of its batch ran holds those results
-    /// in no message of its conversation yet (they join it when the run resumes): the snapshot adds them.
-    sent_results: Vec<SentResult>,
-}
-
-/// A tool result as `TOOL_CALL_RESULT` sent it.
-struct SentResult {
-    tool_call_id: ToolCallId,
-    content: String,
-    error: Option<String>,
 }
 
 impl Translator {
@@ -398,7 +388,6 @@ impl Translator {
             resumed,
             step_ids: Vec::new(),
             open_text: None,
-            sent_results: Vec::new(),
         }
     }
 
@@ -427,13 +416,8 @@ impl Translator {
         }
     }
 
-    /// The run's new messages for the snapshot, without those the client sent already. An interrupted run's
-    /// results sent already follow its last message, the batch's calls.
-    fn new_messages<'a>(
-        &'a self,
-        conversation: &'a [Message],
-        interrupted: bool,
-    ) -> Vec<SnapshotMessage<'a>> {
+    /// The run's new messages for the snapshot, without those the client sent already.
+    fn new_messages<'a>(&self, conversation: &'a [Message]) -> Vec<SnapshotMessage<'a>> {
         let have: HashSet<&str> = self
             .client_messages
             .iter()
@@ -449,34 +433,12 @@ impl Translator {
                 format!("msg_{}_extra{unnamed}", self.run_id)
             }
         };
-        let mut messages: Vec<SnapshotMessage<'a>> = conversation
+        conversation
             .iter()
             .skip(self.known)
             .filter_map(|message| snapshot_message(message, &mut assistant_id))
             .filter(|message| !have.contains(message.id()))
-            .collect();
-        if interrupted {
-            let answered: HashSet<&ToolCallId> = conversation
-                .iter()
-                .filter_map(|message| match message {
-                    Message::Tool { tool_call_id, .. } => Some(tool_call_id),
-                    _ => None,
-                })
-                .collect();
-            messages.extend(
-                self.sent_results
-                    .iter()
-                    .filter(|sent| !answered.contains(&sent.tool_call_id))
-                    .map(|sent| SnapshotMessage::Tool {
-                        id: result_id(&sent.tool_call_id),
-                        tool_call_id: &sent.tool_call_id,
-                        content: sent.content.clone(),
-                        error: sent.error.as_deref(),
-                    })
-                    .filter(|message| !have.contains(message.id())),
-            );
-        }
-        messages
+            .collect()
     }
 
     /// Ends the run: the conversation's snapshot, then `RUN_FINISHED` with its outcome.
@@ -488,12 +450,11 @@ impl Translator {
     ) {
         self.close_text(out);
         let conversation = conversation().unwrap_or_else(|| Arc::from([]));
-        let interrupted = matches!(outcome, Outcome::Interrupt { .. });
         encode(
             &AguiEvent::MessagesSnapshot {
                 messages: Snapshot {
                     client: &self.client_messages,
-                    new: self.new_messages(&conversation, interrupted),
+                    new: self.new_messages(&conversation),
                 },
             },
             out,
@@ -599,25 +560,15 @@ impl Translator {
                     output,
                 } = serde_json::from_str(json)?;
                 self.close_text(&mut out);
-                let content = output.model_text();
                 encode(
                     &AguiEvent::ToolCallResult {
                         message_id: &result_id(&tool_call_id),
                         tool_call_id: &tool_call_id,
-                        content: &content,
+                        content: &output.model_text(),
                         role: "tool",
                     },
                     &mut out,
                 );
-                let error = match output {
-                    ToolOutput::Error { message, .. } => Some(message),
-                    ToolOutput::Ok { .. } => None,
-                };
-                self.sent_results.push(SentResult {
-                    tool_call_id,
-                    content,
-                    error,
-                });
             }
             "done" => self.finish(&mut out, Outcome::Success, conversation),
             "interrupted" => {
@@ -843,84 +794,6 @@ mod tests {
                     }],
                 }}),
             ]
-        );
-    }
-
-    #[test]
-    fn an_interrupted_runs_snapshot_keeps_the_results_of_the_calls_that_ran() {
-        let user =
-            json!({"id": "user-1", "role": "user", "content": "read b.txt and delete a.txt"});
-        let mut translator = Translator::new(
-            SessionId::parse("thread-1").unwrap(),
-            run_id("run-a"),
-            vec![user.clone()],
-            1,
-            HashSet::new(),
-        );
-        let read = ToolCall {
-            id: ToolCallId::parse("call_0").unwrap(),
-            name: "read_file".into(),
-            arguments: r#"{"path":"b.txt"}"#.into(),
-        };
-        let events = [
-            started("run-a", None),
-            StreamEvent::Step {
-                run_id: run_id("run-a"),
-                step: 1,
-            },
-            StreamEvent::ToolCall {
-                run_id: run_id("run-a"),
-                step: 1,
-                tool_call_id: read.id.clone(),
-                tool_name: "read_file".into(),
-                arguments: Value::String(read.arguments.clone()),
-                permission: PermissionDecision::Allow {
-                    reason: "it only reads".into(),
-                },
-            },
-            tool_call("run-a"),
-            StreamEvent::ToolResult {
-                run_id: run_id("run-a"),
-                tool_call_id: read.id.clone(),
-                tool_name: "read_file".into(),
-                executed_arguments: None,
-                output: ToolOutput::Ok {
-                    content: json!("hello"),
-                },
-                duration_ms: 0,
-            },
-            StreamEvent::Interrupted {
-                run_id: run_id("run-a"),
-                interrupts: Vec::new(),
-            },
-        ];
-        // The conversation as the run keeps it while interrupted: the batch's calls, none of their results.
-        let conversation = [
-            Message::User {
-                content: "read b.txt and delete a.txt".into(),
-            },
-            Message::Assistant {
-                content: String::new(),
-                tool_calls: vec![read.clone(), call()],
-            },
-        ];
-
-        let projected = project(&mut translator, &events, &conversation);
-
-        let snapshot = projected
-            .iter()
-            .find(|event| event["type"] == "MESSAGES_SNAPSHOT")
-            .expect("a snapshot");
-        assert_eq!(
-            snapshot["messages"],
-            json!([
-                user,
-                {"id": "msg_run-a_1", "role": "assistant", "toolCalls": [
-                    {"id": "call_0", "type": "function", "function": {"name": "read_file", "arguments": r#"{"path":"b.txt"}"#}},
-                    {"id": "call_1", "type": "function", "function": {"name": "delete_file", "arguments": r#"{"path":"a.txt"}"#}},
-                ]},
-                {"id": "result_call_0", "role": "tool", "toolCallId": "call_0", "content": "hello"},
-            ])
         );
     }
 

@@ -243,8 +243,13 @@ pub async fn run(
         .then(move |encoded| {
             // The closing snapshot needs the whole conversation, which the run keeps once it ended.
             let ending = is_terminal(encoded.kind).then(|| conversations.clone());
+            let interrupted = encoded.kind == "interrupted";
             async move {
                 let conversation = match ending {
+                    // An interrupted run's results of the calls that ran wait with its interrupts.
+                    Some(run) if interrupted => {
+                        run.conversation_with_settled().await.ok().flatten()
+                    }
                     Some(run) => run.conversation().await.ok().flatten(),
                     None => None,
                 };

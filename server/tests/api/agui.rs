@@ -176,6 +176,55 @@ async fn one_approval_interrupts_the_run_and_the_resume_runs_the_tool() {
     );
 }
 
+/// The snapshot that ends an interrupted run holds the results of the calls of its batch that ran already: the stream
+/// sent them as `TOOL_CALL_RESULT`, and a client that keeps the snapshot as its conversation keeps them. A resume
+/// with that conversation works, and its own snapshot does not repeat them.
+#[tokio::test]
+async fn an_interrupted_runs_snapshot_keeps_the_results_of_the_calls_that_ran() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("b.txt"), "b").unwrap();
+    let first = agui(
+        &app,
+        start("thread-1", "run-1", "list files and delete b.txt"),
+    )
+    .await;
+    let results = first.of_type("TOOL_CALL_RESULT");
+    assert_eq!(results.len(), 1, "{:#?}", first.events);
+    let listed = results[0]["toolCallId"].clone();
+    let snapshot = first.snapshot();
+    let results_kept: Vec<&Value> = snapshot.iter().filter(|m| m["role"] == "tool").collect();
+    assert_eq!(results_kept.len(), 1, "{snapshot:#?}");
+    assert_eq!(results_kept[0]["toolCallId"], listed);
+    assert_eq!(results_kept[0]["id"], results[0]["messageId"]);
+    assert_eq!(results_kept[0]["content"], results[0]["content"]);
+    let interrupts = first.interrupts();
+    assert_eq!(interrupts.len(), 1);
+
+    let second = agui(
+        &app,
+        resume(
+            "thread-1",
+            "run-2",
+            "run-1",
+            snapshot,
+            json!([approve(&interrupts[0])]),
+        ),
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.body);
+    assert_eq!(second.finished()["outcome"]["type"], "success");
+    let after = second.snapshot();
+    assert_eq!(
+        after
+            .iter()
+            .filter(|m| m["role"] == "tool" && m["toolCallId"] == listed)
+            .count(),
+        1,
+        "{after:#?}"
+    );
+    assert!(!app.file("b.txt").exists());
+}
+
 #[tokio::test]
 async fn a_batch_of_two_resolves_each_call_its_own_way() {
     let app = spawn_app().await;
