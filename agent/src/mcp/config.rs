@@ -211,8 +211,13 @@ impl McpConfig {
                 .map_err(|e| error(format!("it cannot be read: {e}")))?;
             (document, "mcp_servers")
         } else {
-            let UniqueKeys(document) = serde_json::from_str(text)
-                .map_err(|e| error(format!("it is not valid JSON: {e}")))?;
+            let UniqueKeys(document) = serde_json::from_str(text).map_err(|e| {
+                error(match e.classify() {
+                    // A key written twice: JSON itself allows it; a configuration must not.
+                    serde_json::error::Category::Data => format!("it cannot be read: {e}"),
+                    _ => format!("it is not valid JSON: {e}"),
+                })
+            })?;
             (document, "mcpServers")
         };
         let Some(servers) = document.get(key) else {
@@ -759,7 +764,7 @@ mod tests {
         ] {
             let error = parse("servers.json", text).unwrap_err().to_string();
             assert!(
-                error.contains("it is not valid JSON: the key ") && error.contains("appears twice"),
+                error.contains("it cannot be read: the key ") && error.contains("appears twice"),
                 "{error}"
             );
         }
