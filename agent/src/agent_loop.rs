@@ -655,8 +655,13 @@ fn renew_reused_ids(calls: &mut [ToolCall], earlier: &[Message]) {
             Message::System { .. } | Message::User { .. } => Vec::new(),
         })
         .collect();
+    // One fresh id for each reused one: two calls of the step with the same id still have one, and are refused.
+    let mut fresh: HashMap<ToolCallId, ToolCallId> = HashMap::new();
     for call in calls.iter_mut().filter(|call| used.contains(&call.id)) {
-        call.id = ToolCallId::generate();
+        call.id = fresh
+            .entry(call.id.clone())
+            .or_insert_with(ToolCallId::generate)
+            .clone();
     }
 }
 
