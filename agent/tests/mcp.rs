@@ -792,9 +792,12 @@ async fn a_run_aborted_while_a_tool_list_is_awaited_ends_at_once() {
         .start(start_run(ApprovalMode::Interactive))
         .await
         .unwrap();
-    started.until_fixture_called("change_tools_hang_list").await;
-    // The call has answered by now; what holds its result is the list that never comes.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The fixture logs this as it returns the call's result: once the result has travelled, what holds it is the
+    // list that never comes.
+    started
+        .until_fixture_called("change_tools_hang_list answered")
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     harness.cancel(run.run_id()).await.unwrap();
     let events = tokio::time::timeout(Duration::from_secs(20), all_events(&run))
         .await

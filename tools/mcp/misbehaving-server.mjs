@@ -104,6 +104,7 @@ server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
       version += 1;
       hangNextList = true;
       await server.sendToolListChanged();
+      log("change_tools_hang_list answered");
       return text(`echo is now version ${version}, and the next tools/list hangs`);
     case "spawn_child": {
       const child = spawn("sleep", ["600"], { stdio: "ignore" });
