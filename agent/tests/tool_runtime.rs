@@ -659,3 +659,26 @@ async fn a_call_id_the_provider_uses_again_gets_a_fresh_one() {
         "{last:?}"
     );
 }
+
+#[tokio::test]
+async fn two_calls_of_a_step_that_share_a_reused_id_are_refused_as_one_id_twice() {
+    let fx = on_request(vec![
+        tool_step(&[call("call_0", "read_file", json!({"path": "a"}))]),
+        tool_step(&[
+            call("call_0", "read_file", json!({"path": "b"})),
+            call("call_0", "read_file", json!({"path": "c"})),
+        ]),
+        text_step("never"),
+    ]);
+    let run = fx
+        .start(ApprovalMode::Interactive, "read a, then b and c")
+        .await;
+    let events = all_events(&run).await;
+    let (code, message) = failure(&events).expect("the run fails");
+    assert_eq!(code, RunErrorCode::Model, "{message}");
+    assert!(
+        message.contains("the model gave two calls of one step the same id"),
+        "{message}"
+    );
+    assert_eq!(fx.reads.inputs(), [json!({"path": "a"})]);
+}
