@@ -11,6 +11,8 @@ use crate::wire::{ApprovalPolicy, Decision, DecisionScope, ValidationErrors};
 
 /// The longest user message accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 32 * 1024;
+/// The largest request body the server accepts, in bytes, on every route.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The longest reason a person may give, in characters.
 pub const MAX_REASON_CHARS: usize = 2_000;
 

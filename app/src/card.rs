@@ -52,10 +52,13 @@ pub fn send_decision(
         )
         .await;
         if let Err(error) = sent {
-            ui.error.set(Some(format!(
-                "The decision was not recorded: {}",
-                server_said(&error)
-            )));
+            ui.error.set(Some(match &error {
+                // The request or its answer was lost: the server may have decided the call all the same.
+                ServerFnError::Request(why) => format!(
+                    "The decision may not have reached the server ({why}); the card stays until the server says the call was decided."
+                ),
+                _ => format!("The decision was refused: {}", server_said(&error)),
+            }));
             ui.deciding.update(|deciding| {
                 deciding.remove(&key);
             });
@@ -463,7 +466,8 @@ fn Editor(
 }
 
 /// After a card left: a focus it took with it (now on the page's body) goes to the next card, or else to the message
-/// box, so a person at the keyboard goes on from where they were. Focus elsewhere stays where it is.
+/// box, so a person at the keyboard goes on from where they were. Focus elsewhere stays where it is. A message box
+/// still disabled (the run goes on) takes the focus itself once it can be used (`Composer`).
 fn hand_on_focus() {
     #[cfg(feature = "hydrate")]
     request_animation_frame(|| {
@@ -548,6 +552,22 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
         let key = key.clone();
         let tool = visible(&request.tool_name);
         move || {
+            // A card also leaves when the page shows something else (the audit log): its call still waits.
+            let still_waits = ui
+                .session
+                .try_with_untracked(|session| {
+                    session
+                        .pending_approvals()
+                        .any(|request| key_of(request) == key)
+                })
+                .unwrap_or(false);
+            let gone = ui
+                .gone
+                .try_with_untracked(|gone| gone.contains(&key))
+                .unwrap_or(false);
+            if still_waits && !gone {
+                return;
+            }
             let sent_here = ui
                 .deciding
                 .try_with_untracked(|deciding| deciding.contains(&key))

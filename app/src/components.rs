@@ -1,6 +1,6 @@
 //! The page's parts: the transcript, the composer and the debug console (the ApprovalBar is in `card`).
 
-use agent::request_body::MAX_MESSAGE_BYTES;
+use agent::request_body::{MAX_BODY_BYTES, MAX_MESSAGE_BYTES};
 use agent::view::{RunStatus, RunView, ToolCallView};
 use agent::wire::{McpServerState, McpServerStatus, McpTrust};
 use leptos::html;
@@ -231,6 +231,58 @@ pub fn McpServers() -> impl IntoView {
 }
 
 /// The message box. Disabled, with the reason shown, while an approval waits or a run is going.
+/// Why `message` cannot be sent, if it cannot: longer than the API takes, or longer, as the form the page sends it in
+/// (where a byte beyond plain ASCII takes three), than a request may be.
+fn too_long(message: &str) -> Option<String> {
+    if message.len() > MAX_MESSAGE_BYTES {
+        return Some(format!(
+            "The message is {}; a message may be at most {}. Nothing was sent.",
+            byte_size(message.len() as u64),
+            byte_size(MAX_MESSAGE_BYTES as u64)
+        ));
+    }
+    let encoded: usize = message
+        .bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() || b"*-._ ".contains(&byte) {
+                1
+            } else {
+                3
+            }
+        })
+        .sum();
+    // Room for the rest of the form: the session's id and the field names.
+    let room = MAX_BODY_BYTES - 512;
+    (encoded > room).then(|| {
+        format!(
+            "The message is {}, and {} as it is sent (text beyond plain ASCII travels encoded); a request may be at most {}. Nothing was sent.",
+            byte_size(message.len() as u64),
+            byte_size(encoded as u64),
+            byte_size(MAX_BODY_BYTES as u64)
+        )
+    })
+}
+
+/// Focuses the message box when the focus is nowhere (on the page's body), a frame later, once the box is enabled.
+fn focus_when_lost(textarea: NodeRef<html::Textarea>) {
+    #[cfg(feature = "hydrate")]
+    request_animation_frame(move || {
+        use wasm_bindgen::JsCast;
+
+        let document = document();
+        let lost = match (document.active_element(), document.body()) {
+            (Some(active), Some(body)) => active == *body.unchecked_ref::<web_sys::Element>(),
+            (None, _) => true,
+            (Some(_), None) => false,
+        };
+        if let (true, Some(area)) = (lost, textarea.get_untracked()) {
+            let _ = area.focus();
+        }
+    });
+    #[cfg(not(feature = "hydrate"))]
+    let _ = textarea;
+}
+
 #[component]
 pub fn Composer() -> impl IntoView {
     let ui = ui();
@@ -259,6 +311,18 @@ pub fn Composer() -> impl IntoView {
         }
     };
     let blocked = Memo::new(move |_| blocked_because().is_some());
+    // A card decided with the keyboard hands the focus to this box (see `card::hand_on_focus`), which stays disabled
+    // while the run goes on: the focus the page's body holds meanwhile comes here once the box can be used.
+    let busy = Memo::new(move |_| {
+        pending.get() > 0 || active_run.with(Option::is_some) || ui.sending.get()
+    });
+    Effect::new(move |was_busy: Option<bool>| {
+        let busy = busy.get();
+        if was_busy == Some(true) && !busy {
+            focus_when_lost(textarea);
+        }
+        busy
+    });
 
     let send = move || {
         let Some(area) = textarea.get() else { return };
@@ -267,12 +331,8 @@ pub fn Composer() -> impl IntoView {
             return;
         }
         // Said here, with the message still in the box: the server would refuse it, in words about its body.
-        if message.len() > MAX_MESSAGE_BYTES {
-            ui.error.set(Some(format!(
-                "The message is {}; a message may be at most {}. Nothing was sent.",
-                byte_size(message.len() as u64),
-                byte_size(MAX_MESSAGE_BYTES as u64)
-            )));
+        if let Some(refused) = too_long(&message) {
+            ui.error.set(Some(refused));
             return;
         }
         ui.sending.set(true);

@@ -141,6 +141,13 @@ test("an edit in one tab is said to be lost when another tab decides the call", 
   await first.bringToFront();
   await send(first, `write ${unique("overtaken")}: one`);
   const editing = card(first, "write_file");
+  // Looking at the audit log and back takes the card off the page and puts it back: nothing was settled, so
+  // nothing is said.
+  await editing.getByRole("button", { name: "Edit" }).click();
+  await first.getByRole("button", { name: "Audit log" }).click();
+  await first.getByRole("button", { name: "Audit log" }).click();
+  await expect(editing).toBeVisible();
+  await expect(first.getByRole("alert")).toHaveCount(0);
   await editing.getByRole("button", { name: "Edit" }).click();
   await expect(editing.getByRole("group", { name: "Edit the arguments" })).toBeVisible();
 

@@ -32,6 +32,18 @@ test("a person can decide with the keyboard alone", async ({ page }, testInfo) =
   await expect(page.getByLabel("Message", { exact: true })).toBeFocused();
 });
 
+test("the focus of a card decided by keyboard comes to the message box once the run it let go on ends", async ({ page }) => {
+  await openPage(page);
+  await send(page, "run sleep 1");
+  const pending = card(page, "run_command");
+  await pending.getByRole("button", { name: "Approve", exact: true }).focus();
+  await page.keyboard.press("Enter");
+  await expect(pending).toHaveCount(0);
+  // The box is disabled while the command runs; the focus comes once it can be used.
+  await expect(page.locator(".turn.assistant").last()).toContainText("run_command");
+  await expect(page.getByLabel("Message", { exact: true })).toBeFocused();
+});
+
 test("deciding one of two cards by keyboard hands the focus to the other", async ({ page }) => {
   await openPage(page);
   await send(page, `delete ${unique("first")} and delete ${unique("second")}`);
@@ -90,6 +102,16 @@ test("a message too long to send says so in view, and stays in the box", async (
   await expect(alert).toBeInViewport();
   await expect(page.getByLabel("Message", { exact: true })).toHaveValue(long);
   await screenshot(page, testInfo, "message-too-long");
+
+  // Short enough in bytes, too long as it travels: text beyond plain ASCII is sent encoded.
+  await alert.getByRole("button", { name: "Dismiss" }).click();
+  const cyrillic = "ж".repeat(11_000);
+  await page.getByLabel("Message", { exact: true }).fill(cyrillic);
+  await page.getByRole("button", { name: "Send" }).click();
+  await expect(page.getByRole("alert")).toContainText(
+    "The message is 21.5 KiB, and 64.5 KiB as it is sent (text beyond plain ASCII travels encoded); a request may be at most 64.0 KiB. Nothing was sent.",
+  );
+  await expect(page.getByLabel("Message", { exact: true })).toHaveValue(cyrillic);
 });
 
 test("an error stays in view when the page is scrolled to its end", async ({ page }) => {

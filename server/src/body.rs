@@ -16,8 +16,7 @@ use serde_json::Value;
 use crate::error::ApiError;
 use agent::wire::ValidationErrors;
 
-/// The largest request body accepted, in bytes.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
+pub use agent::request_body::MAX_BODY_BYTES;
 
 /// Reads the request's body, up to [`MAX_BODY_BYTES`], before the route sees it: a larger body (announced by
 /// `Content-Length` or found while reading a chunked one) is a 413 and reaches no handler. Every body toolgate
