@@ -1,8 +1,9 @@
-//! Request bodies: one size limit for every route, and the JSON body extractor.
+//! Request bodies: a size limit for every route, and the JSON body extractor.
 //!
 //! The limit is a layer over the whole router, so that routes whose bodies no toolgate extractor reads (the server
 //! functions, anything added later) refuse an oversized body the same way: 413 in the API's error shape, before
-//! any handler runs. The extractor checks that the content type is JSON (415) and turns malformed JSON into a 400
+//! any handler runs. It is [`MAX_BODY_BYTES`] everywhere but AG-UI, whose client sends the whole conversation with
+//! every run, tool results included: [`MAX_CONVERSATION_BODY_BYTES`] there. The extractor checks that the content type is JSON (415) and turns malformed JSON into a 400
 //! in the `formErrors` / `fieldErrors` shape. Field validation happens in the handler, against the parsed value.
 
 use axum::body::{Body, Bytes};
@@ -18,23 +19,35 @@ use agent::wire::ValidationErrors;
 
 pub use agent::request_body::MAX_BODY_BYTES;
 
-/// Reads the request's body, up to [`MAX_BODY_BYTES`], before the route sees it: a larger body (announced by
+/// The largest body of `POST /api/agui`: a conversation of many steps, each tool result in it up to the 64 KiB the
+/// model reads of an MCP result (more for a file read whole), and up to 1,000 messages.
+pub const MAX_CONVERSATION_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// The largest body a request to `path` may have.
+pub fn body_limit(path: &str) -> usize {
+    if path == "/api/agui" {
+        MAX_CONVERSATION_BODY_BYTES
+    } else {
+        MAX_BODY_BYTES
+    }
+}
+
+/// Reads the request's body, up to its route's [`body_limit`], before the route sees it: a larger body (announced by
 /// `Content-Length` or found while reading a chunked one) is a 413 and reaches no handler. Every body toolgate
-/// accepts is small JSON or a small form, so holding it whole costs little.
+/// accepts is JSON or a form the handler reads whole anyway.
 pub async fn limit_body(request: Request, next: Next) -> Response {
-    let too_large = || ApiError::PayloadTooLarge {
-        limit: MAX_BODY_BYTES,
-    };
+    let limit = body_limit(request.uri().path());
+    let too_large = || ApiError::PayloadTooLarge { limit };
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+    if declared.is_some_and(|length| length > limit as u64) {
         return too_large().into_response();
     }
     let (parts, body) = request.into_parts();
-    let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
+    let bytes = match Limited::new(body, limit).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(error) if error.is::<LengthLimitError>() => return too_large().into_response(),
         Err(error) => {
@@ -76,6 +89,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let limit = body_limit(request.uri().path());
         let content_type = request
             .headers()
             .get(header::CONTENT_TYPE)
@@ -88,9 +102,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
             .await
             .map(JsonBody)
             .map_err(|rejection| match rejection.status() {
-                StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge {
-                    limit: MAX_BODY_BYTES,
-                },
+                StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge { limit },
                 _ => ApiError::Invalid(ValidationErrors::form(format!(
                     "The request body could not be read: {rejection}"
                 ))),

@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use crate::agui;
 use crate::api;
 use crate::assets;
-use crate::body::{MAX_BODY_BYTES, limit_body};
+use crate::body::{MAX_CONVERSATION_BODY_BYTES, limit_body};
 use crate::config::{Config, Database, ModelKind};
 use crate::error::ApiError;
 use crate::rules_api;
@@ -319,7 +319,8 @@ fn router(state: AppState, security: &Security) -> Router {
         ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .layer(axum::middleware::from_fn(limit_body))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // The route's own limit is `limit_body`'s; this only lets the extractors read what it let through.
+        .layer(DefaultBodyLimit::max(MAX_CONVERSATION_BODY_BYTES))
         .service(routes);
     Router::new().fallback_service(layered)
 }

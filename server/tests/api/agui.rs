@@ -225,6 +225,45 @@ async fn an_interrupted_runs_snapshot_keeps_the_results_of_the_calls_that_ran() 
     assert!(!app.file("b.txt").exists());
 }
 
+/// An AG-UI client sends the whole conversation with every run, tool results included: a thread that read a file
+/// of a few hundred KiB goes on. Before, every route took at most 64 KiB, and such a thread could not go on at all.
+/// The limit of this route is 16 MiB; the others keep theirs.
+#[tokio::test]
+async fn a_conversation_with_large_tool_results_goes_on_and_its_limit_is_its_own() {
+    let app = spawn_app().await;
+    let read = "r".repeat(300 * 1024);
+    let conversation = |content: &str| {
+        json!([
+            {"id": "m-1", "role": "user", "content": "read big.txt"},
+            {"id": "m-2", "role": "assistant", "toolCalls": [
+                {"id": "call_read", "type": "function", "function": {"name": "read_file", "arguments": r#"{"path":"big.txt"}"#}},
+            ]},
+            {"id": "m-3", "role": "tool", "toolCallId": "call_read", "content": content},
+            {"id": "m-4", "role": "user", "content": "list files"},
+        ])
+    };
+    let body = |messages: Value| json!({"threadId": "thread-big", "runId": "run-big", "messages": messages, "tools": [], "context": []});
+    let answer = agui(&app, body(conversation(&read))).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.finished()["outcome"]["type"], "success");
+
+    let too_large = "r".repeat(16 * 1024 * 1024);
+    let refused = agui(&app, body(conversation(&too_large))).await;
+    refused.refused(413, "PAYLOAD_TOO_LARGE");
+    assert_eq!(
+        refused.body["error"],
+        "The request body is larger than 16777216 bytes."
+    );
+    // The other routes keep their 64 KiB.
+    let response = app
+        .post_json(
+            "/api/agent/runs",
+            &json!({"message": "list files", "sessionId": read}),
+        )
+        .await;
+    assert_eq!(response.status(), 413);
+}
+
 #[tokio::test]
 async fn a_batch_of_two_resolves_each_call_its_own_way() {
     let app = spawn_app().await;

@@ -317,7 +317,7 @@ async fn every_route_refuses_a_body_over_the_limit_with_the_api_error() {
     let mib = 1024 * 1024;
     let json = json!({"message": "x".repeat(mib)}).to_string().into_bytes();
     let form = huge_form(mib).into_bytes();
-    let routes: [(&str, &str, &str, &[u8]); 16] = [
+    let routes: [(&str, &str, &str, &[u8]); 15] = [
         ("POST", "/api/agent", "application/json", &json),
         ("POST", "/api/agent/stream", "application/json", &json),
         ("POST", "/api/agent/runs", "application/json", &json),
@@ -333,7 +333,6 @@ async fn every_route_refuses_a_body_over_the_limit_with_the_api_error() {
             "application/json",
             &json,
         ),
-        ("POST", "/api/agui", "application/json", &json),
         (
             "POST",
             "/api/fn/page",
@@ -396,6 +395,28 @@ async fn every_route_refuses_a_body_over_the_limit_with_the_api_error() {
             "{method} {path}"
         );
     }
+    // AG-UI carries whole conversations: its limit is its own, and past it the answer is the same.
+    let conversation = json!({"message": "x".repeat(16 * mib)})
+        .to_string()
+        .into_bytes();
+    let response = app
+        .client
+        .post(app.url("/api/agui"))
+        .header("content-type", "application/json")
+        .body(conversation)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "ok": false,
+            "code": "PAYLOAD_TOO_LARGE",
+            "error": "The request body is larger than 16777216 bytes."
+        })
+    );
     // Read as it streams, without a Content-Length: the same answer once the limit is passed.
     let chunks = (0..100).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 1024]));
     let response = app
