@@ -466,8 +466,9 @@ fn Editor(
 }
 
 /// After a card left: a focus it took with it (now on the page's body) goes to the next card, or else to the message
-/// box, so a person at the keyboard goes on from where they were. Focus elsewhere stays where it is. A message box
-/// still disabled (the run goes on) takes the focus itself once it can be used (`Composer`).
+/// box, so a person at the keyboard goes on from where they were. Focus elsewhere stays where it is. While the run
+/// goes on the box is disabled: the focus waits on the note that says so, and the box takes it once it can be used
+/// (`Composer`).
 fn hand_on_focus() {
     #[cfg(feature = "hydrate")]
     request_animation_frame(|| {
@@ -486,7 +487,13 @@ fn hand_on_focus() {
             .query_selector(".approval-card")
             .ok()
             .flatten()
-            .or_else(|| document.query_selector(".composer textarea").ok().flatten())
+            .or_else(|| {
+                document
+                    .query_selector(".composer textarea:not([disabled])")
+                    .ok()
+                    .flatten()
+            })
+            .or_else(|| document.get_element_by_id("composer-note"))
             .and_then(|next| next.dyn_into::<web_sys::HtmlElement>().ok());
         if let Some(next) = next {
             let _ = next.focus();

@@ -263,7 +263,8 @@ fn too_long(message: &str) -> Option<String> {
     })
 }
 
-/// Focuses the message box when the focus is nowhere (on the page's body), a frame later, once the box is enabled.
+/// Focuses the message box when the focus is nowhere (on the page's body) or waits on the note below the box, a
+/// frame later, once the box is enabled.
 fn focus_when_lost(textarea: NodeRef<html::Textarea>) {
     #[cfg(feature = "hydrate")]
     request_animation_frame(move || {
@@ -271,7 +272,10 @@ fn focus_when_lost(textarea: NodeRef<html::Textarea>) {
 
         let document = document();
         let lost = match (document.active_element(), document.body()) {
-            (Some(active), Some(body)) => active == *body.unchecked_ref::<web_sys::Element>(),
+            (Some(active), Some(body)) => {
+                active == *body.unchecked_ref::<web_sys::Element>()
+                    || active.id() == "composer-note"
+            }
             (None, _) => true,
             (Some(_), None) => false,
         };
@@ -392,7 +396,8 @@ pub fn Composer() -> impl IntoView {
                 on:keydown=on_keydown
             ></textarea>
             <button type="submit" class="send" disabled=move || blocked.get()>"Send"</button>
-            <p id="composer-note" class="composer-note" role="status">
+            // Focusable, not in the tab order: the focus a decided card hands on waits here while the run goes on.
+            <p id="composer-note" class="composer-note" role="status" tabindex="-1">
                 {move || blocked_because().unwrap_or_default()}
                 <Show when=move || active_run.get().is_some()>
                     " "

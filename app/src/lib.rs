@@ -134,6 +134,27 @@ fn Chat(state: PageState) -> impl IntoView {
             }
         })
     };
+    let audit = view! {
+        <Show when=move || ui.view.get() == View::Audit>
+            <ErrorBanner/>
+            <AuditView/>
+        </Show>
+    }
+    .into_any();
+    // Hidden, not taken down, while the audit log shows: a card being edited keeps its edit.
+    let conversation = view! {
+        <div class="conversation-view" hidden=move || ui.view.get() == View::Audit>
+            <Transcript/>
+            // The error banner sits where the person acts, above the cards and the message box.
+            <div class="dock">
+                <ErrorBanner/>
+                <ConnectionNote/>
+                <ApprovalBar/>
+                <Composer/>
+            </div>
+        </div>
+    }
+    .into_any();
     view! {
         <Title text=move || title(waiting.get())/>
         <div class="page" data-hydrated=move || ui.hydrated.get().to_string()>
@@ -153,20 +174,7 @@ fn Chat(state: PageState) -> impl IntoView {
             </header>
             <div class="columns">
                 <Sidebar/>
-                <main>
-                    <ErrorBanner/>
-                    <Show
-                        when=move || ui.view.get() == View::Conversation
-                        fallback=|| view! { <AuditView/> }
-                    >
-                        <Transcript/>
-                        <div class="dock">
-                            <ConnectionNote/>
-                            <ApprovalBar/>
-                            <Composer/>
-                        </div>
-                    </Show>
-                </main>
+                <main>{audit}{conversation}</main>
             </div>
             <DebugConsole/>
         </div>

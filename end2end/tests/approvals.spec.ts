@@ -141,15 +141,15 @@ test("an edit in one tab is said to be lost when another tab decides the call", 
   await first.bringToFront();
   await send(first, `write ${unique("overtaken")}: one`);
   const editing = card(first, "write_file");
-  // Looking at the audit log and back takes the card off the page and puts it back: nothing was settled, so
-  // nothing is said.
   await editing.getByRole("button", { name: "Edit" }).click();
+  const editor = editing.getByRole("group", { name: "Edit the arguments" });
+  await expect(editor).toBeVisible();
+  // A look at the audit log and back keeps the card as it was, its edit open; nothing was settled, so nothing is said.
   await first.getByRole("button", { name: "Audit log" }).click();
+  await expect(editing).toBeHidden();
   await first.getByRole("button", { name: "Audit log" }).click();
-  await expect(editing).toBeVisible();
+  await expect(editor).toBeVisible();
   await expect(first.getByRole("alert")).toHaveCount(0);
-  await editing.getByRole("button", { name: "Edit" }).click();
-  await expect(editing.getByRole("group", { name: "Edit the arguments" })).toBeVisible();
 
   await second.bringToFront();
   await card(second, "write_file").getByRole("button", { name: "Deny" }).click();

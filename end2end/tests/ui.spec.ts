@@ -34,12 +34,13 @@ test("a person can decide with the keyboard alone", async ({ page }, testInfo) =
 
 test("the focus of a card decided by keyboard comes to the message box once the run it let go on ends", async ({ page }) => {
   await openPage(page);
-  await send(page, "run sleep 1");
+  await send(page, "run sleep 2");
   const pending = card(page, "run_command");
   await pending.getByRole("button", { name: "Approve", exact: true }).focus();
   await page.keyboard.press("Enter");
   await expect(pending).toHaveCount(0);
-  // The box is disabled while the command runs; the focus comes once it can be used.
+  // The box is disabled while the command runs: the focus waits on the note that says so, then comes to the box.
+  await expect(page.locator("#composer-note")).toBeFocused();
   await expect(page.locator(".turn.assistant").last()).toContainText("run_command");
   await expect(page.getByLabel("Message", { exact: true })).toBeFocused();
 });
@@ -143,6 +144,38 @@ test("sending brings the new run into view after scrolling up to read", async ({
   await send(page, "list files");
   await expect(page.locator(".turn.assistant")).toHaveCount(5);
   await expect(page.locator(".turn.assistant").last()).toBeInViewport();
+});
+
+test("at 400 px an error leaves the card's buttons usable, and a long grant wraps in the panel", async ({ page }, testInfo) => {
+  await page.setViewportSize({ width: 400, height: 800 });
+  await openPage(page);
+  const long = "--a-very-long-option-name=value_without_any_spaces_0123456789012345678901234567890123456789";
+  await send(page, `run echo ${long} /some/really/long/path/that/goes/on/and/on/forever.txt`);
+  const pending = card(page, "run_command");
+  await expect(pending).toBeVisible();
+  await page.route("**/api/fn/decide", (route) => route.abort("connectionrefused"));
+  await pending.getByRole("button", { name: "Deny" }).click();
+  await expect(page.getByRole("alert")).toContainText("The decision may not have reached the server");
+  // Nothing lies over the buttons (a trial click checks what receives it), and nothing is wider than the window.
+  await pending.getByRole("button", { name: "Approve for session" }).click({ trial: true });
+  expect(await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth)).toBeLessThanOrEqual(0);
+  await screenshot(page, testInfo, "narrow-error-and-card");
+  await page.unroute("**/api/fn/decide");
+  await page.getByRole("alert").getByRole("button", { name: "Dismiss" }).click();
+  await pending.getByRole("button", { name: "Approve for session" }).click();
+  await expect(pending).toHaveCount(0);
+
+  await page.locator(".rules-panel summary").click();
+  const grant = page.locator(".rules-panel .grant");
+  await expect(grant).toContainText("echo");
+  expect(await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth)).toBeLessThanOrEqual(0);
+  const revoke = grant.getByRole("button", { name: "Revoke" });
+  await expect(revoke).toBeInViewport();
+  const box = await revoke.boundingBox();
+  expect(box!.x + box!.width).toBeLessThanOrEqual(400);
+  await screenshot(page, testInfo, "narrow-long-grant");
+  await revoke.click();
+  await expect(grant).toHaveCount(0);
 });
 
 test("a message that does not reach the server says so", async ({ page }, testInfo) => {
