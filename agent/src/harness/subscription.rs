@@ -135,13 +135,24 @@ impl RunHandle {
             .await?)
     }
 
-    /// The conversation as the run goes on from it: for a run that ended interrupted, the results of the calls of
-    /// its batch that ran already follow the batch's calls (the run keeps its conversation up to the calls, and
-    /// those results wait with its interrupts until it resumes); for any other run, its conversation.
-    pub async fn conversation_with_settled(&self) -> Result<Option<Arc<[Message]>>, Unavailable> {
+    /// The conversation as the run goes on from it, for a run that ended interrupted with `waiting` calls of its
+    /// batch waiting for a person: the results of the others, which ran already, follow the batch's calls (the run
+    /// keeps its conversation up to the calls, and those results wait with its interrupts until it resumes). When
+    /// every call of the batch waits, that is the conversation as it is, and the interrupts are not read.
+    pub async fn conversation_with_settled(
+        &self,
+        waiting: usize,
+    ) -> Result<Option<Arc<[Message]>>, Unavailable> {
         let Some(conversation) = self.conversation().await? else {
             return Ok(None);
         };
+        let batch = match conversation.last() {
+            Some(Message::Assistant { tool_calls, .. }) => tool_calls.len(),
+            _ => 0,
+        };
+        if batch <= waiting {
+            return Ok(Some(conversation));
+        }
         let store = &self.harness.inner.store;
         let Some((suspension, _)) = store.interrupt(&self.info.run_id).await? else {
             return Ok(Some(conversation));

@@ -154,6 +154,12 @@ async fn check_resume(
     })
 }
 
+/// What the stream reads of an `interrupted` event here: how many calls wait.
+#[derive(serde::Deserialize)]
+struct Issued {
+    interrupts: Vec<serde::de::IgnoredAny>,
+}
+
 /// Records a refused resume in the audit log: who tried what, and why it was refused.
 async fn audit_refusal(state: &AppState, input: &RunInput, refused: &ApiError, actor: &Actor) {
     let entry = AuditEntry {
@@ -243,12 +249,15 @@ pub async fn run(
         .then(move |encoded| {
             // The closing snapshot needs the whole conversation, which the run keeps once it ended.
             let ending = is_terminal(encoded.kind).then(|| conversations.clone());
-            let interrupted = encoded.kind == "interrupted";
+            // An interrupted run's results of the calls that ran wait with its interrupts.
+            let waiting = (encoded.kind == "interrupted").then(|| {
+                serde_json::from_str::<Issued>(&encoded.json)
+                    .map_or(0, |issued| issued.interrupts.len())
+            });
             async move {
                 let conversation = match ending {
-                    // An interrupted run's results of the calls that ran wait with its interrupts.
-                    Some(run) if interrupted => {
-                        run.conversation_with_settled().await.ok().flatten()
+                    Some(run) if let Some(waiting) = waiting => {
+                        run.conversation_with_settled(waiting).await.ok().flatten()
                     }
                     Some(run) => run.conversation().await.ok().flatten(),
                     None => None,
