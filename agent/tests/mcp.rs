@@ -167,10 +167,7 @@ impl Run {
         let events = tokio::time::timeout(PATIENCE, all_events(&run))
             .await
             .expect("the run ends in time");
-        self.logged = events.iter().find_map(|event| match event {
-            StreamEvent::ToolResult { output, .. } => Some(output.clone()),
-            _ => None,
-        });
+        self.logged = logged_output(&events);
         let requests = model.requests();
         match requests
             .get(1)
@@ -210,6 +207,14 @@ fn start_run(mode: ApprovalMode) -> StartRun {
         source: RunSource::Session,
         refused_while_interrupted: false,
     }
+}
+
+/// The output the run's log kept for its (first) call.
+fn logged_output(events: &[StreamEvent]) -> Option<ToolOutput> {
+    events.iter().find_map(|event| match event {
+        StreamEvent::ToolResult { output, .. } => Some(output.clone()),
+        _ => None,
+    })
 }
 
 fn text(output: &ToolOutput) -> String {
@@ -806,13 +811,7 @@ async fn a_run_aborted_while_a_tool_list_is_awaited_ends_at_once() {
         failure(&events).map(|(code, _)| code),
         Some(RunErrorCode::Aborted)
     );
-    let output = events
-        .iter()
-        .find_map(|event| match event {
-            StreamEvent::ToolResult { output, .. } => Some(output.clone()),
-            _ => None,
-        })
-        .expect("the call has a result");
+    let output = logged_output(&events).expect("the call has a result");
     assert!(
         text(&output).contains("echo is now version 2"),
         "{output:?}"

@@ -559,7 +559,8 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
         let key = key.clone();
         let tool = visible(&request.tool_name);
         move || {
-            // A card also leaves when the page shows something else (the audit log): its call still waits.
+            // A card whose call still waits is not leaving because it was settled (the page is being taken down or
+            // drawn anew): there is nothing to say, and the focus is not its to move.
             let still_waits = ui
                 .session
                 .try_with_untracked(|session| {

@@ -1,4 +1,4 @@
-import { expect, test } from "@playwright/test";
+import { expect, type Page, test } from "@playwright/test";
 import { card, openPage, screenshot, send } from "./helpers";
 
 function unique(name: string) {
@@ -115,14 +115,18 @@ test("a message too long to send says so in view, and stays in the box", async (
   await expect(page.getByLabel("Message", { exact: true })).toHaveValue(cyrillic);
 });
 
-test("an error stays in view when the page is scrolled to its end", async ({ page }) => {
-  await page.setViewportSize({ width: 1000, height: 500 });
-  await openPage(page);
-  // A transcript taller than the window: the page follows its end.
+/** Four runs, one after the other: a transcript taller than a 500 px window, whose end the page follows. */
+async function fourRuns(page: Page) {
   for (let i = 0; i < 4; i++) {
     await send(page, "list files");
     await expect(page.locator(".turn.assistant")).toHaveCount(i + 1);
   }
+}
+
+test("an error stays in view when the page is scrolled to its end", async ({ page }) => {
+  await page.setViewportSize({ width: 1000, height: 500 });
+  await openPage(page);
+  await fourRuns(page);
   expect(await page.evaluate(() => document.documentElement.scrollHeight)).toBeGreaterThan(900);
   await page.route("**/api/fn/start_run", (route) => route.abort("connectionrefused"));
   await send(page, "list files");
@@ -135,10 +139,7 @@ test("an error stays in view when the page is scrolled to its end", async ({ pag
 test("sending brings the new run into view after scrolling up to read", async ({ page }) => {
   await page.setViewportSize({ width: 1000, height: 500 });
   await openPage(page);
-  for (let i = 0; i < 4; i++) {
-    await send(page, "list files");
-    await expect(page.locator(".turn.assistant")).toHaveCount(i + 1);
-  }
+  await fourRuns(page);
   await page.evaluate(() => window.scrollTo(0, 0));
   await expect(page.locator(".turn.assistant").last()).not.toBeInViewport();
   await send(page, "list files");
