@@ -230,7 +230,6 @@ pub fn McpServers() -> impl IntoView {
     })
 }
 
-/// The message box. Disabled, with the reason shown, while an approval waits or a run is going.
 /// Why `message` cannot be sent, if it cannot: longer than the API takes, or longer, as the form the page sends it in
 /// (where a byte beyond plain ASCII takes three), than a request may be.
 fn too_long(message: &str) -> Option<String> {
@@ -287,6 +286,7 @@ fn focus_when_lost(textarea: NodeRef<html::Textarea>) {
     let _ = textarea;
 }
 
+/// The message box. Disabled, with the reason shown, while an approval waits or a run is going.
 #[component]
 pub fn Composer() -> impl IntoView {
     let ui = ui();
