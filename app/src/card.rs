@@ -62,6 +62,8 @@ pub fn send_decision(
             ui.deciding.update(|deciding| {
                 deciding.remove(&key);
             });
+            // The button pressed was disabled while the decision was on its way, and the focus fell off it.
+            focus_card_when_lost(&key);
         }
     });
 }
@@ -474,15 +476,10 @@ fn hand_on_focus() {
     request_animation_frame(|| {
         use wasm_bindgen::JsCast;
 
-        let document = document();
-        let lost = match (document.active_element(), document.body()) {
-            (Some(active), Some(body)) => active == *body.unchecked_ref::<web_sys::Element>(),
-            (None, _) => true,
-            (Some(_), None) => false,
-        };
-        if !lost {
+        if !crate::focus_is_lost(None) {
             return;
         }
+        let document = document();
         let next = document
             .query_selector(".approval-card")
             .ok()
@@ -499,6 +496,29 @@ fn hand_on_focus() {
             let _ = next.focus();
         }
     });
+}
+
+/// Gives the focus back to a card that still waits, when the focus is nowhere (on the page's body), a frame later.
+fn focus_card_when_lost(key: &ApprovalKey) {
+    #[cfg(feature = "hydrate")]
+    {
+        let dom_id = card_dom_id(key);
+        request_animation_frame(move || {
+            use wasm_bindgen::JsCast;
+
+            if !crate::focus_is_lost(None) {
+                return;
+            }
+            if let Some(card) = document()
+                .get_element_by_id(&dom_id)
+                .and_then(|card| card.dyn_into::<web_sys::HtmlElement>().ok())
+            {
+                let _ = card.focus();
+            }
+        });
+    }
+    #[cfg(not(feature = "hydrate"))]
+    let _ = key;
 }
 
 #[component]

@@ -267,18 +267,10 @@ fn too_long(message: &str) -> Option<String> {
 fn focus_when_lost(textarea: NodeRef<html::Textarea>) {
     #[cfg(feature = "hydrate")]
     request_animation_frame(move || {
-        use wasm_bindgen::JsCast;
-
-        let document = document();
-        let lost = match (document.active_element(), document.body()) {
-            (Some(active), Some(body)) => {
-                active == *body.unchecked_ref::<web_sys::Element>()
-                    || active.id() == "composer-note"
-            }
-            (None, _) => true,
-            (Some(_), None) => false,
-        };
-        if let (true, Some(area)) = (lost, textarea.get_untracked()) {
+        if let (true, Some(area)) = (
+            crate::focus_is_lost(Some("composer-note")),
+            textarea.get_untracked(),
+        ) {
             let _ = area.focus();
         }
     });

@@ -224,6 +224,23 @@ fn follow_the_bottom(ui: Ui) {
     let _ = ui;
 }
 
+/// Whether the keyboard focus is where no person put it: on the page's body (or nowhere), or on the element with id
+/// `resting`, which only holds it for a while.
+#[cfg(feature = "hydrate")]
+pub(crate) fn focus_is_lost(resting: Option<&str>) -> bool {
+    use wasm_bindgen::JsCast;
+
+    let document = document();
+    match (document.active_element(), document.body()) {
+        (Some(active), Some(body)) => {
+            active == *body.unchecked_ref::<web_sys::Element>()
+                || resting.is_some_and(|id| active.id() == id)
+        }
+        (None, _) => true,
+        (Some(_), None) => false,
+    }
+}
+
 /// Brings the end of the page into view, where a message just sent will show its run; the transcript then follows
 /// the bottom again (`follow_the_bottom` sees the person there), even if they had scrolled up to read.
 pub(crate) fn scroll_to_the_end() {

@@ -45,6 +45,21 @@ test("the focus of a card decided by keyboard comes to the message box once the 
   await expect(page.getByLabel("Message", { exact: true })).toBeFocused();
 });
 
+test("a decision by keyboard that does not reach the server gives the focus back to its card", async ({ page }) => {
+  await openPage(page);
+  await send(page, `delete ${unique("unsent")}`);
+  const pending = card(page, "delete_file");
+  await page.route("**/api/fn/decide", (route) => route.abort("connectionrefused"));
+  await pending.getByRole("button", { name: "Approve", exact: true }).focus();
+  await page.keyboard.press("Enter");
+  await expect(page.getByRole("alert")).toContainText("The decision may not have reached the server");
+  // The button was disabled while the decision was on its way; the focus comes back to the card, not the page.
+  await expect(pending).toBeFocused();
+  await page.unroute("**/api/fn/decide");
+  await pending.getByRole("button", { name: "Deny" }).click();
+  await expect(pending).toHaveCount(0);
+});
+
 test("deciding one of two cards by keyboard hands the focus to the other", async ({ page }) => {
   await openPage(page);
   await send(page, `delete ${unique("first")} and delete ${unique("second")}`);
