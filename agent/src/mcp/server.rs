@@ -506,13 +506,9 @@ impl McpServer {
                 "{qualified} was cancelled because its run was aborted (the MCP server {server} was sent notifications/cancelled); whether it took effect is unknown."
             ))),
             Err(CallError::Disconnected(why)) => {
-                // A stdio server whose output closed is of no more use, even if it still runs.
-                connection.stop.cancel();
-                let stderr_tail = connection.stderr.as_ref().and_then(StderrTail::text);
-                self.connection_lost(
-                    connection.generation,
+                self.close_mid_call(
+                    &connection,
                     format!("the connection ended during a call of {tool} ({why})"),
-                    stderr_tail,
                 )
                 .await;
                 Err(ToolError::failed(format!(
@@ -520,14 +516,11 @@ impl McpServer {
                 )))
             }
             Err(CallError::TooLarge) => {
-                connection.stop.cancel();
-                let stderr_tail = connection.stderr.as_ref().and_then(StderrTail::text);
-                self.connection_lost(
-                    connection.generation,
+                self.close_mid_call(
+                    &connection,
                     format!(
                         "it sent a message longer than {MAX_MESSAGE_BYTES} bytes during a call of {tool}"
                     ),
-                    stderr_tail,
                 )
                 .await;
                 Err(ToolError::failed(format!(
@@ -539,6 +532,16 @@ impl McpServer {
                 "The MCP server {server} refused the call of {qualified}: {why}"
             ))),
         }
+    }
+
+    /// Ends a connection a call found unusable (its output closed, or carried what toolgate does not read): a stdio
+    /// server's process is stopped even if it still runs, and the server is shown stopped with `reason` until the
+    /// next call starts it again.
+    async fn close_mid_call(&self, connection: &Connection, reason: String) {
+        connection.stop.cancel();
+        let stderr_tail = connection.stderr.as_ref().and_then(StderrTail::text);
+        self.connection_lost(connection.generation, reason, stderr_tail)
+            .await;
     }
 
     /// Stops the server for good.
