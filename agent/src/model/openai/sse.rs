@@ -63,12 +63,6 @@ struct Bounds {
     after_cr: bool,
 }
 
-/// What a read would make the stream hold that is too much.
-enum Overflow {
-    Line,
-    Event,
-}
-
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// Takes a byte order mark off the start of the body, even when it is split across reads.
@@ -101,8 +95,8 @@ impl LeadingBom {
 
 impl Bounds {
     /// Follows the line ends of one read (CR, LF or CRLF, as the parser reads them): a line that ends empty is the
-    /// blank line that dispatches the event.
-    fn admit(&mut self, bytes: &[u8]) -> Result<(), Overflow> {
+    /// blank line that dispatches the event. The error says which would hold too much.
+    fn admit<E>(&mut self, bytes: &[u8]) -> Result<(), Read<E>> {
         for &byte in bytes {
             match byte {
                 b'\n' if self.after_cr => self.after_cr = false,
@@ -121,9 +115,9 @@ impl Bounds {
             }
         }
         if self.line > MAX_LINE_BYTES {
-            Err(Overflow::Line)
+            Err(Read::LineTooLong)
         } else if self.event > MAX_EVENT_BYTES {
-            Err(Overflow::Event)
+            Err(Read::EventTooLong)
         } else {
             Ok(())
         }
@@ -154,11 +148,9 @@ where
                 Err(_) => Err(Read::Timeout(timeout)),
                 Ok(None) => return None,
                 Ok(Some(Err(error))) => Err(Read::Transport(error)),
-                Ok(Some(Ok(bytes))) => match bound.admit(bytes.as_ref()) {
-                    Err(Overflow::Line) => Err(Read::LineTooLong),
-                    Err(Overflow::Event) => Err(Read::EventTooLong),
-                    Ok(()) => Ok(bom.strip(bytes.as_ref())),
-                },
+                Ok(Some(Ok(bytes))) => bound
+                    .admit(bytes.as_ref())
+                    .map(|()| bom.strip(bytes.as_ref())),
             };
             let failed = item.is_err();
             Some((item, (body, bound, bom, failed)))
@@ -341,7 +333,7 @@ mod tests {
             let body = event.repeat(MAX_EVENT_BYTES / line.len() + 1);
             let mut bounds = Bounds::default();
             for piece in body.chunks(4093) {
-                assert!(bounds.admit(piece).is_ok(), "events ended by {end:?}");
+                assert!(bounds.admit::<()>(piece).is_ok(), "events ended by {end:?}");
             }
         }
         // Lines that end, with no blank line between them, are one event.
@@ -351,7 +343,7 @@ mod tests {
         let overflowed = event_line
             .repeat(MAX_EVENT_BYTES / line.len() + 1)
             .chunks(4093)
-            .any(|piece| matches!(bounds.admit(piece), Err(Overflow::Event)));
+            .any(|piece| matches!(bounds.admit::<()>(piece), Err(Read::EventTooLong)));
         assert!(overflowed);
     }
 }
