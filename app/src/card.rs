@@ -472,53 +472,20 @@ fn Editor(
 /// goes on the box is disabled: the focus waits on the note that says so, and the box takes it once it can be used
 /// (`Composer`).
 fn hand_on_focus() {
-    #[cfg(feature = "hydrate")]
-    request_animation_frame(|| {
-        use wasm_bindgen::JsCast;
-
-        if !crate::focus_is_lost(None) {
-            return;
-        }
-        let document = document();
-        let next = document
-            .query_selector(".approval-card")
-            .ok()
-            .flatten()
-            .or_else(|| {
-                document
-                    .query_selector(".composer textarea:not([disabled])")
-                    .ok()
-                    .flatten()
-            })
-            .or_else(|| document.get_element_by_id("composer-note"))
-            .and_then(|next| next.dyn_into::<web_sys::HtmlElement>().ok());
-        if let Some(next) = next {
-            let _ = next.focus();
-        }
-    });
+    crate::refocus_if_lost(
+        None,
+        vec![
+            ".approval-card".to_owned(),
+            ".composer textarea:not([disabled])".to_owned(),
+            "#composer-note".to_owned(),
+        ],
+    );
 }
 
-/// Gives the focus back to a card that still waits, when the focus is nowhere (on the page's body), a frame later.
+/// Gives the focus back to a card that still waits, when the focus is nowhere (on the page's body). Ids are letters,
+/// digits and `- _ . :`, so the quoted attribute selector finds the card whatever its id.
 fn focus_card_when_lost(key: &ApprovalKey) {
-    #[cfg(feature = "hydrate")]
-    {
-        let dom_id = card_dom_id(key);
-        request_animation_frame(move || {
-            use wasm_bindgen::JsCast;
-
-            if !crate::focus_is_lost(None) {
-                return;
-            }
-            if let Some(card) = document()
-                .get_element_by_id(&dom_id)
-                .and_then(|card| card.dyn_into::<web_sys::HtmlElement>().ok())
-            {
-                let _ = card.focus();
-            }
-        });
-    }
-    #[cfg(not(feature = "hydrate"))]
-    let _ = key;
+    crate::refocus_if_lost(None, vec![format!("[id=\"{}\"]", card_dom_id(key))]);
 }
 
 #[component]

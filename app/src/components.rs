@@ -262,22 +262,6 @@ fn too_long(message: &str) -> Option<String> {
     })
 }
 
-/// Focuses the message box when the focus is nowhere (on the page's body) or waits on the note below the box, a
-/// frame later, once the box is enabled.
-fn focus_when_lost(textarea: NodeRef<html::Textarea>) {
-    #[cfg(feature = "hydrate")]
-    request_animation_frame(move || {
-        if let (true, Some(area)) = (
-            crate::focus_is_lost(Some("composer-note")),
-            textarea.get_untracked(),
-        ) {
-            let _ = area.focus();
-        }
-    });
-    #[cfg(not(feature = "hydrate"))]
-    let _ = textarea;
-}
-
 /// The message box. Disabled, with the reason shown, while an approval waits or a run is going.
 #[component]
 pub fn Composer() -> impl IntoView {
@@ -315,7 +299,8 @@ pub fn Composer() -> impl IntoView {
     Effect::new(move |was_busy: Option<bool>| {
         let busy = busy.get();
         if was_busy == Some(true) && !busy {
-            focus_when_lost(textarea);
+            // When the focus is nowhere, or waits on the note below the box.
+            crate::refocus_if_lost(Some("composer-note"), vec![".composer textarea".to_owned()]);
         }
         busy
     });

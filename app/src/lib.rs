@@ -224,21 +224,36 @@ fn follow_the_bottom(ui: Ui) {
     let _ = ui;
 }
 
-/// Whether the keyboard focus is where no person put it: on the page's body (or nowhere), or on the element with id
-/// `resting`, which only holds it for a while.
-#[cfg(feature = "hydrate")]
-pub(crate) fn focus_is_lost(resting: Option<&str>) -> bool {
-    use wasm_bindgen::JsCast;
+/// A frame later, once the page has redrawn: when the keyboard focus is where no person put it (on the page's body,
+/// or nowhere, or on the element with id `resting`, which only holds it for a while), gives it to the first element
+/// that one of `targets` (CSS selectors, in order) finds. Focus a person put elsewhere stays where it is.
+pub(crate) fn refocus_if_lost(resting: Option<&'static str>, targets: Vec<String>) {
+    #[cfg(feature = "hydrate")]
+    request_animation_frame(move || {
+        use wasm_bindgen::JsCast;
 
-    let document = document();
-    match (document.active_element(), document.body()) {
-        (Some(active), Some(body)) => {
-            active == *body.unchecked_ref::<web_sys::Element>()
-                || resting.is_some_and(|id| active.id() == id)
+        let document = document();
+        let lost = match (document.active_element(), document.body()) {
+            (Some(active), Some(body)) => {
+                active == *body.unchecked_ref::<web_sys::Element>()
+                    || resting.is_some_and(|id| active.id() == id)
+            }
+            (None, _) => true,
+            (Some(_), None) => false,
+        };
+        if !lost {
+            return;
         }
-        (None, _) => true,
-        (Some(_), None) => false,
-    }
+        let target = targets
+            .iter()
+            .find_map(|selector| document.query_selector(selector).ok().flatten())
+            .and_then(|target| target.dyn_into::<web_sys::HtmlElement>().ok());
+        if let Some(target) = target {
+            let _ = target.focus();
+        }
+    });
+    #[cfg(not(feature = "hydrate"))]
+    let _ = (resting, targets);
 }
 
 /// Brings the end of the page into view, where a message just sent will show its run; the transcript then follows
