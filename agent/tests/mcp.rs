@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::harness::{RunSource, StartRun};
+use agent::harness::{Harness, RunHandle, RunSource, StartRun};
 use agent::ids::{RunId, ToolCallId};
 use agent::mcp::{McpConfig, McpServers, RequiredServerFailed};
 use agent::policy::{PermissionPolicy, RuleSet, SessionGrants, grant, session_grant};
@@ -120,6 +120,20 @@ impl Started {
         .unwrap_or_else(|_| panic!("the fixture was never asked for {tool}"));
     }
 
+    /// Starts a run (interactive, everything trusted) whose one call is `tool` with `arguments`, and lets it go on.
+    async fn call_in_a_run(&self, tool: &str, arguments: Value) -> (Harness, RunHandle) {
+        let model = Arc::new(ReplayModel::new(vec![
+            tool_step(&[support::call("call_1", tool, arguments)]),
+            text_step("never"),
+        ]));
+        let harness = harness_over(model, self.toolbox.clone(), ApprovalPolicy::Trusted);
+        let run = harness
+            .start(start_run(ApprovalMode::Interactive))
+            .await
+            .unwrap();
+        (harness, run)
+    }
+
     fn file(&self, name: &str) -> PathBuf {
         self.workspace.path().join(name)
     }
@@ -207,6 +221,19 @@ fn start_run(mode: ApprovalMode) -> StartRun {
         source: RunSource::Session,
         refused_while_interrupted: false,
     }
+}
+
+/// Aborts `run` and reads its events to its end, which must come within [`PATIENCE`] and be the abort.
+async fn aborted(harness: &Harness, run: &RunHandle) -> Vec<StreamEvent> {
+    harness.cancel(run.run_id()).await.unwrap();
+    let events = tokio::time::timeout(PATIENCE, all_events(run))
+        .await
+        .expect("the run ends in time");
+    assert_eq!(
+        failure(&events).map(|(code, _)| code),
+        Some(RunErrorCode::Aborted)
+    );
+    events
 }
 
 /// The output the run's log kept for its (first) call.
@@ -594,28 +621,11 @@ async fn a_call_past_its_timeout_is_cancelled_on_the_server() {
 #[tokio::test]
 async fn a_run_aborted_mid_call_cancels_the_call_on_the_server() {
     let started = start(json!({"slow": fixture(json!({}))})).await.unwrap();
-    let model = Arc::new(ReplayModel::new(vec![
-        tool_step(&[support::call(
-            "call_1",
-            "mcp__slow__sleep",
-            json!({"ms": 60_000}),
-        )]),
-        text_step("never"),
-    ]));
-    let harness = harness_over(model, started.toolbox.clone(), ApprovalPolicy::Trusted);
-    let run = harness
-        .start(start_run(ApprovalMode::Interactive))
-        .await
-        .unwrap();
+    let (harness, run) = started
+        .call_in_a_run("mcp__slow__sleep", json!({"ms": 60_000}))
+        .await;
     started.until_fixture_called("sleep").await;
-    harness.cancel(run.run_id()).await.unwrap();
-    let events = tokio::time::timeout(PATIENCE, all_events(&run))
-        .await
-        .expect("the run ends in time");
-    assert_eq!(
-        failure(&events).map(|(code, _)| code),
-        Some(RunErrorCode::Aborted)
-    );
+    let events = aborted(&harness, &run).await;
     let message = events
         .iter()
         .find_map(|event| match event {
@@ -784,33 +794,17 @@ async fn a_run_aborted_while_a_tool_list_is_awaited_ends_at_once() {
     let started = start(json!({"fixture": fixture(json!({"tool_timeout_secs": 60}))}))
         .await
         .unwrap();
-    let model = Arc::new(ReplayModel::new(vec![
-        tool_step(&[support::call(
-            "call_1",
-            "mcp__fixture__change_tools_hang_list",
-            json!({}),
-        )]),
-        text_step("never"),
-    ]));
-    let harness = harness_over(model, started.toolbox.clone(), ApprovalPolicy::Trusted);
-    let run = harness
-        .start(start_run(ApprovalMode::Interactive))
-        .await
-        .unwrap();
+    let (harness, run) = started
+        .call_in_a_run("mcp__fixture__change_tools_hang_list", json!({}))
+        .await;
     // The fixture logs this as it returns the call's result: once the result has travelled, what holds it is the
     // list that never comes.
     started
         .until_fixture_called("change_tools_hang_list answered")
         .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    harness.cancel(run.run_id()).await.unwrap();
-    let events = tokio::time::timeout(Duration::from_secs(20), all_events(&run))
-        .await
-        .expect("the run ends long before the 60 s tool timeout");
-    assert_eq!(
-        failure(&events).map(|(code, _)| code),
-        Some(RunErrorCode::Aborted)
-    );
+    // Within PATIENCE: long before the 60 s tool timeout.
+    let events = aborted(&harness, &run).await;
     let output = logged_output(&events).expect("the call has a result");
     assert!(
         text(&output).contains("echo is now version 2"),

@@ -311,6 +311,36 @@ fn huge_form(bytes: usize) -> String {
     format!("message={}", "x".repeat(bytes))
 }
 
+/// Sends `body` and checks the answer is the API's 413 that names `limit`.
+async fn refused_as_too_large(
+    app: &TestApp,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+    limit: usize,
+) {
+    let response = app
+        .client
+        .request(method.parse().unwrap(), app.url(path))
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413, "{method} {path}");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "ok": false,
+            "code": "PAYLOAD_TOO_LARGE",
+            "error": format!("The request body is larger than {limit} bytes.")
+        }),
+        "{method} {path}"
+    );
+}
+
 #[tokio::test]
 async fn every_route_refuses_a_body_over_the_limit_with_the_api_error() {
     let app = spawn_app().await;
@@ -375,48 +405,21 @@ async fn every_route_refuses_a_body_over_the_limit_with_the_api_error() {
         ("GET", "/favicon.svg", "text/plain", &form),
     ];
     for (method, path, content_type, body) in routes {
-        let response = app
-            .client
-            .request(method.parse().unwrap(), app.url(path))
-            .header("content-type", content_type)
-            .body(body.to_vec())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 413, "{method} {path}");
-        let body: Value = response.json().await.unwrap();
-        assert_eq!(
-            body,
-            json!({
-                "ok": false,
-                "code": "PAYLOAD_TOO_LARGE",
-                "error": "The request body is larger than 65536 bytes."
-            }),
-            "{method} {path}"
-        );
+        refused_as_too_large(&app, method, path, content_type, body.to_vec(), 64 * 1024).await;
     }
     // AG-UI carries whole conversations: its limit is its own, and past it the answer is the same.
     let conversation = json!({"message": "x".repeat(16 * mib)})
         .to_string()
         .into_bytes();
-    let response = app
-        .client
-        .post(app.url("/api/agui"))
-        .header("content-type", "application/json")
-        .body(conversation)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 413);
-    let body: Value = response.json().await.unwrap();
-    assert_eq!(
-        body,
-        json!({
-            "ok": false,
-            "code": "PAYLOAD_TOO_LARGE",
-            "error": "The request body is larger than 16777216 bytes."
-        })
-    );
+    refused_as_too_large(
+        &app,
+        "POST",
+        "/api/agui",
+        "application/json",
+        conversation,
+        16 * mib,
+    )
+    .await;
     // Read as it streams, without a Content-Length: the same answer once the limit is passed.
     let chunks = (0..100).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 1024]));
     let response = app
