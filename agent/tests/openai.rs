@@ -72,6 +72,8 @@ enum End {
     Drop,
     /// Nothing more is ever sent, and the connection stays open.
     Stall,
+    /// A keep-alive comment at this interval, for ever: alive, never finished.
+    KeepAlive(Duration),
 }
 
 struct Script {
@@ -218,6 +220,11 @@ async fn write_reply(socket: &mut TcpStream, reply: Reply) -> std::io::Result<()
                 }
                 End::Drop => Ok(()),
                 End::Stall => std::future::pending().await,
+                End::KeepAlive(every) => loop {
+                    tokio::time::sleep(every).await;
+                    socket.write_all(b"e\r\n: keep-alive\n\n\r\n").await?;
+                    socket.flush().await?;
+                },
             }
         }
         Reply::Silence => std::future::pending().await,
@@ -910,6 +917,36 @@ async fn a_stream_that_stalls_times_out() {
             Ok(ModelChunk::Text("Thinking".into())),
             Err(ModelError::Timeout(Duration::from_millis(300)))
         ]
+    );
+}
+
+#[tokio::test]
+async fn a_stream_kept_alive_without_an_end_fails_at_the_steps_deadline() {
+    let server = FakeServer::start(vec![Reply::Stream {
+        pieces: bytes(&[text("Thinking")]),
+        end: End::KeepAlive(Duration::from_millis(50)),
+    }])
+    .await;
+    let mut config = config(&server);
+    // Each keep-alive comes well within the wait for a next piece; the step as a whole does not end.
+    config.timeout = Duration::from_millis(500);
+    config.step_timeout = Duration::from_millis(1_500);
+    let model = model(config);
+
+    let started = Instant::now();
+    let items = step(&model, &user("hi"), &[]).await;
+
+    assert_eq!(
+        items,
+        vec![
+            Ok(ModelChunk::Text("Thinking".into())),
+            Err(ModelError::StepTimeout(Duration::from_millis(1_500)))
+        ]
+    );
+    assert!(started.elapsed() >= Duration::from_millis(1_500));
+    assert_eq!(
+        ModelError::StepTimeout(Duration::from_secs(600)).to_string(),
+        "the model did not finish its answer within 600s"
     );
 }
 

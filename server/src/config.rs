@@ -189,6 +189,11 @@ pub struct Config {
     #[arg(long, env = "TOOLGATE_OPENAI_TIMEOUT_SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3_600))]
     pub openai_timeout_secs: u64,
 
+    /// With `--model openai`: seconds one step of the model (one answer, retries included) may take in all, even
+    /// while the API keeps sending. Past it the run ends with a model error.
+    #[arg(long, env = "TOOLGATE_OPENAI_STEP_TIMEOUT_SECS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub openai_step_timeout_secs: u64,
+
     /// Approval policy: `on_request` (read-only tools run, the rest asks), `strict` (every call asks) or
     /// `trusted` (nothing asks). A run may ask for a stricter policy, never a looser one.
     #[arg(long, env = "TOOLGATE_POLICY", default_value = "on_request", value_parser = parse_policy)]
@@ -376,12 +381,15 @@ mod tests {
             "llama3.1",
             "--openai-timeout-secs",
             "300",
+            "--openai-step-timeout-secs",
+            "1800",
         ])
         .unwrap();
         assert_eq!(config.model, ModelKind::Openai);
         assert_eq!(config.openai_base_url, "http://localhost:11434/v1");
         assert_eq!(config.openai_model, "llama3.1");
         assert_eq!(config.openai_timeout_secs, 300);
+        assert_eq!(config.openai_step_timeout_secs, 1800);
         let error =
             Config::try_parse_from(["toolgate", "--openai-api-key", "sk-secret"]).unwrap_err();
         assert_eq!(error.kind(), clap::error::ErrorKind::UnknownArgument);

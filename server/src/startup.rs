@@ -82,6 +82,7 @@ fn model(config: &Config) -> Result<Arc<dyn Model>, StartupError> {
             // Read here rather than kept in `Config`, so that nothing that prints the configuration can show it.
             openai.api_key = std::env::var(OPENAI_API_KEY).ok().and_then(ApiKey::new);
             openai.timeout = Duration::from_secs(config.openai_timeout_secs);
+            openai.step_timeout = Duration::from_secs(config.openai_step_timeout_secs);
             let has_key = openai.api_key.is_some();
             let model = OpenAiModel::new(openai).map_err(|error| {
                 StartupError::Config(format!("cannot use the openai model: {error}"))

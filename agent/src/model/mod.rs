@@ -71,6 +71,9 @@ pub enum ModelError {
     Provider(String),
     #[error("the model provider did not answer within {0:?}")]
     Timeout(Duration),
+    /// The provider kept the answer going, but did not finish one step within the step's time.
+    #[error("the model did not finish its answer within {0:?}")]
+    StepTimeout(Duration),
     /// The provider stopped the answer before its end (its output limit, a content filter) while it was making
     /// tool calls: what they would have done is not known, so none of them runs.
     #[error(

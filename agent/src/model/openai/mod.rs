@@ -105,8 +105,11 @@ pub struct OpenAiConfig {
     /// Sent as a bearer token when present.
     pub api_key: Option<ApiKey>,
     /// How long we wait for the provider: for the response to begin, then for each next piece of the stream.
-    /// A whole step may take longer, as long as the model keeps sending.
     pub timeout: Duration,
+    /// How long one whole step may take, from its first request to its last chunk, retries and their waits
+    /// included: a provider that keeps the stream alive (keep-alive comments, a trickle of text) without ever
+    /// finishing would otherwise hold the run for good.
+    pub step_timeout: Duration,
     pub retry: RetryPolicy,
 }
 
@@ -114,6 +117,8 @@ impl OpenAiConfig {
     pub const DEFAULT_BASE_URL: &'static str = "https://api.openai.com/v1";
     /// Generous, because a local server may load the model into memory before its first token.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+    /// Ten minutes, as OpenAI's own client allows a request.
+    pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(600);
 
     /// The defaults for a model: OpenAI's API, no key, the default timeout and retries.
     pub fn new(model: impl Into<String>) -> Self {
@@ -122,6 +127,7 @@ impl OpenAiConfig {
             model: model.into(),
             api_key: None,
             timeout: Self::DEFAULT_TIMEOUT,
+            step_timeout: Self::DEFAULT_STEP_TIMEOUT,
             retry: RetryPolicy::default(),
         }
     }
@@ -187,6 +193,7 @@ impl Redactor {
                 calls,
             },
             error @ (ModelError::Timeout(_)
+            | ModelError::StepTimeout(_)
             | ModelError::TooLarge { .. }
             | ModelError::TooManyCalls { .. }) => error,
         }
@@ -204,6 +211,7 @@ pub struct OpenAiModel {
     authorization: Option<HeaderValue>,
     redactor: Redactor,
     timeout: Duration,
+    step_timeout: Duration,
     retry: RetryPolicy,
 }
 
@@ -247,6 +255,7 @@ impl OpenAiModel {
                 key: config.api_key.map(|ApiKey(key)| key),
             },
             timeout: config.timeout,
+            step_timeout: config.step_timeout,
             retry: config.retry,
         })
     }
@@ -375,6 +384,7 @@ impl Model for OpenAiModel {
         );
         let step = StepStream {
             model: self,
+            deadline: tokio::time::Instant::now() + self.step_timeout,
             body,
             state: State::Connecting,
             ready: VecDeque::new(),
@@ -389,6 +399,8 @@ impl Model for OpenAiModel {
 /// One step being streamed.
 struct StepStream<'a> {
     model: &'a OpenAiModel,
+    /// When the step must have ended ([`OpenAiConfig::step_timeout`]).
+    deadline: tokio::time::Instant,
     body: Vec<u8>,
     state: State,
     /// Chunks read but not yet handed to the loop.
@@ -413,8 +425,20 @@ enum Progress {
 }
 
 impl StepStream<'_> {
-    /// The next chunk; after an error or the end of the step, `None`.
+    /// The next chunk, by the step's deadline; after an error or the end of the step, `None`.
     async fn next(&mut self) -> Option<Result<ModelChunk, ModelError>> {
+        match tokio::time::timeout_at(self.deadline, self.read()).await {
+            Ok(item) => item,
+            // `read` leaves the state `Ended` while it waits, so nothing more is read after this.
+            Err(_) => {
+                tracing::debug!(endpoint = %self.model.endpoint_for_logs, "the model step ran out of time");
+                self.ready.clear();
+                Some(Err(ModelError::StepTimeout(self.model.step_timeout)))
+            }
+        }
+    }
+
+    async fn read(&mut self) -> Option<Result<ModelChunk, ModelError>> {
         loop {
             if let Some(chunk) = self.ready.pop_front() {
                 return Some(Ok(chunk));
