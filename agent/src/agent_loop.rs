@@ -18,7 +18,7 @@ use crate::model::{Model, ModelChunk, ModelRequest};
 use crate::runtime::{
     PreparedCall, RunContext, RunError, execute, grant_for_session, prepare_call,
 };
-use crate::store::{CallRecord, CallStatus, RepeatCounts};
+use crate::store::{CallRecord, CallStatus, RepeatCounts, RunInfo};
 use crate::wire::{
     ApprovalMode, Message, PermissionDecision, Resolution, ToolCall, ToolErrorCode, ToolOutput,
     approval_denied_message,
@@ -409,8 +409,25 @@ async fn run_inline(context: &RunContext, record: CallRecord) -> Result<ToolOutp
     let call_id = record.call.id.clone();
     match execute(context, &call_id, Some((record, context.epoch))).await? {
         Some(output) => Ok(output),
-        // Not this run's owner any more, or the model gave two calls of one batch the same id.
-        None => Err(RunError::Lost),
+        // Aborted (perhaps before this task heard of it), not this run's owner any more, or the model gave two
+        // calls of one batch the same id.
+        None => Err(not_begun(context).await),
+    }
+}
+
+/// Why the store began no call of a batch this run holds: an abort it recorded ends the run as aborted (and stops
+/// what else of it runs here); otherwise the run is another instance's now.
+async fn not_begun(context: &RunContext) -> RunError {
+    match context.store.run(&context.run_id).await {
+        Ok(Some(RunInfo {
+            abort: Some(reason),
+            ..
+        })) => {
+            context.abort.abort(reason);
+            RunError::Aborted { reason }
+        }
+        Ok(_) => RunError::Lost,
+        Err(error) => RunError::Store(error.to_string()),
     }
 }
 

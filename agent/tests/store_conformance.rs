@@ -890,6 +890,22 @@ async fn a_call_begun_inline_needs_the_runs_claim_and_an_earlier_batchs_call_of_
         ],
         "the new call comes after the others, without the earlier one's output"
     );
+
+    // An abort recorded before the run's task hears of it (or on another instance): the run holds its claim, and
+    // still begins nothing more.
+    cancelled(store, "r").await;
+    assert!(
+        inline("e", 1).await.unwrap().is_none(),
+        "nothing of an aborted run begins"
+    );
+    assert!(
+        !store
+            .calls(&run_id("r"))
+            .await
+            .unwrap()
+            .iter()
+            .any(|call| call.call.id.as_str() == "e")
+    );
 }
 
 async fn a_settled_batch_is_claimed_once(kind: Kind) {

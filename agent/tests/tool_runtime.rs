@@ -125,6 +125,24 @@ async fn interactive_tool_runtime_denies_when_the_run_aborts_while_waiting_for_a
     assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
 }
 
+#[tokio::test]
+async fn a_run_cancelled_before_its_task_began_runs_none_of_its_calls() {
+    // `read_file` is read-only: the policy lets it run without asking, in the run's own task.
+    let fx = on_request(vec![
+        tool_step(&[call("call-1", "read_file", json!({"path": "a.txt"}))]),
+        text_step("done"),
+    ]);
+    // One thread, and the test does not yield between the start and the cancel: the run's task has not begun when
+    // the abort is recorded, so nothing of this process hears of it through the run's abort switch.
+    let run = fx.start(ApprovalMode::Interactive, "read a.txt").await;
+    let cancelled = fx.harness.cancel(run.run_id()).await.unwrap();
+    assert_eq!(cancelled.run.state, agent::store::RunState::Running);
+
+    let events = all_events(&run).await;
+    assert_eq!(fx.reads.count(), 0, "the allowed call did not run");
+    assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
+}
+
 #[tokio::test(start_paused = true)]
 async fn interactive_tool_runtime_denies_when_nobody_decides_in_time() {
     let fx = on_request(delete_a());

@@ -419,6 +419,10 @@ impl Store for MemoryStore {
         let begun = tables.runs.get_mut(run_id).and_then(|row| {
             if let Some((mut record, epoch)) = inline {
                 row.owned_by(&self.instance, epoch).ok()?;
+                // An aborted run begins nothing, even before its task hears of the abort.
+                if row.info.abort.is_some() {
+                    return None;
+                }
                 // A call of an earlier batch may have had the same id (the id is the model's); one of this
                 // batch may not.
                 if row

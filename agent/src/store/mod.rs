@@ -791,8 +791,9 @@ pub trait Store: Send + Sync + 'static {
     /// Takes a call to run on this instance: allowed or approved, not started. `None` when someone else took it,
     /// it is no longer to run (its run aborted, say), or this instance's lease ran out (another may have taken its
     /// work over). A call of a running run's own batch (`inline`) is inserted as it begins, only while this
-    /// instance holds the run at that epoch (checked in the same transaction: a partitioned old owner never runs a
-    /// call of a run taken over); it replaces a finished call of an earlier batch with the same id (ids are the
+    /// instance holds the run at that epoch and nobody aborted it (checked in the same transaction: a partitioned
+    /// old owner never runs a call of a run taken over, and a run aborted before its task heard of it runs nothing
+    /// more); it replaces a finished call of an earlier batch with the same id (ids are the
     /// model's), never one of its own batch.
     fn begin_call(
         &self,

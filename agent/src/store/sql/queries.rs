@@ -1394,10 +1394,12 @@ impl Store for SqlStore {
             }
             let begun = match inline {
                 Some((mut record, epoch)) => {
-                    // The run must still be this instance's, at this epoch, in this very transaction.
+                    // The run must still be this instance's, at this epoch, and not aborted, in this very
+                    // transaction: an abort recorded before its task heard of it (or on another instance) begins
+                    // nothing.
                     let held = query(sql!(
                         self.dialect,
-                        |d| "SELECT 1 FROM runs WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3{}",
+                        |d| "SELECT 1 FROM runs WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3 AND abort IS NULL{}",
                         d.for_update()
                     ))
                     .bind(run_id.as_str())
