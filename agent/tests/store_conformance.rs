@@ -1308,23 +1308,51 @@ async fn retention_forgets_old_runs_and_keeps_open_suspensions(kind: Kind) {
     store
         .finish_run(FinishRun {
             audit: vec![request_audit("old", "x")],
-            ..done("old", vec![], vec![step_event("old", 2)])
+            ..done("old", vec![user("hi")], vec![step_event("old", 2)])
         })
         .await
         .unwrap()
         .unwrap();
+    let grant = StoredGrant {
+        id: "g1".into(),
+        grant: json!({"tool": "delete_file"}),
+        created_at: 5,
+    };
+    store.add_grant(&session("s1"), grant).await.unwrap();
     open_waiting(store, "waiting", &[("a", u64::MAX)], &[]).await;
+    let now = agent::clock::now_ms() + 1;
+
+    // Pruned for the log's size, the run goes; its session, used just now, stays with its conversation and grant.
+    let crowded = RetentionLimits {
+        max_age_ms: u64::MAX,
+        max_event_bytes: 0,
+    };
+    assert_eq!(store.prune(crowded, now).await.unwrap(), 1);
+    assert_eq!(store.counts().await.unwrap().sessions, 2);
+    assert_eq!(store.grants(&session("s1")).await.unwrap().len(), 1);
+    assert_eq!(store.history(&session("s1")).await.unwrap().len(), 1);
+
+    // Idle past the age, a session without runs goes too, with its conversation and grants; one whose run goes
+    // on stays.
     let limits = RetentionLimits {
         max_age_ms: 0,
         max_event_bytes: u64::MAX,
     };
+    assert_eq!(store.prune(limits, now).await.unwrap(), 0);
+    assert_eq!(store.counts().await.unwrap().sessions, 1);
+    assert!(store.grants(&session("s1")).await.unwrap().is_empty());
+    assert!(store.history(&session("s1")).await.unwrap().is_empty());
     assert_eq!(
-        store
-            .prune(limits, agent::clock::now_ms() + 1)
-            .await
-            .unwrap(),
+        store.session_runs(&session("s2"), 1).await.unwrap().len(),
         1
     );
+    // Its id starts a session afresh.
+    store
+        .start_run(new_run("again", "s1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.counts().await.unwrap().sessions, 2);
     assert!(store.run(&run_id("old")).await.unwrap().is_none());
     assert!(
         store

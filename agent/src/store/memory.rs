@@ -909,6 +909,15 @@ impl Store for MemoryStore {
             pruned += 1;
         }
         tables.finished = kept;
+        // A session goes with the last of its runs, once it has been idle as long as a finished run is kept: its
+        // conversation and grants with it. Otherwise sessions would only grow, up to the bound past which a run in a
+        // new session is refused.
+        let Tables { sessions, runs, .. } = &mut *tables;
+        sessions.retain(|_, session| {
+            session.active.is_some()
+                || now_ms.saturating_sub(session.updated_at) < limits.max_age_ms
+                || session.runs.iter().any(|run_id| runs.contains_key(run_id))
+        });
         Self::ready(pruned)
     }
 }

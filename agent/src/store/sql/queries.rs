@@ -1185,6 +1185,55 @@ impl SqlStore {
         };
         Ok((settled, audit, seq))
     }
+
+    /// Deletes the sessions idle since `idle_before` (milliseconds) that have no run left (retention took the
+    /// last) and none going, with their conversations and grants. The conditions are checked again by the delete
+    /// itself, in its own transaction: a run that starts in the session meanwhile (on another instance, say)
+    /// keeps it.
+    async fn prune_sessions(&self, idle_before: u64) -> StoreResult<()> {
+        const IDLE_WITHOUT_RUNS: &str = "active_run IS NULL AND updated_at <= $2 \
+             AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.session_id = sessions.id)";
+        let stale = format!(
+            "SELECT id FROM sessions WHERE id > $1 AND {IDLE_WITHOUT_RUNS} ORDER BY id LIMIT 1000"
+        );
+        let delete = format!("DELETE FROM sessions WHERE id = $1 AND {IDLE_WITHOUT_RUNS}");
+        let mut after = String::new();
+        loop {
+            let ids: Vec<String> = query(stale.as_str())
+                .bind(&after)
+                .bind(idle_before as i64)
+                .fetch_all(&self.reader)
+                .await
+                .and_then(|rows| rows.iter().map(|row| row.try_get(0)).collect())
+                .map_err(unavailable)?;
+            let Some(last) = ids.last() else {
+                return Ok(());
+            };
+            after = last.clone();
+            for id in ids {
+                let mut tx = self.writer.begin().await.map_err(unavailable)?;
+                let deleted = query(delete.as_str())
+                    .bind(&id)
+                    .bind(idle_before as i64)
+                    .execute(&mut tx)
+                    .await
+                    .map_err(unavailable)?;
+                if deleted.rows_affected() == 1 {
+                    for sql in [
+                        "DELETE FROM session_messages WHERE session_id = $1",
+                        "DELETE FROM grants WHERE session_id = $1",
+                    ] {
+                        query(sql)
+                            .bind(&id)
+                            .execute(&mut tx)
+                            .await
+                            .map_err(unavailable)?;
+                    }
+                }
+                tx.commit().await.map_err(unavailable)?;
+            }
+        }
+    }
 }
 
 impl Store for SqlStore {
@@ -2511,6 +2560,8 @@ impl Store for SqlStore {
                 total = total.saturating_sub(bytes.max(0) as u64);
                 pruned += 1;
             }
+            self.prune_sessions(now_ms.saturating_sub(limits.max_age_ms))
+                .await?;
             Ok(pruned)
         }
         .boxed()
