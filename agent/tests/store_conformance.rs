@@ -2293,6 +2293,95 @@ async fn calls_begun_inline_at_once_on_postgresql_take_places_one_after_the_othe
     assert_eq!(places, [0, 1], "each after the other");
 }
 
+/// A recovery reads which instances are live, takes over the work of the others, then forgets them. An instance that
+/// started meanwhile (a rolling restart) was not in what it read, and keeps its row: without it, the new instance
+/// takes itself for dead and begins no call. Here another connection holds the dead instance's run until the new
+/// instance has started.
+#[tokio::test]
+async fn a_recovery_on_postgresql_forgets_no_instance_that_started_during_it() {
+    use sqlx::{Connection, Executor};
+    let url = postgres::database();
+    let recovering = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    recovering
+        .start_run(new_run("r", "s"))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    holder
+        .execute(
+            "INSERT INTO instances (id, started_at, heartbeat_at) VALUES ('gone', 0, 0); \
+             UPDATE runs SET owner = 'gone' WHERE id = 'r'",
+        )
+        .await
+        .unwrap();
+    holder.execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT 1 FROM runs WHERE id = 'r' FOR UPDATE")
+        .await
+        .unwrap();
+    let recovery = {
+        let store = Arc::clone(&recovering);
+        tokio::spawn(async move { store.recover(recovery_events()).await.unwrap() })
+    };
+    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(&mut watcher)
+    .await
+    .unwrap()
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the recovery never waited for the dead instance's run"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let started = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    holder.execute("COMMIT").await.unwrap();
+    let recovered = tokio::time::timeout(std::time::Duration::from_secs(10), recovery)
+        .await
+        .expect("the recovery ends once the run is let go")
+        .unwrap();
+    assert_eq!(recovered.failed_runs, vec![run_id("r")]);
+
+    let instances: Vec<String> = sqlx::query_scalar("SELECT id FROM instances ORDER BY id")
+        .fetch_all(&mut watcher)
+        .await
+        .unwrap();
+    assert!(
+        instances.contains(&started.instance().as_str().to_owned()),
+        "the instance that started during the recovery is still known: {instances:?}"
+    );
+    assert!(!instances.contains(&"gone".to_owned()), "{instances:?}");
+    // And it begins calls: its runs are its own.
+    started
+        .start_run(new_run("next", "s2"))
+        .await
+        .unwrap()
+        .unwrap();
+    let record = CallRecord::new(
+        run_id("next"),
+        tool_call("c"),
+        json!({"path": "c"}),
+        CallStatus::Allowed,
+    );
+    assert!(
+        started
+            .begin_call(&run_id("next"), &call_id("c"), Some((record, 1)))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
 #[tokio::test]
 async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
     use sqlx::Executor;

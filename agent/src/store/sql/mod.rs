@@ -799,7 +799,9 @@ impl SqlStore {
         Ok(live)
     }
 
-    /// Forgets instances that are not live, once their work is taken over.
+    /// Forgets instances that were not live when `live` was read, once their work is taken over. On PostgreSQL
+    /// only those still without a fresh heartbeat now, judged by the delete itself: an instance that started (or
+    /// came back) since keeps its row, without which it would take itself for dead and begin nothing.
     pub(super) async fn forget_dead_instances(&self, live: &[String]) -> Result<(), StoreError> {
         let rows = query("SELECT id FROM instances")
             .fetch_all(&self.writer)
@@ -808,11 +810,16 @@ impl SqlStore {
         for row in rows {
             let id: String = row.try_get(0).map_err(unavailable)?;
             if !live.contains(&id) {
-                query("DELETE FROM instances WHERE id = $1")
+                let delete = match self.dialect {
+                    Dialect::Sqlite => query("DELETE FROM instances WHERE id = $1").bind(id),
+                    Dialect::Postgres => query(
+                        "DELETE FROM instances WHERE id = $1 \
+                         AND heartbeat_at < CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - $2",
+                    )
                     .bind(id)
-                    .execute(&self.writer)
-                    .await
-                    .map_err(unavailable)?;
+                    .bind(self.lease.as_millis() as i64),
+                };
+                delete.execute(&self.writer).await.map_err(unavailable)?;
             }
         }
         Ok(())
