@@ -1814,6 +1814,7 @@ macro_rules! durable {
 durable!(
     a_batch_that_does_not_read_leaves_its_run_waiting_and_whole,
     a_due_approval_that_does_not_read_holds_up_no_other,
+    an_expiry_that_fails_for_one_run_still_returns_the_others,
     an_abort_settles_what_reads_and_its_claim_ends_what_did_not,
     an_audit_entry_of_a_kind_this_version_does_not_know_is_shown_as_it_is,
     a_claim_settles_what_the_abort_left_where_it_reads,
@@ -1919,6 +1920,64 @@ async fn a_due_approval_that_does_not_read_holds_up_no_other(kind: Kind) {
         None,
         "nothing else is pending"
     );
+}
+
+/// A run whose expiry cannot be written (here a trigger refuses its update; in life a lock timeout, a failover) is
+/// left due for the next sweep, and the sweep still settles and returns the other runs' approvals: each was
+/// committed, and its run is advanced by what the sweep returns.
+async fn an_expiry_that_fails_for_one_run_still_returns_the_others(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    for (run, session_id, call) in [("a", "s1", "ca"), ("b", "s2", "cb"), ("c", "s3", "cc")] {
+        store
+            .start_run(new_run(run, session_id))
+            .await
+            .unwrap()
+            .unwrap();
+        open_waiting(store, run, &[(call, 5_000)], &[]).await;
+    }
+    let beside = Beside::of(&backend);
+    beside.write(match beside.0 {
+        DatabaseUrl::Sqlite(_) => {
+            "CREATE TRIGGER refuse_b BEFORE UPDATE ON calls WHEN NEW.run_id = 'b' \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+        }
+        DatabaseUrl::Postgres(_) => {
+            "CREATE FUNCTION refuse_b() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$ \
+             LANGUAGE plpgsql; \
+             CREATE TRIGGER refuse_b BEFORE UPDATE ON calls FOR EACH ROW WHEN (NEW.run_id = 'b') \
+             EXECUTE FUNCTION refuse_b();"
+        }
+    });
+
+    let settle = || -> SettleExpired { Box::new(|record| deny(record, DenialSource::Timeout)) };
+    let expired = store
+        .expire(5_000, settle())
+        .await
+        .expect("one run's failure fails no other's expiry");
+    let ids = |records: &[CallRecord]| -> Vec<String> {
+        records
+            .iter()
+            .map(|r| r.call.id.as_str().to_owned())
+            .collect()
+    };
+    assert_eq!(ids(&expired), ["ca", "cc"]);
+    assert_eq!(
+        beside.read("SELECT status FROM calls WHERE call_id = 'cb'"),
+        "pending"
+    );
+    assert_eq!(
+        store.next_expiry(0).await.unwrap(),
+        Some(5_000),
+        "b is still due"
+    );
+
+    beside.write(match beside.0 {
+        DatabaseUrl::Sqlite(_) => "DROP TRIGGER refuse_b",
+        DatabaseUrl::Postgres(_) => "DROP TRIGGER refuse_b ON calls",
+    });
+    let expired = store.expire(5_000, settle()).await.unwrap();
+    assert_eq!(ids(&expired), ["cb"], "the next sweep takes it");
 }
 
 /// An abort settles the calls it can read and leaves one it cannot as it was (it used to fail, so that the run

@@ -780,7 +780,8 @@ pub trait Store: Send + Sync + 'static {
     /// Settles every pending approval whose time is up at `now_ms` (as `settle` says) and returns them. One this
     /// version cannot read (a row of a newer version's, or damaged) is left pending, and logged: it keeps no other
     /// approval from timing out. One of an aborted run (its abort could not read it) is left to the run's claim,
-    /// which settles it as the abort would have.
+    /// which settles it as the abort would have. A run whose expiry cannot be written is left due, for the next
+    /// sweep; the others are settled and returned all the same (an error only when nothing was).
     fn expire(&self, now_ms: u64, settle: SettleExpired) -> StoreFuture<'_, Vec<CallRecord>>;
 
     /// The earliest expiry among pending approvals later than `after_ms`, to know when to look again (0: all of

@@ -1234,6 +1234,65 @@ impl SqlStore {
             }
         }
     }
+
+    /// Times out one run's due approvals, in a transaction of its own: the records it settled, once committed.
+    async fn expire_run(
+        &self,
+        run_id: &RunId,
+        now_ms: u64,
+        settle: &SettleExpired,
+    ) -> StoreResult<Vec<CallRecord>> {
+        let mut expired = Vec::new();
+        // After the results queued before it, so that the run's log keeps the order things happened in.
+        let (mut tx, taken) = self.begin_after_results().await?;
+        lock_run_in(self.dialect, &mut tx, run_id)
+            .await
+            .map_err(unavailable)?;
+        // Not a call an abort left (it could not read it): that one is settled by the run's claim, as
+        // the abort would have.
+        let rows = query(sql!(
+            self.dialect,
+            |d| "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE run_id = $1 \
+             AND status = 'pending' AND expires_at <= $2 AND {NOT_ABORTED} ORDER BY idx{}",
+            d.for_update()
+        ))
+        .bind(run_id.as_str())
+        .bind(now_ms as i64)
+        .fetch_all(&mut tx)
+        .await
+        .map_err(unavailable)?;
+        let mut events = Vec::new();
+        let mut audit = Vec::new();
+        for row in &rows {
+            // A row this version cannot read is left pending (an instance that can read it times it out)
+            // and does not keep the other runs' approvals from timing out.
+            let Some(mut record) = self.readable(row, "a due approval cannot be read here")? else {
+                continue;
+            };
+            let settlement = settle(&record);
+            let (mut e, mut a) = apply(&mut record, settlement);
+            let changed = query(
+                "UPDATE calls SET status = $3, record = $4 WHERE run_id = $1 AND call_id = $2 AND status = 'pending'",
+            )
+            .bind(run_id.as_str())
+            .bind(record.call.id.as_str())
+            .bind(record.status.as_str())
+            .bind(json(&record))
+            .execute(&mut tx)
+            .await
+            .map_err(unavailable)?;
+            if changed.rows_affected() == 1 {
+                events.append(&mut e);
+                audit.append(&mut a);
+                expired.push(record);
+            }
+        }
+        // A run none of whose due calls was settled here (one this version cannot read, or decided
+        // meanwhile) has nothing appended, and nobody is rung for it.
+        self.commit_settled(tx, taken, run_id, &events, &audit)
+            .await?;
+        Ok(expired)
+    }
 }
 
 impl Store for SqlStore {
@@ -1357,57 +1416,23 @@ impl Store for SqlStore {
             for row in &rows {
                 due.insert(run_id(row.try_get(0).map_err(unavailable)?)?);
             }
+            // Each run's expiry commits alone: one that fails is left due, for the next sweep, and neither undoes
+            // nor hides the runs expired before it (their records are what their runs are advanced by).
             let mut expired = Vec::new();
+            let mut failure = None;
             for run_id in due {
-                // After the results queued before it, so that the run's log keeps the order things happened in.
-                let (mut tx, taken) = self.begin_after_results().await?;
-                lock_run_in(self.dialect, &mut tx, &run_id)
-                    .await
-                    .map_err(unavailable)?;
-                // Not a call an abort left (it could not read it): that one is settled by the run's claim, as
-                // the abort would have.
-                let rows = query(sql!(self.dialect, |d|
-                    "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE run_id = $1 \
-                     AND status = 'pending' AND expires_at <= $2 AND {NOT_ABORTED} ORDER BY idx{}",
-                    d.for_update()
-                ))
-                .bind(run_id.as_str())
-                .bind(now_ms as i64)
-                .fetch_all(&mut tx)
-                .await
-                .map_err(unavailable)?;
-                let mut events = Vec::new();
-                let mut audit = Vec::new();
-                for row in &rows {
-                    // A row this version cannot read is left pending (an instance that can read it times it out)
-                    // and does not keep the other runs' approvals from timing out.
-                    let Some(mut record) = self.readable(row, "a due approval cannot be read here")? else {
-                        continue;
-                    };
-                    let settlement = settle(&record);
-                    let (mut e, mut a) = apply(&mut record, settlement);
-                    let changed = query(
-                        "UPDATE calls SET status = $3, record = $4 WHERE run_id = $1 AND call_id = $2 AND status = 'pending'",
-                    )
-                    .bind(run_id.as_str())
-                    .bind(record.call.id.as_str())
-                    .bind(record.status.as_str())
-                    .bind(json(&record))
-                    .execute(&mut tx)
-                    .await
-                    .map_err(unavailable)?;
-                    if changed.rows_affected() == 1 {
-                        events.append(&mut e);
-                        audit.append(&mut a);
-                        expired.push(record);
+                match self.expire_run(&run_id, now_ms, &settle).await {
+                    Ok(mut records) => expired.append(&mut records),
+                    Err(error) => {
+                        tracing::warn!(%run_id, %error, "cannot time out the run's due approvals");
+                        failure.get_or_insert(error);
                     }
                 }
-                // A run none of whose due calls was settled here (one this version cannot read, or decided
-                // meanwhile) has nothing appended, and nobody is rung for it.
-                self.commit_settled(tx, taken, &run_id, &events, &audit)
-                    .await?;
             }
-            Ok(expired)
+            match failure {
+                Some(error) if expired.is_empty() => Err(error),
+                _ => Ok(expired),
+            }
         }
         .boxed()
     }
