@@ -467,11 +467,11 @@ fn Editor(
     }
 }
 
-/// After a card left: a focus it took with it (now on the page's body) goes to the next card, or else to the message
-/// box, so a person at the keyboard goes on from where they were. Focus elsewhere stays where it is. While the run
-/// goes on the box is disabled: the focus waits on the note that says so, and the box takes it once it can be used
-/// (`Composer`).
-fn hand_on_focus() {
+/// After a card (or the error banner) left: a focus it took with it (now on the page's body) goes to the first card,
+/// or else to the message box, so a person at the keyboard goes on from where they were. Focus elsewhere stays where
+/// it is. While the run goes on the box is disabled: the focus waits on the note that says so, and the box takes it
+/// once it can be used (`Composer`).
+pub(crate) fn hand_on_focus() {
     crate::refocus_if_lost(
         None,
         vec![

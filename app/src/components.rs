@@ -26,7 +26,11 @@ pub fn ErrorBanner() -> impl IntoView {
             view! {
                 <div class="error-banner" role="alert">
                     <span>{message}</span>
-                    <button type="button" class="link" on:click=move |_| ui.error.set(None)>
+                    <button type="button" class="link" on:click=move |_| {
+                        ui.error.set(None);
+                        // The button goes with the banner: a focus it took goes on to where the person acts.
+                        crate::card::hand_on_focus();
+                    }>
                         "Dismiss"
                     </button>
                 </div>

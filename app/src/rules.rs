@@ -258,7 +258,27 @@ fn session_approvals(session: &SessionView) -> usize {
 pub fn RulesPanel() -> impl IntoView {
     let ui = expect_context::<Ui>();
     let panel = RwSignal::new(None::<RulesAndGrants>);
+    let details = NodeRef::<leptos::html::Details>::new();
+    // Set by a removal: the button pressed goes with its line, so the focus is handed on once the list is redrawn.
+    let hand_on_focus = StoredValue::new(false);
     let approvals = Memo::new(move |_| ui.session.with(session_approvals));
+    // Another tab may have revoked a grant or removed a rule, which nothing in this tab's stream says: the panel
+    // reads them again when it is opened, and when the window takes the focus back with the panel open.
+    let open = move || {
+        details
+            .get_untracked()
+            .is_some_and(|details| details.open())
+    };
+    let reload = move || ui.rules_changed.update(|n| *n += 1);
+    #[cfg(feature = "hydrate")]
+    {
+        let on_focus = window_event_listener(leptos::ev::focus, move |_| {
+            if open() {
+                reload();
+            }
+        });
+        on_cleanup(move || on_focus.remove());
+    }
     // Effects run in the browser only: the server renders the panel closed and empty.
     Effect::new(move |_| {
         ui.rules_changed.track();
@@ -267,7 +287,20 @@ pub fn RulesPanel() -> impl IntoView {
         approvals.get();
         spawn_local(async move {
             match load_rules_and_grants(Some(ui.session_id())).await {
-                Ok(state) => panel.set(Some(state)),
+                Ok(state) => {
+                    panel.set(Some(state));
+                    if hand_on_focus.get_value() {
+                        hand_on_focus.set_value(false);
+                        crate::refocus_if_lost(
+                            None,
+                            vec![
+                                ".rules-panel .revoke-grant".to_owned(),
+                                ".rules-panel .remove-rule".to_owned(),
+                                ".rules-panel summary".to_owned(),
+                            ],
+                        );
+                    }
+                }
                 Err(error) => ui.error.set(Some(format!(
                     "The rules and grants could not be loaded: {}",
                     server_said(&error)
@@ -280,7 +313,8 @@ pub fn RulesPanel() -> impl IntoView {
             ui.error
                 .set(Some(format!("{what}: {}", server_said(&error))));
         }
-        ui.rules_changed.update(|n| *n += 1);
+        hand_on_focus.set_value(true);
+        reload();
     };
     let count = move || {
         panel.with(|state| {
@@ -291,7 +325,7 @@ pub fn RulesPanel() -> impl IntoView {
     };
 
     view! {
-        <details class="rules-panel">
+        <details class="rules-panel" node_ref=details on:toggle=move |_| if open() { reload() }>
             <summary>"Rules and grants (" {count} ")"</summary>
             {move || panel.get().map(|state| {
                 let grants = if state.grants.is_empty() {

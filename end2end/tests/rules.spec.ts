@@ -95,3 +95,53 @@ test("approving for the session lists the grant in the panel at once, and revoki
   await card(page, "write_file").getByRole("button", { name: "Deny" }).click();
   await expect(card(page, "write_file")).toHaveCount(0);
 });
+
+test("a grant revoked in another tab is gone from this tab's panel when it is opened again", async ({ context }, testInfo) => {
+  const first = await context.newPage();
+  const second = await context.newPage();
+  await openPage(first);
+  await openPage(second);
+  const file = unique("elsewhere");
+  await send(first, `write ${file}: one`);
+  await card(first, "write_file").getByRole("button", { name: "Approve for session" }).click();
+  await expect(first.locator(".turn.assistant").last()).toHaveText(`write_file wrote 3 bytes to ${file}.`);
+
+  // Both tabs list the grant.
+  await first.locator(".rules-panel summary").click();
+  await second.locator(".rules-panel summary").click();
+  await expect(first.locator(".rules-panel .grant")).toHaveCount(1);
+  await expect(second.locator(".rules-panel .grant")).toHaveCount(1);
+  await second.locator(".rules-panel summary").click();
+
+  // Revoked in the second tab; the first tab's panel, closed and opened again, reads the grants again.
+  await second.locator(".rules-panel summary").click();
+  await second.locator(".rules-panel .grant").getByRole("button", { name: "Revoke" }).click();
+  await expect(second.locator(".rules-panel .grant")).toHaveCount(0);
+  await first.locator(".rules-panel summary").click();
+  await first.locator(".rules-panel summary").click();
+  await expect(first.locator(".rules-panel .grant")).toHaveCount(0);
+  await expect(first.locator(".rules-panel")).toContainText("Nothing is approved for this session.");
+  await screenshot(first, testInfo, "grant-revoked-elsewhere");
+});
+
+test("revoking a grant with the keyboard hands the focus on to the panel", async ({ page }) => {
+  await openPage(page);
+  for (const [i, name] of ["focus-one", "focus-two"].entries()) {
+    await send(page, `run echo ${unique(name)}`);
+    await card(page, "run_command").getByRole("button", { name: "Approve for session" }).click();
+    await expect(card(page, "run_command")).toHaveCount(0);
+    await expect(page.locator(".turn.assistant")).toHaveCount(i + 1);
+  }
+  await page.locator(".rules-panel summary").click();
+  const grants = page.locator(".rules-panel .grant");
+  await expect(grants).toHaveCount(2);
+
+  // Its button goes with the grant: the focus goes to the next grant's, and after the last, to the panel.
+  await grants.first().getByRole("button", { name: "Revoke" }).focus();
+  await page.keyboard.press("Enter");
+  await expect(grants).toHaveCount(1);
+  await expect(grants.first().getByRole("button", { name: "Revoke" })).toBeFocused();
+  await page.keyboard.press("Enter");
+  await expect(grants).toHaveCount(0);
+  await expect(page.locator(".rules-panel summary")).toBeFocused();
+});

@@ -206,6 +206,18 @@ test("a message that does not reach the server says so", async ({ page }, testIn
   await expect(page.getByRole("alert")).toHaveCount(0);
 });
 
+test("dismissing an error with the keyboard leaves the focus where the person acts", async ({ page }) => {
+  await openPage(page);
+  await page.route("**/api/fn/start_run", (route) => route.abort("connectionrefused"));
+  await send(page, "list files");
+  const alert = page.getByRole("alert");
+  await expect(alert).toContainText("The message was not sent");
+  await alert.getByRole("button", { name: "Dismiss" }).focus();
+  await page.keyboard.press("Enter");
+  await expect(page.getByRole("alert")).toHaveCount(0);
+  await expect(page.getByLabel("Message", { exact: true })).toBeFocused();
+});
+
 test("a run that fails shows why", async ({ page }, testInfo) => {
   await openPage(page);
   await send(page, `delete ${unique("cancelled")}`);
