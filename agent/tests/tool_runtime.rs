@@ -143,6 +143,50 @@ async fn a_run_cancelled_before_its_task_began_runs_none_of_its_calls() {
     assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
 }
 
+/// A model that never answers: its run samples until it is stopped.
+struct Silent;
+
+impl agent::model::Model for Silent {
+    fn name(&self) -> &str {
+        "silent"
+    }
+
+    fn stream<'a>(&'a self, _: agent::model::ModelRequest<'a>) -> agent::model::ModelStream<'a> {
+        futures::StreamExt::boxed(futures::stream::pending())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_abort_recorded_where_this_process_did_not_hear_of_it_still_stops_the_run() {
+    let tools = counting_tools(
+        Arc::new(Silent),
+        ApprovalPolicy::OnRequest,
+        Default::default(),
+        Default::default(),
+    );
+    let run = start_run(&tools.harness, ApprovalMode::Interactive, "hello").await;
+    // Recorded in the store alone, as another instance records it when the doorbell that would tell this one is
+    // lost: nothing tells this process's task.
+    tools
+        .harness
+        .store()
+        .abort_run(
+            run.run_id(),
+            AbortReason::Cancelled,
+            Box::new(|record| {
+                agent::approvals::settlement(record, agent::approvals::not_run_after_abort(), None)
+            }),
+        )
+        .await
+        .unwrap()
+        .expect("the run is there");
+
+    let events = tokio::time::timeout(std::time::Duration::from_secs(60), all_events(&run))
+        .await
+        .expect("the run ends");
+    assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
+}
+
 #[tokio::test(start_paused = true)]
 async fn interactive_tool_runtime_denies_when_nobody_decides_in_time() {
     let fx = on_request(delete_a());

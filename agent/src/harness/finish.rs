@@ -12,14 +12,57 @@ use crate::events::AgentEvent;
 use crate::interrupts::{IssuedInterrupt, Suspension, arguments_digest};
 use crate::runtime::{RunContext, RunError, call_record, encode, tool_result};
 use crate::store::{
-    AuditEntry, AuditKind, CallStatus, EndClaim, Fenced, FinishRun, OpenBatch, RecoveryEvents,
-    RunState, SavedBatch, SettleExpired, Settlement,
+    AuditEntry, AuditKind, CallStatus, EndClaim, Fenced, FinishRun, HeldRun, OpenBatch,
+    RecoveryEvents, RunState, SavedBatch, SettleExpired, Settlement,
 };
 use crate::wire::{
     DenialSource, InterruptRequest, Message, Resolution, RunErrorCode, ToolErrorCode, ToolOutput,
 };
 
 /// Settles what a finished run still has pending: a card never outlives its run.
+impl Harness {
+    /// Ends a run this instance holds that no task of it works on (`reconcile_held_runs_forever`), under its claim:
+    /// aborted if it was, failed otherwise. What it still had pending is settled as an abort would.
+    pub(super) async fn end_unworked(&self, run: HeldRun) {
+        let HeldRun {
+            run_id,
+            epoch,
+            abort,
+        } = run;
+        let failure = match abort {
+            Some(reason) => AgentEvent::RunFailed {
+                code: reason.code(),
+                message: reason.message().to_owned(),
+            },
+            None => AgentEvent::RunFailed {
+                code: RunErrorCode::Store,
+                message: "This run stopped without its end being recorded (the database failed as it ended, or its work stopped on an error), so it was ended afterwards. The session can go on with a new message.".to_owned(),
+            },
+        };
+        let finish = FinishRun {
+            events: encode(&run_id, failure),
+            run_id: run_id.clone(),
+            claim: EndClaim::Held(epoch),
+            state: RunState::Failed,
+            history: Vec::new(),
+            conversation: None,
+            suspension: None,
+            audit: Vec::new(),
+            settle_pending: Some(abort_settlement()),
+        };
+        match self.inner.store.finish_run(finish).await {
+            Ok(Ok(())) => {
+                tracing::warn!(%run_id, "ended a run that no task of this instance worked on any more");
+            }
+            // Ended or taken over meanwhile.
+            Ok(Err(_)) => {}
+            Err(error) => {
+                tracing::warn!(%run_id, %error, "cannot end a run that no task works on; trying again later");
+            }
+        }
+    }
+}
+
 pub(super) fn abort_settlement() -> SettleExpired {
     Box::new(|record| {
         let resolution = if record.status == CallStatus::Pending {

@@ -64,6 +64,9 @@ pub struct HarnessConfig {
     pub retention: Retention,
     /// How often an instance on a shared database looks for stopped instances to take over from.
     pub takeover_every: Duration,
+    /// How often the runs this instance holds are checked against the tasks it has (see
+    /// `Harness::reconcile_held_runs_forever`).
+    pub reconcile_every: Duration,
 }
 
 impl HarnessConfig {
@@ -74,6 +77,7 @@ impl HarnessConfig {
             limits: LoopLimits::default(),
             retention: Retention::default(),
             takeover_every: Duration::from_secs(2),
+            reconcile_every: Duration::from_secs(5),
         }
     }
 }
@@ -118,9 +122,19 @@ impl LocalRuns {
     }
 
     fn abort(&self, run_id: &RunId, reason: AbortReason) {
-        if let Some((abort, _)) = self.runs.lock().get(run_id) {
-            abort.abort(reason);
+        self.reach(run_id, Some(reason));
+    }
+
+    /// Whether a task of this process works on the run; an abort given reaches it.
+    fn reach(&self, run_id: &RunId, abort: Option<AbortReason>) -> bool {
+        let runs = self.runs.lock();
+        let Some((switch, _)) = runs.get(run_id) else {
+            return false;
+        };
+        if let Some(reason) = abort {
+            switch.abort(reason);
         }
+        true
     }
 
     fn ids(&self) -> Vec<RunId> {
@@ -384,6 +398,8 @@ impl Harness {
         runtime.spawn(async move { pruner.prune_forever().await });
         let listener = self.clone();
         runtime.spawn(async move { listener.stop_what_others_abort().await });
+        let reconciler = self.clone();
+        runtime.spawn(async move { reconciler.reconcile_held_runs_forever().await });
         if self.inner.store.kind() == StoreKind::Postgres {
             let watcher = self.clone();
             runtime.spawn(async move { watcher.take_over_from_the_dead_forever().await });
@@ -402,6 +418,43 @@ impl Harness {
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 },
             }
+        }
+    }
+
+    /// Now and then, checks the runs this instance holds as running against the tasks it has. An abort recorded
+    /// that a task did not hear of (another instance's doorbell lost on the way) reaches it. A run that no task
+    /// works on, seen so twice at the same claim, is ended as failed, so that its session takes the next run: its
+    /// end could not be recorded (the database failed just then), or its task stopped without ending it. A run's
+    /// task registers as it begins, so a run just started or claimed is not taken for one.
+    async fn reconcile_held_runs_forever(self) {
+        let every = self.inner.config.reconcile_every;
+        let mut unworked: std::collections::HashSet<(RunId, crate::store::Epoch)> =
+            Default::default();
+        loop {
+            tokio::select! {
+                () = self.inner.closing.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            let held = match self.inner.store.held_runs().await {
+                Ok(held) => held,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the runs this instance holds");
+                    continue;
+                }
+            };
+            let mut seen = std::collections::HashSet::new();
+            for run in held {
+                if self.inner.local.reach(&run.run_id, run.abort) {
+                    continue;
+                }
+                let key = (run.run_id.clone(), run.epoch);
+                if unworked.contains(&key) {
+                    self.end_unworked(run).await;
+                } else {
+                    seen.insert(key);
+                }
+            }
+            unworked = seen;
         }
     }
 

@@ -771,6 +771,24 @@ impl Store for MemoryStore {
         Self::ready(runs)
     }
 
+    fn held_runs(&self) -> StoreFuture<'_, Vec<HeldRun>> {
+        let held = self
+            .tables
+            .lock()
+            .runs
+            .values()
+            .filter(|row| {
+                row.info.state == RunState::Running && row.owner.as_ref() == Some(&self.instance)
+            })
+            .map(|row| HeldRun {
+                run_id: row.info.run_id.clone(),
+                epoch: row.epoch,
+                abort: row.info.abort,
+            })
+            .collect();
+        Self::ready(held)
+    }
+
     fn counts(&self) -> StoreFuture<'_, Counts> {
         let tables = self.tables.lock();
         let counts = Counts {

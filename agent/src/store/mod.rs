@@ -195,6 +195,16 @@ impl RunInfo {
     }
 }
 
+/// A run this instance holds as running, as the store has it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldRun {
+    pub run_id: RunId,
+    /// The claim it is held at.
+    pub epoch: Epoch,
+    /// Set once someone aborted it.
+    pub abort: Option<AbortReason>,
+}
+
 /// A run about to start.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewRun {
@@ -895,6 +905,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Runs that have not ended.
     fn unfinished_runs(&self) -> StoreFuture<'_, Vec<RunId>>;
+
+    /// The runs this instance holds as running: what its tasks should be working on.
+    fn held_runs(&self) -> StoreFuture<'_, Vec<HeldRun>>;
 
     /// How much the store holds: runs not ended, and sessions.
     fn counts(&self) -> StoreFuture<'_, Counts>;

@@ -2251,6 +2251,30 @@ impl Store for SqlStore {
         .boxed()
     }
 
+    fn held_runs(&self) -> StoreFuture<'_, Vec<HeldRun>> {
+        async move {
+            // [`UNFINISHED`] is the condition of the index of unfinished runs, so that the query reads that index.
+            let rows = query(sql!(self.dialect, |_|
+                "SELECT id, epoch, abort FROM runs WHERE {UNFINISHED} AND state = 'running' AND owner = $1"
+            ))
+            .bind(self.instance.as_str())
+            .fetch_all(&self.reader)
+            .await
+            .map_err(unavailable)?;
+            rows.iter()
+                .map(|row| {
+                    let abort: Option<String> = row.try_get("abort").map_err(unavailable)?;
+                    Ok(HeldRun {
+                        run_id: run_id(row.try_get("id").map_err(unavailable)?)?,
+                        epoch: row.try_get::<i64, _>("epoch").map_err(unavailable)? as Epoch,
+                        abort: abort.as_deref().and_then(AbortReason::parse),
+                    })
+                })
+                .collect()
+        }
+        .boxed()
+    }
+
     fn counts(&self) -> StoreFuture<'_, Counts> {
         async move {
             let row = query(sql!(self.dialect, |_|

@@ -1,0 +1,86 @@
+//! A harness on the durable default whose database refuses a write for a while (a full disk, a failover): what it
+//! could not record is not left half-done for good once the database takes writes again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent::harness::{Harness, HarnessConfig, RunSource, StartRun};
+use agent::model::ScriptedModel;
+use agent::policy::PermissionPolicy;
+use agent::store::sql::{DatabaseUrl, SqlStore};
+use agent::store::{RunState, Store};
+use agent::tools::{Workspace, workspace_tools};
+use agent::view::RunStatus;
+use agent::wire::{ApprovalMode, ApprovalPolicy, RunErrorCode};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn start_in(session_id: &str, message: &str) -> StartRun {
+    StartRun {
+        message: message.into(),
+        session_id: Some(session_id.parse().unwrap()),
+        policy: None,
+        mode: ApprovalMode::Interactive,
+        run_id: None,
+        source: RunSource::Session,
+        refused_while_interrupted: false,
+    }
+}
+
+/// A run whose end the database refused stays running, with nothing left to end it, and its session refuses every
+/// next run. The harness sees that no task of its own works on a run it holds, and ends it as failed once the
+/// database takes the write; the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_end_could_not_be_recorded_is_ended_afterwards_and_its_session_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("toolgate.db");
+    let store = SqlStore::open(&DatabaseUrl::Sqlite(file.clone()))
+        .await
+        .unwrap();
+    let beside = rusqlite::Connection::open(&file).unwrap();
+    beside
+        .execute_batch(
+            "CREATE TRIGGER refuse_ends BEFORE UPDATE OF finished_at ON runs WHEN NEW.finished_at IS NOT NULL \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    let mut config = HarnessConfig::new(
+        PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
+        Duration::from_secs(120),
+    );
+    config.reconcile_every = Duration::from_millis(100);
+    let workspace = Workspace::open(dir.path().join("ws")).unwrap();
+    let harness = Harness::open(
+        config,
+        Arc::new(ScriptedModel::new()),
+        workspace_tools(&workspace, Default::default()),
+        Arc::clone(&store) as Arc<dyn Store>,
+    )
+    .await
+    .unwrap();
+
+    let run = harness.start(start_in("s", "hello")).await.unwrap();
+    // The run answers, and cannot record its end (nor can anything else, while the database refuses it).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let info = store.run(run.run_id()).await.unwrap().unwrap();
+    assert_eq!(info.state, RunState::Running);
+
+    beside.execute_batch("DROP TRIGGER refuse_ends").unwrap();
+    tokio::time::timeout(PATIENCE, run.finished())
+        .await
+        .expect("the run is ended once its end can be recorded");
+    let view = run.view().await.unwrap().unwrap();
+    assert_eq!(view.status, RunStatus::Failed);
+    assert_eq!(
+        view.error.map(|error| error.code),
+        Some(RunErrorCode::Store)
+    );
+
+    // Its session takes the next run, which ends as usual.
+    let next = harness.start(start_in("s", "hello again")).await.unwrap();
+    tokio::time::timeout(PATIENCE, next.finished())
+        .await
+        .expect("the next run ends");
+    let view = next.view().await.unwrap().unwrap();
+    assert_eq!(view.status, RunStatus::Done);
+}
