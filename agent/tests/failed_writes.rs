@@ -4,14 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::harness::{Harness, HarnessConfig, RunSource, StartRun};
+use agent::harness::{Actor, Harness, HarnessConfig, RunSource, StartRun};
 use agent::model::ScriptedModel;
 use agent::policy::PermissionPolicy;
 use agent::store::sql::{DatabaseUrl, SqlStore};
 use agent::store::{RunState, Store};
 use agent::tools::{Workspace, workspace_tools};
 use agent::view::RunStatus;
-use agent::wire::{ApprovalMode, ApprovalPolicy, RunErrorCode};
+use agent::wire::{ApprovalMode, ApprovalPolicy, Decision, DecisionScope, RunErrorCode};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -27,29 +27,21 @@ fn start_in(session_id: &str, message: &str) -> StartRun {
     }
 }
 
-/// A run whose end the database refused stays running, with nothing left to end it, and its session refuses every
-/// next run. The harness sees that no task of its own works on a run it holds, and ends it as failed once the
-/// database takes the write; the session goes on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_whose_end_could_not_be_recorded_is_ended_afterwards_and_its_session_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("toolgate.db");
+/// A SQLite file, a harness on it that checks its runs every 100 ms, and a connection beside it to change it as a
+/// failing disk would.
+async fn harness_on_sqlite(
+    dir: &std::path::Path,
+) -> (Harness, Arc<SqlStore>, rusqlite::Connection) {
+    let file = dir.join("toolgate.db");
     let store = SqlStore::open(&DatabaseUrl::Sqlite(file.clone()))
         .await
-        .unwrap();
-    let beside = rusqlite::Connection::open(&file).unwrap();
-    beside
-        .execute_batch(
-            "CREATE TRIGGER refuse_ends BEFORE UPDATE OF finished_at ON runs WHEN NEW.finished_at IS NOT NULL \
-             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
-        )
         .unwrap();
     let mut config = HarnessConfig::new(
         PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
         Duration::from_secs(120),
     );
     config.reconcile_every = Duration::from_millis(100);
-    let workspace = Workspace::open(dir.path().join("ws")).unwrap();
+    let workspace = Workspace::open(dir.join("ws")).unwrap();
     let harness = Harness::open(
         config,
         Arc::new(ScriptedModel::new()),
@@ -58,6 +50,76 @@ async fn a_run_whose_end_could_not_be_recorded_is_ended_afterwards_and_its_sessi
     )
     .await
     .unwrap();
+    (harness, store, rusqlite::Connection::open(&file).unwrap())
+}
+
+/// The result of an approved call that the database refused for longer than the group commit retries (a few
+/// seconds) is kept, not dropped with the events: once the database takes writes again it is written, and the run
+/// goes on from it. Before, the call stayed `executing` for good and its run waited until a restart, which then
+/// recorded a call that had finished as interrupted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_result_the_database_refused_for_a_while_is_written_later_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (harness, _store, beside) = harness_on_sqlite(dir.path()).await;
+    std::fs::write(dir.path().join("ws/a.txt"), "x").unwrap();
+    let run = harness.start(start_in("s", "delete a.txt")).await.unwrap();
+    let request = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Some(request) = harness.pending(Some(run.run_id())).await.unwrap().pop() {
+                return request;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the deletion asks");
+
+    beside
+        .execute_batch(
+            "CREATE TRIGGER refuse_results BEFORE UPDATE OF status ON calls WHEN NEW.status = 'settled' \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::Approve {
+                scope: DecisionScope::Once,
+                reason: None,
+                arguments: None,
+            },
+            &Actor::local(),
+        )
+        .await
+        .unwrap();
+    // The tool runs; its result cannot be written, past the group commit's retries (about 3 s).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!dir.path().join("ws/a.txt").exists(), "the tool ran");
+    assert!(!run.is_finished().await.unwrap());
+
+    beside.execute_batch("DROP TRIGGER refuse_results").unwrap();
+    tokio::time::timeout(PATIENCE, run.finished())
+        .await
+        .expect("the run goes on once the result is written");
+    let view = run.view().await.unwrap().unwrap();
+    assert_eq!(view.status, RunStatus::Done, "{:?}", view.error);
+    assert_eq!(view.answer.as_deref(), Some("delete_file deleted a.txt."));
+}
+
+/// A run whose end the database refused stays running, with nothing left to end it, and its session refuses every
+/// next run. The harness sees that no task of its own works on a run it holds, and ends it as failed once the
+/// database takes the write; the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_end_could_not_be_recorded_is_ended_afterwards_and_its_session_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (harness, store, beside) = harness_on_sqlite(dir.path()).await;
+    beside
+        .execute_batch(
+            "CREATE TRIGGER refuse_ends BEFORE UPDATE OF finished_at ON runs WHEN NEW.finished_at IS NOT NULL \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
 
     let run = harness.start(start_in("s", "hello")).await.unwrap();
     // The run answers, and cannot record its end (nor can anything else, while the database refuses it).

@@ -425,7 +425,8 @@ impl Harness {
     /// that a task did not hear of (another instance's doorbell lost on the way) reaches it. A run that no task
     /// works on, seen so twice at the same claim, is ended as failed, so that its session takes the next run: its
     /// end could not be recorded (the database failed just then), or its task stopped without ending it. A run's
-    /// task registers as it begins, so a run just started or claimed is not taken for one.
+    /// task registers as it begins, so a run just started or claimed is not taken for one. On SQLite it also carries
+    /// on waiting runs that have work nobody does.
     async fn reconcile_held_runs_forever(self) {
         let every = self.inner.config.reconcile_every;
         let mut unworked: std::collections::HashSet<(RunId, crate::store::Epoch)> =
@@ -455,6 +456,13 @@ impl Harness {
                 }
             }
             unworked = seen;
+            // A waiting run whose calls' results were written late (SQLite's group commit failed for a while)
+            // was not carried on when they settled. (On PostgreSQL the takeover's look does this.)
+            if self.inner.store.kind() == StoreKind::Sqlite
+                && let Err(error) = self.kick_stalled().await
+            {
+                tracing::warn!(%error, "cannot look for waiting runs with work to do");
+            }
         }
     }
 

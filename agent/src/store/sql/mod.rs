@@ -1308,13 +1308,23 @@ async fn append_forever(
             }
             Err(error) => {
                 attempt = 0;
-                let lost = {
+                // The events go: a run's log may lack some, and nothing waits for them any longer. The results of
+                // calls stay queued, for the next write or the run's next change to take (each is what a tool
+                // really did, and its run cannot go on without it), and are tried again after the longest wait.
+                let (lost, kept) = {
                     let mut appends = strong.appends.lock();
-                    let lost = std::mem::take(&mut appends.queue);
+                    let (kept, lost): (Vec<_>, Vec<_>) = std::mem::take(&mut appends.queue)
+                        .into_iter()
+                        .partition(|queued| matches!(queued, Queued::Settled(_)));
+                    appends.queue = kept;
                     strong.appends_written(queries::Taken::through(appends.queued));
-                    lost
+                    (lost.len(), appends.queue.len())
                 };
-                tracing::error!(%error, events = lost.len(), "cannot write events; they are lost");
+                tracing::error!(%error, events = lost, results_kept = kept, "cannot write events; they are lost");
+                if kept > 0 {
+                    drop(strong);
+                    tokio::time::sleep(Duration::from_millis(50 << 5)).await;
+                }
             }
         }
     }
