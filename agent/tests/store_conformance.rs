@@ -2441,6 +2441,71 @@ async fn a_recovery_on_postgresql_forgets_no_instance_that_started_during_it() {
     );
 }
 
+/// A recovery ends a dead instance's run only as that instance left it: one that another instance took over after
+/// the recovery found its owner dead (here while the recovery waits for the run's row) goes on.
+#[tokio::test]
+async fn a_recovery_on_postgresql_leaves_a_run_taken_over_meanwhile() {
+    use sqlx::{Connection, Executor};
+    let url = postgres::database();
+    let recovering = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    let taker = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    recovering
+        .start_run(new_run("r", "s"))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    holder
+        .execute(
+            "INSERT INTO instances (id, started_at, heartbeat_at) VALUES ('gone', 0, 0); \
+             UPDATE runs SET owner = 'gone' WHERE id = 'r'",
+        )
+        .await
+        .unwrap();
+    holder.execute("BEGIN").await.unwrap();
+    sqlx::query("UPDATE runs SET owner = $1, epoch = 2 WHERE id = 'r'")
+        .bind(taker.instance().as_str())
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let recovery = {
+        let store = Arc::clone(&recovering);
+        tokio::spawn(async move { store.recover(recovery_events()).await.unwrap() })
+    };
+    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(&mut watcher)
+    .await
+    .unwrap()
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the recovery never waited for the run's row"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    holder.execute("COMMIT").await.unwrap();
+    let recovered = tokio::time::timeout(std::time::Duration::from_secs(10), recovery)
+        .await
+        .expect("the recovery ends once the run is let go")
+        .unwrap();
+    assert!(
+        recovered.failed_runs.is_empty(),
+        "{:?}",
+        recovered.failed_runs
+    );
+    let run = taker.run(&run_id("r")).await.unwrap().unwrap();
+    assert_eq!(run.state, RunState::Running, "the new owner's run goes on");
+}
+
 #[tokio::test]
 async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
     use sqlx::Executor;

@@ -515,6 +515,7 @@ impl Store for MemoryStore {
                 Some(row) => {
                     let fenced = match finish.claim {
                         EndClaim::Held(epoch) => row.owned_by(&self.instance, epoch),
+                        EndClaim::Abandoned { ref owner, epoch } => row.owned_by(owner, epoch),
                         EndClaim::Unended if !row.info.state.is_finished() => Ok(()),
                         EndClaim::Waiting if row.info.state == RunState::Waiting => Ok(()),
                         EndClaim::Unended | EndClaim::Waiting => Err(Fenced::Lost),

@@ -467,12 +467,15 @@ pub struct Claimed {
 }
 
 /// Under which claim a run's end is made: an end made without it changes nothing ([`Fenced::Lost`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EndClaim {
     /// This instance holds the run at this epoch: its task's own end.
     Held(Epoch),
-    /// The run has not ended, whoever holds it: recovery's end of a dead instance's run.
+    /// The run has not ended, whoever holds it.
     Unended,
+    /// The run is still running under `owner`, an instance found dead, at `epoch`: recovery's end of a dead
+    /// instance's run, which must not end it if another instance took it over meanwhile.
+    Abandoned { owner: InstanceId, epoch: Epoch },
     /// The run waits, held by nobody: an end that must not take a run another instance claimed meanwhile.
     Waiting,
 }

@@ -1693,7 +1693,7 @@ impl Store for SqlStore {
         async move {
             let finishing = match finish.claim {
                 EndClaim::Held(epoch) => Some((&finish.run_id, epoch)),
-                EndClaim::Unended | EndClaim::Waiting => None,
+                EndClaim::Unended | EndClaim::Waiting | EndClaim::Abandoned { .. } => None,
             };
             let (mut tx, taken, mut events) = self.begin_finish(finishing).await?;
             // The run's calls go with its end. Those still pending are settled first: their events come after the
@@ -1734,7 +1734,9 @@ impl Store for SqlStore {
                 };
             }
             let mut end = query(match finish.claim {
-                EndClaim::Held(_) => end_under!("state = 'running' AND owner = $9 AND epoch = $10"),
+                EndClaim::Held(_) | EndClaim::Abandoned { .. } => {
+                    end_under!("state = 'running' AND owner = $9 AND epoch = $10")
+                }
                 EndClaim::Unended => end_under!("state IN ('running', 'waiting')"),
                 EndClaim::Waiting => end_under!("state = 'waiting'"),
             })
@@ -1746,8 +1748,14 @@ impl Store for SqlStore {
             .bind(now)
             .bind(events.len() as i64)
             .bind(event_bytes(&events));
-            if let EndClaim::Held(epoch) = finish.claim {
-                end = end.bind(self.instance.as_str()).bind(epoch as i64);
+            match &finish.claim {
+                EndClaim::Held(epoch) => {
+                    end = end.bind(self.instance.as_str()).bind(*epoch as i64);
+                }
+                EndClaim::Abandoned { owner, epoch } => {
+                    end = end.bind(owner.as_str()).bind(*epoch as i64);
+                }
+                EndClaim::Unended | EndClaim::Waiting => {}
             }
             let row = end.fetch_optional(&mut tx).await.map_err(unavailable)?;
             let Some(row) = row else {
@@ -1894,7 +1902,7 @@ impl Store for SqlStore {
             let is_dead = |owner: &Option<String>| owner.as_ref().is_none_or(|owner| !live.contains(owner));
             // [`UNFINISHED`] is the condition of the index of unfinished runs, so that the query reads that index.
             let running = query(sql!(self.dialect, |_|
-                "SELECT {RUN_COLUMNS}, owner FROM runs WHERE {UNFINISHED} AND state = 'running'"
+                "SELECT {RUN_COLUMNS}, owner, epoch FROM runs WHERE {UNFINISHED} AND state = 'running'"
             ))
             .fetch_all(&self.reader)
             .await
@@ -1903,7 +1911,15 @@ impl Store for SqlStore {
             for row in &running {
                 let owner: Option<String> = row.try_get("owner").map_err(unavailable)?;
                 if is_dead(&owner) {
-                    dead_runs.push(run_info(row)?);
+                    // Ended only as the dead instance left it: not if another took it over since.
+                    let claim = match owner {
+                        Some(owner) => EndClaim::Abandoned {
+                            owner: InstanceId::from_stored(owner),
+                            epoch: row.try_get::<i64, _>("epoch").map_err(unavailable)? as Epoch,
+                        },
+                        None => EndClaim::Unended,
+                    };
+                    dead_runs.push((run_info(row)?, claim));
                 }
             }
             let executing = query(
@@ -1960,10 +1976,10 @@ impl Store for SqlStore {
                         .push((record.run_id.clone(), record.call.id.clone()));
                 }
             }
-            for info in dead_runs {
+            for (info, claim) in dead_runs {
                 let finish = FinishRun {
                     run_id: info.run_id.clone(),
-                    claim: EndClaim::Unended,
+                    claim,
                     state: RunState::Failed,
                     history: Vec::new(),
                     conversation: None,
