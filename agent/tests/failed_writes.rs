@@ -122,8 +122,16 @@ async fn a_run_whose_end_could_not_be_recorded_is_ended_afterwards_and_its_sessi
         .unwrap();
 
     let run = harness.start(start_in("s", "hello")).await.unwrap();
-    // The run answers, and cannot record its end (nor can anything else, while the database refuses it).
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The run answers, and cannot record its end (nor can anything else, while the database refuses it): its task
+    // is gone, and the run is still running.
+    tokio::time::timeout(PATIENCE, async {
+        while !harness.local_runs().is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the run's task ends");
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let info = store.run(run.run_id()).await.unwrap().unwrap();
     assert_eq!(info.state, RunState::Running);
 

@@ -143,6 +143,18 @@ async fn a_run_cancelled_before_its_task_began_runs_none_of_its_calls() {
     assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
 }
 
+#[tokio::test]
+async fn a_run_cancelled_before_its_task_began_ends_aborted_even_with_nothing_to_call() {
+    let fx = on_request(vec![text_step("hello")]);
+    // As above: the abort is recorded before the run's task is first polled.
+    let run = fx.start(ApprovalMode::Interactive, "hi").await;
+    fx.harness.cancel(run.run_id()).await.unwrap();
+
+    let events = all_events(&run).await;
+    assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
+    assert_eq!(answer(&events), None, "no answer after the cancel");
+}
+
 /// A model that never answers: its run samples until it is stopped.
 struct Silent;
 

@@ -85,6 +85,8 @@ impl Harness {
             return Ok(());
         }
         let store = &self.inner.store;
+        // Before the run is this instance's: see `LocalRun`.
+        let local = self.inner.local.enter(run_id);
         let claimed = match store.claim_batch(run_id, abort_settlement()).await {
             Ok(Some(claimed)) => claimed,
             Ok(None) => return Ok(()),
@@ -97,7 +99,13 @@ impl Harness {
         info.state = RunState::Running;
         let epoch = claimed.epoch;
         let policy = claimed.batch.policy;
-        self.spawn_segment(info, policy, epoch, Segment::Continue(Box::new(claimed)));
+        self.spawn_segment(
+            info,
+            policy,
+            epoch,
+            Segment::Continue(Box::new(claimed)),
+            local,
+        );
         Ok(())
     }
 

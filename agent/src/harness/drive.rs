@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 
-use super::Harness;
+use super::{Harness, LocalRun};
 use crate::agent_loop::{
     Conversation, LoopOutcome, RepeatGuard, continue_after_batch, resume_until_end, run_until_end,
 };
@@ -90,10 +90,10 @@ impl Harness {
         policy: ApprovalPolicy,
         epoch: Epoch,
         segment: Segment,
+        local: LocalRun,
     ) {
         let harness = self.clone();
         self.inner.tasks.spawn(async move {
-            let local = harness.inner.local.enter(&info.run_id);
             let retention = harness.inner.config.retention;
             let events = StoreEvents::new(
                 Arc::clone(&harness.inner.store),

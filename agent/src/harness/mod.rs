@@ -49,7 +49,7 @@ use crate::policy::{PermissionPolicy, RuleBook, StoredRuleBook};
 use crate::runtime::{AbortReason, RunAbort};
 use crate::store::memory::MemoryStore;
 use crate::store::{
-    AuditEntry, AuditQuery, EncodedEvent, SessionSummary, Store, StoreError, StoreKind,
+    AuditEntry, AuditQuery, EncodedEvent, RunInfo, SessionSummary, Store, StoreError, StoreKind,
 };
 use crate::tools::Toolbox;
 use crate::view::{RunView, SessionView};
@@ -100,22 +100,24 @@ struct LocalRuns {
     runs: Mutex<HashMap<RunId, (RunAbort, usize)>>,
 }
 
-/// Holds a run's abort switch while a task of this process works on the run.
-struct LocalRun<'a> {
-    runs: &'a LocalRuns,
+/// Holds a run's abort switch while a task of this process works on the run. Taken before the run is this
+/// instance's to work on (its start, its claim), so that an abort recorded as soon as it is reaches the task, and the
+/// run is never taken for one that no task works on.
+struct LocalRun {
+    runs: Arc<LocalRuns>,
     run_id: RunId,
     abort: RunAbort,
 }
 
 impl LocalRuns {
-    fn enter(&self, run_id: &RunId) -> LocalRun<'_> {
+    fn enter(self: &Arc<Self>, run_id: &RunId) -> LocalRun {
         let mut runs = self.runs.lock();
         let entry = runs
             .entry(run_id.clone())
             .or_insert_with(|| (RunAbort::new(), 0));
         entry.1 += 1;
         LocalRun {
-            runs: self,
+            runs: Arc::clone(self),
             run_id: run_id.clone(),
             abort: entry.0.clone(),
         }
@@ -146,7 +148,7 @@ impl LocalRuns {
     }
 }
 
-impl Drop for LocalRun<'_> {
+impl Drop for LocalRun {
     fn drop(&mut self) {
         let mut runs = self.runs.runs.lock();
         if let Some(entry) = runs.get_mut(&self.run_id) {
@@ -165,7 +167,7 @@ struct Inner {
     store: Arc<dyn Store>,
     /// The configured rules and the ones people added; `config.permissions` reads it.
     rules: Arc<StoredRuleBook>,
-    local: LocalRuns,
+    local: Arc<LocalRuns>,
     /// Cancelled when the harness stops accepting work.
     closing: CancellationToken,
     /// Cancelled when shutdown is over: readers read what is left, then end.
@@ -256,7 +258,7 @@ impl Harness {
                 toolbox: Arc::new(toolbox),
                 store,
                 rules,
-                local: LocalRuns::default(),
+                local: Arc::default(),
                 closing: CancellationToken::new(),
                 closed: CancellationToken::new(),
                 tasks: TaskTracker::new(),
@@ -422,7 +424,8 @@ impl Harness {
     }
 
     /// Now and then, checks the runs this instance holds as running against the tasks it has. An abort recorded
-    /// that a task did not hear of (another instance's doorbell lost on the way) reaches it. A run that no task
+    /// that a task or tool of this process did not hear of (another instance's doorbell lost on the way) reaches
+    /// it, for a waiting run whose calls it runs too. A run that no task
     /// works on, seen so twice at the same claim, is ended as failed, so that its session takes the next run: its
     /// end could not be recorded (the database failed just then), or its task stopped without ending it. A run's
     /// task registers as it begins, so a run just started or claimed is not taken for one. On SQLite it also carries
@@ -444,6 +447,22 @@ impl Harness {
                 }
             };
             let mut seen = std::collections::HashSet::new();
+            // The runs this process works on that it does not hold (a waiting run whose calls it runs): an abort
+            // recorded for them reaches their tools too.
+            let held_ids: std::collections::HashSet<&RunId> =
+                held.iter().map(|run| &run.run_id).collect();
+            for run_id in self.inner.local.ids() {
+                if held_ids.contains(&run_id) {
+                    continue;
+                }
+                if let Ok(Some(RunInfo {
+                    abort: Some(reason),
+                    ..
+                })) = self.inner.store.run(&run_id).await
+                {
+                    self.inner.local.abort(&run_id, reason);
+                }
+            }
             for run in held {
                 if self.inner.local.reach(&run.run_id, run.abort) {
                     continue;

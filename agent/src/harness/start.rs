@@ -121,6 +121,8 @@ impl Harness {
             _ => None,
         };
         let at = now_ms();
+        // Before the run is this instance's: an abort recorded as soon as it starts finds its task's switch.
+        let local = inner.local.enter(&run_id);
         let epoch = inner
             .store
             .start_run(NewRun {
@@ -177,7 +179,7 @@ impl Harness {
                 resolutions,
             },
         };
-        self.spawn_segment(info.clone(), policy, epoch, segment);
+        self.spawn_segment(info.clone(), policy, epoch, segment, local);
         Ok(RunHandle::new(self.clone(), info))
     }
 }
