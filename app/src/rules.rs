@@ -259,8 +259,11 @@ pub fn RulesPanel() -> impl IntoView {
     let ui = expect_context::<Ui>();
     let panel = RwSignal::new(None::<RulesAndGrants>);
     let details = NodeRef::<leptos::html::Details>::new();
-    // Set by a removal: the button pressed goes with its line, so the focus is handed on once the list is redrawn.
-    let hand_on_focus = StoredValue::new(false);
+    // Set by a removal: the button pressed goes with its line, so the focus is handed on, to these (CSS selectors,
+    // in order), once the list is redrawn.
+    let hand_on_focus = StoredValue::new(None::<Vec<String>>);
+    // The newest load: an older one that answers after it is not shown (it may predate a removal).
+    let loads = StoredValue::new(0_u64);
     let approvals = Memo::new(move |_| ui.session.with(session_approvals));
     // Another tab may have revoked a grant or removed a rule, which nothing in this tab's stream says: the panel
     // reads them again when it is opened, and when the window takes the focus back with the panel open.
@@ -285,20 +288,19 @@ pub fn RulesPanel() -> impl IntoView {
         // Read, not only tracked: a memo computes (and so follows the session) only once something reads it, and
         // one that was merely tracked would never change.
         approvals.get();
+        let load = loads.get_value() + 1;
+        loads.set_value(load);
         spawn_local(async move {
-            match load_rules_and_grants(Some(ui.session_id())).await {
+            let loaded = load_rules_and_grants(Some(ui.session_id())).await;
+            if loads.get_value() != load {
+                return;
+            }
+            match loaded {
                 Ok(state) => {
                     panel.set(Some(state));
-                    if hand_on_focus.get_value() {
-                        hand_on_focus.set_value(false);
-                        crate::refocus_if_lost(
-                            None,
-                            vec![
-                                ".rules-panel .revoke-grant".to_owned(),
-                                ".rules-panel .remove-rule".to_owned(),
-                                ".rules-panel summary".to_owned(),
-                            ],
-                        );
+                    if let Some(targets) = hand_on_focus.get_value() {
+                        hand_on_focus.set_value(None);
+                        crate::refocus_if_lost(None, targets);
                     }
                 }
                 Err(error) => ui.error.set(Some(format!(
@@ -308,12 +310,27 @@ pub fn RulesPanel() -> impl IntoView {
             }
         });
     });
-    let after = move |result: Result<(), ServerFnError>, what: &'static str| {
+    // After a removal from `list` (`grants` or `rules`) at `index`: the focus goes to the next line's button, or else
+    // (the last line went) to the line before, or else to the first button left in that list, or else to the panel's
+    // summary. (A line that is not the last keeps its place: the redrawn list reuses it for the next one, focus
+    // and all.)
+    let after = move |result: Result<(), ServerFnError>,
+                      what: &'static str,
+                      list: &'static str,
+                      index: usize| {
         if let Err(error) = result {
             ui.error
                 .set(Some(format!("{what}: {}", server_said(&error))));
         }
-        hand_on_focus.set_value(true);
+        hand_on_focus.set_value(Some(vec![
+            format!(
+                ".rules-panel ul.{list} > li:nth-child(n+{}) button",
+                index + 1
+            ),
+            format!(".rules-panel ul.{list} > li:last-child button"),
+            format!(".rules-panel ul.{list} li button"),
+            ".rules-panel summary".to_owned(),
+        ]));
         reload();
     };
     let count = move || {
@@ -331,7 +348,7 @@ pub fn RulesPanel() -> impl IntoView {
                 let grants = if state.grants.is_empty() {
                     view! { <p class="empty-list">"Nothing is approved for this session."</p> }.into_any()
                 } else {
-                    let items = state.grants.into_iter().map(|grant| {
+                    let items = state.grants.into_iter().enumerate().map(|(index, grant)| {
                         let id = grant.id.clone();
                         view! {
                             <li class="grant" data-grant-id=grant.id.to_string()>
@@ -339,7 +356,7 @@ pub fn RulesPanel() -> impl IntoView {
                                 " "
                                 <button type="button" class="link revoke-grant" on:click=move |_| {
                                     let id = id.clone();
-                                    spawn_local(async move { after(revoke_grant(id, Some(ui.session_id())).await, "The grant was not revoked") });
+                                    spawn_local(async move { after(revoke_grant(id, Some(ui.session_id())).await, "The grant was not revoked", "grants", index) });
                                 }>"Revoke"</button>
                             </li>
                         }
@@ -349,7 +366,7 @@ pub fn RulesPanel() -> impl IntoView {
                 let rules = if state.rules.is_empty() {
                     view! { <p class="empty-list">"No rules: the policy decides alone."</p> }.into_any()
                 } else {
-                    let items = state.rules.into_iter().map(|rule| {
+                    let items = state.rules.into_iter().enumerate().map(|(index, rule)| {
                         let removable = rule.removable();
                         let id = rule.id.clone();
                         view! {
@@ -361,7 +378,7 @@ pub fn RulesPanel() -> impl IntoView {
                                     " "
                                     <button type="button" class="link remove-rule" on:click=move |_| {
                                         let id = id.clone();
-                                        spawn_local(async move { after(remove_rule(id).await, "The rule was not removed") });
+                                        spawn_local(async move { after(remove_rule(id).await, "The rule was not removed", "rules", index) });
                                     }>"Remove"</button>
                                 })}
                             </li>

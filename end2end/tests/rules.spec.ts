@@ -124,23 +124,30 @@ test("a grant revoked in another tab is gone from this tab's panel when it is op
   await screenshot(first, testInfo, "grant-revoked-elsewhere");
 });
 
-test("revoking a grant with the keyboard hands the focus on to the panel", async ({ page }) => {
+test("revoking grants with the keyboard keeps the focus in the list, and after the last on the panel", async ({ page }) => {
   await openPage(page);
-  for (const [i, name] of ["focus-one", "focus-two"].entries()) {
-    await send(page, `run echo ${unique(name)}`);
+  const words = ["focus-one", "focus-two", "focus-three"].map((name) => unique(name).replace(/\.txt$/, ""));
+  for (const [i, word] of words.entries()) {
+    await send(page, `run echo ${word}`);
     await card(page, "run_command").getByRole("button", { name: "Approve for session" }).click();
     await expect(card(page, "run_command")).toHaveCount(0);
     await expect(page.locator(".turn.assistant")).toHaveCount(i + 1);
   }
   await page.locator(".rules-panel summary").click();
   const grants = page.locator(".rules-panel .grant");
-  await expect(grants).toHaveCount(2);
+  await expect(grants).toHaveCount(3);
+  const revoke = (word: string) => grants.filter({ hasText: word }).getByRole("button", { name: "Revoke" });
 
-  // Its button goes with the grant: the focus goes to the next grant's, and after the last, to the panel.
-  await grants.first().getByRole("button", { name: "Revoke" }).focus();
+  // The last line's button goes with it: the focus goes to the line before.
+  const shown = (await grants.allInnerTexts()).map((text) => text.match(/focus-\w+-[\w-]+/)![0]);
+  await revoke(shown[2]).focus();
+  await page.keyboard.press("Enter");
+  await expect(grants).toHaveCount(2);
+  await expect(revoke(shown[1])).toBeFocused();
   await page.keyboard.press("Enter");
   await expect(grants).toHaveCount(1);
-  await expect(grants.first().getByRole("button", { name: "Revoke" })).toBeFocused();
+  await expect(revoke(shown[0])).toBeFocused();
+  // After the last grant, the panel's summary.
   await page.keyboard.press("Enter");
   await expect(grants).toHaveCount(0);
   await expect(page.locator(".rules-panel summary")).toBeFocused();
