@@ -1,31 +1,22 @@
 //! A harness on the durable default whose database refuses a write for a while (a full disk, a failover): what it
 //! could not record is not left half-done for good once the database takes writes again.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::harness::{Actor, Harness, HarnessConfig, RunSource, StartRun};
+use agent::harness::{Harness, HarnessConfig};
 use agent::model::ScriptedModel;
 use agent::policy::PermissionPolicy;
 use agent::store::sql::{DatabaseUrl, SqlStore};
 use agent::store::{RunState, Store};
 use agent::tools::{Workspace, workspace_tools};
 use agent::view::RunStatus;
-use agent::wire::{ApprovalMode, ApprovalPolicy, Decision, DecisionScope, RunErrorCode};
+use agent::wire::{ApprovalPolicy, Decision, DecisionScope, RunErrorCode};
+use support::{decide_pending, start_in};
 
 const PATIENCE: Duration = Duration::from_secs(20);
-
-fn start_in(session_id: &str, message: &str) -> StartRun {
-    StartRun {
-        message: message.into(),
-        session_id: Some(session_id.parse().unwrap()),
-        policy: None,
-        mode: ApprovalMode::Interactive,
-        run_id: None,
-        source: RunSource::Session,
-        refused_while_interrupted: false,
-    }
-}
 
 /// A SQLite file, a harness on it that checks its runs every 100 ms, and a connection beside it to change it as a
 /// failing disk would.
@@ -80,19 +71,16 @@ async fn a_calls_result_the_database_refused_for_a_while_is_written_later_and_th
              BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
         )
         .unwrap();
-    harness
-        .decide(
-            &request.run_id,
-            &request.tool_call_id,
-            Decision::Approve {
-                scope: DecisionScope::Once,
-                reason: None,
-                arguments: None,
-            },
-            &Actor::local(),
-        )
-        .await
-        .unwrap();
+    decide_pending(
+        &harness,
+        &request,
+        Decision::Approve {
+            scope: DecisionScope::Once,
+            reason: None,
+            arguments: None,
+        },
+    )
+    .await;
     // The tool runs; its result cannot be written, past the group commit's retries (about 3 s).
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(!dir.path().join("ws/a.txt").exists(), "the tool ran");

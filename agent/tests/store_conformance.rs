@@ -2318,24 +2318,12 @@ async fn calls_begun_inline_at_once_on_postgresql_take_places_one_after_the_othe
     };
     let (a, b) = (begin("a"), begin("b"));
     let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&mut watcher)
-        .await
-        .unwrap();
-        if waiting >= 2 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the two starts never both waited for the run's row"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    until_waiting_for_locks(
+        &mut watcher,
+        2,
+        "the two starts never both waited for the run's row",
+    )
+    .await;
     holder.execute("COMMIT").await.unwrap();
     for begun in [a, b] {
         let begun = tokio::time::timeout(std::time::Duration::from_secs(10), begun)
@@ -2352,67 +2340,129 @@ async fn calls_begun_inline_at_once_on_postgresql_take_places_one_after_the_othe
     assert_eq!(places, [0, 1], "each after the other");
 }
 
+/// Waits until `count` sessions of the test's database wait for a lock.
+async fn until_waiting_for_locks(watcher: &mut sqlx::PgConnection, count: i64, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut *watcher)
+        .await
+        .unwrap();
+        if waiting >= count {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// A recovery on PostgreSQL that waits for the row of run `r`, whose instance (`gone`) it found dead, while another
+/// connection holds the row in a transaction not yet committed.
+struct HeldRecovery {
+    url: String,
+    /// The instance the hold takes the run over for, if it does.
+    taker: Option<Arc<SqlStore>>,
+    holder: sqlx::PgConnection,
+    recovery: tokio::task::JoinHandle<Recovered>,
+}
+
+impl HeldRecovery {
+    /// With `take_over`, the hold takes the run over for another live instance at epoch 2 (committed once let go);
+    /// without, it only locks the run's row.
+    async fn start(take_over: bool) -> Self {
+        use sqlx::{Connection, Executor};
+        let url = postgres::database();
+        let recovering = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+            .await
+            .unwrap();
+        let taker = if take_over {
+            Some(
+                SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+                    .await
+                    .unwrap(),
+            )
+        } else {
+            None
+        };
+        recovering
+            .start_run(new_run("r", "s"))
+            .await
+            .unwrap()
+            .unwrap();
+        let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+        holder
+            .execute(
+                "INSERT INTO instances (id, started_at, heartbeat_at) VALUES ('gone', 0, 0); \
+                 UPDATE runs SET owner = 'gone' WHERE id = 'r'",
+            )
+            .await
+            .unwrap();
+        holder.execute("BEGIN").await.unwrap();
+        match &taker {
+            Some(taker) => sqlx::query("UPDATE runs SET owner = $1, epoch = 2 WHERE id = 'r'")
+                .bind(taker.instance().as_str())
+                .execute(&mut holder)
+                .await
+                .map(|_| ()),
+            None => holder
+                .execute("SELECT 1 FROM runs WHERE id = 'r' FOR UPDATE")
+                .await
+                .map(|_| ()),
+        }
+        .unwrap();
+        let recovery = {
+            let store = Arc::clone(&recovering);
+            tokio::spawn(async move { store.recover(recovery_events()).await.unwrap() })
+        };
+        let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
+        until_waiting_for_locks(
+            &mut watcher,
+            1,
+            "the recovery never waited for the run's row",
+        )
+        .await;
+        Self {
+            url,
+            taker,
+            holder,
+            recovery,
+        }
+    }
+
+    /// Commits the hold, and returns what the recovery did once it ends.
+    async fn let_go(mut self) -> Recovered {
+        use sqlx::Executor;
+        self.holder.execute("COMMIT").await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(10), self.recovery)
+            .await
+            .expect("the recovery ends once the run is let go")
+            .unwrap()
+    }
+}
+
 /// A recovery reads which instances are live, takes over the work of the others, then forgets them. An instance that
 /// started meanwhile (a rolling restart) was not in what it read, and keeps its row: without it, the new instance
 /// takes itself for dead and begins no call. Here another connection holds the dead instance's run until the new
 /// instance has started.
 #[tokio::test]
 async fn a_recovery_on_postgresql_forgets_no_instance_that_started_during_it() {
-    use sqlx::{Connection, Executor};
-    let url = postgres::database();
-    let recovering = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
-        .await
-        .unwrap();
-    recovering
-        .start_run(new_run("r", "s"))
-        .await
-        .unwrap()
-        .unwrap();
-    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
-    holder
-        .execute(
-            "INSERT INTO instances (id, started_at, heartbeat_at) VALUES ('gone', 0, 0); \
-             UPDATE runs SET owner = 'gone' WHERE id = 'r'",
-        )
-        .await
-        .unwrap();
-    holder.execute("BEGIN").await.unwrap();
-    holder
-        .execute("SELECT 1 FROM runs WHERE id = 'r' FOR UPDATE")
-        .await
-        .unwrap();
-    let recovery = {
-        let store = Arc::clone(&recovering);
-        tokio::spawn(async move { store.recover(recovery_events()).await.unwrap() })
-    };
-    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while sqlx::query_scalar::<_, i64>(
-        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-    )
-    .fetch_one(&mut watcher)
-    .await
-    .unwrap()
-        == 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the recovery never waited for the dead instance's run"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let held = HeldRecovery::start(false).await;
+    let url = held.url.clone();
     let started = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
         .await
         .unwrap();
-    holder.execute("COMMIT").await.unwrap();
-    let recovered = tokio::time::timeout(std::time::Duration::from_secs(10), recovery)
-        .await
-        .expect("the recovery ends once the run is let go")
-        .unwrap();
+    let recovered = held.let_go().await;
     assert_eq!(recovered.failed_runs, vec![run_id("r")]);
 
     let instances: Vec<String> = sqlx::query_scalar("SELECT id FROM instances ORDER BY id")
-        .fetch_all(&mut watcher)
+        .fetch_all(
+            &mut <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+                .await
+                .unwrap(),
+        )
         .await
         .unwrap();
     assert!(
@@ -2445,58 +2495,9 @@ async fn a_recovery_on_postgresql_forgets_no_instance_that_started_during_it() {
 /// the recovery found its owner dead (here while the recovery waits for the run's row) goes on.
 #[tokio::test]
 async fn a_recovery_on_postgresql_leaves_a_run_taken_over_meanwhile() {
-    use sqlx::{Connection, Executor};
-    let url = postgres::database();
-    let recovering = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
-        .await
-        .unwrap();
-    let taker = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
-        .await
-        .unwrap();
-    recovering
-        .start_run(new_run("r", "s"))
-        .await
-        .unwrap()
-        .unwrap();
-    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
-    holder
-        .execute(
-            "INSERT INTO instances (id, started_at, heartbeat_at) VALUES ('gone', 0, 0); \
-             UPDATE runs SET owner = 'gone' WHERE id = 'r'",
-        )
-        .await
-        .unwrap();
-    holder.execute("BEGIN").await.unwrap();
-    sqlx::query("UPDATE runs SET owner = $1, epoch = 2 WHERE id = 'r'")
-        .bind(taker.instance().as_str())
-        .execute(&mut holder)
-        .await
-        .unwrap();
-    let recovery = {
-        let store = Arc::clone(&recovering);
-        tokio::spawn(async move { store.recover(recovery_events()).await.unwrap() })
-    };
-    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while sqlx::query_scalar::<_, i64>(
-        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-    )
-    .fetch_one(&mut watcher)
-    .await
-    .unwrap()
-        == 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the recovery never waited for the run's row"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    holder.execute("COMMIT").await.unwrap();
-    let recovered = tokio::time::timeout(std::time::Duration::from_secs(10), recovery)
-        .await
-        .expect("the recovery ends once the run is let go")
-        .unwrap();
+    let held = HeldRecovery::start(true).await;
+    let taker = held.taker.clone().expect("a taker");
+    let recovered = held.let_go().await;
     assert!(
         recovered.failed_runs.is_empty(),
         "{:?}",

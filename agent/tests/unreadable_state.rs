@@ -8,30 +8,16 @@ use std::path::Path;
 use std::sync::{Mutex, Once};
 use std::time::Duration;
 
-use agent::harness::{Actor, Harness, RunHandle, RunSource, StartError, StartRun};
+use agent::harness::{Actor, Harness, RunHandle, StartError, StartRun};
 use agent::ids::RunId;
 use agent::runtime::AbortReason;
 use agent::store::sql::{DatabaseUrl, OpenError, SqlStore};
 use agent::store::{RunState, Store};
-use agent::wire::{
-    ApprovalMode, ApprovalRequest, Decision, DenialSource, Resolution, RunErrorCode, StreamEvent,
-};
-use support::{Events, sqlite_harness};
+use agent::wire::{ApprovalRequest, Decision, DenialSource, Resolution, RunErrorCode, StreamEvent};
+use support::{Events, sqlite_harness, start_in};
 
 fn start(message: &str) -> StartRun {
     start_in("kept", message)
-}
-
-fn start_in(session_id: &str, message: &str) -> StartRun {
-    StartRun {
-        message: message.into(),
-        session_id: Some(session_id.parse().unwrap()),
-        policy: None,
-        mode: ApprovalMode::Interactive,
-        run_id: None,
-        source: RunSource::Session,
-        refused_while_interrupted: false,
-    }
 }
 
 /// A waiting run whose saved batch this process cannot read is left waiting once its approval is decided (an

@@ -256,6 +256,19 @@ pub async fn start_run(harness: &Harness, mode: ApprovalMode, message: &str) -> 
         .unwrap()
 }
 
+/// An interactive run of `message` in the session `session_id`.
+pub fn start_in(session_id: &str, message: &str) -> StartRun {
+    StartRun {
+        message: message.into(),
+        session_id: Some(session_id.parse().unwrap()),
+        policy: None,
+        mode: ApprovalMode::Interactive,
+        run_id: None,
+        source: RunSource::Session,
+        refused_while_interrupted: false,
+    }
+}
+
 /// Decides a pending approval as a person at this machine.
 pub async fn decide_pending(harness: &Harness, request: &ApprovalRequest, decision: Decision) {
     harness
