@@ -19,7 +19,6 @@ use crate::wire::{
     DenialSource, InterruptRequest, Message, Resolution, RunErrorCode, ToolErrorCode, ToolOutput,
 };
 
-/// Settles what a finished run still has pending: a card never outlives its run.
 impl Harness {
     /// Ends a run this instance holds that no task of it works on (`reconcile_held_runs_forever`), under its claim:
     /// aborted if it was, failed otherwise. What it still had pending is settled as an abort would.
@@ -63,6 +62,7 @@ impl Harness {
     }
 }
 
+/// Settles what a finished run still has pending: a card never outlives its run.
 pub(super) fn abort_settlement() -> SettleExpired {
     Box::new(|record| {
         let resolution = if record.status == CallStatus::Pending {

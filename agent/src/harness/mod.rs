@@ -425,11 +425,11 @@ impl Harness {
 
     /// Now and then, checks the runs this instance holds as running against the tasks it has. An abort recorded
     /// that a task or tool of this process did not hear of (another instance's doorbell lost on the way) reaches
-    /// it, for a waiting run whose calls it runs too. A run that no task
-    /// works on, seen so twice at the same claim, is ended as failed, so that its session takes the next run: its
-    /// end could not be recorded (the database failed just then), or its task stopped without ending it. A run's
-    /// task registers as it begins, so a run just started or claimed is not taken for one. On SQLite it also carries
-    /// on waiting runs that have work nobody does.
+    /// it, for a waiting run whose calls it runs too. A run that no task works on, seen so twice at the same claim,
+    /// is ended as failed, so that its session takes the next run: its end could not be recorded (the database
+    /// failed just then), or its task stopped without ending it. A run's task registers before the run is this
+    /// instance's (`LocalRun`), so a run just started or claimed is not taken for one. On SQLite it also carries on
+    /// waiting runs that have work nobody does.
     async fn reconcile_held_runs_forever(self) {
         let every = self.inner.config.reconcile_every;
         let mut unworked: std::collections::HashSet<(RunId, crate::store::Epoch)> =
