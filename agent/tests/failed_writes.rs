@@ -119,7 +119,6 @@ async fn a_run_whose_end_could_not_be_recorded_is_ended_afterwards_and_its_sessi
     })
     .await
     .expect("the run's task ends");
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let info = store.run(run.run_id()).await.unwrap().unwrap();
     assert_eq!(info.state, RunState::Running);
 

@@ -207,6 +207,18 @@ async fn open_waiting(store: &dyn Store, run: &str, pending: &[(&str, u64)], all
 }
 
 /// Opens a batch of `calls` in a run started just before, with an audit entry for each call that asks.
+/// Starts each `(run, session, call)`, in its session, waiting for its call's approval, due at 5,000 ms.
+async fn waiting_on_one_due_at_5000(store: &dyn Store, runs: &[(&str, &str, &str)]) {
+    for &(run, session_id, call) in runs {
+        store
+            .start_run(new_run(run, session_id))
+            .await
+            .unwrap()
+            .unwrap();
+        open_waiting(store, run, &[(call, 5_000)], &[]).await;
+    }
+}
+
 async fn open_batch_of(store: &dyn Store, run: &str, calls: Vec<CallRecord>) {
     let ids: Vec<&str> = calls.iter().map(|call| call.call.id.as_str()).collect();
     let audit = calls
@@ -1877,14 +1889,7 @@ const NOT_A_CALL: &str = "'{\"not\": \"a call\"}'";
 async fn a_due_approval_that_does_not_read_holds_up_no_other(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
-    for (run, session_id, call) in [("a", "s1", "ca"), ("b", "s2", "cb")] {
-        store
-            .start_run(new_run(run, session_id))
-            .await
-            .unwrap()
-            .unwrap();
-        open_waiting(store, run, &[(call, 5_000)], &[]).await;
-    }
+    waiting_on_one_due_at_5000(store, &[("a", "s1", "ca"), ("b", "s2", "cb")]).await;
     let beside = Beside::of(&backend);
     beside.write(&format!(
         "UPDATE calls SET record = {NOT_A_CALL} WHERE call_id = 'ca'"
@@ -1928,14 +1933,11 @@ async fn a_due_approval_that_does_not_read_holds_up_no_other(kind: Kind) {
 async fn an_expiry_that_fails_for_one_run_still_returns_the_others(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
-    for (run, session_id, call) in [("a", "s1", "ca"), ("b", "s2", "cb"), ("c", "s3", "cc")] {
-        store
-            .start_run(new_run(run, session_id))
-            .await
-            .unwrap()
-            .unwrap();
-        open_waiting(store, run, &[(call, 5_000)], &[]).await;
-    }
+    waiting_on_one_due_at_5000(
+        store,
+        &[("a", "s1", "ca"), ("b", "s2", "cb"), ("c", "s3", "cc")],
+    )
+    .await;
     let beside = Beside::of(&backend);
     beside.write(match beside.0 {
         DatabaseUrl::Sqlite(_) => {

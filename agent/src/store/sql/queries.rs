@@ -493,6 +493,14 @@ async fn open_interrupt_in<'e>(
     .transpose()
 }
 
+/// Runs each of `statements` in `connection`, with `$1` bound to `id`.
+async fn execute_each(connection: &mut Tx, statements: &[&str], id: &str) -> Db<()> {
+    for sql in statements {
+        query(*sql).bind(id).execute(&mut *connection).await?;
+    }
+    Ok(())
+}
+
 async fn audit_in(connection: &mut Tx, entries: &[AuditEntry]) -> Db<()> {
     for entry in entries {
         // An entry about a run names the run's session.
@@ -1219,16 +1227,13 @@ impl SqlStore {
                     .await
                     .map_err(unavailable)?;
                 if deleted.rows_affected() == 1 {
-                    for sql in [
+                    let statements = [
                         "DELETE FROM session_messages WHERE session_id = $1",
                         "DELETE FROM grants WHERE session_id = $1",
-                    ] {
-                        query(sql)
-                            .bind(&id)
-                            .execute(&mut tx)
-                            .await
-                            .map_err(unavailable)?;
-                    }
+                    ];
+                    execute_each(&mut tx, &statements, &id)
+                        .await
+                        .map_err(unavailable)?;
                 }
                 tx.commit().await.map_err(unavailable)?;
             }
@@ -2607,17 +2612,14 @@ impl Store for SqlStore {
                     .await
                     .map_err(unavailable)?;
                 // The events first: SQLite finds them by the run's row.
-                for sql in [
-                    self.dialect.delete_events().to_owned(),
-                    "DELETE FROM calls WHERE run_id = $1".to_owned(),
-                    "DELETE FROM runs WHERE id = $1".to_owned(),
-                ] {
-                    query(sql)
-                        .bind(&id)
-                        .execute(&mut tx)
-                        .await
-                        .map_err(unavailable)?;
-                }
+                let statements = [
+                    self.dialect.delete_events(),
+                    "DELETE FROM calls WHERE run_id = $1",
+                    "DELETE FROM runs WHERE id = $1",
+                ];
+                execute_each(&mut tx, &statements, &id)
+                    .await
+                    .map_err(unavailable)?;
                 tx.commit().await.map_err(unavailable)?;
                 if let Some(tails) = &self.tails {
                     tails.forget(&run_id(id)?);
