@@ -11,8 +11,13 @@ use crate::wire::{ApprovalPolicy, Decision, DecisionScope, ValidationErrors};
 
 /// The longest user message accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 32 * 1024;
-/// The largest request body the server accepts, in bytes, on every route.
+/// The largest request body the server accepts, in bytes, on every route but two: AG-UI's, and the page's start of a
+/// run ([`MAX_MESSAGE_FORM_BYTES`]).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// The largest body of the page's start of a run: a message of [`MAX_MESSAGE_BYTES`] as a form carries it (where a
+/// byte beyond plain ASCII takes three), with room for its session's id and the fields' names. So any message the API
+/// takes can be sent from the page, in any script.
+pub const MAX_MESSAGE_FORM_BYTES: usize = 3 * MAX_MESSAGE_BYTES + 1024;
 /// The longest reason a person may give, in characters.
 pub const MAX_REASON_CHARS: usize = 2_000;
 

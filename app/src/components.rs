@@ -1,6 +1,6 @@
 //! The page's parts: the transcript, the composer and the debug console (the ApprovalBar is in `card`).
 
-use agent::request_body::{MAX_BODY_BYTES, MAX_MESSAGE_BYTES};
+use agent::request_body::MAX_MESSAGE_BYTES;
 use agent::view::{RunStatus, RunView, ToolCallView};
 use agent::wire::{McpServerState, McpServerStatus, McpTrust};
 use leptos::html;
@@ -234,34 +234,14 @@ pub fn McpServers() -> impl IntoView {
     })
 }
 
-/// Why `message` cannot be sent, if it cannot: longer than the API takes, or longer, as the form the page sends it in
-/// (where a byte beyond plain ASCII takes three), than a request may be.
+/// Why `message` cannot be sent, if it cannot: longer than the API takes. (The server takes the page's form of any
+/// message the API takes, in any script: `MAX_MESSAGE_FORM_BYTES`.)
 fn too_long(message: &str) -> Option<String> {
-    if message.len() > MAX_MESSAGE_BYTES {
-        return Some(format!(
+    (message.len() > MAX_MESSAGE_BYTES).then(|| {
+        format!(
             "The message is {}; a message may be at most {}. Nothing was sent.",
             byte_size(message.len() as u64),
             byte_size(MAX_MESSAGE_BYTES as u64)
-        ));
-    }
-    let encoded: usize = message
-        .bytes()
-        .map(|byte| {
-            if byte.is_ascii_alphanumeric() || b"*-._ ".contains(&byte) {
-                1
-            } else {
-                3
-            }
-        })
-        .sum();
-    // Room for the rest of the form: the session's id and the field names.
-    let room = MAX_BODY_BYTES - 512;
-    (encoded > room).then(|| {
-        format!(
-            "The message is {}, and {} as it is sent (text beyond plain ASCII travels encoded); a request may be at most {}. Nothing was sent.",
-            byte_size(message.len() as u64),
-            byte_size(encoded as u64),
-            byte_size(MAX_BODY_BYTES as u64)
         )
     })
 }

@@ -3,7 +3,8 @@
 //! The limit is a layer over the whole router, so that routes whose bodies no toolgate extractor reads (the server
 //! functions, anything added later) refuse an oversized body the same way: 413 in the API's error shape, before
 //! any handler runs. It is [`MAX_BODY_BYTES`] everywhere but AG-UI, whose client sends the whole conversation with
-//! every run, tool results included: [`MAX_CONVERSATION_BODY_BYTES`] there. The extractor checks that the content type is JSON (415) and turns malformed JSON into a 400
+//! every run, tool results included ([`MAX_CONVERSATION_BODY_BYTES`]), and the page's start of a run, whose form
+//! carries a message beyond plain ASCII at up to three times its size ([`MAX_MESSAGE_FORM_BYTES`]). The extractor checks that the content type is JSON (415) and turns malformed JSON into a 400
 //! in the `formErrors` / `fieldErrors` shape. Field validation happens in the handler, against the parsed value.
 
 use axum::body::{Body, Bytes};
@@ -17,18 +18,21 @@ use serde_json::Value;
 use crate::error::ApiError;
 use agent::wire::ValidationErrors;
 
-pub use agent::request_body::MAX_BODY_BYTES;
+pub use agent::request_body::{MAX_BODY_BYTES, MAX_MESSAGE_FORM_BYTES};
 
 /// The largest body of `POST /api/agui`: a conversation of many steps, each tool result in it up to the 64 KiB the
 /// model reads of an MCP result (more for a file read whole), and up to 1,000 messages.
 pub const MAX_CONVERSATION_BODY_BYTES: usize = 16 * 1024 * 1024;
 
+/// The path of the page's server function that starts a run.
+const START_RUN_FORM: &str = "/api/fn/start_run";
+
 /// The largest body a request to `path` may have.
 pub fn body_limit(path: &str) -> usize {
-    if path == "/api/agui" {
-        MAX_CONVERSATION_BODY_BYTES
-    } else {
-        MAX_BODY_BYTES
+    match path {
+        "/api/agui" => MAX_CONVERSATION_BODY_BYTES,
+        START_RUN_FORM => MAX_MESSAGE_FORM_BYTES,
+        _ => MAX_BODY_BYTES,
     }
 }
 

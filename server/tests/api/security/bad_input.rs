@@ -5,6 +5,7 @@ use reqwest::header::HeaderValue;
 use serde_json::{Value, json};
 
 use super::pending;
+use agent::request_body::{MAX_MESSAGE_BYTES, MAX_MESSAGE_FORM_BYTES};
 use crate::helpers::{TestApp, spawn_app};
 
 async fn field_errors(response: reqwest::Response) -> Value {
@@ -347,7 +348,7 @@ async fn every_route_refuses_a_body_over_the_limit_with_the_api_error() {
     let mib = 1024 * 1024;
     let json = json!({"message": "x".repeat(mib)}).to_string().into_bytes();
     let form = huge_form(mib).into_bytes();
-    let routes: [(&str, &str, &str, &[u8]); 15] = [
+    let routes: [(&str, &str, &str, &[u8]); 14] = [
         ("POST", "/api/agent", "application/json", &json),
         ("POST", "/api/agent/stream", "application/json", &json),
         ("POST", "/api/agent/runs", "application/json", &json),
@@ -366,12 +367,6 @@ async fn every_route_refuses_a_body_over_the_limit_with_the_api_error() {
         (
             "POST",
             "/api/fn/page",
-            "application/x-www-form-urlencoded",
-            &form,
-        ),
-        (
-            "POST",
-            "/api/fn/start_run",
             "application/x-www-form-urlencoded",
             &form,
         ),
@@ -407,6 +402,17 @@ async fn every_route_refuses_a_body_over_the_limit_with_the_api_error() {
     for (method, path, content_type, body) in routes {
         refused_as_too_large(&app, method, path, content_type, body.to_vec(), 64 * 1024).await;
     }
+    // The page's start of a run carries a message as a form, where a byte beyond plain ASCII takes three: its limit
+    // is its own too.
+    refused_as_too_large(
+        &app,
+        "POST",
+        "/api/fn/start_run",
+        "application/x-www-form-urlencoded",
+        form.clone(),
+        MAX_MESSAGE_FORM_BYTES,
+    )
+    .await;
     // AG-UI carries whole conversations: its limit is its own, and past it the answer is the same.
     let conversation = json!({"message": "x".repeat(16 * mib)})
         .to_string()
@@ -421,7 +427,7 @@ async fn every_route_refuses_a_body_over_the_limit_with_the_api_error() {
     )
     .await;
     // Read as it streams, without a Content-Length: the same answer once the limit is passed.
-    let chunks = (0..100).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 1024]));
+    let chunks = (0..MAX_MESSAGE_FORM_BYTES / 1024 + 1).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 1024]));
     let response = app
         .client
         .post(app.url("/api/fn/start_run"))
@@ -451,4 +457,57 @@ async fn every_route_refuses_a_body_over_the_limit_with_the_api_error() {
         .await
         .unwrap();
     assert_eq!(started.status(), 200);
+}
+
+/// Any message the API takes can be sent from the page, whatever its script: its form (where a byte beyond plain
+/// ASCII takes three) fits the route's limit, and the run starts with the message as it was written.
+#[tokio::test]
+async fn the_page_sends_a_message_of_the_longest_length_in_a_script_beyond_ascii() {
+    let app = spawn_app().await;
+    let message = "ж".repeat(MAX_MESSAGE_BYTES / 2);
+    assert_eq!(message.len(), MAX_MESSAGE_BYTES);
+    let form = format!("message={}", utf8_percent_encode(&message));
+    assert!(form.len() > 3 * MAX_MESSAGE_BYTES, "{} bytes", form.len());
+    let started = app
+        .client
+        .post(app.url("/api/fn/start_run"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(started.status(), 200);
+    let run_id: String = started.json().await.unwrap();
+    let view = app
+        .harness
+        .run_view(&agent::ids::RunId::parse(&run_id).unwrap())
+        .await
+        .unwrap()
+        .expect("the run was started");
+    assert_eq!(view.message, message);
+
+    // One byte more is the API's refusal of the message, not the route's of the body.
+    let longer = format!("message={}", utf8_percent_encode(&format!("{message}x")));
+    let refused = app
+        .client
+        .post(app.url("/api/fn/start_run"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(longer)
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(refused.status(), 413);
+    assert!(refused.status().is_client_error() || refused.status().is_server_error());
+    assert!(
+        refused
+            .text()
+            .await
+            .unwrap()
+            .contains(&format!("at most {MAX_MESSAGE_BYTES} byte(s)"))
+    );
+}
+
+/// Every byte as `%XX`, as a form encodes a byte beyond plain ASCII.
+fn utf8_percent_encode(text: &str) -> String {
+    text.bytes().map(|byte| format!("%{byte:02X}")).collect()
 }
