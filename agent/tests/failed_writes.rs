@@ -1,32 +1,31 @@
-//! A harness on the durable default whose database refuses a write for a while (a full disk, a failover): what it
-//! could not record is not left half-done for good once the database takes writes again.
+//! A harness on the durable default whose database refuses a write or a read for a while (a full disk, a failover,
+//! a lost connection): what it could not record is not left half-done for good once the database takes writes
+//! again, and what could not be read is read again.
 
+#[path = "support/postgres.rs"]
+mod postgres;
 mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use agent::harness::{Harness, HarnessConfig};
+use agent::ids::SessionId;
 use agent::model::ScriptedModel;
 use agent::policy::PermissionPolicy;
 use agent::store::sql::{DatabaseUrl, SqlStore};
 use agent::store::{RunState, Store};
 use agent::tools::{Workspace, workspace_tools};
 use agent::view::RunStatus;
-use agent::wire::{ApprovalPolicy, Decision, DecisionScope, RunErrorCode};
+use agent::wire::{ApprovalPolicy, ApprovalRequest, Decision, RunErrorCode};
+use futures::StreamExt;
 use support::{decide_pending, start_in};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
-/// A SQLite file, a harness on it that checks its runs every 100 ms, and a connection beside it to change it as a
-/// failing disk would.
-async fn harness_on_sqlite(
-    dir: &std::path::Path,
-) -> (Harness, Arc<SqlStore>, rusqlite::Connection) {
-    let file = dir.join("toolgate.db");
-    let store = SqlStore::open(&DatabaseUrl::Sqlite(file.clone()))
-        .await
-        .unwrap();
+/// A harness on the database at `url` that checks its runs every 100 ms, with the built-in tools on `dir/ws`.
+async fn harness_on(url: DatabaseUrl, dir: &std::path::Path) -> (Harness, Arc<SqlStore>) {
+    let store = SqlStore::open(&url).await.unwrap();
     let mut config = HarnessConfig::new(
         PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
         Duration::from_secs(120),
@@ -41,7 +40,30 @@ async fn harness_on_sqlite(
     )
     .await
     .unwrap();
+    (harness, store)
+}
+
+/// A SQLite file, a harness on it, and a connection beside it to change it as a failing disk would.
+async fn harness_on_sqlite(
+    dir: &std::path::Path,
+) -> (Harness, Arc<SqlStore>, rusqlite::Connection) {
+    let file = dir.join("toolgate.db");
+    let (harness, store) = harness_on(DatabaseUrl::Sqlite(file.clone()), dir).await;
     (harness, store, rusqlite::Connection::open(&file).unwrap())
+}
+
+/// The approval the run asks for, once it asks.
+async fn asked(harness: &Harness, run: &agent::harness::RunHandle) -> ApprovalRequest {
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Some(request) = harness.pending(Some(run.run_id())).await.unwrap().pop() {
+                return request;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the run asks")
 }
 
 /// The result of an approved call that the database refused for longer than the group commit retries (a few
@@ -54,16 +76,7 @@ async fn a_calls_result_the_database_refused_for_a_while_is_written_later_and_th
     let (harness, _store, beside) = harness_on_sqlite(dir.path()).await;
     std::fs::write(dir.path().join("ws/a.txt"), "x").unwrap();
     let run = harness.start(start_in("s", "delete a.txt")).await.unwrap();
-    let request = tokio::time::timeout(PATIENCE, async {
-        loop {
-            if let Some(request) = harness.pending(Some(run.run_id())).await.unwrap().pop() {
-                return request;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the deletion asks");
+    let request = asked(&harness, &run).await;
 
     beside
         .execute_batch(
@@ -71,16 +84,7 @@ async fn a_calls_result_the_database_refused_for_a_while_is_written_later_and_th
              BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
         )
         .unwrap();
-    decide_pending(
-        &harness,
-        &request,
-        Decision::Approve {
-            scope: DecisionScope::Once,
-            reason: None,
-            arguments: None,
-        },
-    )
-    .await;
+    decide_pending(&harness, &request, Decision::approve()).await;
     // The tool runs; its result cannot be written, past the group commit's retries (about 3 s).
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(!dir.path().join("ws/a.txt").exists(), "the tool ran");
@@ -140,4 +144,53 @@ async fn a_run_whose_end_could_not_be_recorded_is_ended_afterwards_and_its_sessi
         .expect("the next run ends");
     let view = next.view().await.unwrap().unwrap();
     assert_eq!(view.status, RunStatus::Done);
+}
+
+/// A follower of a session whose read of a run's log fails (a lost connection, a failover) reads it again, and goes
+/// on with the run from where it was. Before, the failed read looked like the run's end: the follower went on to the
+/// session's next run, and the page saw none of the run's later events (its approval resolved, its end) until it
+/// reloaded; a client that started the run on its stream saw the stream end, and the run was aborted as if the
+/// client had left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_follower_whose_read_fails_reads_again_and_misses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = postgres::database();
+    let (harness, _store) = harness_on(DatabaseUrl::Postgres(url.clone()), dir.path()).await;
+    std::fs::write(dir.path().join("ws/a.txt"), "x").unwrap();
+    let run = harness.start(start_in("s", "delete a.txt")).await.unwrap();
+    let request = asked(&harness, &run).await;
+
+    // The log cannot be read while the follower begins.
+    postgres::psql(&url, "ALTER TABLE events RENAME TO events_away");
+    let session: SessionId = "s".parse().unwrap();
+    let mut follower = harness.session_events(&session, None);
+    let first = tokio::time::timeout(Duration::from_millis(500), follower.next()).await;
+    assert!(first.is_err(), "nothing could be read: {first:?}");
+    postgres::psql(&url, "ALTER TABLE events_away RENAME TO events");
+
+    decide_pending(&harness, &request, Decision::approve()).await;
+    let mut seen = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while let Some((run_id, event)) = follower.next().await {
+            assert_eq!(&run_id, run.run_id());
+            seen.push((event.seq, event.kind));
+            if event.kind == "done" {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the follower goes on with the run; it saw {seen:?}"));
+    let seqs: Vec<u64> = seen.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "every event, once, in order"
+    );
+    for kind in ["runStarted", "approvalRequired", "approvalResolved", "done"] {
+        assert!(
+            seen.iter().any(|(_, seen)| *seen == kind),
+            "{kind} in {seen:?}"
+        );
+    }
 }

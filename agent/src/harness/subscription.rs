@@ -5,6 +5,7 @@
 //! event, so a reader knows the run ended when it has read that event.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -13,7 +14,7 @@ use tokio::sync::watch;
 use super::{Harness, Unavailable};
 use crate::ids::{RunId, SessionId};
 use crate::runtime::AbortReason;
-use crate::store::{EncodedEvent, RunInfo, Store};
+use crate::store::{EncodedEvent, RunInfo, Store, StoreError};
 use crate::view::RunView;
 use crate::wire::{ApprovalMode, Message, RunEvent};
 
@@ -202,6 +203,9 @@ pub(super) async fn all_events(
     }
 }
 
+/// The longest wait before a reader whose reads keep failing reads again.
+const MOST_BETWEEN_READS: Duration = Duration::from_secs(2);
+
 struct Cursor {
     harness: Harness,
     run_id: RunId,
@@ -210,12 +214,14 @@ struct Cursor {
     ended: bool,
     /// The harness is closing: what is in the log is read, then the stream ends.
     closed: bool,
+    /// Reads that failed in a row.
+    failed_reads: u32,
 }
 
 impl Cursor {
     /// The next page of events, waiting for one when there is none yet; `None` once the run ended.
     async fn next_page(&mut self) -> Option<Vec<Arc<EncodedEvent>>> {
-        let store = &self.harness.inner.store;
+        let store = Arc::clone(&self.harness.inner.store);
         loop {
             if self.ended {
                 return None;
@@ -225,21 +231,24 @@ impl Cursor {
             let page = match store.events_after(&self.run_id, self.after, PAGE).await {
                 Ok(page) => page,
                 Err(error) => {
-                    tracing::warn!(run_id = %self.run_id, %error, "cannot read the run's events");
-                    return None;
+                    self.read_again_after(error).await?;
+                    continue;
                 }
             };
             if let Some(last) = page.last() {
+                self.failed_reads = 0;
                 self.after = last.seq;
                 self.ended = is_terminal(last.kind);
                 return Some(page);
             }
             // Nothing new: a run that ended (or was forgotten) has nothing more to say.
-            if !matches!(
-                store.continues_after(&self.run_id, self.after).await,
-                Ok(true)
-            ) {
-                return None;
+            match store.continues_after(&self.run_id, self.after).await {
+                Ok(true) => self.failed_reads = 0,
+                Ok(false) => return None,
+                Err(error) => {
+                    self.read_again_after(error).await?;
+                    continue;
+                }
             }
             if self.closed {
                 return None;
@@ -249,6 +258,30 @@ impl Cursor {
                 changed = self.changes.changed() => changed.ok()?,
                 // One more read: what the shutdown itself recorded (a run's `SHUTDOWN` end) goes out too.
                 () = closed.cancelled() => self.closed = true,
+            }
+        }
+    }
+
+    /// After a read that failed: a database that is unavailable for a while (a lost connection, a failover) is read
+    /// again, after a wait that grows with each failure in a row, for as long as the reader waits for the run (the
+    /// stream is not ended, which its reader would take for the run's end, and a client that started the run on
+    /// it for its own leaving, which aborts the run). `None` for what reading again cannot mend (a log this version
+    /// cannot read), and once the harness closes.
+    async fn read_again_after(&mut self, error: StoreError) -> Option<()> {
+        tracing::warn!(run_id = %self.run_id, %error, "cannot read the run's events");
+        if matches!(error, StoreError::Corrupt(_)) || self.closed {
+            return None;
+        }
+        let wait = (MOST_BETWEEN_READS / 64)
+            .saturating_mul(1 << self.failed_reads.min(6))
+            .min(MOST_BETWEEN_READS);
+        self.failed_reads = self.failed_reads.saturating_add(1);
+        let closed = self.harness.inner.closed.clone();
+        tokio::select! {
+            () = tokio::time::sleep(wait) => Some(()),
+            () = closed.cancelled() => {
+                self.closed = true;
+                Some(())
             }
         }
     }
@@ -263,6 +296,7 @@ fn subscribe(harness: Harness, run_id: RunId, after: u64) -> BoxStream<'static, 
         changes,
         ended: false,
         closed: false,
+        failed_reads: 0,
     };
     futures::stream::unfold(cursor, |mut cursor| async move {
         let page = cursor.next_page().await?;
