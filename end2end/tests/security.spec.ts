@@ -2,7 +2,7 @@ import { expect, type APIRequestContext, type Page, type Request, type Response,
 import { E2E_TOKEN, MAIN, WITH_TOKEN } from "../playwright.config";
 import * as http from "node:http";
 import type { AddressInfo } from "node:net";
-import { card, openPage, pendingApproval, screenshot, send } from "./helpers";
+import { card, openPage, pendingApproval, screenshot, send, sessionOf } from "./helpers";
 
 /** A name no other test uses, so tests can share the server's workspace. */
 function unique(name: string, extension = "txt") {
@@ -121,6 +121,29 @@ test("a page on another origin cannot approve", async ({ page, request }, testIn
   // And the person can still decide it.
   const denied = await request.post(`/api/agent/approvals/${runId}/${callId}`, { data: { decision: "deny" } });
   expect(denied.status()).toBe(200);
+});
+
+test("a link from another site opens the page with the browser's own conversations", async ({ page }) => {
+  await openPage(page);
+  await send(page, "list files");
+  await expect(page.locator(".turn.assistant")).toHaveCount(1);
+  const session = await sessionOf(page);
+  const linking = await serveAttacker(`<a id="link" href="${MAIN}/">toolgate</a>`);
+  try {
+    // localhost is another site than 127.0.0.1.
+    await page.goto(`${linking.origins[1]}/`);
+    await page.click("#link");
+    await expect(page).toHaveURL(`${MAIN}/`);
+    await expect(page.locator(".page")).toHaveAttribute("data-hydrated", "true");
+    expect(await sessionOf(page)).toBe(session);
+    await expect(page.locator(".turn.assistant")).toHaveCount(1);
+  } finally {
+    await linking.close();
+  }
+  // The browser's list of its conversations was not started over either.
+  await openPage(page);
+  expect(await sessionOf(page)).toBe(session);
+  await expect(page.locator(`.conversations li[data-session-id="${session}"]`)).toHaveCount(1);
 });
 
 test("another origin cannot frame the page to trick a click on Approve", async ({ page, request }) => {

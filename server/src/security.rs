@@ -36,7 +36,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum_extra::extract::cookie::CookieJar;
 
-pub use cookies::CookiePolicy;
+pub use cookies::{CookiePolicy, FromOtherSites};
 pub use origin::PublicOrigin;
 pub use token::AccessToken;
 

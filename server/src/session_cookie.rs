@@ -20,7 +20,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum_extra::extract::cookie::CookieJar;
 
-use crate::security::CookiePolicy;
+use crate::security::{CookiePolicy, FromOtherSites};
 
 /// Thirty days.
 const MAX_AGE: Duration = Duration::from_secs(30 * 24 * 60 * 60);
@@ -153,13 +153,16 @@ fn with_cookies(
         .map(SessionId::as_str)
         .collect::<Vec<_>>()
         .join(&SEPARATOR.to_string());
+    // Carried by a link from another site too: without them, the page that link opens would take the browser for a
+    // new one, and its cookies would replace the list of its conversations with a fresh one.
+    let cookie = |name, value| {
+        settings
+            .cookies
+            .cookie(name, value, MAX_AGE, FromOtherSites::Links)
+    };
     let jar = CookieJar::new()
-        .add(
-            settings
-                .cookies
-                .cookie(SESSION_COOKIE, session.to_string(), MAX_AGE),
-        )
-        .add(settings.cookies.cookie(SESSIONS_COOKIE, list, MAX_AGE));
+        .add(cookie(SESSION_COOKIE, session.to_string()))
+        .add(cookie(SESSIONS_COOKIE, list));
     (jar, response).into_response()
 }
 

@@ -19,8 +19,8 @@ use tower_governor::GovernorError;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 
-use super::Security;
 use super::token::{AUTH_COOKIE, LOGIN_LIFETIME};
+use super::{FromOtherSites, Security};
 use crate::error::ApiError;
 
 /// The largest login form accepted: a token of the longest length, percent-encoded, and then some.
@@ -232,6 +232,7 @@ async fn submit(
         AUTH_COOKIE,
         credentials.login_cookie(SystemTime::now()),
         LOGIN_LIFETIME,
+        FromOtherSites::Never,
     );
     (CookieJar::new().add(cookie), to_home()).into_response()
 }
