@@ -5,8 +5,8 @@ use reqwest::header::HeaderValue;
 use serde_json::{Value, json};
 
 use super::pending;
-use agent::request_body::{MAX_MESSAGE_BYTES, MAX_MESSAGE_FORM_BYTES};
 use crate::helpers::{TestApp, spawn_app};
+use agent::request_body::{MAX_MESSAGE_BYTES, MAX_MESSAGE_FORM_BYTES};
 
 async fn field_errors(response: reqwest::Response) -> Value {
     assert_eq!(response.status(), 400);
@@ -427,7 +427,8 @@ async fn every_route_refuses_a_body_over_the_limit_with_the_api_error() {
     )
     .await;
     // Read as it streams, without a Content-Length: the same answer once the limit is passed.
-    let chunks = (0..MAX_MESSAGE_FORM_BYTES / 1024 + 1).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 1024]));
+    let chunks =
+        (0..MAX_MESSAGE_FORM_BYTES / 1024 + 1).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 1024]));
     let response = app
         .client
         .post(app.url("/api/fn/start_run"))
