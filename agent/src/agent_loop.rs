@@ -475,7 +475,8 @@ async fn sample(
         })
     };
 
-    for step in first_step..=limits.max_steps.max(first_step) {
+    // A part that begins past the limit (after a batch decided at the last step) samples nothing.
+    for step in first_step..=limits.max_steps {
         if context.abort.is_aborted() {
             return (aborted(), step - 1);
         }
@@ -650,7 +651,7 @@ async fn sample(
         RunEnd::Failed(RunError::StepLimit {
             max_steps: limits.max_steps,
         }),
-        limits.max_steps,
+        limits.max_steps.max(first_step.saturating_sub(1)),
     )
 }
 

@@ -224,6 +224,39 @@ async fn the_loop_stops_at_the_step_limit() {
     assert_eq!(fx.reads.count(), 3);
 }
 
+/// The step limit counts the steps that went on after a person decided: a run that asks at its last step ends there
+/// once the batch is decided, instead of sampling past the limit, step after step, each asking again.
+#[tokio::test]
+async fn the_step_limit_holds_across_batches_that_waited_for_a_person() {
+    let delete = |i: u32| {
+        tool_step(&[call(
+            &format!("c{i}"),
+            "delete_file",
+            json!({"path": format!("{i}.txt")}),
+        )])
+    };
+    let fx = fixture_with(
+        ApprovalPolicy::OnRequest,
+        rules(""),
+        LoopLimits {
+            max_steps: 2,
+            ..LoopLimits::default()
+        },
+        (0..4).map(delete).collect(),
+    );
+    let run = fx.start(ApprovalMode::Interactive, "go").await;
+    let mut events = Events::of(&run);
+    for _ in 0..2 {
+        let request = events.next_approval().await;
+        fx.decide(&request, Decision::approve()).await;
+    }
+    let events = all_events(&run).await;
+    assert_eq!(failure(&events).unwrap().0, RunErrorCode::StepLimit);
+    assert_eq!(fx.model.requests().len(), 2, "the model is sampled twice");
+    assert_eq!(fx.deletes.count(), 2);
+    assert!(fx.pending().await.is_empty());
+}
+
 #[tokio::test]
 async fn aborting_while_waiting_ends_the_run_and_nothing_runs_after() {
     let fx = on_request(vec![
