@@ -74,23 +74,74 @@ async fn asked(harness: &Harness, run: &agent::harness::RunHandle) -> ApprovalRe
 async fn a_calls_result_the_database_refused_for_a_while_is_written_later_and_the_run_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let (harness, _store, beside) = harness_on_sqlite(dir.path()).await;
-    std::fs::write(dir.path().join("ws/a.txt"), "x").unwrap();
-    let run = harness.start(start_in("s", "delete a.txt")).await.unwrap();
-    let request = asked(&harness, &run).await;
+    let refusal = "CREATE TRIGGER refuse_results BEFORE UPDATE OF status ON calls WHEN NEW.status = 'settled' \
+         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;";
+    // Past the group commit's retries (about 3 s).
+    result_refused_for_a_while(
+        &harness,
+        dir.path(),
+        Duration::from_secs(5),
+        || beside.execute_batch(refusal).unwrap(),
+        || beside.execute_batch("DROP TRIGGER refuse_results").unwrap(),
+    )
+    .await;
+}
 
-    beside
-        .execute_batch(
-            "CREATE TRIGGER refuse_results BEFORE UPDATE OF status ON calls WHEN NEW.status = 'settled' \
-             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
-        )
-        .unwrap();
-    decide_pending(&harness, &request, Decision::approve()).await;
-    // The tool runs; its result cannot be written, past the group commit's retries (about 3 s).
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(!dir.path().join("ws/a.txt").exists(), "the tool ran");
+/// The same on PostgreSQL, where a call's result is written as the tool ends: a failover or a lost connection then
+/// is tried again until the result is written. Before, the failure was only logged: the call stayed `executing` for
+/// good under a live instance, so nothing (neither a recovery, which takes dead instances' calls, nor a cancel) could
+/// end its run, and its session refused every next message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_result_postgresql_refused_for_a_while_is_written_later_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = postgres::database();
+    let (harness, _store) = harness_on(DatabaseUrl::Postgres(url.clone()), dir.path()).await;
+    result_refused_for_a_while(
+        &harness,
+        dir.path(),
+        Duration::from_secs(1),
+        || {
+            postgres::psql(
+                &url,
+                "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$; \
+                 CREATE TRIGGER refuse_results BEFORE UPDATE OF status ON calls FOR EACH ROW \
+                 WHEN (NEW.status = 'settled') EXECUTE FUNCTION refuse();",
+            );
+        },
+        || {
+            postgres::psql(&url, "DROP TRIGGER refuse_results ON calls");
+        },
+    )
+    .await;
+}
+
+/// Approves a deletion while `refuse` has the database refuse calls' results, lets it go on refusing for `refused_for`
+/// after the tool ran, then has it take them again (`allow`): the run goes on from the result, to its answer.
+async fn result_refused_for_a_while(
+    harness: &Harness,
+    dir: &std::path::Path,
+    refused_for: Duration,
+    refuse: impl FnOnce(),
+    allow: impl FnOnce(),
+) {
+    std::fs::write(dir.join("ws/a.txt"), "x").unwrap();
+    let run = harness.start(start_in("s", "delete a.txt")).await.unwrap();
+    let request = asked(harness, &run).await;
+
+    refuse();
+    decide_pending(harness, &request, Decision::approve()).await;
+    tokio::time::timeout(PATIENCE, async {
+        while dir.join("ws/a.txt").exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the tool runs");
+    tokio::time::sleep(refused_for).await;
     assert!(!run.is_finished().await.unwrap());
 
-    beside.execute_batch("DROP TRIGGER refuse_results").unwrap();
+    allow();
     tokio::time::timeout(PATIENCE, run.finished())
         .await
         .expect("the run goes on once the result is written");

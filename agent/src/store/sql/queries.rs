@@ -1,6 +1,7 @@
 //! The store's state changes and reads, in SQL. Each state change is one transaction.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use futures::FutureExt;
 use serde::Serialize;
@@ -857,6 +858,17 @@ impl SqlStore {
         )
     }
 
+    /// Records a call's result in a change of its own: whether this instance still ran the call.
+    async fn settle_now(&self, result: &CallResult) -> StoreResult<bool> {
+        let (mut tx, taken) = self.begin_change().await?;
+        let Some(seq) = self.settle_in(&mut tx, result).await? else {
+            return Ok(false);
+        };
+        self.commit_change(tx, taken, seq.map(|seq| (result.run_id.clone(), seq)))
+            .await?;
+        Ok(true)
+    }
+
     /// Records a call's result in `tx`, if this instance still runs the call (recovery may have declared it
     /// interrupted): its row, its events, its audit entries. `None` when it does not; else the run's newest
     /// sequence number, if the result appended events.
@@ -1574,13 +1586,22 @@ impl Store for SqlStore {
                 self.enqueue(super::Queued::Settled(result));
                 return Ok(true);
             }
-            let (mut tx, taken) = self.begin_change().await?;
-            let Some(seq) = self.settle_in(&mut tx, &result).await? else {
-                return Ok(false);
-            };
-            self.commit_change(tx, taken, seq.map(|seq| (result.run_id.clone(), seq)))
-                .await?;
-            Ok(true)
+            // On PostgreSQL the result is written now. The tool has run, and its run can neither go on nor end
+            // until its result is written, so a database that is unavailable for a while (a failover, a lost
+            // connection) is tried again, each wait twice the last, up to 2 s. (A try after a commit whose answer
+            // was lost finds the call settled already: not this caller's, as for a call recovery took.)
+            let mut wait = Duration::from_millis(50);
+            loop {
+                match self.settle_now(&result).await {
+                    Err(StoreError::Unavailable(error)) => {
+                        tracing::warn!(run_id = %result.run_id, call = %result.call_id, %error,
+                            "cannot record the call's result yet; trying again");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(2));
+                    }
+                    settled => return settled,
+                }
+            }
         }
         .boxed()
     }
