@@ -15,8 +15,11 @@
 //! Every execution is recorded in the store as it begins and as it ends ([`execute`]): a call runs at most once,
 //! and a call whose process died while it ran is known as interrupted, never run again.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use futures::FutureExt;
 
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -27,7 +30,7 @@ use crate::ids::{RunId, SessionId};
 use crate::permissions::SessionGrant;
 use crate::policy::{PermissionPolicy, SessionGrants, session_grant, stored_grant};
 use crate::store::{CallRecord, CallResult, CallStatus, Epoch, NewEvent, Store};
-use crate::tools::{ToolContext, Toolbox, unknown_tool_message};
+use crate::tools::{ToolContext, ToolError, Toolbox, unknown_tool_message};
 use crate::wire::{
     ApprovalMode, DecisionScope, PermissionDecision, RunErrorCode, ToolCall, ToolErrorCode,
     ToolOutput,
@@ -508,7 +511,17 @@ async fn run_tool(context: &RunContext, call: &ToolCall, input: Value, edited: b
     // A tool honours the run's abort itself (`ToolContext::cancel`): what it returns is what really happened, the
     // work it finished or the point where it stopped, and that is the result reported. Only a tool that does not
     // end within a grace period after the abort is left behind (dropped), and then the result says so.
-    let execution = tool.execute(input, &tool_context);
+    // A tool that panics fails its call, not the task that runs it: a waiting run's calls run in a task that has
+    // nothing else to record their results, and a call left executing would hold its run for good.
+    let execution = AssertUnwindSafe(tool.execute(input, &tool_context))
+        .catch_unwind()
+        .map(|caught| {
+            caught.unwrap_or_else(|_| {
+                Err(ToolError::failed(
+                    "The tool stopped unexpectedly: it panicked.",
+                ))
+            })
+        });
     tokio::pin!(execution);
     let result = tokio::select! {
         result = &mut execution => result,

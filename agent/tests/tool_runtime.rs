@@ -441,6 +441,66 @@ impl Tool for FinishesWhenLetGo {
     }
 }
 
+/// A destructive tool whose work panics.
+struct Panics(agent::wire::ToolSpec);
+
+impl Tool for Panics {
+    fn spec(&self) -> &agent::wire::ToolSpec {
+        &self.0
+    }
+
+    fn execute<'a>(&'a self, _: serde_json::Value, _: &'a ToolContext) -> ToolFuture<'a> {
+        Box::pin(async { panic!("the tool's own defect") })
+    }
+}
+
+/// An approved call whose tool panics fails, with a result that says so, and the run goes on. Before, the panic
+/// ended the task that ran a waiting run's approved calls: the call stayed executing, so the run could neither go
+/// on nor end, and its session refused every next message.
+#[tokio::test]
+async fn an_approved_call_whose_tool_panics_fails_and_the_run_goes_on() {
+    let tool = Panics(agent::wire::ToolSpec {
+        name: "shred".into(),
+        description: "Shreds".into(),
+        input_schema: json!({"type": "object"}),
+        annotations: ToolAnnotations {
+            read_only: Some(false),
+            destructive: Some(true),
+            idempotent: Some(false),
+            open_world: Some(false),
+        },
+        mcp: None,
+    });
+    let harness = harness_over(
+        Arc::new(ReplayModel::new(vec![
+            tool_step(&[call("call-1", "shred", json!({}))]),
+            text_step("It failed."),
+        ])),
+        Toolbox::new().with(tool).unwrap(),
+        ApprovalPolicy::OnRequest,
+    );
+    let run = start_interactive(&harness, "shred").await;
+    let request = Events::of(&run).next_approval().await;
+    harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::approve(),
+            &agent::harness::Actor::local(),
+        )
+        .await
+        .unwrap();
+    let events = tokio::time::timeout(std::time::Duration::from_secs(10), all_events(&run))
+        .await
+        .expect("the run ends");
+    assert!(matches!(
+        output_of(&events, "call-1"),
+        ToolOutput::Error { code: ToolErrorCode::ToolFailed, message }
+            if message == "The tool stopped unexpectedly: it panicked."
+    ));
+    assert_eq!(answer(&events), Some("It failed."));
+}
+
 fn slow_read_harness(tool: FinishesWhenLetGo) -> agent::harness::Harness {
     harness_over(
         Arc::new(ReplayModel::new(vec![
