@@ -26,7 +26,7 @@ const MOST: usize = 65_536;
 
 /// Who a client is, for the count: an IPv4 address, or the /64 an IPv6 address is in (one host has a whole /64 to
 /// pick addresses from).
-fn client_of(address: IpAddr) -> IpAddr {
+pub(super) fn client_of(address: IpAddr) -> IpAddr {
     match address.to_canonical() {
         IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
             u128::from(v6) & !((1u128 << 64) - 1),

@@ -4,21 +4,24 @@
 //!
 //! Login attempts are rate-limited per client address, so the token cannot be guessed at network speed.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum_extra::extract::cookie::CookieJar;
 use tower_governor::GovernorError;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::KeyExtractor;
 
+use super::attempts::client_of;
 use super::token::{AUTH_COOKIE, LOGIN_LIFETIME};
 use super::{FromOtherSites, Security};
 use crate::error::ApiError;
@@ -36,9 +39,28 @@ const FORGET_EVERY: Duration = Duration::from_secs(60);
 /// The login page may load nothing and post only to itself.
 const LOGIN_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
+/// Who a login attempt comes from, for its count: its address as the wrong bearer tokens are counted (an IPv6
+/// client by its /64, since one host may pick any address of one), not the exact address that `tower_governor`
+/// counts by default, which let a host with a /64 try a new address each time.
+#[derive(Clone, Copy, Debug)]
+struct ClientKey;
+
+impl KeyExtractor for ClientKey {
+    type Key = IpAddr;
+
+    fn extract<T>(&self, request: &Request<T>) -> Result<IpAddr, GovernorError> {
+        request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(peer)| client_of(peer.ip()))
+            .ok_or(GovernorError::UnableToExtractKey)
+    }
+}
+
 /// `/login` and `/logout`, with login attempts rate-limited per client address.
 pub fn routes<S: Clone + Send + Sync + 'static>(security: Security) -> Router<S> {
     let limit = GovernorConfigBuilder::default()
+        .key_extractor(ClientKey)
         .period(LOGIN_REFILL)
         .burst_size(LOGIN_BURST)
         .methods(vec![Method::POST])
@@ -242,4 +264,62 @@ async fn submit(
 async fn logout(State(security): State<Security>) -> Response {
     let removal = security.cookie_policy().removal(AUTH_COOKIE);
     (CookieJar::new().add(removal), to_login()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::security::{AccessToken, SecuritySettings};
+    use tower::ServiceExt;
+
+    /// A wrong token from `address`, as the server hands the request to the routes (with its client's address).
+    fn wrong_token_from(address: &str) -> Request<Body> {
+        let mut request = Request::post("/login")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from("token=wrong"))
+            .unwrap();
+        request.extensions_mut().insert(ConnectInfo(SocketAddr::new(
+            address.parse().unwrap(),
+            40_000,
+        )));
+        request
+    }
+
+    /// A host with an IPv6 /64 (any server's) picks a new address for each try: its tries count together.
+    #[tokio::test]
+    async fn login_attempts_from_one_ipv6_64_count_together() {
+        let security = Security::new(SecuritySettings {
+            addr: "127.0.0.1:3000".parse().unwrap(),
+            token: Some(AccessToken::parse("a-long-enough-token").unwrap()),
+            public_origins: Vec::new(),
+        })
+        .unwrap();
+        let login = routes::<()>(security);
+        let status = |address: String| {
+            let login = login.clone();
+            async move {
+                login
+                    .oneshot(wrong_token_from(&address))
+                    .await
+                    .unwrap()
+                    .status()
+            }
+        };
+        for i in 1..=LOGIN_BURST {
+            assert_eq!(
+                status(format!("2001:db8::{i}")).await,
+                StatusCode::UNAUTHORIZED
+            );
+        }
+        assert_eq!(
+            status("2001:db8::ffff:1".to_owned()).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "another address of the same /64"
+        );
+        assert_eq!(
+            status("2001:db8:0:1::1".to_owned()).await,
+            StatusCode::UNAUTHORIZED,
+            "another /64"
+        );
+    }
 }
