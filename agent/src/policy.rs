@@ -388,7 +388,8 @@ impl PermissionPolicy {
         }
     }
 
-    /// The narrowest rule that allows this call: the exact command, the exact path, or every argument pinned.
+    /// The narrowest rule that allows this call: the exact command, the exact path, or every argument pinned (for a
+    /// call that gives every argument the tool takes, and a tool that takes no others).
     /// It is checked to read back as itself and to match the call, or it is not offered.
     pub fn narrowest_allow_rule(&self, tool: &ToolSpec, input: &Value) -> Result<Rule, String> {
         let name = &tool.name;
@@ -423,6 +424,28 @@ impl PermissionPolicy {
                         "{name} has no arguments a rule could pin to this call."
                     ));
                 };
+                // A rule pins the arguments it names and lets any other through: it is this call alone only when
+                // the call gives every argument the tool takes.
+                let schema = &tool.input_schema;
+                let left_out: Vec<&str> = schema
+                    .get("properties")
+                    .and_then(Value::as_object)
+                    .into_iter()
+                    .flat_map(|properties| properties.keys())
+                    .filter(|key| !arguments.contains_key(key.as_str()))
+                    .map(String::as_str)
+                    .collect();
+                if !left_out.is_empty() {
+                    return Err(format!(
+                        "This call leaves out arguments {name} takes ({}); a rule that pins the ones it gives would also allow calls that give those.",
+                        left_out.join(", ")
+                    ));
+                }
+                if schema.get("additionalProperties") != Some(&Value::Bool(false)) {
+                    return Err(format!(
+                        "{name} takes arguments its schema does not name; a rule that pins the ones this call gives would also allow calls that add others."
+                    ));
+                }
                 let mut pinned = Vec::with_capacity(arguments.len());
                 for (key, value) in arguments {
                     let text = match value {

@@ -730,11 +730,45 @@ fn a_card_offers_the_exact_grants_and_the_narrowest_rule() {
             .contains("write_file=ask")
     );
 
-    let issue = tool("mcp__github__create_issue", ToolAnnotations::default());
-    let choices = on_request.approval_choices(&issue, &json!({"repo": "acme/*", "n": 3}), &none);
+    let issue = ToolSpec {
+        input_schema: json!({
+            "type": "object",
+            "properties": {"repo": {"type": "string"}, "n": {"type": "integer"}, "body": {"type": "string"}},
+            "additionalProperties": false
+        }),
+        ..tool("mcp__github__create_issue", ToolAnnotations::default())
+    };
+    let full = json!({"repo": "acme/*", "n": 3, "body": "b"});
+    let choices = on_request.approval_choices(&issue, &full, &none);
     assert_eq!(
         choices.always_allow.as_deref(),
-        Some("mcp__github__create_issue(n=3, repo=acme/[*])=allow")
+        Some("mcp__github__create_issue(body=b, n=3, repo=acme/[*])=allow")
+    );
+    // A rule that pins two of three arguments would allow any `body` too; a schema that takes arguments it does not
+    // name, any other argument.
+    let partial = on_request.approval_choices(&issue, &json!({"repo": "acme/*", "n": 3}), &none);
+    assert_eq!(partial.always_allow, None);
+    assert!(
+        partial
+            .always_allow_note
+            .as_deref()
+            .unwrap()
+            .contains("leaves out arguments mcp__github__create_issue takes (body)"),
+        "{partial:?}"
+    );
+    let open = ToolSpec {
+        input_schema: json!({"type": "object", "properties": {"repo": {"type": "string"}}}),
+        ..issue.clone()
+    };
+    let choices = on_request.approval_choices(&open, &json!({"repo": "acme"}), &none);
+    assert_eq!(choices.always_allow, None);
+    assert!(
+        choices
+            .always_allow_note
+            .as_deref()
+            .unwrap()
+            .contains("does not name"),
+        "{choices:?}"
     );
 }
 
