@@ -14,6 +14,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 use serde::Deserialize;
@@ -199,7 +200,11 @@ pub fn added_rule_id(rule: &Rule) -> RuleId {
 pub struct StoredRuleBook {
     configured: Arc<[BookRule]>,
     store: Arc<dyn Store>,
-    in_force: RwLock<Arc<[BookRule]>>,
+    /// The rules in force, and the number of the read (or change) they come from.
+    in_force: RwLock<(u64, Arc<[BookRule]>)>,
+    /// The number the next read of the store, or the next change, takes: a read that began before a change (or
+    /// before another read) and ended after it does not put back what it read.
+    reads: AtomicU64,
     /// One change at a time in this process: the check for a rule already in force and its write do not
     /// interleave with another change's.
     changing: tokio::sync::Mutex<()>,
@@ -208,7 +213,7 @@ pub struct StoredRuleBook {
 impl fmt::Debug for StoredRuleBook {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StoredRuleBook")
-            .field("in_force", &self.in_force.read().len())
+            .field("in_force", &self.in_force.read().1.len())
             .field("store", &self.store.kind())
             .finish()
     }
@@ -216,7 +221,7 @@ impl fmt::Debug for StoredRuleBook {
 
 impl RuleBook for StoredRuleBook {
     fn rules(&self) -> Arc<[BookRule]> {
-        Arc::clone(&self.in_force.read())
+        Arc::clone(&self.in_force.read().1)
     }
 }
 
@@ -224,7 +229,8 @@ impl StoredRuleBook {
     /// A book of `configured` rules over a store that keeps no added rules yet (a new memory store).
     pub fn new(configured: Arc<[BookRule]>, store: Arc<dyn Store>) -> Self {
         Self {
-            in_force: RwLock::new(Arc::clone(&configured)),
+            in_force: RwLock::new((0, Arc::clone(&configured))),
+            reads: AtomicU64::new(1),
             configured,
             store,
             changing: tokio::sync::Mutex::new(()),
@@ -242,9 +248,25 @@ impl StoredRuleBook {
         Ok(book)
     }
 
-    /// Reads the added rules again; the rules in force are unchanged when that fails.
+    /// Reads the added rules again; the rules in force are unchanged when that fails, and when a change made here
+    /// (or a later read) put in force something newer than this read meanwhile. Returns what it read.
     pub async fn refresh(&self) -> Result<Arc<[BookRule]>, RuleBookError> {
+        let read = self.next_number();
         let stored = self.store.rules().await?;
+        self.put_read_in_force(read, stored)
+    }
+
+    fn next_number(&self) -> u64 {
+        self.reads.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The added rules `stored`, read from the store as read number `read`, with the configured ones: put in force
+    /// unless something newer is.
+    fn put_read_in_force(
+        &self,
+        read: u64,
+        stored: Vec<StoredRule>,
+    ) -> Result<Arc<[BookRule]>, RuleBookError> {
         let mut added = Vec::with_capacity(stored.len());
         for row in stored {
             let rule = Rule::parse(&row.rule).map_err(|error| RuleBookError::Stored {
@@ -266,12 +288,16 @@ impl StoredRuleBook {
                 rule,
             });
         }
-        Ok(self.put_in_force(added))
+        Ok(self.put_in_force(read, added))
     }
 
-    fn put_in_force(&self, added: Vec<BookRule>) -> Arc<[BookRule]> {
+    /// Puts the configured rules and `added` in force as of `number`, unless what is in force is newer.
+    fn put_in_force(&self, number: u64, added: Vec<BookRule>) -> Arc<[BookRule]> {
         let in_force: Arc<[BookRule]> = self.configured.iter().cloned().chain(added).collect();
-        *self.in_force.write() = Arc::clone(&in_force);
+        let mut held = self.in_force.write();
+        if number > held.0 {
+            *held = (number, Arc::clone(&in_force));
+        }
         in_force
     }
 
@@ -311,7 +337,7 @@ impl StoredRuleBook {
             .await?;
         let mut added = Self::added(&in_force);
         added.push(entry.clone());
-        self.put_in_force(added);
+        self.put_in_force(self.next_number(), added);
         Ok(entry)
     }
 
@@ -336,7 +362,7 @@ impl StoredRuleBook {
             .store
             .remove_rule(id.as_str(), rule_audit(&removed, "removed", actor))
             .await?;
-        self.put_in_force(added);
+        self.put_in_force(self.next_number(), added);
         if existed {
             Ok(removed)
         } else {
@@ -515,6 +541,33 @@ mod tests {
     fn book(flags: &str, store: &Arc<dyn Store>) -> StoredRuleBook {
         let configured = ConfiguredRules::new(flags.parse().unwrap(), Vec::new());
         StoredRuleBook::new(configured.rules(), Arc::clone(store))
+    }
+
+    /// A read of the store that began before a change here and ends after it (a listing, which the rules panel makes
+    /// on every opening, while another tab removes a rule) does not put back what it read: the removed rule stays
+    /// out of force, an added one in force. Before, the late read's rules were put in force whatever came between.
+    #[tokio::test]
+    async fn a_read_of_the_rules_that_began_before_a_change_does_not_undo_it() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let book = book("", &store);
+        let added = book
+            .add(rule("run_command(ls $)=allow"), "local")
+            .await
+            .unwrap();
+        let read = book.next_number();
+        let stored = store.rules().await.unwrap();
+        book.remove(&added.id, "local").await.unwrap();
+        let listed = book.put_read_in_force(read, stored).unwrap();
+        assert_eq!(listed.len(), 1, "the read returns what it read");
+        assert!(book.rules().is_empty(), "the removed rule stays removed");
+
+        let read = book.next_number();
+        let stored = store.rules().await.unwrap();
+        book.add(rule("run_command(ls $)=allow"), "local")
+            .await
+            .unwrap();
+        book.put_read_in_force(read, stored).unwrap();
+        assert_eq!(book.rules().len(), 1, "the added rule stays in force");
     }
 
     #[tokio::test]
