@@ -424,6 +424,36 @@ async fn a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time(kind: Kind)
 }
 
 /// A run's end, done under its first claim: the messages it adds to its session's conversation, and its last events.
+/// Sessions are read by their ids too (a browser's own): those that exist, each once, most recently updated first.
+async fn sessions_are_read_by_their_ids(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    for (i, name) in ["s1", "s2", "s3"].into_iter().enumerate() {
+        let run = NewRun {
+            at: 1_000 * (i as u64 + 1),
+            ..new_run(&format!("r{i}"), name)
+        };
+        store.start_run(run).await.unwrap().unwrap();
+    }
+    let among = store
+        .sessions_among(&[
+            session("s1"),
+            session("s3"),
+            session("missing"),
+            session("s1"),
+        ])
+        .await
+        .unwrap();
+    let ids: Vec<&str> = among
+        .iter()
+        .map(|summary| summary.session_id.as_str())
+        .collect();
+    assert_eq!(ids, ["s3", "s1"]);
+    assert_eq!(among[1].title, "the message of r0");
+    assert_eq!((among[1].updated_at, among[1].runs), (1_000, 1));
+    assert!(store.sessions_among(&[]).await.unwrap().is_empty());
+}
+
 fn done(run: &str, history: Vec<Message>, events: Vec<NewEvent>) -> FinishRun {
     FinishRun {
         run_id: run_id(run),
@@ -1800,6 +1830,7 @@ conformance!(
     a_decisions_grant_is_kept_with_it,
     grants_rules_and_the_audit_log_are_kept_and_filtered,
     a_decision_and_a_claim_at_once_never_fail_on_locks,
+    sessions_are_read_by_their_ids,
 );
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -186,12 +186,18 @@ pub mod ssr {
         harness: &Harness,
         current: &SessionId,
     ) -> Result<Vec<super::Conversation>, ServerFnError> {
-        /// Sessions the sidebar lists at most.
+        /// Sessions the sidebar lists at most, for a person logged in (who may open any).
         const LISTED: usize = 200;
-        let all = harness
-            .sessions(LISTED)
-            .await
-            .map_err(|error| ServerFnError::new(error.to_string()))?;
+        // A browser's own sessions are read by their ids: among the server's most recent ones, those of other
+        // clients (REST and AG-UI runs, other browsers) would push them out of the list.
+        let all = if login_required() {
+            harness.sessions(LISTED).await
+        } else {
+            let own = extension::<BrowserSessions>().unwrap_or_default().0;
+            let ids: Vec<SessionId> = own.into_iter().chain([current.clone()]).collect();
+            harness.sessions_among(&ids).await
+        }
+        .map_err(|error| ServerFnError::new(error.to_string()))?;
         let mut listed: Vec<_> = all
             .into_iter()
             .filter(|summary| &summary.session_id == current || may_open(&summary.session_id))

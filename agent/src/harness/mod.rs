@@ -340,6 +340,14 @@ impl Harness {
         Ok(self.inner.store.sessions(limit).await?)
     }
 
+    /// The sessions among `ids` that exist, most recently updated first.
+    pub async fn sessions_among(
+        &self,
+        ids: &[SessionId],
+    ) -> Result<Vec<SessionSummary>, Unavailable> {
+        Ok(self.inner.store.sessions_among(ids).await?)
+    }
+
     /// Entries of the audit log.
     pub async fn audit_log(&self, query: AuditQuery) -> Result<Vec<AuditEntry>, Unavailable> {
         Ok(self.inner.store.audit_log(query).await?)

@@ -154,6 +154,22 @@ impl MemoryStore {
     }
 }
 
+/// A session's summary, as listed.
+fn summary(session_id: &SessionId, row: &SessionRow) -> SessionSummary {
+    SessionSummary {
+        session_id: session_id.clone(),
+        title: row.title.clone(),
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+        runs: row.runs.len() as u64,
+    }
+}
+
+/// Most recently updated first; the larger id first among sessions updated at the same time (as SQL orders them).
+fn newest_first(sessions: &mut [SessionSummary]) {
+    sessions.sort_by(|a, b| (b.updated_at, &b.session_id).cmp(&(a.updated_at, &a.session_id)));
+}
+
 impl Store for MemoryStore {
     fn kind(&self) -> StoreKind {
         StoreKind::Memory
@@ -707,16 +723,22 @@ impl Store for MemoryStore {
         let mut sessions: Vec<SessionSummary> = tables
             .sessions
             .iter()
-            .map(|(session_id, row)| SessionSummary {
-                session_id: session_id.clone(),
-                title: row.title.clone(),
-                created_at: row.created_at,
-                updated_at: row.updated_at,
-                runs: row.runs.len() as u64,
-            })
+            .map(|(session_id, row)| summary(session_id, row))
             .collect();
-        sessions.sort_by(|a, b| (b.updated_at, &b.session_id).cmp(&(a.updated_at, &a.session_id)));
+        newest_first(&mut sessions);
         sessions.truncate(limit);
+        Self::ready(sessions)
+    }
+
+    fn sessions_among(&self, ids: &[SessionId]) -> StoreFuture<'_, Vec<SessionSummary>> {
+        let tables = self.tables.lock();
+        let mut sessions: Vec<SessionSummary> = ids
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .filter_map(|id| tables.sessions.get(id).map(|row| summary(id, row)))
+            .collect();
+        newest_first(&mut sessions);
         Self::ready(sessions)
     }
 

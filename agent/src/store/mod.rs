@@ -897,6 +897,9 @@ pub trait Store: Send + Sync + 'static {
     /// Sessions, most recently used first.
     fn sessions(&self, limit: usize) -> StoreFuture<'_, Vec<SessionSummary>>;
 
+    /// The summaries of the sessions among `ids` that exist, most recently updated first.
+    fn sessions_among(&self, ids: &[SessionId]) -> StoreFuture<'_, Vec<SessionSummary>>;
+
     /// Pending approvals, of one run or of all, oldest first.
     fn pending(&self, run_id: Option<&RunId>) -> StoreFuture<'_, Vec<ApprovalRequest>>;
 

@@ -1312,6 +1312,19 @@ impl SqlStore {
     }
 }
 
+/// A session's summary, as listed (the columns [`session_summary`] reads).
+const SESSION_SUMMARY: &str = "SELECT id, title, created_at, updated_at, run_count FROM sessions";
+
+fn session_summary(row: &Row) -> StoreResult<SessionSummary> {
+    Ok(SessionSummary {
+        session_id: session_id(row.try_get(0).map_err(unavailable)?)?,
+        title: row.try_get(1).map_err(unavailable)?,
+        created_at: row.try_get::<i64, _>(2).map_err(unavailable)? as u64,
+        updated_at: row.try_get::<i64, _>(3).map_err(unavailable)? as u64,
+        runs: row.try_get::<i64, _>(4).map_err(unavailable)? as u64,
+    })
+}
+
 impl Store for SqlStore {
     fn kind(&self) -> StoreKind {
         self.store_kind()
@@ -2185,25 +2198,41 @@ impl Store for SqlStore {
 
     fn sessions(&self, limit: usize) -> StoreFuture<'_, Vec<SessionSummary>> {
         async move {
-            let rows = query(
-                "SELECT id, title, created_at, updated_at, run_count FROM sessions \
-                 ORDER BY updated_at DESC, id DESC LIMIT $1",
-            )
+            let rows = query(format!(
+                "{SESSION_SUMMARY} ORDER BY updated_at DESC, id DESC LIMIT $1"
+            ))
             .bind(limit.min(i64::MAX as usize) as i64)
             .fetch_all(&self.reader)
             .await
             .map_err(unavailable)?;
-            rows.iter()
-                .map(|row| {
-                    Ok(SessionSummary {
-                        session_id: session_id(row.try_get(0).map_err(unavailable)?)?,
-                        title: row.try_get(1).map_err(unavailable)?,
-                        created_at: row.try_get::<i64, _>(2).map_err(unavailable)? as u64,
-                        updated_at: row.try_get::<i64, _>(3).map_err(unavailable)? as u64,
-                        runs: row.try_get::<i64, _>(4).map_err(unavailable)? as u64,
-                    })
-                })
-                .collect()
+            rows.iter().map(session_summary).collect()
+        }
+        .boxed()
+    }
+
+    fn sessions_among(&self, ids: &[SessionId]) -> StoreFuture<'_, Vec<SessionSummary>> {
+        let ids: Vec<String> = ids
+            .iter()
+            .map(|id| id.as_str().to_owned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        async move {
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            let wanted = (1..=ids.len())
+                .map(|i| format!("${i}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let mut among = query(format!(
+                "{SESSION_SUMMARY} WHERE id IN ({wanted}) ORDER BY updated_at DESC, id DESC"
+            ));
+            for id in &ids {
+                among = among.bind(id.as_str());
+            }
+            let rows = among.fetch_all(&self.reader).await.map_err(unavailable)?;
+            rows.iter().map(session_summary).collect()
         }
         .boxed()
     }

@@ -369,3 +369,43 @@ async fn a_new_conversation_is_listed_and_a_listed_one_becomes_current() {
         "{cookies:?}"
     );
 }
+
+/// The sidebar lists the browser's own conversations however many sessions other clients started since: they are
+/// read by their ids, not looked for among the server's most recent sessions. Before, once 200 sessions had been
+/// started after it (REST and AG-UI clients each start one per run), an own conversation left the sidebar.
+#[tokio::test]
+async fn the_sidebar_lists_the_browsers_conversations_however_many_others_there_are() {
+    let app = spawn_app().await;
+    let first = app
+        .create_run(json!({"message": "list files", "sessionId": "first"}))
+        .await;
+    let mut events = app.events(&first, None).await;
+    events.until("done").await;
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    for i in 0..201 {
+        let other = app
+            .create_run(json!({"message": "list files", "sessionId": format!("other-{i}")}))
+            .await;
+        app.events(&other, None).await.until("done").await;
+    }
+
+    let listed = server_fn_with(
+        &app,
+        "sessions",
+        "toolgate_session=second; toolgate_sessions=second|first",
+        &[],
+    )
+    .await;
+    assert_eq!(listed.status(), 200);
+    let listed: Vec<Value> = listed.json().await.unwrap();
+    let ids: Vec<&str> = listed
+        .iter()
+        .map(|conversation| conversation["sessionId"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        ["second", "first"],
+        "the new one, then the one with a run"
+    );
+    assert_eq!(listed[1]["title"], "list files");
+}
