@@ -475,7 +475,11 @@ async fn sample(
         })
     };
 
-    // A part that begins past the limit (after a batch decided at the last step) samples nothing.
+    // A part that begins past the limit (after a batch decided at the last step) samples nothing: it ends at the
+    // limit, or aborted when the run was aborted while its batch waited.
+    if first_step > limits.max_steps && context.abort.is_aborted() {
+        return (aborted(), first_step - 1);
+    }
     for step in first_step..=limits.max_steps {
         if context.abort.is_aborted() {
             return (aborted(), step - 1);

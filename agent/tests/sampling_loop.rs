@@ -259,21 +259,33 @@ async fn the_step_limit_holds_across_batches_that_waited_for_a_person() {
 
 #[tokio::test]
 async fn aborting_while_waiting_ends_the_run_and_nothing_runs_after() {
-    let fx = on_request(vec![
-        tool_step(&[call("call-1", "delete_file", json!({"path": "a.txt"}))]),
-        text_step("should not be reached"),
-    ]);
-    let run = fx.start(ApprovalMode::Interactive, "x").await;
-    Events::of(&run).next_approval().await;
-    run.abort(AbortReason::Disconnected);
-    let events = all_events(&run).await;
+    // At a step before the limit, and at the last step the limit allows (where the run would end at the limit once
+    // the batch is decided): either way the run ends aborted.
+    for max_steps in [12, 1] {
+        let fx = fixture_with(
+            ApprovalPolicy::OnRequest,
+            rules(""),
+            LoopLimits {
+                max_steps,
+                ..LoopLimits::default()
+            },
+            vec![
+                tool_step(&[call("call-1", "delete_file", json!({"path": "a.txt"}))]),
+                text_step("should not be reached"),
+            ],
+        );
+        let run = fx.start(ApprovalMode::Interactive, "x").await;
+        Events::of(&run).next_approval().await;
+        run.abort(AbortReason::Disconnected);
+        let events = all_events(&run).await;
 
-    let (code, message) = failure(&events).unwrap();
-    assert_eq!(code, RunErrorCode::Aborted);
-    assert_eq!(message, "The client disconnected, so the run was aborted.");
-    assert_eq!(fx.deletes.count(), 0);
-    assert_eq!(fx.model.requests().len(), 1, "the model is not asked again");
-    assert!(fx.pending().await.is_empty());
+        let (code, message) = failure(&events).unwrap();
+        assert_eq!(code, RunErrorCode::Aborted, "at most {max_steps} steps");
+        assert_eq!(message, "The client disconnected, so the run was aborted.");
+        assert_eq!(fx.deletes.count(), 0);
+        assert_eq!(fx.model.requests().len(), 1, "the model is not asked again");
+        assert!(fx.pending().await.is_empty());
+    }
 }
 
 #[tokio::test]
