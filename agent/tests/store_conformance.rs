@@ -423,7 +423,6 @@ async fn a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time(kind: Kind)
     );
 }
 
-/// A run's end, done under its first claim: the messages it adds to its session's conversation, and its last events.
 /// Sessions are read by their ids too (a browser's own): those that exist, each once, most recently updated first.
 async fn sessions_are_read_by_their_ids(kind: Kind) {
     let backend = open(kind).await;
@@ -454,6 +453,7 @@ async fn sessions_are_read_by_their_ids(kind: Kind) {
     assert!(store.sessions_among(&[]).await.unwrap().is_empty());
 }
 
+/// A run's end, done under its first claim: the messages it adds to its session's conversation, and its last events.
 fn done(run: &str, history: Vec<Message>, events: Vec<NewEvent>) -> FinishRun {
     FinishRun {
         run_id: run_id(run),

@@ -481,15 +481,7 @@ async fn an_approved_call_whose_tool_panics_fails_and_the_run_goes_on() {
     );
     let run = start_interactive(&harness, "shred").await;
     let request = Events::of(&run).next_approval().await;
-    harness
-        .decide(
-            &request.run_id,
-            &request.tool_call_id,
-            Decision::approve(),
-            &agent::harness::Actor::local(),
-        )
-        .await
-        .unwrap();
+    decide_pending(&harness, &request, Decision::approve()).await;
     let events = tokio::time::timeout(std::time::Duration::from_secs(10), all_events(&run))
         .await
         .expect("the run ends");
