@@ -81,9 +81,16 @@ fn asked(request: &Request) -> Asked {
     let Some(query) = request.uri().query() else {
         return Asked::Nothing;
     };
+    // A new conversation is the browser's own page's to start: another site's link to `?new` (which carries the
+    // cookies) opens the current one, so that no other site can push the browser's conversations off its list.
+    let from_another_site = request
+        .headers()
+        .get("sec-fetch-site")
+        .is_some_and(|site| site.as_bytes().eq_ignore_ascii_case(b"cross-site"));
     let mut asked = Asked::Nothing;
     for (key, value) in form_urlencoded::parse(query.as_bytes()) {
         match key.as_ref() {
+            "new" if from_another_site => {}
             "new" => return Asked::New,
             "session" => asked = Asked::Open(value.into_owned()),
             _ => {}

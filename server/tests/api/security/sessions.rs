@@ -368,6 +368,25 @@ async fn a_new_conversation_is_listed_and_a_listed_one_becomes_current() {
         cookies.contains(&format!("toolgate_sessions=first%7C{id}")),
         "{cookies:?}"
     );
+
+    // Another site's link to `?new` opens the current conversation and starts none: else any site could push the
+    // browser's conversations off its list, a new one at a time.
+    let linked = client
+        .get(app.url("/?new"))
+        .header("sec-fetch-site", "cross-site")
+        .header(
+            "cookie",
+            format!("toolgate_session=first; toolgate_sessions=first%7C{id}"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(linked.status(), 200);
+    assert!(
+        set_cookies(&linked).is_empty(),
+        "{:?}",
+        set_cookies(&linked)
+    );
 }
 
 /// The sidebar lists the browser's own conversations however many sessions other clients started since: they are
