@@ -441,7 +441,11 @@ impl PermissionPolicy {
                         left_out.join(", ")
                     ));
                 }
-                if schema.get("additionalProperties") != Some(&Value::Bool(false)) {
+                let by_pattern = schema
+                    .get("patternProperties")
+                    .and_then(Value::as_object)
+                    .is_some_and(|patterns| !patterns.is_empty());
+                if by_pattern || schema.get("additionalProperties") != Some(&Value::Bool(false)) {
                     return Err(format!(
                         "{name} takes arguments its schema does not name; a rule that pins the ones this call gives would also allow calls that add others."
                     ));

@@ -756,20 +756,29 @@ fn a_card_offers_the_exact_grants_and_the_narrowest_rule() {
             .contains("leaves out arguments mcp__github__create_issue takes (body)"),
         "{partial:?}"
     );
-    let open = ToolSpec {
-        input_schema: json!({"type": "object", "properties": {"repo": {"type": "string"}}}),
-        ..issue.clone()
-    };
-    let choices = on_request.approval_choices(&open, &json!({"repo": "acme"}), &none);
-    assert_eq!(choices.always_allow, None);
-    assert!(
-        choices
-            .always_allow_note
-            .as_deref()
-            .unwrap()
-            .contains("does not name"),
-        "{choices:?}"
-    );
+    let open = json!({"type": "object", "properties": {"repo": {"type": "string"}}});
+    let by_pattern = json!({
+        "type": "object",
+        "properties": {"repo": {"type": "string"}},
+        "patternProperties": {"^x-": {"type": "string"}},
+        "additionalProperties": false
+    });
+    for schema in [open, by_pattern] {
+        let tool = ToolSpec {
+            input_schema: schema,
+            ..issue.clone()
+        };
+        let choices = on_request.approval_choices(&tool, &json!({"repo": "acme"}), &none);
+        assert_eq!(choices.always_allow, None);
+        assert!(
+            choices
+                .always_allow_note
+                .as_deref()
+                .unwrap()
+                .contains("does not name"),
+            "{choices:?}"
+        );
+    }
 }
 
 #[tokio::test]
