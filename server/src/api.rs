@@ -283,6 +283,11 @@ pub async fn run_events(
 ) -> Result<Response, ApiError> {
     let run = find_run(&state.harness, &run_id).await?;
     let after = resume_point(&headers, &query)?;
+    // An ended run read to its end: nothing more will come. 204 tells an EventSource so; a stream that ended at
+    // once would have it reconnect every few seconds for as long as its page stays open.
+    if !run.info().continues_after(after) {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
     let permit = state.streams.acquire(client)?;
     Ok(sse_response(run.subscribe(after), None, permit, state.keep_alive).await)
 }

@@ -70,6 +70,15 @@ async fn a_reconnect_with_last_event_id_misses_nothing_and_repeats_nothing() {
     };
     assert_eq!(datas(&seen), datas(&everything));
     assert_eq!(everything.last().unwrap().name, "done");
+
+    // A reconnect after the ended run's last event: nothing more will come, and 204 tells an EventSource to stop
+    // reconnecting (an empty stream that ended would have it come back every few seconds).
+    let last = everything.last().unwrap().id;
+    let mut after_the_end = app.events(&run_id, Some(last)).await;
+    assert_eq!(after_the_end.status, 204);
+    assert!(after_the_end.rest().await.is_empty());
+    let before_the_end = app.events(&run_id, Some(last - 1)).await.rest().await;
+    assert_eq!(ids(&before_the_end), [last]);
 }
 
 #[tokio::test]
