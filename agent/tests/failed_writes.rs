@@ -17,9 +17,9 @@ use agent::store::sql::{DatabaseUrl, SqlStore};
 use agent::store::{RunState, Store};
 use agent::tools::{Workspace, workspace_tools};
 use agent::view::RunStatus;
-use agent::wire::{ApprovalPolicy, ApprovalRequest, Decision, RunErrorCode};
+use agent::wire::{ApprovalPolicy, Decision, RunErrorCode};
 use futures::StreamExt;
-use support::{decide_pending, start_in};
+use support::{Events, decide_pending, start_in};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -50,20 +50,6 @@ async fn harness_on_sqlite(
     let file = dir.join("toolgate.db");
     let (harness, store) = harness_on(DatabaseUrl::Sqlite(file.clone()), dir).await;
     (harness, store, rusqlite::Connection::open(&file).unwrap())
-}
-
-/// The approval the run asks for, once it asks.
-async fn asked(harness: &Harness, run: &agent::harness::RunHandle) -> ApprovalRequest {
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            if let Some(request) = harness.pending(Some(run.run_id())).await.unwrap().pop() {
-                return request;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the run asks")
 }
 
 /// The result of an approved call that the database refused for longer than the group commit retries (a few
@@ -127,7 +113,7 @@ async fn result_refused_for_a_while(
 ) {
     std::fs::write(dir.join("ws/a.txt"), "x").unwrap();
     let run = harness.start(start_in("s", "delete a.txt")).await.unwrap();
-    let request = asked(harness, &run).await;
+    let request = Events::of(&run).next_approval().await;
 
     refuse();
     decide_pending(harness, &request, Decision::approve()).await;
@@ -209,7 +195,7 @@ async fn a_session_follower_whose_read_fails_reads_again_and_misses_nothing() {
     let (harness, _store) = harness_on(DatabaseUrl::Postgres(url.clone()), dir.path()).await;
     std::fs::write(dir.path().join("ws/a.txt"), "x").unwrap();
     let run = harness.start(start_in("s", "delete a.txt")).await.unwrap();
-    let request = asked(&harness, &run).await;
+    let request = Events::of(&run).next_approval().await;
 
     // The log cannot be read while the follower begins.
     postgres::psql(&url, "ALTER TABLE events RENAME TO events_away");

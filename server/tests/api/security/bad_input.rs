@@ -467,16 +467,9 @@ async fn the_page_sends_a_message_of_the_longest_length_in_a_script_beyond_ascii
     let app = spawn_app().await;
     let message = "ж".repeat(MAX_MESSAGE_BYTES / 2);
     assert_eq!(message.len(), MAX_MESSAGE_BYTES);
-    let form = format!("message={}", utf8_percent_encode(&message));
+    let form = message_form(&message);
     assert!(form.len() > 3 * MAX_MESSAGE_BYTES, "{} bytes", form.len());
-    let started = app
-        .client
-        .post(app.url("/api/fn/start_run"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form)
-        .send()
-        .await
-        .unwrap();
+    let started = raw_post(&app, "/api/fn/start_run", Some(FORM), form).await;
     assert_eq!(started.status(), 200);
     let run_id: String = started.json().await.unwrap();
     let view = app
@@ -488,15 +481,8 @@ async fn the_page_sends_a_message_of_the_longest_length_in_a_script_beyond_ascii
     assert_eq!(view.message, message);
 
     // One byte more is the API's refusal of the message, not the route's of the body.
-    let longer = format!("message={}", utf8_percent_encode(&format!("{message}x")));
-    let refused = app
-        .client
-        .post(app.url("/api/fn/start_run"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(longer)
-        .send()
-        .await
-        .unwrap();
+    let longer = message_form(&format!("{message}x"));
+    let refused = raw_post(&app, "/api/fn/start_run", Some(FORM), longer).await;
     assert_ne!(refused.status(), 413);
     assert!(refused.status().is_client_error() || refused.status().is_server_error());
     assert!(
@@ -508,7 +494,12 @@ async fn the_page_sends_a_message_of_the_longest_length_in_a_script_beyond_ascii
     );
 }
 
-/// Every byte as `%XX`, as a form encodes a byte beyond plain ASCII.
-fn utf8_percent_encode(text: &str) -> String {
-    text.bytes().map(|byte| format!("%{byte:02X}")).collect()
+const FORM: &str = "application/x-www-form-urlencoded";
+
+/// The page's form of a message, as a browser encodes it.
+fn message_form(message: &str) -> Vec<u8> {
+    form_urlencoded::Serializer::new(String::new())
+        .append_pair("message", message)
+        .finish()
+        .into_bytes()
 }
