@@ -14,7 +14,7 @@ use agent::ids::SessionId;
 use agent::model::ScriptedModel;
 use agent::policy::PermissionPolicy;
 use agent::store::sql::{DatabaseUrl, SqlStore};
-use agent::store::{RunState, Store};
+use agent::store::{CallStatus, RunState, Store};
 use agent::tools::{Workspace, workspace_tools};
 use agent::view::RunStatus;
 use agent::wire::{ApprovalPolicy, Decision, RunErrorCode};
@@ -230,4 +230,50 @@ async fn a_session_follower_whose_read_fails_reads_again_and_misses_nothing() {
             "{kind} in {seen:?}"
         );
     }
+}
+
+/// A waiting run whose batch is claimed while its row cannot be read whole (a lost connection, a failover; here a
+/// column of the runs table is away) is not claimed until it can be, and then goes on from its call's result. Before,
+/// the claim took the run and a read after it failed: the run was this instance's with no task on it, and was ended
+/// as failed, its approved command's output lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_claimed_while_its_run_cannot_be_read_goes_on_once_it_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let (harness, store, beside) = harness_on_sqlite(dir.path()).await;
+    let run = harness.start(start_in("s", "run sleep 1")).await.unwrap();
+    let request = Events::of(&run).next_approval().await;
+    decide_pending(&harness, &request, Decision::approve()).await;
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let calls = store.calls(run.run_id()).await.unwrap();
+            if calls
+                .iter()
+                .any(|call| call.status == CallStatus::Executing)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the command runs");
+
+    // The command ends and its batch is to be claimed while the run's row does not read.
+    beside
+        .execute_batch("ALTER TABLE runs RENAME COLUMN created_at TO created_at_away")
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    beside
+        .execute_batch("ALTER TABLE runs RENAME COLUMN created_at_away TO created_at")
+        .unwrap();
+
+    tokio::time::timeout(PATIENCE, run.finished())
+        .await
+        .expect("the run goes on once it reads");
+    let view = run.view().await.unwrap().unwrap();
+    assert_eq!(view.status, RunStatus::Done, "{:?}", view.error);
+    assert_eq!(
+        view.answer.as_deref(),
+        Some("run_command ran sleep (exit code 0) with no output.")
+    );
 }

@@ -639,6 +639,12 @@ async fn a_writer_that_lost_its_claim_appends_nothing(kind: Kind) {
         .unwrap()
         .unwrap();
     assert_eq!(claimed.epoch, 2);
+    assert_eq!(
+        Some(&claimed.run),
+        store.run(&run_id("r")).await.unwrap().as_ref(),
+        "the claim returns the run as it left it: running"
+    );
+    assert_eq!(claimed.run.state, RunState::Running);
     store.append(&run_id("r"), 1, vec![step_event("r", 4)]);
     store.append(&run_id("r"), 2, vec![step_event("r", 5)]);
     store.flush().await.unwrap();
@@ -1035,7 +1041,7 @@ async fn finishing_a_run_frees_its_session_and_leaves_nothing_pending(kind: Kind
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(claimed.abort, Some(AbortReason::Cancelled));
+    assert_eq!(claimed.run.abort, Some(AbortReason::Cancelled));
     store
         .finish_run(FinishRun {
             run_id: run_id("r"),
@@ -2315,6 +2321,11 @@ async fn the_claim_of_a_batch_takes_a_calls_result_still_queued_along() {
             .is_some_and(|event| event.json.contains("\"step\":50")),
         "the result's events are in the run's log"
     );
+    assert_eq!(
+        log.last().map(|event| event.seq),
+        Some(claimed.run.last_seq),
+        "and counted in the run the claim returns"
+    );
 }
 
 /// A batch's calls begin at once, each in a transaction of its own (on PostgreSQL, each on a connection of its own):
@@ -2861,7 +2872,16 @@ async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
         .await
         .unwrap()
         .expect("the claim settles what the abort left");
-    assert_eq!(claimed.abort, Some(AbortReason::Cancelled));
+    assert_eq!(claimed.run.abort, Some(AbortReason::Cancelled));
+    assert_eq!(
+        (claimed.run.state, claimed.run.last_seq),
+        (RunState::Running, abort_seq + 1),
+        "the claim returns the run as it left it, the events it added counted"
+    );
+    assert_eq!(
+        Some(&claimed.run),
+        store.run(&run_id("r")).await.unwrap().as_ref()
+    );
     let denied: Vec<&str> = claimed
         .outputs
         .iter()

@@ -93,10 +93,7 @@ impl Harness {
             Err(StoreError::Corrupt(why)) => return self.unreadable(run_id, why).await,
             Err(error) => return Err(error.into()),
         };
-        let Some(mut info) = store.run(run_id).await? else {
-            return Ok(());
-        };
-        info.state = RunState::Running;
+        let info = claimed.run.clone();
         let epoch = claimed.epoch;
         let policy = claimed.batch.policy;
         self.spawn_segment(

@@ -159,7 +159,7 @@ impl Harness {
                     let Claimed {
                         batch,
                         outputs,
-                        abort,
+                        run: RunInfo { abort, .. },
                         ..
                     } = *claimed;
                     let mut conversation = Conversation {

@@ -511,7 +511,7 @@ impl Store for MemoryStore {
                 epoch: row.epoch,
                 batch,
                 outputs,
-                abort: row.info.abort,
+                run: row.info.clone(),
             })
         });
         Self::ready(claimed)

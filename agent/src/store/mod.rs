@@ -463,7 +463,8 @@ pub struct Claimed {
     pub batch: SavedBatch,
     /// Each call's output, in the model's order.
     pub outputs: Vec<(ToolCall, ToolOutput)>,
-    pub abort: Option<AbortReason>,
+    /// The run as the claim left it: running, with the events the claim added, and its abort if it was aborted.
+    pub run: RunInfo,
 }
 
 /// Under which claim a run's end is made: an end made without it changes nothing ([`Fenced::Lost`]).
@@ -819,8 +820,9 @@ pub trait Store: Send + Sync + 'static {
     /// Records a call's output, if this instance still runs it (recovery may have declared it interrupted).
     fn settle_call(&self, result: CallResult) -> StoreFuture<'_, bool>;
 
-    /// Claims a waiting run whose every call is settled, to sample on. `None` when the batch is not settled or
-    /// somebody else claimed it. [`StoreError::Corrupt`], with nothing changed, when what it would read does not
+    /// Claims a waiting run whose every call is settled, to sample on, with the run as the claim left it (read in the
+    /// claim itself: a read after it could fail and leave the run claimed with nobody to go on with it). `None` when
+    /// the batch is not settled or somebody else claimed it. [`StoreError::Corrupt`], with nothing changed, when what it would read does not
     /// read.
     ///
     /// An abort settles the run's calls still to run or to decide with it, except those the aborting instance

@@ -739,7 +739,7 @@ impl SqlStore {
         run_id: &RunId,
         events: &[NewEvent],
         audit: &[AuditEntry],
-    ) -> StoreResult<()> {
+    ) -> StoreResult<Option<u64>> {
         let seq = if events.is_empty() {
             None
         } else {
@@ -749,7 +749,8 @@ impl SqlStore {
         };
         audit_in(&mut tx, audit).await.map_err(unavailable)?;
         self.commit_change(tx, taken, seq.map(|seq| (run_id.clone(), seq)))
-            .await
+            .await?;
+        Ok(seq)
     }
 
     /// Commits `tx`. Once it committed, the appends it took are written and `run`, if any, is committed through its
@@ -1628,7 +1629,7 @@ impl Store for SqlStore {
         async move {
             let (mut tx, taken) = self.begin_after_results().await?;
             let row = query(sql!(self.dialect, |d|
-                "SELECT state, batch, abort, epoch FROM runs WHERE id = $1{}",
+                "SELECT {RUN_COLUMNS}, batch, epoch FROM runs WHERE id = $1{}",
                 d.for_update()
             ))
             .bind(run_id.as_str())
@@ -1643,7 +1644,9 @@ impl Store for SqlStore {
             let (Some(batch), "waiting") = (batch, state.as_str()) else {
                 return Ok(None);
             };
-            let abort: Option<String> = row.try_get("abort").map_err(unavailable)?;
+            // The run as the claim leaves it, for its task: read here, under the claim's lock, not after it, where
+            // a failed read would leave the run claimed with nobody to go on with it.
+            let mut run = run_info(&row)?;
             let epoch: i64 = row.try_get("epoch").map_err(unavailable)?;
             let calls = query(sql!(self.dialect, |d|
                 "SELECT call_id, record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
@@ -1666,7 +1669,7 @@ impl Store for SqlStore {
                 match CallStatus::parse(&status) {
                     Some(status) if status.is_final() => {}
                     Some(CallStatus::Pending | CallStatus::Allowed | CallStatus::Approved)
-                        if abort.is_some() =>
+                        if run.abort.is_some() =>
                     {
                         left.push(row);
                     }
@@ -1716,13 +1719,18 @@ impl Store for SqlStore {
                 .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
-            self.commit_settled(tx, taken, &run_id, &events, &audit)
-                .await?;
+            if let Some(seq) = self
+                .commit_settled(tx, taken, &run_id, &events, &audit)
+                .await?
+            {
+                run.last_seq = seq;
+            }
+            run.state = RunState::Running;
             Ok(Some(Claimed {
                 epoch,
                 batch,
                 outputs,
-                abort: abort.as_deref().and_then(AbortReason::parse),
+                run,
             }))
         }
         .boxed()
