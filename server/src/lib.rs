@@ -4,6 +4,7 @@ pub mod agui;
 pub mod api;
 pub mod assets;
 pub mod body;
+pub mod client;
 pub mod config;
 pub mod error;
 pub mod rules;

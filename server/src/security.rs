@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use axum::Router;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -40,6 +40,7 @@ pub use cookies::{CookiePolicy, FromOtherSites};
 pub use origin::PublicOrigin;
 pub use token::AccessToken;
 
+use crate::client::ClientAddr;
 use crate::error::ApiError;
 use agent::harness::Actor;
 use origin::{Authority, FetchSite};
@@ -499,10 +500,7 @@ pub(crate) async fn guard(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let client = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(peer)| peer.ip().to_canonical());
+    let client = ClientAddr::of(request.extensions()).map(|client| client.0);
     let verdict = security.admit(
         request.method(),
         request.uri().path(),

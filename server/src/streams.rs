@@ -1,5 +1,5 @@
 //! How many event streams one client may hold open at once. A client is the address its connection comes from
-//! (behind a reverse proxy, the proxy's). Past the bound a new stream is refused with a 429 before anything starts;
+//! (behind a reverse proxy, the proxy's), an IPv6 one by its /64 ([`ClientAddr::counted`]). Past the bound a new stream is refused with a 429 before anything starts;
 //! the streams already open are not touched.
 //!
 //! This is a count per address, taken before a stream starts and given back when the stream ends or its
@@ -7,36 +7,15 @@
 //! counts requests while their handler runs, for all clients at once, and rate limiters count arrivals.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::Poll;
 
-use axum::extract::{ConnectInfo, FromRequestParts};
-use axum::http::request::Parts;
 use futures::{Stream, StreamExt};
 use parking_lot::{Mutex, MutexGuard};
 
+pub use crate::client::ClientAddr;
 use crate::error::ApiError;
-
-/// The address a request comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ClientAddr(pub IpAddr);
-
-impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
-    type Rejection = Infallible;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        // The serve loop records every connection's peer; a router served some other way (a test calling it
-        // directly) has one client.
-        Ok(Self(
-            parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |info| info.0.ip()),
-        ))
-    }
-}
 
 type OpenCounts = Arc<Mutex<HashMap<IpAddr, usize>>>;
 
@@ -80,8 +59,9 @@ impl StreamLimit {
 
     /// A place for one more stream of `client`, or a 429 when it holds as many as it may.
     pub fn acquire(&self, client: ClientAddr) -> Result<StreamPermit, ApiError> {
+        let client = client.counted();
         let mut open = lock(&self.open);
-        let count = open.entry(client.0).or_insert(0);
+        let count = open.entry(client).or_insert(0);
         if *count >= self.per_client {
             return Err(ApiError::TooManyStreams {
                 limit: self.per_client,
@@ -89,14 +69,17 @@ impl StreamLimit {
         }
         *count += 1;
         Ok(StreamPermit {
-            client: client.0,
+            client,
             open: Arc::clone(&self.open),
         })
     }
 
     /// How many streams `client` holds open.
-    pub fn open(&self, client: IpAddr) -> usize {
-        lock(&self.open).get(&client).copied().unwrap_or(0)
+    pub fn open(&self, client: ClientAddr) -> usize {
+        lock(&self.open)
+            .get(&client.counted())
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -130,8 +113,23 @@ mod tests {
         ));
         let _other = limit.acquire(two).unwrap();
         drop(first);
-        assert_eq!(limit.open(one.0), 1);
+        assert_eq!(limit.open(one), 1);
         let _again = limit.acquire(one).unwrap();
+    }
+
+    /// One host has a whole /64 to pick addresses from: a new address for each stream gets it no more of them.
+    #[test]
+    fn the_addresses_of_one_ipv6_64_are_one_client() {
+        let limit = StreamLimit::new(2);
+        let from = |address: &str| ClientAddr(address.parse().unwrap());
+        let _first = limit.acquire(from("2001:db8::1")).unwrap();
+        let _second = limit.acquire(from("2001:db8::2")).unwrap();
+        assert!(matches!(
+            limit.acquire(from("2001:db8::3")),
+            Err(ApiError::TooManyStreams { limit: 2 })
+        ));
+        assert_eq!(limit.open(from("2001:db8::ffff")), 2);
+        let _elsewhere = limit.acquire(from("2001:db8:0:1::1")).unwrap();
     }
 
     #[tokio::test]
@@ -143,13 +141,13 @@ mod tests {
             limit.acquire(client).unwrap(),
         );
         assert_eq!(events.collect::<Vec<_>>().await, [1, 2]);
-        assert_eq!(limit.open(client.0), 0);
+        assert_eq!(limit.open(client), 0);
         let pending = holding(
             futures::stream::pending::<u8>(),
             limit.acquire(client).unwrap(),
         );
-        assert_eq!(limit.open(client.0), 1);
+        assert_eq!(limit.open(client), 1);
         drop(pending);
-        assert_eq!(limit.open(client.0), 0);
+        assert_eq!(limit.open(client), 0);
     }
 }

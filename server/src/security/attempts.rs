@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::client::counted_as;
+
 /// Wrong tokens an address may send at once.
 pub const BURST: u32 = 5;
 /// How often an address that used its allowance gets one more try.
@@ -23,17 +25,6 @@ const REMEMBERED: usize = 1_024;
 /// The most clients remembered at once: past it, after a sweep, the allowances start over (a flood from that
 /// many addresses gets that many guesses anyway).
 const MOST: usize = 65_536;
-
-/// Who a client is, for the count: an IPv4 address, or the /64 an IPv6 address is in (one host has a whole /64 to
-/// pick addresses from).
-pub(super) fn client_of(address: IpAddr) -> IpAddr {
-    match address.to_canonical() {
-        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
-            u128::from(v6) & !((1u128 << 64) - 1),
-        )),
-        v4 => v4,
-    }
-}
 
 /// Each address's allowance, as the time at which it is whole again (a generic cell rate: each wrong token moves it
 /// one `REFILL` later; an address may try while it is at most `BURST - 1` refills ahead of now).
@@ -52,7 +43,7 @@ impl WrongTokens {
     /// Whether `client` may try a token now; if not, how long until it may.
     pub fn may_try(&self, client: IpAddr, now: Instant) -> Result<(), Duration> {
         let clients = self.clients.lock();
-        match clients.whole_at.get(&client_of(client)) {
+        match clients.whole_at.get(&counted_as(client)) {
             Some(&at) => {
                 let ahead = at.saturating_duration_since(now);
                 let allowed = REFILL * (BURST - 1);
@@ -68,7 +59,7 @@ impl WrongTokens {
 
     /// Counts a wrong token from `client`.
     pub fn failed(&self, client: IpAddr, now: Instant) {
-        let client = client_of(client);
+        let client = counted_as(client);
         let mut clients = self.clients.lock();
         let Clients { whole_at, swept } = &mut *clients;
         if whole_at.len() >= REMEMBERED

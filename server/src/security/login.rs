@@ -4,14 +4,14 @@
 //!
 //! Login attempts are rate-limited per client address, so the token cannot be guessed at network speed.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -21,9 +21,9 @@ use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::KeyExtractor;
 
-use super::attempts::client_of;
 use super::token::{AUTH_COOKIE, LOGIN_LIFETIME};
 use super::{FromOtherSites, Security};
+use crate::client::ClientAddr;
 use crate::error::ApiError;
 
 /// The largest login form accepted: a token of the longest length, percent-encoded, and then some.
@@ -49,10 +49,8 @@ impl KeyExtractor for ClientKey {
     type Key = IpAddr;
 
     fn extract<T>(&self, request: &Request<T>) -> Result<IpAddr, GovernorError> {
-        request
-            .extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(peer)| client_of(peer.ip()))
+        ClientAddr::of(request.extensions())
+            .map(ClientAddr::counted)
             .ok_or(GovernorError::UnableToExtractKey)
     }
 }
@@ -268,9 +266,13 @@ async fn logout(State(security): State<Security>) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+
+    use axum::extract::ConnectInfo;
+    use tower::ServiceExt;
+
     use super::*;
     use crate::security::{AccessToken, SecuritySettings};
-    use tower::ServiceExt;
 
     /// A wrong token from `address`, as the server hands the request to the routes (with its client's address).
     fn wrong_token_from(address: &str) -> Request<Body> {
