@@ -8,8 +8,10 @@
 //! in the `formErrors` / `fieldErrors` shape. Field validation happens in the handler, against the parsed value.
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequest, Request};
-use axum::http::{StatusCode, header};
+use std::time::Duration;
+
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -36,10 +38,18 @@ pub fn body_limit(path: &str) -> usize {
     }
 }
 
-/// Reads the request's body, up to its route's [`body_limit`], before the route sees it: a larger body (announced by
-/// `Content-Length` or found while reading a chunked one) is a 413 and reaches no handler. Every body toolgate
-/// accepts is JSON or a form the handler reads whole anyway.
-pub async fn limit_body(request: Request, next: Next) -> Response {
+/// How long a client has to send a request's body once its headers arrived.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyDeadline(pub Duration);
+
+/// Reads the request's body, up to its route's [`body_limit`] and within its [`BodyDeadline`], before the route sees
+/// it: a larger body (announced by `Content-Length` or found while reading a chunked one) is a 413, one that does not
+/// arrive in time a 408 that closes the connection (nothing more of it is read), and neither reaches a handler. Every body toolgate accepts is JSON or a form the handler reads whole anyway.
+pub async fn limit_body(
+    State(BodyDeadline(deadline)): State<BodyDeadline>,
+    request: Request,
+    next: Next,
+) -> Response {
     let limit = body_limit(request.uri().path());
     let too_large = || ApiError::PayloadTooLarge { limit };
     let declared = request
@@ -51,7 +61,17 @@ pub async fn limit_body(request: Request, next: Next) -> Response {
         return too_large().into_response();
     }
     let (parts, body) = request.into_parts();
-    let bytes = match Limited::new(body, limit).collect().await {
+    let Ok(read) = tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await else {
+        let mut response = ApiError::BodyTimeout {
+            secs: deadline.as_secs(),
+        }
+        .into_response();
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return response;
+    };
+    let bytes = match read {
         Ok(collected) => collected.to_bytes(),
         Err(error) if error.is::<LengthLimitError>() => return too_large().into_response(),
         Err(error) => {

@@ -253,6 +253,12 @@ pub struct Config {
     #[arg(long, env = "TOOLGATE_MAX_STREAMS_PER_CLIENT", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_streams_per_client: u64,
 
+    /// Seconds a client has to send a request's body once its headers arrived (they have 30); past it the request
+    /// is answered 408 and its connection closed, so a client that trickles a body cannot hold the server's memory
+    /// and a task for as long as it likes.
+    #[arg(long, env = "TOOLGATE_BODY_TIMEOUT_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub body_timeout_secs: u64,
+
     /// Log filter, in `tracing` directive syntax (for example `info` or `toolgate=debug,tower_http=debug`).
     #[arg(long, env = "TOOLGATE_LOG", default_value = "info")]
     pub log: String,
@@ -300,6 +306,7 @@ mod tests {
         assert_eq!(config.openai_model, "gpt-4o-mini");
         assert_eq!(config.openai_timeout_secs, 120);
         assert_eq!(config.max_streams_per_client, 1_000);
+        assert_eq!(config.body_timeout_secs, 60);
         assert_eq!(
             config.database_url,
             Database::Sql(DatabaseUrl::Sqlite(PathBuf::from("toolgate.db"))),

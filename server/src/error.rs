@@ -42,6 +42,9 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("The request body is larger than {limit} bytes.")]
     PayloadTooLarge { limit: usize },
+    /// The client sent its headers and not the whole body after them within the time it had.
+    #[error("The request body did not arrive within {secs} s of its headers.")]
+    BodyTimeout { secs: u64 },
     #[error(transparent)]
     ApprovalNotFound(#[from] ApprovalNotFound),
     #[error(transparent)]
@@ -108,6 +111,7 @@ impl ApiError {
             Self::Invalid(_) => StatusCode::BAD_REQUEST,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::ApprovalNotFound(_)
             | Self::RunNotFound(_)
             | Self::GrantNotFound(_)
@@ -135,6 +139,7 @@ impl ApiError {
             Self::Invalid(_) => "INVALID_INPUT",
             Self::UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
             Self::PayloadTooLarge { .. } => "PAYLOAD_TOO_LARGE",
+            Self::BodyTimeout { .. } => "BODY_TIMEOUT",
             Self::ApprovalNotFound(_) => "APPROVAL_NOT_FOUND",
             Self::RunNotFound(_) => "RUN_NOT_FOUND",
             Self::GrantNotFound(_) => "GRANT_NOT_FOUND",

@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use crate::agui;
 use crate::api;
 use crate::assets;
-use crate::body::{MAX_CONVERSATION_BODY_BYTES, limit_body};
+use crate::body::{BodyDeadline, MAX_CONVERSATION_BODY_BYTES, limit_body};
 use crate::config::{Config, Database, ModelKind};
 use crate::error::ApiError;
 use crate::rules_api;
@@ -221,7 +221,11 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
     );
     Ok(Application {
         listener,
-        router: router(state, &security),
+        router: router(
+            state,
+            &security,
+            Duration::from_secs(config.body_timeout_secs),
+        ),
         harness,
         mcp,
     })
@@ -245,7 +249,7 @@ fn describe_database(database: &Database) -> String {
     }
 }
 
-fn router(state: AppState, security: &Security) -> Router {
+fn router(state: AppState, security: &Security, body_deadline: Duration) -> Router {
     let api = Router::new()
         .route("/healthz", get(api::healthz))
         .route("/api/agent", post(api::run_to_end))
@@ -319,7 +323,10 @@ fn router(state: AppState, security: &Security) -> Router {
             crate::security::guard,
         ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
-        .layer(axum::middleware::from_fn(limit_body))
+        .layer(axum::middleware::from_fn_with_state(
+            BodyDeadline(body_deadline),
+            limit_body,
+        ))
         // The route's own limit is `limit_body`'s; this only lets the extractors read what it let through.
         .layer(DefaultBodyLimit::max(MAX_CONVERSATION_BODY_BYTES))
         .service(routes);

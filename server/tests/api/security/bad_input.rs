@@ -5,7 +5,7 @@ use reqwest::header::HeaderValue;
 use serde_json::{Value, json};
 
 use super::pending;
-use crate::helpers::{TestApp, spawn_app};
+use crate::helpers::{TestApp, spawn_app, spawn_app_with};
 use agent::request_body::{MAX_MESSAGE_BYTES, MAX_MESSAGE_FORM_BYTES};
 
 async fn field_errors(response: reqwest::Response) -> Value {
@@ -502,4 +502,56 @@ fn message_form(message: &str) -> Vec<u8> {
         .append_pair("message", message)
         .finish()
         .into_bytes()
+}
+
+/// A client that sends a request's headers and then trickles its body (or stops) gets a 408 once its time is up,
+/// and its connection is closed; nothing started. Before, the server waited for the body for as long as the client
+/// kept the connection open, holding a task and what had arrived.
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_408_and_its_connection_closes() {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let app = spawn_app_with(|config| config.body_timeout_secs = 1).await;
+    let mut connection = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let began = Instant::now();
+    connection
+        .write_all(
+            b"POST /api/agent/runs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+              Content-Length: 100\r\n\r\n{\"message\": \"li",
+        )
+        .await
+        .unwrap();
+    // A byte now and then, never the whole body; then nothing more.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        connection.write_all(b" ").await.unwrap();
+    }
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), connection.read_to_end(&mut answer))
+        .await
+        .expect("the server closes the connection")
+        .unwrap();
+    let waited = began.elapsed();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 408 "),
+        "after {waited:?}: {answer}"
+    );
+    assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
+    let body: Value =
+        serde_json::from_str(&answer[answer.find("\r\n\r\n").unwrap() + 4..]).unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "ok": false,
+            "code": "BODY_TIMEOUT",
+            "error": "The request body did not arrive within 1 s of its headers."
+        })
+    );
+    assert_eq!(
+        app.harness.sessions(usize::MAX).await.unwrap().len(),
+        0,
+        "nothing started"
+    );
 }
