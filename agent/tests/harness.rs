@@ -369,6 +369,76 @@ async fn log_bytes(record: &agent::harness::RunHandle) -> u64 {
         .await
 }
 
+/// Deletes a file after an approval: the bytes of the run's log when its approval was asked, when the deletion's
+/// result was in it (what the run's part after the approval starts from), and at its end; and its end.
+async fn delete_after_approval(setup: &Setup) -> ([u64; 3], StreamEvent) {
+    let Setup { harness, dir } = setup;
+    std::fs::write(dir.path().join("a.txt"), "x").unwrap();
+    let record = harness.start(start("delete a.txt")).await.unwrap();
+    let mut events = record.subscribe(0);
+    let mut bytes = [0; 3];
+    let mut total = 0;
+    loop {
+        let encoded = events.next().await.expect("the run ends");
+        total += encoded.json.len() as u64;
+        match decode(&encoded.json) {
+            StreamEvent::ApprovalRequired { request } => {
+                bytes[0] = total;
+                harness
+                    .decide(
+                        &request.run_id,
+                        &request.tool_call_id,
+                        Decision::approve(),
+                        &Actor::local(),
+                    )
+                    .await
+                    .unwrap();
+            }
+            StreamEvent::ToolResult { .. } => bytes[1] = total,
+            end if end.is_terminal() => {
+                bytes[2] = total;
+                return (bytes, end);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A run's bound on the bytes of its events holds over the whole run: the part after a batch that waited for a
+/// person has what the parts before it left. Before, each part had the whole bound again, so a run could write its
+/// bound once for every approval it asked.
+#[tokio::test]
+async fn a_runs_bound_on_event_bytes_holds_across_its_approvals() {
+    let ([asked_at, resumed_at, total], end) = delete_after_approval(&setup()).await;
+    assert!(matches!(end, StreamEvent::Done { .. }), "{end:?}");
+    // Room for less than the next event after the result; either part alone fits in it.
+    let bound = resumed_at + 10;
+    assert!(
+        asked_at < bound && total - resumed_at < bound,
+        "each part alone is within the bound: {asked_at} then {} of {bound}",
+        total - resumed_at
+    );
+
+    let bounded = setup_with(
+        ApprovalPolicy::OnRequest,
+        Retention {
+            event_bytes_per_run: usize::try_from(bound).unwrap(),
+            ..Retention::default()
+        },
+    );
+    let (_, end) = delete_after_approval(&bounded).await;
+    assert!(
+        matches!(
+            end,
+            StreamEvent::Error {
+                code: RunErrorCode::EventLimit,
+                ..
+            }
+        ),
+        "{end:?}"
+    );
+}
+
 #[tokio::test]
 async fn finished_runs_are_forgotten_oldest_first_past_the_size_of_the_event_log() {
     let Setup { harness: probe, .. } = setup();

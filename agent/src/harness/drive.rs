@@ -99,10 +99,13 @@ impl Harness {
                 Arc::clone(&harness.inner.store),
                 info.run_id.clone(),
                 epoch,
+                // The run's bounds hold over all its parts, not each part after a batch that waited.
                 retention
                     .events_per_run
                     .saturating_sub(info.last_seq as usize),
-                retention.event_bytes_per_run,
+                retention
+                    .event_bytes_per_run
+                    .saturating_sub(usize::try_from(info.event_bytes).unwrap_or(usize::MAX)),
                 local.abort.clone(),
             );
             let policy = match &segment {

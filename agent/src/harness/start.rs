@@ -159,6 +159,7 @@ impl Harness {
             mode: request.mode,
             state: RunState::Running,
             last_seq: 0,
+            event_bytes: 0,
             abort: None,
             created_at: at,
         };

@@ -30,7 +30,6 @@ struct RunRow {
     owner: Option<InstanceId>,
     epoch: Epoch,
     events: Vec<Arc<EncodedEvent>>,
-    event_bytes: u64,
     batch: Option<SavedBatch>,
     calls: Vec<CallRecord>,
     suspension: Option<Suspension>,
@@ -43,7 +42,7 @@ impl RunRow {
     fn append(&mut self, events: Vec<NewEvent>) {
         for event in events {
             self.info.last_seq += 1;
-            self.event_bytes += event.json.len() as u64;
+            self.info.event_bytes += event.json.len() as u64;
             self.events.push(Arc::new(EncodedEvent {
                 seq: self.info.last_seq,
                 kind: event.kind,
@@ -242,13 +241,13 @@ impl Store for MemoryStore {
                                 mode: run.mode,
                                 state: RunState::Running,
                                 last_seq: 0,
+                                event_bytes: 0,
                                 abort: None,
                                 created_at: run.at,
                             },
                             owner: Some(self.instance.clone()),
                             epoch: 1,
                             events: Vec::new(),
-                            event_bytes: 0,
                             batch: None,
                             calls: Vec::new(),
                             suspension: None,
@@ -927,7 +926,7 @@ impl Store for MemoryStore {
 
     fn prune(&self, limits: RetentionLimits, now_ms: u64) -> StoreFuture<'_, usize> {
         let mut tables = self.tables.lock();
-        let mut total: u64 = tables.runs.values().map(|row| row.event_bytes).sum();
+        let mut total: u64 = tables.runs.values().map(|row| row.info.event_bytes).sum();
         let mut kept = VecDeque::with_capacity(tables.finished.len());
         let mut pruned = 0;
         while let Some(run_id) = tables.finished.pop_front() {
@@ -945,7 +944,7 @@ impl Store for MemoryStore {
                 kept.push_back(run_id);
                 continue;
             }
-            total = total.saturating_sub(row.event_bytes);
+            total = total.saturating_sub(row.info.event_bytes);
             tables.runs.remove(&run_id);
             pruned += 1;
         }

@@ -182,6 +182,8 @@ pub struct RunInfo {
     pub state: RunState,
     /// The sequence number of its newest committed event.
     pub last_seq: u64,
+    /// Bytes of JSON its committed events take in its log (what [`NewEvent::bytes`] counts).
+    pub event_bytes: u64,
     /// Set once someone aborted the run; the first reason sticks.
     pub abort: Option<AbortReason>,
     /// Milliseconds since the Unix epoch.

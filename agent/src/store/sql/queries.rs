@@ -58,7 +58,8 @@ fn session_id(value: String) -> StoreResult<SessionId> {
         .map_err(|error| StoreError::Corrupt(format!("a stored session id: {error}")))
 }
 
-const RUN_COLUMNS: &str = "id, session_id, parent_run_id, mode, state, last_seq, abort, created_at";
+const RUN_COLUMNS: &str =
+    "id, session_id, parent_run_id, mode, state, last_seq, event_bytes, abort, created_at";
 
 fn run_info(row: &Row) -> StoreResult<RunInfo> {
     let get = |error: DbError| StoreError::Corrupt(error.to_string());
@@ -76,6 +77,7 @@ fn run_info(row: &Row) -> StoreResult<RunInfo> {
         state: RunState::parse(&state)
             .ok_or_else(|| StoreError::Corrupt(format!("unknown run state {state:?}")))?,
         last_seq: row.try_get::<i64, _>("last_seq").map_err(get)? as u64,
+        event_bytes: row.try_get::<i64, _>("event_bytes").map_err(get)? as u64,
         abort: abort.as_deref().and_then(AbortReason::parse),
         created_at: row.try_get::<i64, _>("created_at").map_err(get)? as u64,
     })
@@ -1724,6 +1726,7 @@ impl Store for SqlStore {
                 .await?
             {
                 run.last_seq = seq;
+                run.event_bytes += event_bytes(&events) as u64;
             }
             run.state = RunState::Running;
             Ok(Some(Claimed {
