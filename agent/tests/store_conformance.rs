@@ -1867,6 +1867,7 @@ durable!(
     an_abort_settles_what_reads_and_its_claim_ends_what_did_not,
     an_audit_entry_of_a_kind_this_version_does_not_know_is_shown_as_it_is,
     a_claim_settles_what_the_abort_left_where_it_reads,
+    a_claim_settles_what_an_abort_of_a_newer_version_left,
 );
 
 /// A SQL store's database, read and changed beside the store: as a newer version of toolgate, or a damaged disk,
@@ -2914,4 +2915,35 @@ async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
         entries,
         [("a", "requested"), ("b", "requested"), ("b", "aborted")]
     );
+}
+
+/// The same with the abort's reason written by a newer version, which this one does not know: the run was aborted
+/// all the same, and its claim settles what the abort left.
+async fn a_claim_settles_what_an_abort_of_a_newer_version_left(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(store, "r", &[("a", u64::MAX), ("b", 5_000)], &[]).await;
+    let beside = Beside::of(&backend);
+    let b = beside.read("SELECT record FROM calls WHERE call_id = 'b'");
+    beside.write(&format!(
+        "UPDATE calls SET record = {NOT_A_CALL} WHERE call_id = 'b'"
+    ));
+    cancelled(store, "r").await;
+    beside.write(&format!(
+        "UPDATE calls SET record = {} WHERE call_id = 'b'; \
+         UPDATE runs SET abort = 'a_reason_from_a_newer_version' WHERE id = 'r'",
+        Beside::quoted(&b)
+    ));
+    let claimed = store
+        .claim_batch(&run_id("r"), left_by_abort())
+        .await
+        .unwrap()
+        .expect("the claim settles what the abort left");
+    let settled: Vec<&str> = claimed
+        .outputs
+        .iter()
+        .map(|(call, _)| call.id.as_str())
+        .collect();
+    assert_eq!(settled, ["a", "b"]);
 }

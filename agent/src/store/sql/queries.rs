@@ -1646,9 +1646,11 @@ impl Store for SqlStore {
             let (Some(batch), "waiting") = (batch, state.as_str()) else {
                 return Ok(None);
             };
-            // The run as the claim leaves it, for its task: read here, under the claim's lock, not after it, where
-            // a failed read would leave the run claimed with nobody to go on with it.
-            let mut run = run_info(&row)?;
+            // Whether the run was aborted, as written (a reason a newer version wrote counts too).
+            let aborted = row
+                .try_get::<Option<String>, _>("abort")
+                .map_err(unavailable)?
+                .is_some();
             let epoch: i64 = row.try_get("epoch").map_err(unavailable)?;
             let calls = query(sql!(self.dialect, |d|
                 "SELECT call_id, record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx{}",
@@ -1671,7 +1673,7 @@ impl Store for SqlStore {
                 match CallStatus::parse(&status) {
                     Some(status) if status.is_final() => {}
                     Some(CallStatus::Pending | CallStatus::Allowed | CallStatus::Approved)
-                        if run.abort.is_some() =>
+                        if aborted =>
                     {
                         left.push(row);
                     }
@@ -1687,7 +1689,10 @@ impl Store for SqlStore {
                 }
             }
             // Read before anything changes: what this version cannot read leaves the run as it was, for an
-            // instance that can, not claimed with its batch and calls erased on the way to the error.
+            // instance that can, not claimed with its batch and calls erased on the way to the error. The run itself
+            // too, as the claim leaves it, for its task: read here, under the claim's lock, not after it, where a
+            // failed read would leave the run claimed with nobody to go on with it.
+            let mut run = run_info(&row)?;
             let mut outputs = Vec::with_capacity(calls.len());
             let (mut events, mut audit) = (Vec::new(), Vec::new());
             for row in &calls {
