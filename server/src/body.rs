@@ -38,15 +38,28 @@ pub fn body_limit(path: &str) -> usize {
     }
 }
 
-/// How long a client has to send a request's body once its headers arrived.
+/// How long a client has to send a request's body once its headers arrived: a time every body has, and one second
+/// more for every [`BYTES_PER_SECOND`] it may have (its `Content-Length`, or its route's limit when it announces
+/// none), so that a large body from a slow link still arrives while a trickle of a small one is cut off.
 #[derive(Clone, Copy, Debug)]
 pub struct BodyDeadline(pub Duration);
 
+/// The slowest upload a body's deadline allows for beyond its base time: 64 KiB a second, about 0.5 Mbit/s.
+pub const BYTES_PER_SECOND: u64 = 64 * 1024;
+
+impl BodyDeadline {
+    /// The time a body of at most `bytes` has.
+    pub fn for_body(self, bytes: u64) -> Duration {
+        self.0 + Duration::from_secs(bytes / BYTES_PER_SECOND)
+    }
+}
+
 /// Reads the request's body, up to its route's [`body_limit`] and within its [`BodyDeadline`], before the route sees
 /// it: a larger body (announced by `Content-Length` or found while reading a chunked one) is a 413, one that does not
-/// arrive in time a 408 that closes the connection (nothing more of it is read), and neither reaches a handler. Every body toolgate accepts is JSON or a form the handler reads whole anyway.
+/// arrive in time a 408 that closes the connection (nothing more of it is read), and neither reaches a handler. Every
+/// body toolgate accepts is JSON or a form the handler reads whole anyway.
 pub async fn limit_body(
-    State(BodyDeadline(deadline)): State<BodyDeadline>,
+    State(deadline): State<BodyDeadline>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -61,6 +74,7 @@ pub async fn limit_body(
         return too_large().into_response();
     }
     let (parts, body) = request.into_parts();
+    let deadline = deadline.for_body(declared.unwrap_or(limit as u64));
     let Ok(read) = tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await else {
         let mut response = ApiError::BodyTimeout {
             secs: deadline.as_secs(),
@@ -167,7 +181,22 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> axum::extract::FromR
 
 #[cfg(test)]
 mod tests {
-    use super::is_json;
+    use super::*;
+
+    /// A 16 MiB conversation from a link of 0.5 Mbit/s arrives in time; a small body has the base time alone.
+    #[test]
+    fn a_bodys_deadline_grows_with_what_it_may_carry() {
+        let deadline = BodyDeadline(Duration::from_secs(60));
+        assert_eq!(deadline.for_body(0), Duration::from_secs(60));
+        assert_eq!(
+            deadline.for_body(MAX_BODY_BYTES as u64),
+            Duration::from_secs(61)
+        );
+        assert_eq!(
+            deadline.for_body(MAX_CONVERSATION_BODY_BYTES as u64),
+            Duration::from_secs(60 + 256)
+        );
+    }
 
     #[test]
     fn json_content_types() {

@@ -248,14 +248,14 @@ pub struct Config {
     #[arg(long, env = "TOOLGATE_KEEP_ALIVE_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
     pub keep_alive_secs: u64,
 
-    /// Event streams one client (one address; behind a reverse proxy, the proxy) may hold open at once. Past it a
-    /// new stream is refused with 429 and the open ones go on.
+    /// Event streams one client (one address, an IPv6 one by its /64; behind a reverse proxy, the proxy) may hold
+    /// open at once. Past it a new stream is refused with 429 and the open ones go on.
     #[arg(long, env = "TOOLGATE_MAX_STREAMS_PER_CLIENT", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_streams_per_client: u64,
 
-    /// Seconds a client has to send a request's body once its headers arrived (they have 30); past it the request
-    /// is answered 408 and its connection closed, so a client that trickles a body cannot hold the server's memory
-    /// and a task for as long as it likes.
+    /// Seconds a client has to send a request's body once its headers arrived (they have 30), and one more for every
+    /// 64 KiB the body may have; past it the request is answered 408 and its connection closed, so a client that
+    /// trickles a body cannot hold the server's memory and a task for as long as it likes.
     #[arg(long, env = "TOOLGATE_BODY_TIMEOUT_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
     pub body_timeout_secs: u64,
 

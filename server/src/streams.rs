@@ -2,7 +2,7 @@
 //! (behind a reverse proxy, the proxy's), an IPv6 one by its /64 ([`ClientAddr::counted`]). Past the bound a new stream is refused with a 429 before anything starts;
 //! the streams already open are not touched.
 //!
-//! This is a count per address, taken before a stream starts and given back when the stream ends or its
+//! This is a count per client, taken before a stream starts and given back when the stream ends or its
 //! connection closes. No well-kept crate bounds concurrent response bodies per key: tower's `ConcurrencyLimit`
 //! counts requests while their handler runs, for all clients at once, and rate limiters count arrivals.
 
