@@ -20,6 +20,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
 fn main() -> std::process::ExitCode {
+    keep_memory_from_other_processes();
     // SAFETY: mi_option_set only stores the option's value; it is read when memory is next purged.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
     // Whatever a tool is still doing once the server has stopped, the process exits within a bound.
@@ -28,6 +29,27 @@ fn main() -> std::process::ExitCode {
         Err(error) => {
             eprintln!("toolgate: cannot start the async runtime: {error}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Marks the process not dumpable, so that no other process of its user may read its memory or its environment
+/// through `/proc` (`environ`, `mem`) or attach to it: not a command a person approved, not an MCP server. They
+/// run as the same user, and the environment holds the model's key and the access token (`run_command` clears its
+/// own environment, but `/proc/<pid>/environ` shows the one a process started with). A fork keeps the mark, so the
+/// supervisor each command runs under (a fork of the server that never executes a program, see
+/// `agent::tools::process_tree`) has it too; a program executed starts without it. Core dumps go with it.
+fn keep_memory_from_other_processes() {
+    #[cfg(target_os = "linux")]
+    {
+        let (zero, none): (libc::c_ulong, libc::c_ulong) = (0, 0);
+        // SAFETY: prctl with PR_SET_DUMPABLE reads its integer arguments (passed at the width the kernel reads)
+        // and changes only this process.
+        if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, zero, none, none, none) } != 0 {
+            eprintln!(
+                "toolgate: cannot keep its memory from other processes (PR_SET_DUMPABLE): {}",
+                std::io::Error::last_os_error()
+            );
         }
     }
 }

@@ -18,6 +18,9 @@ use crate::helpers::{PATIENCE, SseStream};
 /// How long a signalled server may take to exit: "within a few seconds", as the README promises.
 pub const EXIT_WITHIN: Duration = Duration::from_secs(5);
 
+/// The user and group `nobody` (65534 on Debian).
+const NOBODY: libc::uid_t = 65_534;
+
 /// The binary with a clean environment of its own (no `TOOLGATE_*` of whoever runs the tests), started in `home`.
 pub fn toolgate_in(home: &Path, args: &[&str], envs: &[(&str, &str)]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
@@ -114,8 +117,33 @@ impl Server {
         server
     }
 
+    /// Starts the binary as a user without privileges would: as itself, or as `nobody` when the tests run as root
+    /// (root may read any process's memory and environment anyway, whatever the process asks).
+    pub async fn start_unprivileged(args: &[&str], envs: &[(&str, &str)]) -> Self {
+        let home = Home::new();
+        // SAFETY: geteuid reads this process's effective user id and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        if root {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        let mut server = Self::start_as(&home, args, envs, root.then_some(NOBODY)).await;
+        server._own_home = Some(home);
+        server
+    }
+
     /// Starts the binary in `home` (again, after an earlier server there stopped or died).
     pub async fn start_in(home: &Home, args: &[&str], envs: &[(&str, &str)]) -> Self {
+        Self::start_as(home, args, envs, None).await
+    }
+
+    /// Starts the binary in `home`, as the user and group `user` when given.
+    async fn start_as(
+        home: &Home,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        user: Option<libc::uid_t>,
+    ) -> Self {
         agent::model::install_crypto_provider();
         let mut all_args = Vec::new();
         if !args.contains(&"--workspace") {
@@ -125,9 +153,11 @@ impl Server {
             all_args.extend(["--addr", "127.0.0.1:0"]);
         }
         all_args.extend_from_slice(args);
-        let mut child = toolgate_in(home.path(), &all_args, envs)
-            .spawn()
-            .expect("the binary starts");
+        let mut command = toolgate_in(home.path(), &all_args, envs);
+        if let Some(user) = user {
+            command.uid(user).gid(user);
+        }
+        let mut child = command.spawn().expect("the binary starts");
         let (send, lines) = mpsc::unbounded_channel();
         forward(child.stdout.take(), send.clone());
         forward(child.stderr.take(), send);

@@ -219,6 +219,38 @@ async fn run_command_never_sees_the_model_key_in_the_servers_environment() {
     assert!(server.exit(EXIT_WITHIN).await.0.success());
 }
 
+/// A command cannot read the server's environment through `/proc` either: neither the server's own
+/// (`/proc/<pid>/environ` shows the environment a process started with, whatever it removed since) nor that of the
+/// supervisor it runs under, a fork of the server that executes nothing. Both run as the command's user. Before,
+/// `cat /proc/$PPID/environ` printed the model's key.
+#[tokio::test]
+async fn run_command_cannot_read_the_servers_environment_through_proc() {
+    let key = "sk-test-9f1c2b7d4e6a8053";
+    let server =
+        Server::start_unprivileged(&["--policy", "trusted"], &[("OPENAI_API_KEY", key)]).await;
+    for command in [
+        format!("run cat /proc/{}/environ", server.pid()),
+        "run sh -c 'cat /proc/$PPID/environ'".to_owned(),
+    ] {
+        let response = reqwest::Client::new()
+            .post(server.url("/api/agent"))
+            .json(&json!({ "message": command }))
+            .send()
+            .await
+            .unwrap();
+        let body: Value = response.json().await.unwrap();
+        let output = &body["steps"][0]["toolCalls"][0]["output"];
+        assert_eq!(output["status"], "ok", "{command}: {body}");
+        assert!(!output.to_string().contains(key), "{command}: {output}");
+        assert!(
+            output["content"]["stderr"]
+                .as_str()
+                .is_some_and(|stderr| stderr.contains("Permission denied")),
+            "{command}: {output}"
+        );
+    }
+}
+
 /// The command lines of the processes whose working directory is `dir`: the test's own workspace, so they are what
 /// the server's commands started, whatever session or process group they moved to.
 fn processes_in(dir: &std::path::Path) -> Vec<String> {
