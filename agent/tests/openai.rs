@@ -970,6 +970,31 @@ async fn an_unreachable_server_is_a_connection_error() {
     );
 }
 
+/// Some gateways take their key in the base URL's query (`?api-key=...`). A connection error says which server it
+/// could not reach, without the query: the error goes into the run's log and to the page. Before, reqwest's error
+/// text carried the whole URL.
+#[tokio::test]
+async fn a_connection_error_does_not_show_the_base_urls_query() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let mut config = OpenAiConfig::new("gpt-test");
+    config.base_url = format!("http://{addr}/v1?api-key=gateway-secret-77");
+    config.timeout = Duration::from_secs(5);
+    let model = model(config);
+
+    let items = step(&model, &user("hi"), &[]).await;
+
+    let [Err(ModelError::Connection(message))] = &items[..] else {
+        panic!("{items:?}")
+    };
+    assert!(!message.contains("gateway-secret-77"), "{message}");
+    assert!(
+        message.contains(&format!("http://{addr}/v1/chat/completions")),
+        "it says which server: {message}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Whole runs
 // ---------------------------------------------------------------------------------------------------------------

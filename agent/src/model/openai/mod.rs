@@ -562,9 +562,17 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         .or_else(|| number("retry-after").and_then(|secs| Duration::try_from_secs_f64(secs).ok()))
 }
 
-/// A transport error with its causes, which say what actually went wrong (refused, reset, DNS, TLS).
+/// A transport error with its causes, which say what actually went wrong (refused, reset, DNS, TLS), and the URL
+/// it names without its query or user info (a gateway's key may be in either; the text goes to the run's log).
 fn describe(error: &reqwest::Error) -> String {
     let mut text = error.to_string();
+    if let Some(url) = error.url() {
+        let mut shown = url.clone();
+        let _ = shown.set_username("");
+        let _ = shown.set_password(None);
+        shown.set_query(None);
+        text = text.replace(url.as_str(), shown.as_str());
+    }
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
         let cause_text = cause.to_string();

@@ -239,7 +239,7 @@ impl From<ChunkUsage> for Usage {
             completion_tokens,
             total_tokens: usage
                 .total_tokens
-                .unwrap_or(prompt_tokens + completion_tokens),
+                .unwrap_or_else(|| prompt_tokens.saturating_add(completion_tokens)),
         }
     }
 }
@@ -489,6 +489,18 @@ mod tests {
 
     fn chunk(value: Value) -> ChatChunk {
         serde_json::from_value(value).unwrap()
+    }
+
+    /// Token counts are the server's to send: counts that would overflow when added (a broken or hostile server)
+    /// neither panic nor wrap. Before, the sum was taken even when the total was given, and overflowed.
+    #[test]
+    fn token_counts_past_u64_neither_panic_nor_wrap() {
+        let usage =
+            |value: Value| -> Usage { serde_json::from_value::<ChunkUsage>(value).unwrap().into() };
+        let huge = json!({"prompt_tokens": u64::MAX, "completion_tokens": 1, "total_tokens": 5});
+        assert_eq!(usage(huge).total_tokens, 5);
+        let no_total = json!({"prompt_tokens": u64::MAX, "completion_tokens": 1});
+        assert_eq!(usage(no_total).total_tokens, u64::MAX);
     }
 
     fn tool_piece(index: u32, id: Option<&str>, name: Option<&str>, arguments: &str) -> Value {
