@@ -269,12 +269,7 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
         );
         return refused(ToolOutput::error(ToolErrorCode::UnknownTool, message));
     };
-    let arguments = if call.arguments.trim().is_empty() {
-        // Models send an empty string for a call without arguments.
-        Ok(Value::Object(Default::default()))
-    } else {
-        serde_json::from_str::<Value>(&call.arguments)
-    };
+    let arguments = call.arguments_json();
     // Rules read the arguments: the decision waits for them.
     let input = match arguments {
         Ok(input) => input,

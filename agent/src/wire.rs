@@ -262,6 +262,16 @@ pub struct ToolCall {
 }
 
 impl ToolCall {
+    /// The arguments as the tool reads them: the JSON text parsed, blank text (what models send for a call without
+    /// arguments) as an empty object.
+    pub fn arguments_json(&self) -> serde_json::Result<Value> {
+        if self.arguments.trim().is_empty() {
+            Ok(Value::Object(Default::default()))
+        } else {
+            serde_json::from_str(&self.arguments)
+        }
+    }
+
     /// The arguments as JSON when they parse, otherwise the raw text as a JSON string.
     pub fn arguments_value(&self) -> Value {
         serde_json::from_str(&self.arguments)

@@ -105,7 +105,8 @@ fn decision(entry: &ResumeEntry) -> Result<Decision, Refusal> {
     Ok(decision)
 }
 
-/// The interrupted calls as the client's history has them.
+/// The interrupted calls as the client's history has them, their arguments read as the tool read them (blank ones
+/// as an empty object: the digest asked about is of those).
 fn history_calls(messages: &[Message]) -> HashMap<&ToolCallId, (&str, Option<String>)> {
     messages
         .iter()
@@ -115,7 +116,8 @@ fn history_calls(messages: &[Message]) -> HashMap<&ToolCallId, (&str, Option<Str
         })
         .flatten()
         .map(|call| {
-            let digest = serde_json::from_str::<Value>(&call.arguments)
+            let digest = call
+                .arguments_json()
                 .ok()
                 .map(|arguments| arguments_digest(&arguments));
             (&call.id, (call.name.as_str(), digest))

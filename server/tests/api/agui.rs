@@ -434,6 +434,38 @@ async fn a_history_whose_interrupted_call_was_edited_is_refused_and_executes_not
     assert!(app.file("important.txt").exists());
 }
 
+/// A model may send blank arguments for a call that takes none; the call runs with an empty object, and approval is
+/// asked for that. The history the client sends back has the blank text the model sent, and its resume is taken.
+/// Before, the blank text did not read as JSON, and every resume of such a call was refused as HISTORY_MISMATCH.
+#[tokio::test]
+async fn a_call_the_model_sent_with_blank_arguments_can_be_resumed() {
+    let app = spawn_app_with(|config| config.policy = agent::wire::ApprovalPolicy::Strict).await;
+    let first = agui(&app, start("thread-blank", "run-1", "call list_files {}")).await;
+    let interrupt = first.interrupts()[0].clone();
+    let mut history = first.snapshot();
+    let mut blanked = 0;
+    for message in &mut history {
+        if let Some(calls) = message.get_mut("toolCalls") {
+            calls[0]["function"]["arguments"] = json!("");
+            blanked += 1;
+        }
+    }
+    assert_eq!(blanked, 1);
+    let resumed = agui(
+        &app,
+        resume(
+            "thread-blank",
+            "run-2",
+            "run-1",
+            history,
+            json!([approve(&interrupt)]),
+        ),
+    )
+    .await;
+    assert_eq!(resumed.status, 200, "{}", resumed.body);
+    assert_eq!(resumed.finished()["outcome"]["type"], "success");
+}
+
 /// A resume that passes its check but names a run id already in use is refused when it starts: nothing runs, its
 /// interrupts stay open, and the refusal is in the audit log like that of any refused resume.
 #[tokio::test]
