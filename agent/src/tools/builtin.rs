@@ -465,9 +465,27 @@ enum Ending {
     Aborted,
 }
 
+/// Refuses a `command` that is not a program's name (it has whitespace: a command line meant for a shell).
+fn program_name(command: &str) -> Result<(), ToolError> {
+    if command.chars().any(char::is_whitespace) {
+        return Err(ToolError::new(
+            ToolErrorCode::InvalidInput,
+            format!(
+                "{command:?} is not a program name. Put the program in command and each argument in args; no shell is used."
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Tool for RunCommand {
     fn spec(&self) -> &ToolSpec {
         &self.spec
+    }
+
+    /// A command is a program's name, not a command line: one with whitespace could only fail once approved.
+    fn check(&self, input: &Value) -> Result<(), ToolError> {
+        program_name(str_field(input, "command"))
     }
 
     fn preview(&self, input: &Value) -> Option<ApprovalPreview> {
@@ -491,14 +509,7 @@ impl Tool for RunCommand {
     fn execute<'a>(&'a self, input: Value, context: &'a ToolContext) -> ToolFuture<'a> {
         Box::pin(async move {
             let command = str_field(&input, "command");
-            if command.chars().any(char::is_whitespace) {
-                return Err(ToolError::new(
-                    ToolErrorCode::InvalidInput,
-                    format!(
-                        "{command:?} is not a program name. Put the program in command and each argument in args; no shell is used."
-                    ),
-                ));
-            }
+            program_name(command)?;
             let args: Vec<&str> = input
                 .get("args")
                 .and_then(Value::as_array)
@@ -772,6 +783,12 @@ mod tests {
         assert_eq!(out["stdout"], "*; $HOME\n");
         let error = call(&tools, "run_command", json!({"command": "ls -la"}))
             .await
+            .unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::InvalidInput);
+        // Refused by the check every call passes before it may ask: a card never offers a command that can only
+        // fail once approved.
+        let error = tools
+            .validate("run_command", &json!({"command": "ls -la"}))
             .unwrap_err();
         assert_eq!(error.code, ToolErrorCode::InvalidInput);
         let error = call(
