@@ -246,20 +246,28 @@ impl McpConfig {
     }
 
     fn add(&mut self, server: McpServerConfig) -> Result<(), ConfigError> {
-        if let Some(other) = self
-            .servers
-            .iter()
-            .find(|other| other.tool_prefix_name == server.tool_prefix_name)
-        {
+        if let Some(other) = self.servers.iter().find(|other| {
+            other.tool_prefix_name == server.tool_prefix_name
+                || crate::mcp::naming::may_share_names(
+                    &other.tool_prefix_name,
+                    &server.tool_prefix_name,
+                )
+        }) {
             let message = if other.name == server.name {
                 format!(
                     "a server of this name is configured already in {}",
                     other.file.display()
                 )
-            } else {
+            } else if other.tool_prefix_name == server.tool_prefix_name {
                 format!(
                     "its tools would be named like those of server {:?} (mcp__{}__...); rename one",
                     other.name, server.tool_prefix_name
+                )
+            } else {
+                format!(
+                    "its tools with long names would be named like those of server {:?}: tool names are cut to 64 \
+                     characters, and the two server names agree on all that is kept of them; shorten one",
+                    other.name
                 )
             };
             return Err(ConfigError {
@@ -963,6 +971,20 @@ mod tests {
         .unwrap_err();
         assert_eq!(error.server.as_deref(), Some("my_fs"));
         assert!(error.message.contains("mcp__my_fs__"), "{error}");
+        // Long names that differ only past what a tool's name cut to 64 characters keeps of them.
+        let error = parse(
+            "x.json",
+            r#"{"mcpServers": {
+                "github-enterprise-acme-corporation-internal-mirror-production": {"command": "a"},
+                "github-enterprise-acme-corporation-internal-mirror-staging": {"command": "b"}
+            }}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            error.server.as_deref(),
+            Some("github-enterprise-acme-corporation-internal-mirror-staging")
+        );
+        assert!(error.message.contains("shorten one"), "{error}");
     }
 
     #[test]

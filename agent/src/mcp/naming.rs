@@ -2,8 +2,9 @@
 //!
 //! Model APIs accept tool names of at most 64 letters, digits, `_` and `-`. Server names are made safe once, when
 //! the configuration is read, and never contain `__` or end in `_`, so the first `__` after `mcp__` always ends
-//! the server's part: two servers' tools can never share a name. Within one server, a name that is too long, or
-//! that two tools would share after being made safe, ends in a short digest of the tool's real name instead.
+//! the server's part: two servers' tools never share a name. A name that is too long is cut short and ends in a
+//! short digest of the tool's real name; two servers whose names agree on all that a cut name keeps of them would
+//! share those names, so the configuration refuses such a pair ([`may_share_names`]).
 
 use sha2::{Digest, Sha256};
 
@@ -89,7 +90,21 @@ pub struct Qualified {
     pub colliding: Vec<String>,
 }
 
-/// `name` cut short enough to end in `_` and eight hex digits of a digest of the real name .
+/// How much of a name too long for model APIs [`with_digest`] keeps: all but `_` and eight hex digits.
+const KEPT_OF_A_LONG_NAME: usize = MAX_TOOL_NAME_LEN - 1 - 8;
+
+/// Whether tools of the two servers (by their safe names) could be given one name: when both names are long enough
+/// that a tool's name cut short keeps only part of them, and that part is the same. (A cut name that keeps the whole
+/// `mcp__<server>__` names its server; one that does not, keeps what the two agree on.)
+pub fn may_share_names(server: &str, other: &str) -> bool {
+    let kept = |server: &str| {
+        let prefix = format!("{PREFIX}{server}__");
+        (prefix.len() > KEPT_OF_A_LONG_NAME).then(|| prefix[..KEPT_OF_A_LONG_NAME].to_owned())
+    };
+    matches!((kept(server), kept(other)), (Some(a), Some(b)) if a == b)
+}
+
+/// `name` cut short enough to end in `_` and eight hex digits of a digest of the real name.
 fn with_digest(name: &str, real: &str) -> String {
     // (The `0` keeps the names that earlier versions gave, which grants and rules name.)
     let digest = Sha256::digest(format!("{real}\u{0}0").as_bytes());
@@ -97,15 +112,41 @@ fn with_digest(name: &str, real: &str) -> String {
         .iter()
         .map(|byte| format!("{byte:02x}"))
         .collect();
-    let keep = MAX_TOOL_NAME_LEN - 1 - hex.len();
     // Safe names are ASCII, so any byte index is a character boundary.
-    let head = &name[..name.len().min(keep)];
+    let head = &name[..name.len().min(KEPT_OF_A_LONG_NAME)];
     format!("{head}_{hex}")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two servers whose names agree on their first 50 characters give a long tool the same name; any other pair
+    /// does not.
+    #[test]
+    fn servers_whose_long_names_agree_as_far_as_a_cut_name_keeps_may_share_names() {
+        let production = "github-enterprise-acme-corporation-internal-mirror-production";
+        let staging = "github-enterprise-acme-corporation-internal-mirror-staging";
+        assert_eq!(
+            qualified_name(production, "delete_repo"),
+            qualified_name(staging, "delete_repo")
+        );
+        assert!(may_share_names(production, staging));
+        assert!(!may_share_names(production, "github"));
+        assert!(!may_share_names("github", "gitlab"));
+        let (short, long) = ("a".repeat(47), "a".repeat(60));
+        assert_ne!(
+            qualified_name(&short, &"t".repeat(40)),
+            qualified_name(&long, &"t".repeat(40))
+        );
+        assert!(!may_share_names(&short, &long));
+        assert!(!may_share_names(&"a".repeat(49), &"a".repeat(60)));
+        assert!(may_share_names(&"a".repeat(50), &"a".repeat(60)));
+        assert_eq!(
+            qualified_name(&"a".repeat(50), &"t".repeat(40)),
+            qualified_name(&"a".repeat(60), &"t".repeat(40))
+        );
+    }
 
     #[test]
     fn server_names_are_made_safe_once() {
