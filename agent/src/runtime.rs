@@ -377,7 +377,10 @@ pub async fn execute(
                 None => Ok(edited.clone()),
             },
         },
-        None => Ok(record.input.clone()),
+        None => match changed_since_shown(context, &record) {
+            Some(refused) => Err(refused),
+            None => Ok(record.input.clone()),
+        },
     };
     let output = match output {
         Err(refused) => refused,
@@ -490,6 +493,24 @@ fn changed_since_decided(context: &RunContext, record: &CallRecord) -> Option<To
     ))
 }
 
+/// An approved call whose card showed what it acts on (a file) as it was: if that changed since (another call wrote
+/// it, a person edited it), the approval was for something else, and the call is not run. (Arguments a person edited
+/// are theirs: they approved what they wrote.)
+fn changed_since_shown(context: &RunContext, record: &CallRecord) -> Option<ToolOutput> {
+    let shown = record.shown_state.as_ref()?;
+    let now = context.toolbox.get(&record.call.name)?.state(&record.input);
+    if now.as_ref() == Some(shown) {
+        return None;
+    }
+    Some(ToolOutput::error(
+        ToolErrorCode::PermissionDenied,
+        format!(
+            "{} was not run: what it acts on changed after its card was shown (the file was written, replaced or deleted since), so the approval was for something else. Call it again to ask with the file as it is now.",
+            record.call.name
+        ),
+    ))
+}
+
 /// Runs the tool itself with checked input.
 async fn run_tool(context: &RunContext, call: &ToolCall, input: Value, edited: bool) -> ToolOutput {
     let Some(tool) = context.toolbox.get(&call.name) else {
@@ -576,6 +597,10 @@ pub fn call_record(context: &RunContext, prepared: &PreparedCall, requested_at: 
                 CallRecord::new(context.run_id.clone(), call.clone(), input.clone(), status);
             record.spec_digest = changing_definition(&context.toolbox, &call.name);
             if let PermissionDecision::Ask { reason } = permission {
+                let tool = context.toolbox.get(&call.name);
+                // Before the preview: should the thing change between the two, the call is refused (its state
+                // differs when it runs), never run on a card that showed it already changed.
+                record.shown_state = tool.as_ref().and_then(|tool| tool.state(input));
                 let choices = context
                     .toolbox
                     .lookup(&call.name)
@@ -595,10 +620,7 @@ pub fn call_record(context: &RunContext, prepared: &PreparedCall, requested_at: 
                     requested_at,
                     expires_at: requested_at
                         .saturating_add(context.approval_timeout.as_millis() as u64),
-                    preview: context
-                        .toolbox
-                        .get(&call.name)
-                        .and_then(|tool| tool.preview(input)),
+                    preview: tool.and_then(|tool| tool.preview(input)),
                 });
             }
             record

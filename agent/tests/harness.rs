@@ -369,6 +369,91 @@ async fn log_bytes(record: &agent::harness::RunHandle) -> u64 {
         .await
 }
 
+/// Approves the one call `message` asks about after `meanwhile` ran, and returns the run's events.
+async fn approved_after(
+    setup: &Setup,
+    message: &str,
+    meanwhile: impl FnOnce(),
+) -> Vec<StreamEvent> {
+    let record = setup.harness.start(start(message)).await.unwrap();
+    let mut events = record.subscribe(0);
+    let (_, asked) = until(&mut events, |e| {
+        matches!(e, StreamEvent::ApprovalRequired { .. })
+    })
+    .await;
+    let StreamEvent::ApprovalRequired { request } = asked else {
+        unreachable!()
+    };
+    meanwhile();
+    setup
+        .harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::approve(),
+            &Actor::local(),
+        )
+        .await
+        .unwrap();
+    record
+        .subscribe(0)
+        .map(|encoded| decode(&encoded.json))
+        .collect()
+        .await
+}
+
+/// The output of the run's one tool call.
+fn tool_output(events: &[StreamEvent]) -> agent::wire::ToolOutput {
+    events
+        .iter()
+        .find_map(|event| match event {
+            StreamEvent::ToolResult { output, .. } => Some(output.clone()),
+            _ => None,
+        })
+        .expect("a tool result")
+}
+
+/// An approval is for the file its card showed: a file written, replaced or deleted between the card and the
+/// approval is not touched, and the model is told why. Before, the card for "delete notes.txt, 7 bytes: scratch"
+/// deleted whatever notes.txt held by the time someone approved it (cards wait for hours, and survive restarts).
+#[tokio::test]
+async fn an_approved_call_does_not_touch_a_file_that_changed_after_its_card() {
+    let setup = setup();
+    let file = setup.dir.path().join("notes.txt");
+    std::fs::write(&file, "scratch").unwrap();
+    let events = approved_after(&setup, "delete notes.txt", || {
+        std::fs::write(&file, "a day of real work").unwrap()
+    })
+    .await;
+    let output = tool_output(&events);
+    assert!(
+        matches!(&output, agent::wire::ToolOutput::Error { code: agent::wire::ToolErrorCode::PermissionDenied, message }
+            if message.contains("changed after its card was shown")),
+        "{output:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "a day of real work"
+    );
+
+    // A new file's card: the file appeared meanwhile, and is not overwritten.
+    let fresh = setup.dir.path().join("fresh.txt");
+    let events = approved_after(&setup, "write fresh.txt: from the model", || {
+        std::fs::write(&fresh, "written by a person").unwrap()
+    })
+    .await;
+    assert!(!tool_output(&events).is_ok());
+    assert_eq!(
+        std::fs::read_to_string(&fresh).unwrap(),
+        "written by a person"
+    );
+
+    // Unchanged, it runs.
+    let events = approved_after(&setup, "delete notes.txt", || {}).await;
+    assert!(tool_output(&events).is_ok(), "{events:?}");
+    assert!(!file.exists());
+}
+
 /// Deletes a file after an approval: the bytes of the run's log when its approval was asked, when the deletion's
 /// result was in it (what the run's part after the approval starts from), and at its end; and its end.
 async fn delete_after_approval(setup: &Setup) -> ([u64; 3], StreamEvent) {

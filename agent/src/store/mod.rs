@@ -368,6 +368,10 @@ pub struct CallRecord {
     /// while the process runs (an MCP server's): the call runs only under that definition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec_digest: Option<String>,
+    /// What the call acts on (a file) as its card showed it, for a tool whose effect depends on it
+    /// ([`crate::tools::Tool::state`]): an approved call runs only while it is still so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shown_state: Option<String>,
 }
 
 impl CallRecord {
@@ -385,6 +389,7 @@ impl CallRecord {
             output: None,
             executing_on: None,
             spec_digest: None,
+            shown_state: None,
         }
     }
 

@@ -271,6 +271,11 @@ impl Tool for WriteFile {
         })
     }
 
+    fn state(&self, input: &Value) -> Option<String> {
+        let path = WorkspacePath::parse(str_field(input, "path")).ok()?;
+        Some(self.workspace.state(&path))
+    }
+
     fn preview(&self, input: &Value) -> Option<ApprovalPreview> {
         let content = str_field(input, "content");
         let previewed = WorkspacePath::parse(str_field(input, "path")).and_then(|path| {
@@ -354,6 +359,11 @@ impl Tool for DeleteFile {
             workspace.remove_file(&path)?;
             Ok(json!({"path": path.to_string(), "deleted": true}))
         })
+    }
+
+    fn state(&self, input: &Value) -> Option<String> {
+        let path = WorkspacePath::parse(str_field(input, "path")).ok()?;
+        Some(self.workspace.state(&path))
     }
 
     fn preview(&self, input: &Value) -> Option<ApprovalPreview> {

@@ -92,6 +92,14 @@ pub trait Tool: Send + Sync {
         None
     }
 
+    /// For a tool whose effect depends on something that may change between its card and its approval (a file that
+    /// is written or deleted): a fingerprint of that thing as it is now. Taken just before the preview, and again
+    /// before an approved call runs; when the two differ, the approval was for something the card did not show, and
+    /// the call is not run. It must be quick (metadata, not content). `None`: nothing to compare.
+    fn state(&self, _input: &Value) -> Option<String> {
+        None
+    }
+
     /// The most of one output the model reads, in bytes of text: a longer output reaches the model as its head and
     /// tail with a note, while the run's log keeps all of it. `None` for tools that bound their own output.
     fn model_output_limit(&self) -> Option<usize> {

@@ -418,6 +418,26 @@ impl Workspace {
             .map_err(|error| io_failure("delete", path, error))
     }
 
+    /// A fingerprint of what is at `path` now (not following a symlink in its last component): nothing, or an entry
+    /// by its device and inode, size, and the times of its last change of content and of anything about it (the
+    /// second no call can set back). A file written, replaced or deleted since reads differently.
+    pub(crate) fn state(&self, path: &WorkspacePath) -> String {
+        match self.beneath(path, FollowSymlinks::No, |p| self.dir.symlink_metadata(p)) {
+            Err(error) if error.kind() == io::ErrorKind::NotFound => "missing".to_owned(),
+            Err(error) => format!("unreadable: {}", error.kind()),
+            Ok(meta) => format!(
+                "{}:{} {} bytes, modified {}.{:09}, changed {}.{:09}",
+                meta.dev(),
+                meta.ino(),
+                meta.len(),
+                meta.mtime(),
+                meta.mtime_nsec(),
+                meta.ctime(),
+                meta.ctime_nsec()
+            ),
+        }
+    }
+
     /// What is at `path` now, for a preview of a call that would write or delete it: read at most `limit` bytes of
     /// it. Confined like every other operation, and it never waits: anything but a regular file with one link is
     /// refused from its metadata before any open, and the open itself is non-blocking and checked again on the
