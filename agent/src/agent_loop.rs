@@ -447,11 +447,12 @@ async fn settle_inline(
             });
             Ok(output)
         }
-        PreparedCall::Decided { call, input, .. } => {
+        PreparedCall::Decided {
+            call, input, tool, ..
+        } => {
             let mut record =
                 CallRecord::new(context.run_id.clone(), call, input, CallStatus::Allowed);
-            record.spec_digest =
-                crate::runtime::changing_definition(&context.toolbox, &record.call.name);
+            record.spec_digest = crate::runtime::definition_digest(&tool);
             run_inline(context, record).await
         }
     }
@@ -702,9 +703,9 @@ async fn interrupt(
                 call,
                 input,
                 permission: PermissionDecision::Ask { reason },
-                ..
+                tool,
             } => pending.push(PendingCall {
-                spec_digest: crate::runtime::changing_definition(&context.toolbox, &call.name),
+                spec_digest: crate::runtime::definition_digest(&tool),
                 call,
                 input,
                 reason,

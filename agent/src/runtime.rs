@@ -30,7 +30,7 @@ use crate::ids::{RunId, SessionId};
 use crate::permissions::SessionGrant;
 use crate::policy::{PermissionPolicy, SessionGrants, session_grant, stored_grant};
 use crate::store::{CallRecord, CallResult, CallStatus, Epoch, NewEvent, Store};
-use crate::tools::{ToolContext, ToolError, Toolbox, unknown_tool_message};
+use crate::tools::{RegisteredTool, ToolContext, ToolError, Toolbox, unknown_tool_message};
 use crate::wire::{
     ApprovalMode, DecisionScope, PermissionDecision, RunErrorCode, ToolCall, ToolErrorCode,
     ToolOutput,
@@ -221,6 +221,9 @@ pub enum PreparedCall {
         call: ToolCall,
         input: Value,
         permission: PermissionDecision,
+        /// The tool as it was when the call was decided: its definition is the one the call is recorded with
+        /// (an MCP server may change its tools at any moment).
+        tool: Arc<RegisteredTool>,
     },
 }
 
@@ -259,7 +262,8 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
         output,
     };
 
-    let Some(tool) = context.toolbox.get(&call.name) else {
+    // Looked up once: the decision, the checks and the record are all of one definition.
+    let Some(tool) = context.toolbox.lookup(&call.name) else {
         let message = unknown_tool_message(&call.name, &context.toolbox);
         decided(
             PermissionDecision::Deny {
@@ -287,7 +291,7 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
     };
     let permission = context.decide(tool.spec(), &input);
     decided(permission.clone(), input.clone());
-    if let Err(error) = context.toolbox.validate(&call.name, &input) {
+    if let Err(error) = tool.validate(&input) {
         return refused(error.into());
     }
     if let PermissionDecision::Deny { reason } = &permission {
@@ -300,6 +304,7 @@ pub fn prepare_call(call: &ToolCall, step: u32, context: &RunContext) -> Prepare
         call: call.clone(),
         input,
         permission,
+        tool,
     }
 }
 
@@ -368,29 +373,35 @@ pub async fn execute(
     let call = &record.call;
     let edited = record.edited_arguments.clone();
     let started = Instant::now();
-    let output = match &edited {
-        _ if let Some(refused) = changed_since_decided(context, &record) => Err(refused),
-        Some(edited) => match context.toolbox.validate(&call.name, edited) {
+    // Looked up once: the definition checked is the one that runs and bounds what the model reads, whatever the
+    // tool's server changes meanwhile.
+    let tool = context.toolbox.lookup(&call.name);
+    let output = match (&tool, &edited) {
+        _ if let Some(refused) = changed_since_decided(tool.as_deref(), &record) => Err(refused),
+        (None, _) => Err(ToolOutput::error(
+            ToolErrorCode::UnknownTool,
+            unknown_tool_message(&call.name, &context.toolbox),
+        )),
+        (Some(tool), Some(edited)) => match tool.validate(edited) {
             Err(error) => Err(ToolOutput::from(error)),
-            Ok(()) => match denied_by_rule(context, call, edited) {
+            Ok(()) => match denied_by_rule(context, tool, edited) {
                 Some(refused) => Err(refused),
-                None => Ok(edited.clone()),
+                None => Ok((tool, edited.clone())),
             },
         },
-        None => match changed_since_shown(context, &record) {
+        (Some(tool), None) => match changed_since_shown(tool, &record) {
             Some(refused) => Err(refused),
-            None => Ok(record.input.clone()),
+            None => Ok((tool, record.input.clone())),
         },
     };
     let output = match output {
         Err(refused) => refused,
-        Ok(input) => run_tool(context, call, input, edited.is_some()).await,
+        Ok((tool, input)) => run_tool(context, tool.tool(), call, input, edited.is_some()).await,
     };
     // The run's log (its `toolResult` event) keeps the whole output; the model may read less of it.
-    let for_model = match context
-        .toolbox
-        .get(&call.name)
-        .and_then(|tool| tool.model_output_limit())
+    let for_model = match tool
+        .as_ref()
+        .and_then(|tool| tool.tool().model_output_limit())
     {
         Some(limit) => output.clone().bounded_for_model(limit),
         None => output.clone(),
@@ -414,8 +425,11 @@ pub async fn execute(
 }
 
 /// A `deny` rule beats a person too: arguments a person edited cannot reach what a rule forbids.
-fn denied_by_rule(context: &RunContext, call: &ToolCall, edited: &Value) -> Option<ToolOutput> {
-    let tool = context.toolbox.lookup(&call.name)?;
+fn denied_by_rule(
+    context: &RunContext,
+    tool: &RegisteredTool,
+    edited: &Value,
+) -> Option<ToolOutput> {
     match context.decide(tool.spec(), edited) {
         PermissionDecision::Deny { reason } => {
             Some(ToolOutput::error(ToolErrorCode::PermissionDenied, reason))
@@ -471,17 +485,23 @@ pub async fn grant_for_session(
 /// The digest of a tool's definition as it is now, for a tool whose definition may change while the process runs
 /// (an MCP server's; the built-in tools' cannot): what a call decided now is decided for.
 pub fn changing_definition(toolbox: &Toolbox, name: &str) -> Option<String> {
-    toolbox
-        .lookup(name)
-        .filter(|tool| tool.spec().mcp.is_some())
-        .map(|tool| crate::policy::spec_digest(tool.spec()))
+    definition_digest(&*toolbox.lookup(name)?)
+}
+
+/// The digest of `tool`'s definition, for a tool whose definition may change while the process runs (an MCP
+/// server's): what a call decided with it is decided for.
+pub fn definition_digest(tool: &RegisteredTool) -> Option<String> {
+    tool.spec()
+        .mcp
+        .is_some()
+        .then(|| crate::policy::spec_digest(tool.spec()))
 }
 
 /// Refuses a call whose tool's definition changed since the call was decided: an approval, or the policy's
 /// decision, was for the definition then (what the card showed), not for whatever the server offers now.
-fn changed_since_decided(context: &RunContext, record: &CallRecord) -> Option<ToolOutput> {
+fn changed_since_decided(tool: Option<&RegisteredTool>, record: &CallRecord) -> Option<ToolOutput> {
     let decided = record.spec_digest.as_ref()?;
-    if changing_definition(&context.toolbox, &record.call.name).as_ref() == Some(decided) {
+    if tool.and_then(definition_digest).as_ref() == Some(decided) {
         return None;
     }
     Some(ToolOutput::error(
@@ -496,9 +516,9 @@ fn changed_since_decided(context: &RunContext, record: &CallRecord) -> Option<To
 /// An approved call whose card showed what it acts on (a file) as it was: if that changed since (another call wrote
 /// it, a person edited it), the approval was for something else, and the call is not run. (Arguments a person edited
 /// are theirs: they approved what they wrote.)
-fn changed_since_shown(context: &RunContext, record: &CallRecord) -> Option<ToolOutput> {
+fn changed_since_shown(tool: &RegisteredTool, record: &CallRecord) -> Option<ToolOutput> {
     let shown = record.shown_state.as_ref()?;
-    let now = context.toolbox.get(&record.call.name)?.state(&record.input);
+    let now = tool.tool().state(&record.input);
     if now.as_ref() == Some(shown) {
         return None;
     }
@@ -512,13 +532,13 @@ fn changed_since_shown(context: &RunContext, record: &CallRecord) -> Option<Tool
 }
 
 /// Runs the tool itself with checked input.
-async fn run_tool(context: &RunContext, call: &ToolCall, input: Value, edited: bool) -> ToolOutput {
-    let Some(tool) = context.toolbox.get(&call.name) else {
-        return ToolOutput::error(
-            ToolErrorCode::UnknownTool,
-            unknown_tool_message(&call.name, &context.toolbox),
-        );
-    };
+async fn run_tool(
+    context: &RunContext,
+    tool: &Arc<dyn crate::tools::Tool>,
+    call: &ToolCall,
+    input: Value,
+    edited: bool,
+) -> ToolOutput {
     let tool_context = ToolContext {
         run_id: context.run_id.clone(),
         cancel: context.abort.token().clone(),
@@ -588,6 +608,7 @@ pub fn call_record(context: &RunContext, prepared: &PreparedCall, requested_at: 
             call,
             input,
             permission,
+            tool,
         } => {
             let status = match permission {
                 PermissionDecision::Ask { .. } => CallStatus::Pending,
@@ -595,21 +616,15 @@ pub fn call_record(context: &RunContext, prepared: &PreparedCall, requested_at: 
             };
             let mut record =
                 CallRecord::new(context.run_id.clone(), call.clone(), input.clone(), status);
-            record.spec_digest = changing_definition(&context.toolbox, &call.name);
+            record.spec_digest = definition_digest(tool);
             if let PermissionDecision::Ask { reason } = permission {
-                let tool = context.toolbox.get(&call.name);
                 // Before the preview: should the thing change between the two, the call is refused (its state
                 // differs when it runs), never run on a card that showed it already changed.
-                record.shown_state = tool.as_ref().and_then(|tool| tool.state(input));
-                let choices = context
-                    .toolbox
-                    .lookup(&call.name)
-                    .map(|tool| {
-                        context
-                            .permissions
-                            .approval_choices(tool.spec(), input, &context.grants())
-                    })
-                    .unwrap_or_default();
+                record.shown_state = tool.tool().state(input);
+                let choices =
+                    context
+                        .permissions
+                        .approval_choices(tool.spec(), input, &context.grants());
                 record.approval = Some(crate::wire::ApprovalRequest {
                     run_id: context.run_id.clone(),
                     tool_call_id: call.id.clone(),
@@ -620,7 +635,7 @@ pub fn call_record(context: &RunContext, prepared: &PreparedCall, requested_at: 
                     requested_at,
                     expires_at: requested_at
                         .saturating_add(context.approval_timeout.as_millis() as u64),
-                    preview: tool.and_then(|tool| tool.preview(input)),
+                    preview: tool.tool().preview(input),
                 });
             }
             record

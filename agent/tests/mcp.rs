@@ -688,6 +688,33 @@ async fn a_huge_result_reaches_the_model_as_head_and_tail_and_the_log_keeps_all_
     started.shut_down().await;
 }
 
+/// A tool that its server withdraws while it runs (the server announces a list without it before it answers): its
+/// result is bounded for the model all the same, by the tool as it was when it ran. Before, the limit was looked up
+/// again after the call, found no tool, and the whole result went to the model.
+#[tokio::test]
+async fn a_result_is_bounded_for_the_model_even_when_its_tool_was_withdrawn_meanwhile() {
+    let started = start(json!({"fixture": fixture(json!({}))})).await.unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let bytes = 1024 * 1024;
+    let for_model = text(
+        &run.call("mcp__fixture__huge_and_go", json!({"bytes": bytes}))
+            .await,
+    );
+    assert!(
+        for_model.len() <= agent::mcp::MODEL_OUTPUT_LIMIT + 200,
+        "{}",
+        for_model.len()
+    );
+    assert!(
+        started
+            .toolbox
+            .lookup("mcp__fixture__huge_and_go")
+            .is_none(),
+        "the tool is gone"
+    );
+    started.shut_down().await;
+}
+
 /// A message longer than toolgate reads fails its call at once and says why; before, the line was dropped and the
 /// call waited its whole tool timeout, then was reported as timed out. The server is started again for the next call.
 #[tokio::test]

@@ -31,6 +31,8 @@ const object = (properties = {}, required = []) => ({ type: "object", properties
 let version = 1;
 // Set by change_tools_hang_list: the next tools/list is never answered.
 let hangNextList = false;
+// Set by huge_and_go: the tool is no longer listed.
+let hugeAndGoWithdrawn = false;
 const cancellations = [];
 const text = (value) => ({ content: [{ type: "text", text: value }] });
 const log = (line) => appendFileSync("fixture-calls.log", `${line}\n`);
@@ -44,6 +46,7 @@ const tools = () => [
   { name: "cancellations", description: "The calls the client cancelled, oldest first.", inputSchema: object(), annotations: readOnly },
   { name: "fail", description: "Answers with an error result.", inputSchema: object() },
   { name: "huge", description: "Answers with this many bytes of text.", inputSchema: object({ bytes: { type: "integer", minimum: 8 } }, ["bytes"]) },
+  { name: "huge_and_go", description: "Withdraws itself from the list, announces it, then answers with this many bytes of text.", inputSchema: object({ bytes: { type: "integer", minimum: 8 } }, ["bytes"]) },
   { name: "junk", description: "Writes junk to stdout, then answers.", inputSchema: object() },
   { name: "change_tools", description: "Changes the echo tool's description and announces it.", inputSchema: object() },
   { name: "change_tools_hang_list", description: "Changes the echo tool's description, announces it, and never answers the next tools/list.", inputSchema: object() },
@@ -58,7 +61,7 @@ server.setRequestHandler(ListToolsRequestSchema, async () => {
     hangNextList = false;
     return await new Promise(() => {});
   }
-  return { tools: tools() };
+  return { tools: tools().filter((tool) => !(hugeAndGoWithdrawn && tool.name === "huge_and_go")) };
 });
 
 server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
@@ -90,6 +93,10 @@ server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
     case "fail":
       return { content: [{ type: "text", text: "the fixture failed on purpose" }], isError: true };
     case "huge":
+      return text(`HEAD${"x".repeat(args.bytes - 8)}TAIL`);
+    case "huge_and_go":
+      hugeAndGoWithdrawn = true;
+      await server.sendToolListChanged();
       return text(`HEAD${"x".repeat(args.bytes - 8)}TAIL`);
     case "junk":
       process.stdout.write("junk: {not json at all\n");
