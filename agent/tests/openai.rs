@@ -821,6 +821,36 @@ async fn a_connection_dropped_mid_stream_ends_the_step_with_a_connection_error()
     assert_eq!(items.len(), 2, "nothing comes after the error");
 }
 
+/// A stream that breaks off, or goes quiet, after the model said why it stopped: the step is whole (only its token
+/// counts may be missing), not a failed run. Before, the person saw the whole answer and then a connection error.
+#[tokio::test]
+async fn a_stream_that_breaks_off_or_stalls_after_the_model_finished_keeps_its_step() {
+    for end in [End::Drop, End::Stall] {
+        let server = FakeServer::start(vec![Reply::Stream {
+            pieces: bytes(&[text("Hi"), finish("stop")]),
+            end,
+        }])
+        .await;
+        let model = model(config(&server));
+        let started = std::time::Instant::now();
+
+        let items = step(&model, &user("hi"), &[]).await;
+
+        assert_eq!(
+            items,
+            vec![
+                Ok(ModelChunk::Text("Hi".into())),
+                Ok(ModelChunk::Finish("stop".into()))
+            ]
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "taken as whole within seconds: {:?}",
+            started.elapsed()
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_malformed_chunk_ends_the_step() {
     let server = FakeServer::start(vec![stream(&[

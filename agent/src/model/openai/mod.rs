@@ -424,6 +424,10 @@ enum Progress {
     Done,
 }
 
+/// How long a step waits, once its model said why it stopped, for what may still follow (its token counts, `[DONE]`)
+/// before it is taken as whole: the person has seen the whole answer by then.
+const AFTER_FINISH: Duration = Duration::from_secs(2);
+
 impl StepStream<'_> {
     /// The next chunk, by the step's deadline; after an error or the end of the step, `None`.
     async fn next(&mut self) -> Option<Result<ModelChunk, ModelError>> {
@@ -475,17 +479,26 @@ impl Reading {
         model: &OpenAiModel,
         ready: &mut VecDeque<ModelChunk>,
     ) -> Result<Progress, ModelError> {
-        let event = match self.events.next().await {
+        // Once the model said why it stopped, only its token counts and `[DONE]` may follow, and not for long.
+        let finished = self.step.has_finished();
+        let next = if finished {
+            tokio::time::timeout(AFTER_FINISH, self.events.next())
+                .await
+                .unwrap_or(None)
+        } else {
+            self.events.next().await
+        };
+        let event = match next {
+            // Some servers close without `[DONE]`, and a connection may break off or go quiet after the last chunk:
+            // the step is whole all the same (without its token counts, if they had not come).
+            None | Some(Err(SseError::Timeout(_) | SseError::Transport(_))) if finished => {
+                ready.extend(std::mem::take(&mut self.step).finish()?);
+                return Ok(Progress::Done);
+            }
             None => {
-                // Some servers close without `[DONE]`; once the model said why it stopped, the step is whole.
-                return if self.step.has_finished() {
-                    ready.extend(std::mem::take(&mut self.step).finish()?);
-                    Ok(Progress::Done)
-                } else {
-                    Err(ModelError::Connection(
-                        "the stream ended before the model finished its step".to_owned(),
-                    ))
-                };
+                return Err(ModelError::Connection(
+                    "the stream ended before the model finished its step".to_owned(),
+                ));
             }
             Some(Err(SseError::Timeout(after))) => return Err(ModelError::Timeout(after)),
             Some(Err(SseError::Transport(error))) => {
