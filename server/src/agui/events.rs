@@ -109,6 +109,9 @@ enum AguiEvent<'a> {
     },
 }
 
+/// What `RUN_ERROR` says when a run ended but the conversation it ended with could not be read.
+pub const UNREAD_ENDING: &str = "The run ended, but the conversation it ended with could not be read from the database, so no snapshot was sent (it would have replaced yours without the run's part). What the run did is kept: read the thread again once the database answers.";
+
 /// How a run ended, as `RUN_FINISHED` says it.
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
@@ -441,7 +444,8 @@ impl Translator {
             .collect()
     }
 
-    /// Ends the run: the conversation's snapshot, then `RUN_FINISHED` with its outcome.
+    /// Ends the run: the conversation's snapshot, then `RUN_FINISHED` with its outcome; `RUN_ERROR` when the
+    /// conversation it ended with could not be read.
     fn finish(
         &mut self,
         out: &mut Vec<String>,
@@ -449,7 +453,19 @@ impl Translator {
         conversation: impl FnOnce() -> Option<Arc<[Message]>>,
     ) {
         self.close_text(out);
-        let conversation = conversation().unwrap_or_else(|| Arc::from([]));
+        let Some(conversation) = conversation() else {
+            // The run ended, but what it ended with could not be read. The client replaces its conversation with the
+            // snapshot: one without the run's part would take the answer (or the interrupted calls, and with them
+            // any resume) from it. Nothing is better than that, and the error says why.
+            encode(
+                &AguiEvent::RunError {
+                    message: UNREAD_ENDING,
+                    code: RunErrorCode::Store,
+                },
+                out,
+            );
+            return;
+        };
         encode(
             &AguiEvent::MessagesSnapshot {
                 messages: Snapshot {
@@ -714,6 +730,28 @@ mod tests {
         assert_eq!(iso8601(1_796_001_492_433), "2026-11-30T01:18:12.433Z");
     }
 
+    /// A run whose ending conversation could not be read ends with RUN_ERROR, never with a snapshot that would
+    /// replace the client's conversation without the run's part. Before, the snapshot held the client's messages
+    /// alone, and RUN_FINISHED followed.
+    #[test]
+    fn a_run_whose_conversation_could_not_be_read_ends_with_run_error_and_no_snapshot() {
+        let run = run_id("run-a");
+        let mut translator = fresh(run.clone());
+        let done = StreamEvent::Done {
+            run_id: run,
+            answer: "Deleted.".into(),
+            steps: 2,
+        };
+        let events: Vec<Value> = translate(&mut translator, &done, || None)
+            .iter()
+            .map(|json| serde_json::from_str(json).unwrap())
+            .collect();
+        assert_eq!(
+            events,
+            [json!({"type": "RUN_ERROR", "message": UNREAD_ENDING, "code": "STORE"})]
+        );
+    }
+
     #[test]
     fn a_run_that_meets_a_call_needing_a_person_ends_with_its_snapshot_and_an_interrupt() {
         let user = json!({"id": "user-1", "role": "user", "content": "delete a.txt"});
@@ -937,7 +975,7 @@ mod tests {
         // Each kind it reads has an arm that reads it: an event of the kind without its fields does not read.
         for kind in TRANSLATED {
             let mut translator = fresh(run.clone());
-            let read = translator.translate(kind, "{}", || None);
+            let read = translator.translate(kind, "{}", || Some(Arc::from([])));
             match kind {
                 "done" => assert_eq!(read.unwrap().len(), 2, "a snapshot and RUN_FINISHED"),
                 "runStarted" => assert_eq!(read.unwrap().len(), 1, "RUN_STARTED"),

@@ -257,9 +257,9 @@ pub async fn run(
             async move {
                 let conversation = match ending {
                     Some(run) if let Some(waiting) = waiting => {
-                        run.conversation_with_settled(waiting).await.ok().flatten()
+                        read_again(|| run.conversation_with_settled(waiting)).await
                     }
-                    Some(run) => run.conversation().await.ok().flatten(),
+                    Some(run) => read_again(|| run.conversation()).await,
                     None => None,
                 };
                 (encoded, conversation)
@@ -288,4 +288,28 @@ pub async fn run(
             )
         });
     Ok(event_stream(events, permit, state.keep_alive).await)
+}
+
+/// What a run ended with, read again for a while when the store does not answer (a lost connection, a failover):
+/// `None` when the run has none, or when the store still did not answer after about 1.5 s (the stream then ends with
+/// `RUN_ERROR`, see [`events::UNREAD_ENDING`]).
+async fn read_again<T, Read>(read: impl Fn() -> Read) -> Option<T>
+where
+    Read: std::future::Future<Output = Result<Option<T>, agent::harness::Unavailable>>,
+{
+    let mut wait = std::time::Duration::from_millis(50);
+    loop {
+        match read().await {
+            Ok(found) => return found,
+            Err(error) if wait <= std::time::Duration::from_millis(800) => {
+                tracing::warn!(%error, "cannot read the conversation a run ended with; trying again");
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot read the conversation a run ended with");
+                return None;
+            }
+        }
+    }
 }
