@@ -88,6 +88,10 @@ pub struct PendingCall {
     /// [`crate::store::CallRecord::spec_digest`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec_digest: Option<String>,
+    /// What it acts on (a file) when it asked (see [`crate::store::CallRecord::shown_state`]): an approved call
+    /// runs only while it is still so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shown_state: Option<String>,
 }
 
 /// Where an `interrupt`-mode run stopped: a batch in which some calls need a person. The calls that did not need
@@ -344,6 +348,7 @@ pub async fn resume_until_end(
                 record.resolution = Some(resolution.clone());
                 record.edited_arguments = edited_arguments.clone();
                 record.spec_digest = pending.spec_digest.clone();
+                record.shown_state = pending.shown_state.clone();
                 run_inline(context, record).await
             }
         };
@@ -706,6 +711,7 @@ async fn interrupt(
                 tool,
             } => pending.push(PendingCall {
                 spec_digest: crate::runtime::definition_digest(&tool),
+                shown_state: tool.tool().state(&input),
                 call,
                 input,
                 reason,

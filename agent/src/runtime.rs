@@ -525,7 +525,7 @@ fn changed_since_shown(tool: &RegisteredTool, record: &CallRecord) -> Option<Too
     Some(ToolOutput::error(
         ToolErrorCode::PermissionDenied,
         format!(
-            "{} was not run: what it acts on changed after its card was shown (the file was written, replaced or deleted since), so the approval was for something else. Call it again to ask with the file as it is now.",
+            "{} was not run: what it acts on changed after approval was asked for it (the file was written, replaced, created or deleted since), so the approval was for something else. Call it again to ask with the file as it is now.",
             record.call.name
         ),
     ))

@@ -428,7 +428,7 @@ async fn an_approved_call_does_not_touch_a_file_that_changed_after_its_card() {
     let output = tool_output(&events);
     assert!(
         matches!(&output, agent::wire::ToolOutput::Error { code: agent::wire::ToolErrorCode::PermissionDenied, message }
-            if message.contains("changed after its card was shown")),
+            if message.contains("changed after approval was asked")),
         "{output:?}"
     );
     assert_eq!(

@@ -419,15 +419,15 @@ impl Workspace {
     }
 
     /// A fingerprint of what is at `path` now (not following a symlink in its last component): nothing, or an entry
-    /// by its device and inode, size, and the times of its last change of content and of anything about it (the
-    /// second no call can set back). A file written, replaced or deleted since reads differently.
+    /// by its inode, size, and the times of its last change of content and of anything about it (the second no call
+    /// can set back). A file written, replaced or deleted since reads differently. Not its device: instances that
+    /// share the workspace on a network volume each number it their own way, as a mount may after a restart.
     pub(crate) fn state(&self, path: &WorkspacePath) -> String {
         match self.beneath(path, FollowSymlinks::No, |p| self.dir.symlink_metadata(p)) {
             Err(error) if error.kind() == io::ErrorKind::NotFound => "missing".to_owned(),
             Err(error) => format!("unreadable: {}", error.kind()),
             Ok(meta) => format!(
-                "{}:{} {} bytes, modified {}.{:09}, changed {}.{:09}",
-                meta.dev(),
+                "inode {} {} bytes, modified {}.{:09}, changed {}.{:09}",
                 meta.ino(),
                 meta.len(),
                 meta.mtime(),

@@ -176,6 +176,43 @@ async fn one_approval_interrupts_the_run_and_the_resume_runs_the_tool() {
     );
 }
 
+/// An approval given through an interrupt is for the file as it was when the interrupt was issued: a file rewritten
+/// before the resume is kept, and the model is told why. Before, the resume deleted whatever the file held by then.
+#[tokio::test]
+async fn a_resume_does_not_touch_a_file_that_changed_after_its_interrupt() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("a.txt"), "scratch").unwrap();
+    let first = agui(&app, start("thread-changed", "run-1", "delete a.txt")).await;
+    let interrupt = first.interrupts()[0].clone();
+    std::fs::write(app.file("a.txt"), "a day of real work").unwrap();
+    let second = agui(
+        &app,
+        resume(
+            "thread-changed",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupt)]),
+        ),
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.body);
+    let results = second.of_type("TOOL_CALL_RESULT");
+    assert_eq!(results.len(), 1);
+    assert!(
+        results[0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("changed after approval was asked"),
+        "{}",
+        results[0]
+    );
+    assert_eq!(
+        std::fs::read_to_string(app.file("a.txt")).unwrap(),
+        "a day of real work"
+    );
+}
+
 /// The snapshot that ends an interrupted run holds the results of the calls of its batch that ran already: the stream
 /// sent them as `TOOL_CALL_RESULT`, and a client that keeps the snapshot as its conversation keeps them. A resume
 /// with that conversation works, and its own snapshot does not repeat them.
