@@ -1182,6 +1182,7 @@ fn suspension_of(run: &str, session_id: &str, expires_at: u64) -> Suspension {
                 input: json!({"path": "c"}),
                 reason: "destructive".into(),
                 spec_digest: None,
+                shown_state: None,
             }],
         },
         interrupts: vec![IssuedInterrupt {

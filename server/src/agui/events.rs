@@ -110,7 +110,7 @@ enum AguiEvent<'a> {
 }
 
 /// What `RUN_ERROR` says when a run ended but the conversation it ended with could not be read.
-pub const UNREAD_ENDING: &str = "The run ended, but the conversation it ended with could not be read from the database, so no snapshot was sent (it would have replaced yours without the run's part). What the run did is kept: read the thread again once the database answers.";
+pub const UNREAD_ENDING: &str = "The run ended, but the conversation it ended with could not be read (the database did not answer, or the run was already forgotten), so no snapshot was sent: it would have replaced yours without the run's part.";
 
 /// How a run ended, as `RUN_FINISHED` says it.
 #[derive(Serialize)]
