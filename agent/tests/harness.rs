@@ -73,6 +73,20 @@ async fn until(
     panic!("the stream ended first");
 }
 
+/// Reads `stream` up to the run's approval request: its sequence number, and the request.
+async fn next_approval(
+    stream: &mut futures::stream::BoxStream<'static, Arc<agent::store::EncodedEvent>>,
+) -> (u64, agent::wire::ApprovalRequest) {
+    match until(stream, |e| {
+        matches!(e, StreamEvent::ApprovalRequired { .. })
+    })
+    .await
+    {
+        (seq, StreamEvent::ApprovalRequired { request }) => (seq, request),
+        _ => unreachable!(),
+    }
+}
+
 #[tokio::test]
 async fn a_run_streams_its_events_in_order_with_increasing_ids() {
     let Setup { harness, dir } = setup();
@@ -103,13 +117,7 @@ async fn a_late_subscriber_and_a_reconnect_miss_nothing_and_repeat_nothing() {
     let Setup { harness, .. } = setup();
     let record = harness.start(start("delete a.txt")).await.unwrap();
     let mut first = record.subscribe(0);
-    let (seen_up_to, event) = until(&mut first, |e| {
-        matches!(e, StreamEvent::ApprovalRequired { .. })
-    })
-    .await;
-    let StreamEvent::ApprovalRequired { request } = event else {
-        unreachable!()
-    };
+    let (seen_up_to, request) = next_approval(&mut first).await;
     drop(first);
 
     harness
@@ -139,13 +147,7 @@ async fn two_subscribers_see_the_same_events() {
     let record = harness.start(start("delete a.txt")).await.unwrap();
     let one = record.subscribe(0);
     let mut two = record.subscribe(0);
-    let (_, event) = until(&mut two, |e| {
-        matches!(e, StreamEvent::ApprovalRequired { .. })
-    })
-    .await;
-    let StreamEvent::ApprovalRequired { request } = event else {
-        unreachable!()
-    };
+    let (_, request) = next_approval(&mut two).await;
     harness
         .decide(
             &request.run_id,
@@ -179,13 +181,7 @@ async fn a_session_remembers_earlier_turns_and_its_grants() {
         .await
         .unwrap();
     let mut events = first.subscribe(0);
-    let (_, event) = until(&mut events, |e| {
-        matches!(e, StreamEvent::ApprovalRequired { .. })
-    })
-    .await;
-    let StreamEvent::ApprovalRequired { request } = event else {
-        unreachable!()
-    };
+    let (_, request) = next_approval(&mut events).await;
     harness
         .decide(
             &request.run_id,
@@ -281,13 +277,7 @@ async fn a_run_may_ask_for_a_stricter_policy_but_never_a_looser_one() {
         .await
         .unwrap();
     let mut events = strict.subscribe(0);
-    let (_, event) = until(&mut events, |e| {
-        matches!(e, StreamEvent::ApprovalRequired { .. })
-    })
-    .await;
-    let StreamEvent::ApprovalRequired { request } = event else {
-        unreachable!()
-    };
+    let (_, request) = next_approval(&mut events).await;
     assert_eq!(
         request.tool_name, "list_files",
         "strict asks even for read-only tools"
@@ -299,13 +289,7 @@ async fn edited_arguments_that_break_the_schema_are_refused_and_the_approval_sta
     let Setup { harness, .. } = setup();
     let record = harness.start(start("delete a.txt")).await.unwrap();
     let mut events = record.subscribe(0);
-    let (_, event) = until(&mut events, |e| {
-        matches!(e, StreamEvent::ApprovalRequired { .. })
-    })
-    .await;
-    let StreamEvent::ApprovalRequired { request } = event else {
-        unreachable!()
-    };
+    let (_, request) = next_approval(&mut events).await;
     let error = harness
         .decide(
             &request.run_id,
@@ -377,13 +361,7 @@ async fn approved_after(
 ) -> Vec<StreamEvent> {
     let record = setup.harness.start(start(message)).await.unwrap();
     let mut events = record.subscribe(0);
-    let (_, asked) = until(&mut events, |e| {
-        matches!(e, StreamEvent::ApprovalRequired { .. })
-    })
-    .await;
-    let StreamEvent::ApprovalRequired { request } = asked else {
-        unreachable!()
-    };
+    let (_, request) = next_approval(&mut events).await;
     meanwhile();
     setup
         .harness
@@ -700,13 +678,7 @@ async fn edited_arguments_cannot_widen_the_grant_the_card_offered() {
         .await
         .unwrap();
     let mut events = run.subscribe(0);
-    let (_, event) = until(&mut events, |e| {
-        matches!(e, StreamEvent::ApprovalRequired { .. })
-    })
-    .await;
-    let StreamEvent::ApprovalRequired { request } = event else {
-        unreachable!()
-    };
+    let (_, request) = next_approval(&mut events).await;
     let approve = |scope, arguments| Decision::Approve {
         scope,
         reason: None,
