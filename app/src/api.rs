@@ -230,6 +230,14 @@ pub mod ssr {
         ServerFnError::new(message)
     }
 
+    /// A 503 with `message`: the database did not answer (a full disk, a failover); the caller may try again.
+    pub fn unavailable(message: String) -> ServerFnError {
+        if let Some(response) = use_context::<ResponseOptions>() {
+            response.set_status(StatusCode::SERVICE_UNAVAILABLE);
+        }
+        ServerFnError::new(message)
+    }
+
     /// The approval API's 404 for a call: what another browser's approval looks like too.
     pub fn approval_not_found(run_id: &RunId, tool_call_id: &ToolCallId) -> ServerFnError {
         not_found(
@@ -395,7 +403,7 @@ pub async fn list_pending(
 
 #[server(prefix = "/api/fn", endpoint = "cancel")]
 pub async fn cancel_run(run_id: RunId, session: Option<SessionId>) -> Result<(), ServerFnError> {
-    use agent::harness::RunNotFound;
+    use agent::harness::{CancelError, RunNotFound};
 
     let harness = ssr::harness()?;
     let Some(session) = ssr::acting_session(session)? else {
@@ -408,7 +416,10 @@ pub async fn cancel_run(run_id: RunId, session: Option<SessionId>) -> Result<(),
         .cancel(&run_id)
         .await
         .map(|_| ())
-        .map_err(|error| ssr::not_found(error.to_string()))
+        .map_err(|error| match error {
+            CancelError::NotFound(unknown) => ssr::not_found(unknown.to_string()),
+            CancelError::Unavailable(unavailable) => ssr::unavailable(unavailable.to_string()),
+        })
 }
 
 /// The most audit entries one call returns.

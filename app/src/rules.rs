@@ -126,7 +126,14 @@ pub async fn revoke_grant(
         .revoke_grant(&session, &grant_id, &actor)
         .await
         .map(|_| ())
-        .map_err(|error| crate::api::ssr::not_found(error.to_string()))
+        .map_err(|error| match error {
+            agent::harness::RevokeError::NotFound(unknown) => {
+                crate::api::ssr::not_found(unknown.to_string())
+            }
+            agent::harness::RevokeError::Unavailable(unavailable) => {
+                crate::api::ssr::unavailable(unavailable.to_string())
+            }
+        })
 }
 
 /// One button per session scope the server offers, with what it covers as its title: the card never promises

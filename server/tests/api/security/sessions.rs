@@ -9,7 +9,7 @@ use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
 use super::pending;
-use crate::helpers::{PATIENCE, TestApp, spawn_app};
+use crate::helpers::{PATIENCE, TestApp, spawn_app, spawn_app_with};
 
 /// A session's event stream: events named by their `type`, with `runId:seq` ids.
 struct SessionStream(Pin<Box<dyn Stream<Item = (String, String, Value)> + Send>>);
@@ -140,6 +140,78 @@ async fn server_functions_act_only_on_the_callers_own_session() {
     assert_eq!(cancelled.status(), 200);
     let mut events = app.events(&second, None).await;
     assert_eq!(events.until("error").await.data["code"], "ABORTED");
+}
+
+/// A cancel the database refuses (a full disk, a failover) is a 503 that says so, not a 404 as if the run were
+/// unknown: the run is still there, and the page may try again. Before, every error of a cancel was a 404.
+#[tokio::test]
+async fn a_cancel_the_database_refuses_is_503_not_404() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("toolgate.db");
+    let app = spawn_app_with(|config| {
+        config.database_url =
+            server::config::Database::Sql(agent::store::sql::DatabaseUrl::Sqlite(file.clone()))
+    })
+    .await;
+    let (run_id, _) = waiting_run(&app, "alice", "a.txt").await;
+    rusqlite::Connection::open(&file)
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER refuse_aborts BEFORE UPDATE OF abort ON runs \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    let cancelled = server_fn(&app, "cancel", "alice", &[("run_id", &run_id)]).await;
+    assert_eq!(cancelled.status(), 503);
+    let text = cancelled.text().await.unwrap();
+    assert!(!text.contains("No run"), "{text}");
+    assert_eq!(pending(&app).await.len(), 1, "the run still waits");
+}
+
+/// The same for a revocation of a session grant: a 503, not a 404 as if the grant were unknown.
+#[tokio::test]
+async fn a_revocation_the_database_refuses_is_503_not_404() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("toolgate.db");
+    let app = spawn_app_with(|config| {
+        config.database_url =
+            server::config::Database::Sql(agent::store::sql::DatabaseUrl::Sqlite(file.clone()))
+    })
+    .await;
+    let (run_id, call_id) = waiting_run(&app, "alice", "a.txt").await;
+    let decided = server_fn(
+        &app,
+        "decide",
+        "alice",
+        &[
+            ("run_id", &run_id),
+            ("tool_call_id", &call_id),
+            ("choice", "ApproveForSession"),
+        ],
+    )
+    .await;
+    assert_eq!(decided.status(), 200);
+    let grants: Value = app
+        .client
+        .get(app.url("/api/agent/sessions/alice/grants"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let grant_id = grants["grants"][0]["id"].as_str().unwrap().to_owned();
+    rusqlite::Connection::open(&file)
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    let revoked = server_fn(&app, "revoke_grant", "alice", &[("grant_id", &grant_id)]).await;
+    assert_eq!(revoked.status(), 503);
+    let text = revoked.text().await.unwrap();
+    assert!(!text.contains("No grant"), "{text}");
 }
 
 #[tokio::test]
