@@ -142,17 +142,23 @@ async fn server_functions_act_only_on_the_callers_own_session() {
     assert_eq!(events.until("error").await.data["code"], "ABORTED");
 }
 
+/// An app on a SQLite file in a directory of its own (kept while the returned guard lives), and the file, to change
+/// it beside the server as a failing disk would.
+async fn on_sqlite() -> (TestApp, std::path::PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("toolgate.db");
+    let database = agent::store::sql::DatabaseUrl::Sqlite(file.clone());
+    let app =
+        spawn_app_with(|config| config.database_url = server::config::Database::Sql(database))
+            .await;
+    (app, file, dir)
+}
+
 /// A cancel the database refuses (a full disk, a failover) is a 503 that says so, not a 404 as if the run were
 /// unknown: the run is still there, and the page may try again. Before, every error of a cancel was a 404.
 #[tokio::test]
 async fn a_cancel_the_database_refuses_is_503_not_404() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("toolgate.db");
-    let app = spawn_app_with(|config| {
-        config.database_url =
-            server::config::Database::Sql(agent::store::sql::DatabaseUrl::Sqlite(file.clone()))
-    })
-    .await;
+    let (app, file, _dir) = on_sqlite().await;
     let (run_id, _) = waiting_run(&app, "alice", "a.txt").await;
     rusqlite::Connection::open(&file)
         .unwrap()
@@ -171,13 +177,7 @@ async fn a_cancel_the_database_refuses_is_503_not_404() {
 /// The same for a revocation of a session grant: a 503, not a 404 as if the grant were unknown.
 #[tokio::test]
 async fn a_revocation_the_database_refuses_is_503_not_404() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("toolgate.db");
-    let app = spawn_app_with(|config| {
-        config.database_url =
-            server::config::Database::Sql(agent::store::sql::DatabaseUrl::Sqlite(file.clone()))
-    })
-    .await;
+    let (app, file, _dir) = on_sqlite().await;
     let (run_id, call_id) = waiting_run(&app, "alice", "a.txt").await;
     let decided = server_fn(
         &app,
