@@ -224,16 +224,18 @@ pub mod ssr {
     /// A 404 with `message`: what the caller learns about something that is not its own, the same as about
     /// something that does not exist.
     pub fn not_found(message: String) -> ServerFnError {
-        if let Some(response) = use_context::<ResponseOptions>() {
-            response.set_status(StatusCode::NOT_FOUND);
-        }
-        ServerFnError::new(message)
+        failed_with(StatusCode::NOT_FOUND, message)
     }
 
     /// A 503 with `message`: the database did not answer (a full disk, a failover); the caller may try again.
     pub fn unavailable(message: String) -> ServerFnError {
+        failed_with(StatusCode::SERVICE_UNAVAILABLE, message)
+    }
+
+    /// The server function's error `message`, answered with `status`.
+    fn failed_with(status: StatusCode, message: String) -> ServerFnError {
         if let Some(response) = use_context::<ResponseOptions>() {
-            response.set_status(StatusCode::SERVICE_UNAVAILABLE);
+            response.set_status(status);
         }
         ServerFnError::new(message)
     }

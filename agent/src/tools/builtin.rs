@@ -46,6 +46,12 @@ fn str_field<'a>(input: &'a Value, field: &str) -> &'a str {
     input.get(field).and_then(Value::as_str).unwrap_or_default()
 }
 
+/// The state of the file a file tool's call names in its `path` ([`Tool::state`]).
+fn path_state(workspace: &Workspace, input: &Value) -> Option<String> {
+    let path = WorkspacePath::parse(str_field(input, "path")).ok()?;
+    Some(workspace.state(&path))
+}
+
 /// Runs a file tool's whole body on the blocking pool: one hand-off per call, instead of one per file system call.
 /// The body is bounded (nothing it opens can block: see the workspace), so it runs to its end even when the run is
 /// aborted meanwhile, and its result is what happened.
@@ -272,8 +278,7 @@ impl Tool for WriteFile {
     }
 
     fn state(&self, input: &Value) -> Option<String> {
-        let path = WorkspacePath::parse(str_field(input, "path")).ok()?;
-        Some(self.workspace.state(&path))
+        path_state(&self.workspace, input)
     }
 
     fn preview(&self, input: &Value) -> Option<ApprovalPreview> {
@@ -362,8 +367,7 @@ impl Tool for DeleteFile {
     }
 
     fn state(&self, input: &Value) -> Option<String> {
-        let path = WorkspacePath::parse(str_field(input, "path")).ok()?;
-        Some(self.workspace.state(&path))
+        path_state(&self.workspace, input)
     }
 
     fn preview(&self, input: &Value) -> Option<ApprovalPreview> {
