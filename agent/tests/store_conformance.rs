@@ -2815,6 +2815,21 @@ async fn an_audit_entry_of_a_kind_this_version_does_not_know_is_shown_as_it_is(k
     );
 }
 
+/// Run `r` waiting on calls `a` and `b`, cancelled while `b`'s record did not read (an older version's abort beside
+/// the newer one that wrote it): the database beside the store, `b`'s own record (to put back), and the abort.
+async fn aborted_leaving_b_unread(backend: &Backend) -> (Beside<'_>, String, Aborted) {
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(store, "r", &[("a", u64::MAX), ("b", 5_000)], &[]).await;
+    let beside = Beside::of(backend);
+    let b = beside.read("SELECT record FROM calls WHERE call_id = 'b'");
+    beside.write(&format!(
+        "UPDATE calls SET record = {NOT_A_CALL} WHERE call_id = 'b'"
+    ));
+    let aborted = cancelled(store, "r").await;
+    (beside, b, aborted)
+}
+
 /// A call an abort left because it could not read it (the aborting instance an older version, beside the newer one
 /// that wrote the call) is settled by the run's claim where it reads, as the abort would have, in the claim's own
 /// change: its denial goes to the model with the others, its event follows the abort's, and its audit entry is
@@ -2823,14 +2838,7 @@ async fn an_audit_entry_of_a_kind_this_version_does_not_know_is_shown_as_it_is(k
 async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
-    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
-    open_waiting(store, "r", &[("a", u64::MAX), ("b", 5_000)], &[]).await;
-    let beside = Beside::of(&backend);
-    let b = beside.read("SELECT record FROM calls WHERE call_id = 'b'");
-    beside.write(&format!(
-        "UPDATE calls SET record = {NOT_A_CALL} WHERE call_id = 'b'"
-    ));
-    let aborted = cancelled(store, "r").await;
+    let (beside, b, aborted) = aborted_leaving_b_unread(&backend).await;
     let abort_seq = aborted.run.last_seq;
     claim_is_refused_as_unreadable(store, "r", "call b was left unsettled").await;
     assert_eq!(
@@ -2923,14 +2931,7 @@ async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
 async fn a_claim_settles_what_an_abort_of_a_newer_version_left(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
-    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
-    open_waiting(store, "r", &[("a", u64::MAX), ("b", 5_000)], &[]).await;
-    let beside = Beside::of(&backend);
-    let b = beside.read("SELECT record FROM calls WHERE call_id = 'b'");
-    beside.write(&format!(
-        "UPDATE calls SET record = {NOT_A_CALL} WHERE call_id = 'b'"
-    ));
-    cancelled(store, "r").await;
+    let (beside, b, _) = aborted_leaving_b_unread(&backend).await;
     beside.write(&format!(
         "UPDATE calls SET record = {} WHERE call_id = 'b'; \
          UPDATE runs SET abort = 'a_reason_from_a_newer_version' WHERE id = 'r'",
