@@ -862,12 +862,8 @@ async fn only_the_enabled_tools_are_offered_and_disabled_servers_start_nothing()
 async fn shutdown_stops_every_server_and_what_it_started() {
     let started = start(json!({"parent": fixture(json!({}))})).await.unwrap();
     let mut run = started.context(ApprovalPolicy::Trusted);
-    let pids: Value = serde_json::from_str(&text(
-        &run.call("mcp__parent__spawn_child", json!({})).await,
-    ))
-    .unwrap();
-    let server = pids["server"].as_i64().unwrap() as i32;
-    let child = pids["child"].as_i64().unwrap() as i32;
+    let (server, child) = spawn_child(&mut run, "parent", false).await;
+    let (_, daemon) = spawn_child(&mut run, "parent", true).await;
     let whereami: Value =
         serde_json::from_str(&text(&run.call("mcp__parent__whereami", json!({})).await)).unwrap();
     assert_eq!(
@@ -892,5 +888,32 @@ async fn shutdown_stops_every_server_and_what_it_started() {
         .expect("the servers stop in time");
     exited(server).await;
     exited(child).await;
+    exited(daemon).await;
     assert_eq!(started.status("parent").state, McpServerState::Stopped);
+}
+
+#[tokio::test]
+async fn a_crashed_server_leaves_nothing_running_not_even_what_left_its_session() {
+    let started = start(json!({"crashy": fixture(json!({}))})).await.unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let (server, child) = spawn_child(&mut run, "crashy", false).await;
+    let (_, daemon) = spawn_child(&mut run, "crashy", true).await;
+    run.call("mcp__crashy__exit_mid_call", json!({})).await;
+    assert_eq!(started.status("crashy").state, McpServerState::Crashed);
+    exited(server).await;
+    exited(child).await;
+    exited(daemon).await;
+    started.shut_down().await;
+}
+
+/// Asks the fixture `server` to start a long sleep (in a session of its own, as a daemon does, when `own_session`): the
+/// server's process id and the sleep's.
+async fn spawn_child(run: &mut Run, server: &str, own_session: bool) -> (i32, i32) {
+    let tool = format!("mcp__{server}__spawn_child");
+    let pids: Value = serde_json::from_str(&text(
+        &run.call(&tool, json!({"own_session": own_session})).await,
+    ))
+    .unwrap();
+    let pid = |name: &str| i32::try_from(pids[name].as_i64().unwrap()).unwrap();
+    (pid("server"), pid("child"))
 }

@@ -50,7 +50,7 @@ const tools = () => [
   { name: "junk", description: "Writes junk to stdout, then answers.", inputSchema: object() },
   { name: "change_tools", description: "Changes the echo tool's description and announces it.", inputSchema: object() },
   { name: "change_tools_hang_list", description: "Changes the echo tool's description, announces it, and never answers the next tools/list.", inputSchema: object() },
-  { name: "spawn_child", description: "Starts a long sleep of its own and gives both process ids.", inputSchema: object() },
+  { name: "spawn_child", description: "Starts a long sleep of its own (in a session of its own, as a daemon, when asked) and gives both process ids.", inputSchema: object({ own_session: { type: "boolean" } }) },
   { name: "whereami", description: "Gives its working directory and the names of its environment variables.", inputSchema: object(), annotations: readOnly },
 ];
 
@@ -114,7 +114,8 @@ server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
       log("change_tools_hang_list answered");
       return text(`echo is now version ${version}, and the next tools/list hangs`);
     case "spawn_child": {
-      const child = spawn("sleep", ["600"], { stdio: "ignore" });
+      // `detached` makes the child call setsid(): it leaves the server's process group and session.
+      const child = spawn("sleep", ["600"], { stdio: "ignore", detached: args.own_session === true });
       return text(JSON.stringify({ server: process.pid, child: child.pid }));
     }
     case "whereami":

@@ -7,7 +7,7 @@
 //! - [`rules`]: the servers' per-tool rules, joined to the policy's;
 //! - [`server`]: starting, watching, restarting and stopping servers, and keeping their tools in the toolbox;
 //! - `client`: the one module that speaks to `rmcp`;
-//! - `process`: a stdio server's child process and its process group;
+//! - `process`: a stdio server's child process and everything it starts;
 //! - `tool`: one server tool as a toolgate tool.
 //!
 //! By default a server is untrusted: its annotations are shown, never believed, and every call of its tools asks

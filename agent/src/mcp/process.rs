@@ -1,4 +1,5 @@
-//! The child process of a stdio server: started in the workspace, in a process group of its own, with an
+//! The child process of a stdio server: started in the workspace, as a process tree of its own (see
+//! [`ProcessTree`]: what it starts stays within reach even when it leaves its session or group), with an
 //! environment of `PATH`, `HOME`, `LANG` and what its configuration names (never the model's key); stopped with
 //! everything it started.
 
@@ -10,7 +11,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::{ChildStdin, ChildStdout, Command};
+
+use crate::tools::process_tree::ProcessTree;
 
 /// The variables of toolgate's own environment a server gets without being configured to.
 pub const INHERITED_VARIABLES: [&str; 3] = ["PATH", "HOME", "LANG"];
@@ -59,11 +62,10 @@ impl StderrTail {
     }
 }
 
-/// A started server process, its standard error kept as it comes.
+/// A started server process with everything it starts, its standard error kept as it comes. Dropping it kills
+/// them all.
 pub struct ServerProcess {
-    child: Child,
-    /// The process group: the child's own id, since it leads a new group.
-    group: Option<i32>,
+    tree: ProcessTree,
     stderr: StderrTail,
 }
 
@@ -95,17 +97,13 @@ pub fn spawn(
         .envs(env)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // A group of its own, so that stopping it stops whatever it started too.
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = child.spawn()?;
-    let group = child.id().and_then(|id| i32::try_from(id).ok());
-    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        .stderr(Stdio::piped());
+    let mut tree = ProcessTree::spawn(&mut child)?;
+    let (Some(stdin), Some(stdout)) = (tree.take_stdin(), tree.take_stdout()) else {
         return Err(io::Error::other("the child's pipes are missing"));
     };
     let stderr = StderrTail::default();
-    if let Some(mut pipe) = child.stderr.take() {
+    if let Some(mut pipe) = tree.take_stderr() {
         let tail = stderr.clone();
         let server = server.to_owned();
         tokio::spawn(async move {
@@ -125,11 +123,7 @@ pub fn spawn(
         });
     }
     Ok(Spawned {
-        process: ServerProcess {
-            child,
-            group,
-            stderr,
-        },
+        process: ServerProcess { tree, stderr },
         stdin,
         stdout,
     })
@@ -140,51 +134,32 @@ impl ServerProcess {
         self.stderr.clone()
     }
 
-    /// Waits until the process exits by itself.
+    /// Waits until the server itself exits (what it started may still run: [`ServerProcess::end`] stops that).
     pub async fn exited(&mut self) -> io::Result<ExitStatus> {
-        self.child.wait().await
+        self.tree.command_exited().await
     }
 
     /// Stops the server as the MCP specification describes for stdio (its input is closed already, by closing
-    /// the connection): `grace` to exit, then `SIGTERM`, then `SIGKILL`; then whatever is left of its process
-    /// group is killed too.
+    /// the connection): `grace` to exit, then `SIGTERM` to it and to what it started, then `SIGKILL`; then
+    /// whatever is left of its tree is killed too.
     pub async fn stop(mut self, grace: Duration) {
-        if tokio::time::timeout(grace, self.child.wait())
+        if tokio::time::timeout(grace, self.tree.command_exited())
             .await
             .is_err()
         {
-            self.signal_group(libc::SIGTERM);
-            if tokio::time::timeout(grace, self.child.wait())
-                .await
-                .is_err()
-            {
-                self.signal_group(libc::SIGKILL);
-                let _ = self.child.wait().await;
-            }
+            self.tree.signal(libc::SIGTERM);
+            let _ = tokio::time::timeout(grace, self.tree.command_exited()).await;
         }
-        self.kill_group();
+        self.end().await;
     }
 
-    /// Kills what is left of the process group (the server's own children, once the server itself has exited).
-    pub fn kill_group(&mut self) {
-        self.signal_group(libc::SIGKILL);
-        self.group = None;
-    }
-
-    fn signal_group(&self, signal: i32) {
-        if let Some(group) = self.group {
-            // SAFETY: killpg only sends a signal; a group that no longer exists gives ESRCH, which is fine.
-            unsafe {
-                libc::killpg(group, signal);
-            }
+    /// Kills what is left of the tree (the server's own children, once the server itself has exited) and waits
+    /// until it is gone.
+    pub async fn end(self) {
+        let left_behind = self.tree.end().await;
+        if left_behind > 0 {
+            tracing::debug!(left_behind, "stopped what an MCP server left running");
         }
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        // A server dropped without being stopped (a failed start, a panic) must not outlive its owner.
-        self.signal_group(libc::SIGKILL);
     }
 }
 

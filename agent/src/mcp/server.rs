@@ -604,13 +604,13 @@ async fn supervise(
     match exited {
         None => process.stop(STOP_GRACE).await,
         Some(status) => {
-            process.kill_group();
+            let stderr = process.stderr();
+            process.end().await;
             ended.cancel();
             let reason = match status {
                 Ok(status) => format!("its process exited ({status})"),
                 Err(error) => format!("its process could not be waited for ({error})"),
             };
-            let stderr = process.stderr();
             stderr.read_to_end(STDERR_PATIENCE).await;
             let stderr_tail = stderr.text();
             if let Some(server) = server.upgrade() {

@@ -10,7 +10,7 @@
 
 mod builtin;
 pub mod preview;
-mod process_tree;
+pub(crate) mod process_tree;
 mod workspace;
 
 use std::collections::BTreeMap;

@@ -1,4 +1,5 @@
-//! A command and everything it starts, as one thing that ends together.
+//! A command and everything it starts, as one thing that ends together: `run_command`'s commands and the MCP
+//! stdio servers.
 //!
 //! A process group is not enough: a process the command starts may leave it (`setsid`, `setpgid`), and a daemon that
 //! forks twice is re-parented to init, out of reach. So on Linux each command runs under a supervisor of its own: a
@@ -28,13 +29,13 @@ use std::io;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 
 /// How long the supervisor gets to reap the killed tree and exit before it is killed itself.
 const SUPERVISOR_EXIT: Duration = Duration::from_secs(2);
 
 /// A running command with its whole process tree. Dropping it kills the tree.
-pub(super) struct ProcessTree {
+pub(crate) struct ProcessTree {
     /// The supervisor on Linux, the command itself elsewhere.
     child: Child,
     #[cfg(target_os = "linux")]
@@ -44,7 +45,7 @@ pub(super) struct ProcessTree {
 
 impl ProcessTree {
     /// Starts `command` (stdio already configured) as a tree of its own.
-    pub(super) fn spawn(command: &mut Command) -> io::Result<Self> {
+    pub(crate) fn spawn(command: &mut Command) -> io::Result<Self> {
         #[cfg(target_os = "linux")]
         {
             let (status_sender, status) = tokio::net::unix::pipe::pipe()?;
@@ -74,16 +75,20 @@ impl ProcessTree {
         }
     }
 
-    pub(super) fn take_stdout(&mut self) -> Option<ChildStdout> {
+    pub(crate) fn take_stdin(&mut self) -> Option<ChildStdin> {
+        self.child.stdin.take()
+    }
+
+    pub(crate) fn take_stdout(&mut self) -> Option<ChildStdout> {
         self.child.stdout.take()
     }
 
-    pub(super) fn take_stderr(&mut self) -> Option<ChildStderr> {
+    pub(crate) fn take_stderr(&mut self) -> Option<ChildStderr> {
         self.child.stderr.take()
     }
 
     /// Waits for the command itself to exit (what it started may still run).
-    pub(super) async fn command_exited(&mut self) -> io::Result<ExitStatus> {
+    pub(crate) async fn command_exited(&mut self) -> io::Result<ExitStatus> {
         #[cfg(target_os = "linux")]
         {
             use std::os::unix::process::ExitStatusExt;
@@ -105,7 +110,7 @@ impl ProcessTree {
     }
 
     /// Kills whatever is left of the tree and waits until it is gone. Returns how many processes were killed.
-    pub(super) async fn end(mut self) -> usize {
+    pub(crate) async fn end(mut self) -> usize {
         self.ended = true;
         let killed = self.kill_all();
         if tokio::time::timeout(SUPERVISOR_EXIT, self.child.wait())
@@ -121,13 +126,33 @@ impl ProcessTree {
         killed
     }
 
-    fn kill_all(&mut self) -> usize {
-        // `id()` is `None` only once the child was reaped, and then nothing of the tree is left to kill.
-        let Some(pid) = self
-            .child
+    /// Sends `signal` to every process of the tree that lives (a polite `SIGTERM` before the end, say). What a
+    /// process starts after this is not reached: [`ProcessTree::end`] is what ends them all.
+    pub(crate) fn signal(&self, signal: libc::c_int) {
+        let Some(pid) = self.root() else {
+            return;
+        };
+        #[cfg(target_os = "linux")]
+        {
+            linux::signal_descendants(pid, signal);
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            // SAFETY: killpg has no memory-safety preconditions; the group is our unreaped child's.
+            unsafe { libc::killpg(pid, signal) };
+        }
+    }
+
+    /// The supervisor's pid (the command's elsewhere). `id()` is `None` only once the child was reaped, and then
+    /// nothing of the tree is left to reach.
+    fn root(&self) -> Option<libc::pid_t> {
+        self.child
             .id()
             .and_then(|pid| libc::pid_t::try_from(pid).ok())
-        else {
+    }
+
+    fn kill_all(&mut self) -> usize {
+        let Some(pid) = self.root() else {
             return 0;
         };
         #[cfg(target_os = "linux")]
@@ -485,6 +510,16 @@ mod linux {
         }
         signal(supervisor, libc::SIGCONT);
         killed.len()
+    }
+
+    /// Sends `sent` once to every living descendant of `supervisor` (our own unreaped child), with the supervisor
+    /// stopped meanwhile, as in [`kill_descendants`], so that no pid read is freed before its signal.
+    pub(super) fn signal_descendants(supervisor: pid_t, sent: libc::c_int) {
+        signal(supervisor, libc::SIGSTOP);
+        for pid in living_descendants(supervisor) {
+            signal(pid, sent);
+        }
+        signal(supervisor, libc::SIGCONT);
     }
 
     /// One pass over /proc: the descendants of `root` that are not zombies.
