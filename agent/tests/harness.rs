@@ -502,6 +502,49 @@ async fn a_runs_bound_on_event_bytes_holds_across_its_approvals() {
     );
 }
 
+/// A run whose last events do not fit its bound on event bytes ends with the limit. Before, the model's answer was
+/// refused from the log but the run still ended done, its log without the text the done run claimed to have said.
+#[tokio::test]
+async fn a_run_whose_last_events_pass_its_bound_ends_at_the_limit_not_done() {
+    let Setup { harness: probe, .. } = setup();
+    let whole = probe.start(start("hello")).await.unwrap();
+    let sizes: Vec<(u64, StreamEvent)> = whole
+        .subscribe(0)
+        .map(|event| (event.json.len() as u64, decode(&event.json)))
+        .collect()
+        .await;
+    let (terminal, before) = sizes.split_last().unwrap();
+    assert!(matches!(terminal.1, StreamEvent::Done { .. }), "{sizes:?}");
+    let (last, earlier) = before.split_last().unwrap();
+    // Room for every event but the last one before the end (half of it: its timing may read shorter next time).
+    let bound = earlier.iter().map(|(bytes, _)| bytes).sum::<u64>() + last.0 / 2;
+
+    let Setup { harness, .. } = setup_with(
+        ApprovalPolicy::OnRequest,
+        Retention {
+            event_bytes_per_run: usize::try_from(bound).unwrap(),
+            ..Retention::default()
+        },
+    );
+    let bounded = harness.start(start("hello")).await.unwrap();
+    let events: Vec<StreamEvent> = bounded
+        .subscribe(0)
+        .map(|event| decode(&event.json))
+        .collect()
+        .await;
+    assert!(
+        matches!(
+            events.last(),
+            Some(StreamEvent::Error {
+                code: RunErrorCode::EventLimit,
+                ..
+            })
+        ),
+        "the run ends at the limit, after {:?} ({events:?})",
+        last.1
+    );
+}
+
 #[tokio::test]
 async fn finished_runs_are_forgotten_oldest_first_past_the_size_of_the_event_log() {
     let Setup { harness: probe, .. } = setup();

@@ -10,7 +10,7 @@ use crate::approvals::{denied_by, not_run_after_abort, request_audit, settlement
 use crate::clock::now_ms;
 use crate::events::AgentEvent;
 use crate::interrupts::{IssuedInterrupt, Suspension, arguments_digest};
-use crate::runtime::{RunContext, RunError, call_record, encode, tool_result};
+use crate::runtime::{AbortReason, RunContext, RunError, call_record, encode, tool_result};
 use crate::store::{
     AuditEntry, AuditKind, CallStatus, EndClaim, Fenced, FinishRun, HeldRun, OpenBatch,
     RecoveryEvents, RunState, SavedBatch, SettleExpired, Settlement,
@@ -18,6 +18,41 @@ use crate::store::{
 use crate::wire::{
     DenialSource, InterruptRequest, Message, Resolution, RunErrorCode, ToolErrorCode, ToolOutput,
 };
+
+/// A run whose events passed its bound ends at the limit, whatever its loop made of the step in which they did: the
+/// events past the bound are not in its log, so its log must not end as though they were (an answer the log does not
+/// hold, a batch that waits on calls whose start it lacks). The calls of such a batch are answered as an abort's are.
+fn unless_past_event_bound(
+    end: RunEnd,
+    messages: &mut Vec<Message>,
+    context: &RunContext,
+) -> RunEnd {
+    let reason = context.abort.reason();
+    if matches!(end, RunEnd::Failed(_))
+        || !context.abort.is_aborted()
+        || reason != AbortReason::EventLimit
+    {
+        return end;
+    }
+    let error = RunError::Aborted { reason };
+    match &end {
+        RunEnd::Suspended(batch) => answer_unfinished(messages, &batch.calls, &error),
+        RunEnd::Interrupted(interruption) => {
+            // What ran before the batch was interrupted has its result; the rest ends with the run.
+            messages.extend(interruption.calls.iter().filter_map(|call| {
+                let (_, output) = interruption.settled.iter().find(|(id, _)| id == &call.id)?;
+                Some(Message::Tool {
+                    tool_call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    output: output.clone(),
+                })
+            }));
+            answer_unfinished(messages, &interruption.calls, &error);
+        }
+        RunEnd::Answer(_) | RunEnd::Failed(_) => {}
+    }
+    RunEnd::Failed(error)
+}
 
 impl Harness {
     /// Ends a run this instance holds that no task of it works on (`reconcile_held_runs_forever`), under its claim:
@@ -162,6 +197,7 @@ impl Harness {
             steps,
             repeat,
         } = outcome;
+        let end = unless_past_event_bound(end, &mut conversation.messages, &ending.context);
         match end {
             RunEnd::Answer(answer) => {
                 let done = AgentEvent::RunFinished { answer, steps };
