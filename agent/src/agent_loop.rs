@@ -168,8 +168,10 @@ impl RepeatGuard {
     }
 
     fn check(&mut self, call: &ToolCall) -> Repeat {
-        // serde_json objects are ordered maps, so the same arguments in another key order compare equal.
-        let arguments = serde_json::from_str::<Value>(&call.arguments)
+        // The arguments as the tool reads them: serde_json objects are ordered maps, so the same arguments in another
+        // key order compare equal, and blank arguments are the empty object they run as.
+        let arguments = call
+            .arguments_json()
             .map(|v| v.to_string())
             .unwrap_or_else(|_| call.arguments.clone());
         let times = self.seen.entry((call.name.clone(), arguments)).or_insert(0);
@@ -785,6 +787,34 @@ mod tests {
             .iter()
             .map(|m| serde_json::to_string(m).unwrap().len())
             .sum()
+    }
+
+    /// Calls the tool runs alike count as one repeated call: blank arguments run as `{}`, and keys in another
+    /// order or other spacing are the same arguments. Before, a model alternating `""` and `{}` got twice the tries.
+    #[test]
+    fn the_repeat_guard_counts_arguments_as_the_tool_reads_them() {
+        let limits = LoopLimits {
+            max_identical_calls: 1,
+            repeat_strikes: 10,
+            ..LoopLimits::default()
+        };
+        let mut guard = RepeatGuard::new(limits);
+        let call = |arguments: &str| ToolCall {
+            id: ToolCallId::generate(),
+            name: "list_files".to_owned(),
+            arguments: arguments.to_owned(),
+        };
+        assert!(matches!(guard.check(&call("")), Repeat::Fresh));
+        assert!(matches!(guard.check(&call("{}")), Repeat::Blocked(2)));
+        assert!(matches!(guard.check(&call(" { } ")), Repeat::Blocked(3)));
+        assert!(matches!(
+            guard.check(&call(r#"{"a":1,"b":2}"#)),
+            Repeat::Fresh
+        ));
+        assert!(matches!(
+            guard.check(&call(r#"{ "b": 2, "a": 1 }"#)),
+            Repeat::Blocked(2)
+        ));
     }
 
     #[test]
