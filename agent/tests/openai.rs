@@ -980,6 +980,32 @@ async fn a_stream_kept_alive_without_an_end_fails_at_the_steps_deadline() {
     );
 }
 
+/// A step whose model said why it stopped is whole, even when the step's deadline comes while toolgate waits for
+/// what may follow (token counts, `[DONE]`). Before, the deadline threw the finished step away as timed out.
+#[tokio::test]
+async fn a_step_finished_before_its_deadline_is_kept_when_the_deadline_comes_during_the_wait_after()
+{
+    let server = FakeServer::start(vec![Reply::Stream {
+        pieces: bytes(&[text("Hi"), finish("stop")]),
+        end: End::KeepAlive(Duration::from_millis(50)),
+    }])
+    .await;
+    let mut config = config(&server);
+    // Within the 2 s toolgate waits after the finish for what may follow.
+    config.step_timeout = Duration::from_millis(700);
+    let model = model(config);
+
+    let items = step(&model, &user("hi"), &[]).await;
+
+    assert_eq!(
+        items,
+        vec![
+            Ok(ModelChunk::Text("Hi".into())),
+            Ok(ModelChunk::Finish("stop".into()))
+        ]
+    );
+}
+
 #[tokio::test]
 async fn an_unreachable_server_is_a_connection_error() {
     // Bind a port, then free it: nothing listens there any more.

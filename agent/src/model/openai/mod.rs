@@ -433,38 +433,54 @@ impl StepStream<'_> {
     async fn next(&mut self) -> Option<Result<ModelChunk, ModelError>> {
         match tokio::time::timeout_at(self.deadline, self.read()).await {
             Ok(item) => item,
-            // `read` leaves the state `Ended` while it waits, so nothing more is read after this.
-            Err(_) => {
-                tracing::debug!(endpoint = %self.model.endpoint_for_logs, "the model step ran out of time");
-                self.ready.clear();
-                Some(Err(ModelError::StepTimeout(self.model.step_timeout)))
-            }
+            // Nothing more is read after this: the state is `Ended` from here on.
+            Err(_) => match std::mem::replace(&mut self.state, State::Ended) {
+                // The model said why it stopped, and only what may follow it was awaited: the step is whole.
+                State::Reading(mut reading) if reading.step.has_finished() => {
+                    match std::mem::take(&mut reading.step).finish() {
+                        Ok(chunks) => {
+                            self.ready.extend(chunks);
+                            self.ready.pop_front().map(Ok)
+                        }
+                        Err(error) => Some(Err(self.model.redactor.error(error))),
+                    }
+                }
+                _ => {
+                    tracing::debug!(endpoint = %self.model.endpoint_for_logs, "the model step ran out of time");
+                    self.ready.clear();
+                    Some(Err(ModelError::StepTimeout(self.model.step_timeout)))
+                }
+            },
         }
     }
 
+    /// Reads until a chunk is ready. The response stays in the state while it is read, so that a deadline that
+    /// stops the read can still see how far the step came.
     async fn read(&mut self) -> Option<Result<ModelChunk, ModelError>> {
         loop {
             if let Some(chunk) = self.ready.pop_front() {
                 return Some(Ok(chunk));
             }
-            let result = match std::mem::replace(&mut self.state, State::Ended) {
-                State::Ended => return None,
-                State::Connecting => self.model.send(&self.body).await.map(|response| {
-                    self.state = State::Reading(Box::new(Reading {
-                        events: sse::events(response.bytes_stream(), self.model.timeout),
-                        step: StepAssembler::new(),
-                    }));
-                }),
-                State::Reading(mut reading) => reading
-                    .advance(self.model, &mut self.ready)
-                    .await
-                    .map(|progress| {
-                        if let Progress::More = progress {
-                            self.state = State::Reading(reading);
-                        }
+            let result =
+                match &mut self.state {
+                    State::Ended => return None,
+                    State::Connecting => self.model.send(&self.body).await.map(|response| {
+                        self.state = State::Reading(Box::new(Reading {
+                            events: sse::events(response.bytes_stream(), self.model.timeout),
+                            step: StepAssembler::new(),
+                        }));
                     }),
-            };
+                    State::Reading(reading) => reading
+                        .advance(self.model, &mut self.ready)
+                        .await
+                        .map(|progress| {
+                            if let Progress::Done = progress {
+                                self.state = State::Ended;
+                            }
+                        }),
+                };
             if let Err(error) = result {
+                self.state = State::Ended;
                 tracing::debug!(endpoint = %self.model.endpoint_for_logs, "the model step failed");
                 return Some(Err(self.model.redactor.error(error)));
             }
