@@ -47,6 +47,16 @@ pub async fn load_rules_and_grants(
     })
 }
 
+/// How an "Always allow" ended, once its rule is in force (an error means no rule was added).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum AlwaysAllowed {
+    /// The rule is in force, and the call was approved.
+    Approved,
+    /// The rule is in force, but the call was not approved (it was decided meanwhile, its run ended, the database
+    /// refused the decision): why.
+    RuleOnly { reason: String },
+}
+
 /// Adds the rule the card offered for this pending call, then approves the call once. `rule` is the text the
 /// person confirmed; it must be the one offered, so what was confirmed is what is added.
 #[server(prefix = "/api/fn", endpoint = "always_allow")]
@@ -55,7 +65,7 @@ pub async fn always_allow(
     tool_call_id: ToolCallId,
     rule: String,
     session: Option<SessionId>,
-) -> Result<(), ServerFnError> {
+) -> Result<AlwaysAllowed, ServerFnError> {
     use agent::policy::{Rule, RuleBookError};
     use agent::wire::Decision;
 
@@ -87,15 +97,18 @@ pub async fn always_allow(
         Ok(_) | Err(RuleBookError::AlreadyPresent { .. }) => {}
         Err(error) => return Err(ServerFnError::new(error.to_string())),
     }
-    harness
-        .decide(&run_id, &tool_call_id, Decision::approve(), &actor)
-        .await
-        .map(|_| ())
-        .map_err(|error| {
-            ServerFnError::new(format!(
-                "The rule was added, but the call was not approved: {error}"
-            ))
-        })
+    // The rule is in force from here on, whatever becomes of the call: the page must know it was added.
+    Ok(
+        match harness
+            .decide(&run_id, &tool_call_id, Decision::approve(), &actor)
+            .await
+        {
+            Ok(_) => AlwaysAllowed::Approved,
+            Err(error) => AlwaysAllowed::RuleOnly {
+                reason: error.to_string(),
+            },
+        },
+    )
 }
 
 #[server(prefix = "/api/fn", endpoint = "remove_rule")]
@@ -203,7 +216,16 @@ pub fn AlwaysAllow(key: ApprovalKey, rule: String, in_flight: Memo<bool>) -> imp
         spawn_local(async move {
             // The card leaves when `approvalResolved` arrives, as for any decision.
             match always_allow(key.0.clone(), key.1.clone(), rule, Some(ui.session_id())).await {
-                Ok(()) => ui.rules_changed.update(|n| *n += 1),
+                Ok(AlwaysAllowed::Approved) => ui.rules_changed.update(|n| *n += 1),
+                Ok(AlwaysAllowed::RuleOnly { reason }) => {
+                    ui.rules_changed.update(|n| *n += 1);
+                    ui.error.set(Some(format!(
+                        "The rule was added, but the call was not approved: {reason}"
+                    )));
+                    ui.deciding.update(|deciding| {
+                        deciding.remove(&key);
+                    });
+                }
                 Err(error) => {
                     ui.error.set(Some(format!(
                         "The rule was not added: {}",

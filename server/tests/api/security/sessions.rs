@@ -214,6 +214,77 @@ async fn a_revocation_the_database_refuses_is_503_not_404() {
     assert!(!text.contains("No grant"), "{text}");
 }
 
+/// "Always allow" whose rule is added but whose approval the database refuses answers that the rule is in force
+/// and why the call was not approved, so that the page shows the rule and does not say it was not added. Before, it
+/// failed as a whole, and the page said "The rule was not added: The rule was added, but…".
+#[tokio::test]
+async fn always_allow_says_the_rule_is_in_force_when_only_its_approval_fails() {
+    let (app, file, _dir) = on_sqlite().await;
+    let (run_id, call_id) = waiting_run(&app, "alice", "a.txt").await;
+    let rule = pending_rule(&app, &run_id, &call_id).await;
+    rusqlite::Connection::open(&file)
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER refuse_decisions BEFORE UPDATE ON calls \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    let answered = server_fn(
+        &app,
+        "always_allow",
+        "alice",
+        &[
+            ("run_id", &run_id),
+            ("tool_call_id", &call_id),
+            ("rule", &rule),
+        ],
+    )
+    .await;
+    assert_eq!(answered.status(), 200);
+    let answered: Value = answered.json().await.unwrap();
+    let reason = answered["RuleOnly"]["reason"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the rule only: {answered}"));
+    assert!(reason.contains("refused by the test"), "{reason}");
+    let listed: Value = app.get("/api/rules").await.json().await.unwrap();
+    assert_eq!(listed["rules"][0]["rule"], rule.as_str(), "{listed}");
+    assert_eq!(pending(&app).await.len(), 1, "the call still waits");
+
+    // With the decision written again, the card approves as usual.
+    rusqlite::Connection::open(&file)
+        .unwrap()
+        .execute_batch("DROP TRIGGER refuse_decisions;")
+        .unwrap();
+    let (run_id, call_id) = waiting_run(&app, "bob", "b.txt").await;
+    let approved = server_fn(
+        &app,
+        "always_allow",
+        "bob",
+        &[
+            ("run_id", &run_id),
+            ("tool_call_id", &call_id),
+            ("rule", &pending_rule(&app, &run_id, &call_id).await),
+        ],
+    )
+    .await;
+    let status = approved.status();
+    let approved = approved.text().await.unwrap();
+    assert_eq!(status, 200, "{approved}");
+    let approved: Value = serde_json::from_str(&approved).unwrap();
+    assert_eq!(approved, json!("Approved"));
+}
+
+/// The rule the card of pending call `call_id` of `run_id` offers.
+async fn pending_rule(app: &TestApp, run_id: &str, call_id: &str) -> String {
+    pending(app)
+        .await
+        .iter()
+        .find(|request| request["runId"] == run_id && request["toolCallId"] == call_id)
+        .and_then(|request| request["choices"]["alwaysAllow"].as_str())
+        .expect("the card offers a rule")
+        .to_owned()
+}
+
 #[tokio::test]
 async fn a_get_never_makes_the_server_hold_a_session() {
     let app = spawn_app().await;
