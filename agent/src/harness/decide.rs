@@ -92,6 +92,15 @@ impl Harness {
             .await?
             .map(|grant| session_grant(grant, run_id.clone(), tool_call_id.clone()));
         let settle = Box::new(move |record: &crate::store::CallRecord| {
+            // Past its expiry a call is the sweep's, which times it out, even when no sweep has yet: a decision
+            // that comes after the card's time ran out decides nothing.
+            if record
+                .approval
+                .as_ref()
+                .is_some_and(|approval| approval.expires_at <= now_ms())
+            {
+                return Err(DecideFailure::Expired);
+            }
             if let Decision::Approve {
                 arguments: Some(arguments),
                 ..
@@ -116,7 +125,10 @@ impl Harness {
             .map_err(Unavailable)?;
         let record = match decided {
             Ok(record) => record,
-            Err(DecideFailure::NotPending) => {
+            Err(failure @ (DecideFailure::NotPending | DecideFailure::Expired)) => {
+                if failure == DecideFailure::Expired {
+                    self.inner.sweeper.notify_one();
+                }
                 return Err(DecideError::NotFound(ApprovalNotFound {
                     run_id: run_id.clone(),
                     tool_call_id: tool_call_id.clone(),

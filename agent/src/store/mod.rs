@@ -434,7 +434,7 @@ pub struct Settlement {
 pub struct Refused(pub String);
 
 /// Makes the settlement of a pending call, or refuses.
-pub type Settle = Box<dyn FnOnce(&CallRecord) -> Result<Settlement, Refused> + Send>;
+pub type Settle = Box<dyn FnOnce(&CallRecord) -> Result<Settlement, DecideFailure> + Send>;
 /// Makes the settlement of each pending call whose time ran out.
 pub type SettleExpired = Box<dyn Fn(&CallRecord) -> Settlement + Send + Sync>;
 
@@ -443,6 +443,9 @@ pub type SettleExpired = Box<dyn Fn(&CallRecord) -> Settlement + Send + Sync>;
 pub enum DecideFailure {
     #[error("not pending")]
     NotPending,
+    /// The approval's time ran out, though no sweep has settled it yet: it is left for the sweep.
+    #[error("expired")]
+    Expired,
     #[error(transparent)]
     Refused(#[from] Refused),
 }

@@ -1403,7 +1403,7 @@ impl Store for SqlStore {
             let mut record = call_record(&row)?;
             let mut settlement = match settle(&record) {
                 Ok(settlement) => settlement,
-                Err(refused) => return Ok(Err(DecideFailure::Refused(refused))),
+                Err(failure) => return Ok(Err(failure)),
             };
             // A grant the decision makes is kept with it: whoever sees the decision finds the grant.
             if let Some(grant) = settlement.grant.take() {
