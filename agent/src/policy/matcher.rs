@@ -320,6 +320,8 @@ pub struct RuleGlob {
 struct CompiledGlob {
     exact_case: GlobMatcher,
     any_case: OnceLock<GlobMatcher>,
+    /// The glob read as text, `*` crossing `/` too.
+    as_text: OnceLock<GlobMatcher>,
 }
 
 impl PartialEq for RuleGlob {
@@ -331,8 +333,16 @@ impl PartialEq for RuleGlob {
 impl Eq for RuleGlob {}
 
 fn build_glob(pattern: &str, case_insensitive: bool) -> Result<GlobMatcher, globset::Error> {
+    build_glob_with(pattern, case_insensitive, true)
+}
+
+fn build_glob_with(
+    pattern: &str,
+    case_insensitive: bool,
+    literal_separator: bool,
+) -> Result<GlobMatcher, globset::Error> {
     GlobBuilder::new(pattern)
-        .literal_separator(true)
+        .literal_separator(literal_separator)
         .backslash_escape(true)
         .case_insensitive(case_insensitive)
         .build()
@@ -350,6 +360,7 @@ impl RuleGlob {
             Some(CompiledGlob {
                 exact_case: build_glob(pattern, false)?,
                 any_case: OnceLock::new(),
+                as_text: OnceLock::new(),
             })
         };
         Ok(Self {
@@ -372,6 +383,22 @@ impl RuleGlob {
                 .get_or_init(|| {
                     // The same pattern compiled once already; ignoring case cannot make it invalid.
                     build_glob(&self.pattern, true).unwrap_or_else(|_| compiled.exact_case.clone())
+                })
+                .is_match(candidate),
+        }
+    }
+
+    /// Whether the glob fits `candidate` read as text rather than as a path: `*` and `?` match `/` too, so that
+    /// `rm *` fits `rm -rf /` and `*evil.com*` fits `https://evil.com/x`. Case counts.
+    pub fn is_text_match(&self, candidate: &str) -> bool {
+        match &self.compiled {
+            None => candidate == self.pattern,
+            Some(compiled) => compiled
+                .as_text
+                .get_or_init(|| {
+                    // The same pattern compiled once already; reading `/` as any character cannot make it invalid.
+                    build_glob_with(&self.pattern, false, false)
+                        .unwrap_or_else(|_| compiled.exact_case.clone())
                 })
                 .is_match(candidate),
         }

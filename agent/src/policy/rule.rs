@@ -399,9 +399,16 @@ impl Rule {
             }
             Some(ArgumentMatcher::Named(globs)) => globs.iter().all(|argument| {
                 let readings = argument_readings(call, &argument.name);
-                let case_insensitive = is_workspace_path(call.tool_name, &argument.name)
-                    && call.paths.case_insensitive();
-                let hit = |candidate: &String| argument.glob.is_match(candidate, case_insensitive);
+                let path = is_workspace_path(call.tool_name, &argument.name);
+                let case_insensitive = path && call.paths.case_insensitive();
+                // An argument that is not a workspace path may be any text: a `deny` or `ask` rule also reads its
+                // glob as text, `*` crossing `/` (`command=rm *` catches `rm -rf /`); an `allow` keeps to the
+                // narrower reading, where `*` stays between slashes.
+                let as_text = !path && !strict_reading;
+                let hit = |candidate: &String| {
+                    argument.glob.is_match(candidate, case_insensitive)
+                        || (as_text && argument.glob.is_text_match(candidate))
+                };
                 if strict_reading {
                     !readings.unknown
                         && !readings.known.is_empty()

@@ -637,6 +637,41 @@ fn named_argument_globs_apply_to_any_tool() {
     }
 }
 
+/// An argument that is not a workspace path may be any text: a `deny` or `ask` rule's `*` crosses `/` there, so
+/// `command=rm *` catches `rm -rf /` and `url=*evil.com*` catches a URL. An `allow` keeps `*` between slashes.
+/// Before, every argument glob read `*` as a path segment, and such a deny silently let the call through.
+#[test]
+fn a_deny_on_a_text_argument_reads_star_across_slashes_and_an_allow_does_not() {
+    let none = SessionGrants::new();
+    let exec = tool("mcp__shell__exec", ToolAnnotations::default());
+    let fetch = tool("mcp__web__fetch", ToolAnnotations::default());
+    let policy = policy(
+        ApprovalPolicy::OnRequest,
+        "mcp__shell__exec(command=rm *)=deny,mcp__web__fetch(url=*evil.com*)=ask,\
+         mcp__web__fetch(url=https://docs.rs/*)=allow",
+    );
+    let table: &[(&ToolSpec, Value, &str)] = &[
+        (&exec, json!({"command": "rm -rf /"}), "deny"),
+        (&exec, json!({"command": "rm x/y"}), "deny"),
+        (&exec, json!({"command": "ls /"}), "ask"),
+        (&fetch, json!({"url": "https://evil.com/x"}), "ask"),
+        (&fetch, json!({"url": "https://docs.rs/serde"}), "allow"),
+        // The allow's `*` stays in one segment: a deeper page is not what it names.
+        (
+            &fetch,
+            json!({"url": "https://docs.rs/serde/latest"}),
+            "ask",
+        ),
+    ];
+    for (tool, input, expected) in table {
+        assert_eq!(
+            verdict_kind(&policy.decide(tool, input, &none)),
+            *expected,
+            "{input}"
+        );
+    }
+}
+
 /// A number is read by its value: every JSON spelling of a whole number meets the rule written with it.
 #[test]
 fn a_number_meets_a_rule_whatever_its_spelling() {
