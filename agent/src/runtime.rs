@@ -391,7 +391,16 @@ pub async fn execute(
         },
         (Some(tool), None) => match changed_since_shown(tool, &record) {
             Some(refused) => Err(refused),
-            None => Ok((tool, record.input.clone())),
+            // A call a person approved may have waited for hours: a deny rule added meanwhile beats the approval
+            // as it would have beaten the call. (A call allowed inline was decided moments ago, under these rules.)
+            None => match record
+                .resolution
+                .as_ref()
+                .and_then(|_| denied_by_rule(context, tool, &record.input))
+            {
+                Some(refused) => Err(refused),
+                None => Ok((tool, record.input.clone())),
+            },
         },
     };
     let output = match output {
@@ -424,7 +433,8 @@ pub async fn execute(
     Ok(Some(for_model))
 }
 
-/// A `deny` rule beats a person too: arguments a person edited cannot reach what a rule forbids.
+/// A `deny` rule beats a person too: neither an approval given after the rule was added nor arguments a person
+/// edited reach what a rule forbids.
 fn denied_by_rule(
     context: &RunContext,
     tool: &RegisteredTool,

@@ -432,6 +432,53 @@ async fn an_approved_call_does_not_touch_a_file_that_changed_after_its_card() {
     assert!(!file.exists());
 }
 
+/// A `deny` rule beats a person's approval also when it was added while the call waited: the approved call is refused
+/// as the rule says, without edits as with them. Before, only edited arguments were checked against the rules again,
+/// and a card approved after the rule (hours later, from another tab) ran what the rule forbids.
+#[tokio::test]
+async fn a_deny_rule_added_while_a_call_waits_refuses_it_when_approved() {
+    let setup = setup();
+    let file = setup.dir.path().join("precious.txt");
+    std::fs::write(&file, "keep").unwrap();
+    let record = setup
+        .harness
+        .start(start("delete precious.txt"))
+        .await
+        .unwrap();
+    let mut events = record.subscribe(0);
+    let (_, request) = next_approval(&mut events).await;
+    setup
+        .harness
+        .add_rule(
+            agent::policy::Rule::parse("delete_file(precious.txt)=deny:Keep it.").unwrap(),
+            &Actor::local(),
+        )
+        .await
+        .unwrap();
+    setup
+        .harness
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Decision::approve(),
+            &Actor::local(),
+        )
+        .await
+        .unwrap();
+    let events: Vec<StreamEvent> = record
+        .subscribe(0)
+        .map(|encoded| decode(&encoded.json))
+        .collect()
+        .await;
+    let output = tool_output(&events);
+    assert!(
+        matches!(&output, agent::wire::ToolOutput::Error { code: agent::wire::ToolErrorCode::PermissionDenied, message }
+            if message.contains("Keep it.")),
+        "{output:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
+}
+
 /// Deletes a file after an approval: the bytes of the run's log when its approval was asked, when the deletion's
 /// result was in it (what the run's part after the approval starts from), and at its end; and its end.
 async fn delete_after_approval(setup: &Setup) -> ([u64; 3], StreamEvent) {

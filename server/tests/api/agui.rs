@@ -213,6 +213,43 @@ async fn a_resume_does_not_touch_a_file_that_changed_after_its_interrupt() {
     );
 }
 
+/// A deny rule added while an interrupt waits refuses the call its resume approves: a rule beats a person. Before,
+/// an approved resume ran it.
+#[tokio::test]
+async fn a_resume_does_not_run_what_a_rule_added_meanwhile_denies() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("a.txt"), "keep").unwrap();
+    let first = agui(&app, start("thread-ruled", "run-1", "delete a.txt")).await;
+    let interrupt = first.interrupts()[0].clone();
+    let added = app
+        .post_json(
+            "/api/rules",
+            &json!({"rule": "delete_file(a.txt)=deny:Keep it."}),
+        )
+        .await;
+    assert_eq!(added.status(), 201);
+    let second = agui(
+        &app,
+        resume(
+            "thread-ruled",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupt)]),
+        ),
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.body);
+    let results = second.of_type("TOOL_CALL_RESULT");
+    assert_eq!(results.len(), 1);
+    assert!(
+        results[0]["content"].as_str().unwrap().contains("Keep it."),
+        "{}",
+        results[0]
+    );
+    assert_eq!(std::fs::read_to_string(app.file("a.txt")).unwrap(), "keep");
+}
+
 /// The snapshot that ends an interrupted run holds the results of the calls of its batch that ran already: the stream
 /// sent them as `TOOL_CALL_RESULT`, and a client that keeps the snapshot as its conversation keeps them. A resume
 /// with that conversation works, and its own snapshot does not repeat them.
