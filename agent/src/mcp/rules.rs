@@ -149,6 +149,29 @@ mod tests {
         assert_eq!(denied.reason(), "Never from here.");
     }
 
+    /// A tool's real name may hold `.` or `:`, which the model sees as `_`: a server's glob written with them, and a
+    /// `--rules` name written with them, match the names the model sees. Before, `files.*=deny` became
+    /// `mcp__fs__files.*`, which no name the model sees fits, and the deny did nothing.
+    #[test]
+    fn names_with_dots_or_colons_are_read_as_the_model_sees_them() {
+        let config = config(
+            r#"{"mcpServers": {"fs": {"command": "x", "rules": ["files.*=deny", "db:drop=deny"]}}}"#,
+        );
+        let global: RuleSet = "mcp__fs__admin.reset=deny".parse().unwrap();
+        let policy = PermissionPolicy::with_rules(
+            ApprovalPolicy::Trusted,
+            std::sync::Arc::new(
+                ConfiguredRules::new(global, Vec::new()).with_mcp_rules(policy_rules(&config)),
+            ),
+        );
+        let decide =
+            |name: &str| kind(&policy.decide(&mcp_tool(name), &json!({}), &SessionGrants::new()));
+        assert_eq!(decide("mcp__fs__files_delete"), "deny");
+        assert_eq!(decide("mcp__fs__db_drop"), "deny");
+        assert_eq!(decide("mcp__fs__admin_reset"), "deny");
+        assert_eq!(decide("mcp__fs__other"), "allow");
+    }
+
     #[test]
     fn a_rule_the_policy_cannot_read_is_refused_where_it_is_written() {
         for (rule, expected) in [

@@ -108,6 +108,10 @@ impl ToolPattern {
         if !text.chars().all(|c| allowed(c) || matches!(c, '*' | '?')) {
             return Err(RuleProblem::ToolPattern(text.to_owned()));
         }
+        // The model sees no tool name with `.` or `:`: an MCP tool's name has them as `_` (`files.delete` of server
+        // `fs` is `mcp__fs__files_delete`), so a rule written with its real name is read as the model's, and does
+        // not silently match nothing.
+        let text = &text.replace(['.', ':'], "_");
         if text.chars().all(allowed) {
             return Ok(Self::Exact(text.to_owned()));
         }
