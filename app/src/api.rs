@@ -240,6 +240,38 @@ pub mod ssr {
         ServerFnError::new(message)
     }
 
+    /// A 400 with `message`: what the caller sent cannot be used as it is.
+    pub fn invalid(message: String) -> ServerFnError {
+        failed_with(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// A refused start, with the status every route gives it ([`StartError::refusal`]).
+    pub fn start_refused(error: &agent::harness::StartError) -> ServerFnError {
+        failed_with(status(error.refusal().0), error.to_string())
+    }
+
+    /// A refused change of the rules, with the rules API's status.
+    pub fn rules_refused(error: &agent::policy::RuleBookError) -> ServerFnError {
+        use agent::policy::RuleBookError;
+        let status = match error {
+            RuleBookError::NotFound(_) => StatusCode::NOT_FOUND,
+            RuleBookError::NotRemovable { .. } => StatusCode::FORBIDDEN,
+            RuleBookError::AlreadyPresent { .. } => StatusCode::CONFLICT,
+            RuleBookError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            RuleBookError::Stored { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        failed_with(status, error.to_string())
+    }
+
+    /// A refused decision, with the approval API's status.
+    pub fn decide_refused(error: &agent::harness::DecideError) -> ServerFnError {
+        failed_with(status(error.status()), error.to_string())
+    }
+
+    fn status(code: u16) -> StatusCode {
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
     /// The approval API's 404 for a call: what another browser's approval looks like too.
     pub fn approval_not_found(run_id: &RunId, tool_call_id: &ToolCallId) -> ServerFnError {
         not_found(
@@ -328,11 +360,11 @@ pub async fn start_run(
         "message": message,
         "sessionId": session.as_str(),
     }))
-    .map_err(|errors| ServerFnError::new(errors.to_string()))?;
+    .map_err(|errors| ssr::invalid(errors.to_string()))?;
     let run = harness
         .start(StartRun::new(input, ApprovalMode::Interactive))
         .await
-        .map_err(|error| ServerFnError::new(error.to_string()))?;
+        .map_err(|error| ssr::start_refused(&error))?;
     Ok(run.run_id().clone())
 }
 
@@ -354,7 +386,7 @@ pub async fn decide_approval(
     let edited = match (&choice, arguments) {
         (Choice::Deny, _) | (_, None) => None,
         (_, Some(text)) => Some(serde_json::from_str::<Value>(&text).map_err(|error| {
-            ServerFnError::new(format!("The edited arguments are not JSON: {error}"))
+            ssr::invalid(format!("The edited arguments are not JSON: {error}"))
         })?),
     };
     let mut body = match choice {
@@ -368,13 +400,12 @@ pub async fn decide_approval(
     if let Some(edited) = edited {
         body["arguments"] = edited;
     }
-    let decision =
-        Decision::from_json(&body).map_err(|errors| ServerFnError::new(errors.to_string()))?;
+    let decision = Decision::from_json(&body).map_err(|errors| ssr::invalid(errors.to_string()))?;
     harness
         .decide(&run_id, &tool_call_id, decision, &ssr::actor()?)
         .await
         .map(|_| ())
-        .map_err(|error| ServerFnError::new(error.to_string()))
+        .map_err(|error| ssr::decide_refused(&error))
 }
 
 /// The caller's session's pending approvals, of one of its runs or of all.
@@ -390,7 +421,7 @@ pub async fn list_pending(
     let pending = harness
         .pending(run_id.as_ref())
         .await
-        .map_err(|error| ServerFnError::new(error.to_string()))?;
+        .map_err(|error| ssr::unavailable(error.to_string()))?;
     let mut own = Vec::with_capacity(pending.len());
     for request in pending {
         if ssr::own_run(&harness, &session, &request.run_id)

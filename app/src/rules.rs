@@ -78,24 +78,23 @@ pub async fn always_allow(
     let pending = harness
         .pending(Some(&run_id))
         .await
-        .map_err(|error| ServerFnError::new(error.to_string()))?
+        .map_err(|error| ssr::unavailable(error.to_string()))?
         .into_iter()
         .find(|request| request.tool_call_id == tool_call_id)
         .ok_or_else(gone)?;
-    let offered = pending
-        .choices
-        .always_allow
-        .ok_or_else(|| ServerFnError::new("This approval offers no rule to always allow it."))?;
+    let offered = pending.choices.always_allow.ok_or_else(|| {
+        ssr::invalid("This approval offers no rule to always allow it.".to_owned())
+    })?;
     if offered != rule {
-        return Err(ServerFnError::new(format!(
+        return Err(ssr::invalid(format!(
             "The rule confirmed ({rule}) is not the one offered ({offered}); nothing was added."
         )));
     }
-    let parsed = Rule::parse(&offered).map_err(|error| ServerFnError::new(error.to_string()))?;
+    let parsed = Rule::parse(&offered).map_err(|error| ssr::invalid(error.to_string()))?;
     match harness.add_rule(parsed, &actor).await {
         // Another card, tab or person added the same rule first: what was confirmed is in force.
         Ok(_) | Err(RuleBookError::AlreadyPresent { .. }) => {}
-        Err(error) => return Err(ServerFnError::new(error.to_string())),
+        Err(error) => return Err(ssr::rules_refused(&error)),
     }
     // The rule is in force from here on, whatever becomes of the call: the page must know it was added.
     Ok(
@@ -119,7 +118,7 @@ pub async fn remove_rule(rule_id: RuleId) -> Result<(), ServerFnError> {
         .remove_rule(&rule_id, &actor)
         .await
         .map(|_| ())
-        .map_err(|error| ServerFnError::new(error.to_string()))
+        .map_err(|error| crate::api::ssr::rules_refused(&error))
 }
 
 /// Revokes a grant of the caller's own session.

@@ -8,7 +8,6 @@ use agent::harness::{
 };
 use agent::ids::IdError;
 use agent::policy::RuleBookError;
-use agent::store::TakeError;
 use agent::wire::ValidationErrors;
 use axum::Json;
 use axum::http::StatusCode;
@@ -84,25 +83,13 @@ pub enum ApiError {
     Internal(String),
 }
 
-/// The status and code of a run that could not start: the one mapping for REST, server functions and AG-UI.
-/// A session busy with another run is `THREAD_BUSY` everywhere: AG-UI, where clients meet it most, calls a
-/// session a thread.
+/// The status and code of a run that could not start, as [`StartError::refusal`] maps them for every route.
 fn start_refusal(error: &StartError) -> (StatusCode, &'static str) {
-    match error {
-        StartError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "SHUTTING_DOWN"),
-        StartError::SessionBusy { .. } => (StatusCode::CONFLICT, "THREAD_BUSY"),
-        StartError::PolicyTooLoose { .. } => (StatusCode::FORBIDDEN, "POLICY_TOO_LOOSE"),
-        StartError::RunIdTaken(_) => (StatusCode::CONFLICT, "RUN_ID_TAKEN"),
-        StartError::Interrupted { .. } => (StatusCode::CONFLICT, "THREAD_INTERRUPTED"),
-        StartError::Resume(TakeError::UnknownParent(_)) => {
-            (StatusCode::NOT_FOUND, "UNKNOWN_PARENT_RUN")
-        }
-        StartError::Resume(TakeError::AlreadyUsed { .. }) => {
-            (StatusCode::CONFLICT, "RESUME_ALREADY_USED")
-        }
-        StartError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "STORE_UNAVAILABLE"),
-        StartError::Full { .. } => (StatusCode::SERVICE_UNAVAILABLE, "SERVER_FULL"),
-    }
+    let (status, code) = error.refusal();
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        code,
+    )
 }
 
 impl ApiError {

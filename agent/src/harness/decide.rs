@@ -55,6 +55,17 @@ pub enum DecideError {
     Unavailable(#[from] Unavailable),
 }
 
+impl DecideError {
+    /// The HTTP status of a decision refused: the approval API's and the page's.
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::NotFound(_) => 404,
+            Self::InvalidArguments(_) | Self::ScopeNotOffered(_) => 400,
+            Self::Unavailable(_) => 503,
+        }
+    }
+}
+
 impl PartialEq for DecideError {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {

@@ -95,6 +95,25 @@ pub enum StartError {
     Full { what: &'static str, held: u64 },
 }
 
+impl StartError {
+    /// The HTTP status and the stable code of a run that could not start: the one mapping for REST, the page's
+    /// server functions and AG-UI. A session busy with another run is `THREAD_BUSY` everywhere: AG-UI, where
+    /// clients meet it most, calls a session a thread.
+    pub fn refusal(&self) -> (u16, &'static str) {
+        match self {
+            Self::ShuttingDown => (503, "SHUTTING_DOWN"),
+            Self::SessionBusy { .. } => (409, "THREAD_BUSY"),
+            Self::PolicyTooLoose { .. } => (403, "POLICY_TOO_LOOSE"),
+            Self::RunIdTaken(_) => (409, "RUN_ID_TAKEN"),
+            Self::Interrupted { .. } => (409, "THREAD_INTERRUPTED"),
+            Self::Resume(TakeError::UnknownParent(_)) => (404, "UNKNOWN_PARENT_RUN"),
+            Self::Resume(TakeError::AlreadyUsed { .. }) => (409, "RESUME_ALREADY_USED"),
+            Self::Unavailable(_) => (503, "STORE_UNAVAILABLE"),
+            Self::Full { .. } => (503, "SERVER_FULL"),
+        }
+    }
+}
+
 impl Harness {
     /// Records a run and starts it in the background.
     pub async fn start(&self, request: StartRun) -> Result<RunHandle, StartError> {

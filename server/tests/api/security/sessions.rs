@@ -285,6 +285,44 @@ async fn pending_rule(app: &TestApp, run_id: &str, call_id: &str) -> String {
         .to_owned()
 }
 
+/// The page's server functions answer a refusal with the status the approval and rules APIs give it: a decision
+/// another tab made first is 404, arguments or a scope that cannot be used 400, a run that cannot start 409, a rule
+/// that is not there 404 and a configured one 403. Before, each was a 500, as if the server had failed.
+#[tokio::test]
+async fn the_page_is_refused_with_the_apis_statuses_not_500() {
+    let app = spawn_app_with(|config| config.rules = "list_files=allow".parse().unwrap()).await;
+    let (run_id, call_id) = waiting_run(&app, "alice", "a.txt").await;
+    let decide = |choice: &'static str, arguments: Option<&'static str>| {
+        let (app, run_id, call_id) = (&app, run_id.clone(), call_id.clone());
+        async move {
+            let mut fields = vec![
+                ("run_id", run_id.as_str()),
+                ("tool_call_id", call_id.as_str()),
+                ("choice", choice),
+            ];
+            fields.extend(arguments.map(|arguments| ("arguments", arguments)));
+            server_fn(app, "decide", "alice", &fields).await.status()
+        }
+    };
+    assert_eq!(decide("Approve", Some("not json")).await, 400);
+    assert_eq!(decide("Approve", Some(r#"{"path": 7}"#)).await, 400);
+    let busy = server_fn(&app, "start_run", "alice", &[("message", "list files")]).await;
+    assert_eq!(busy.status(), 409, "{}", busy.text().await.unwrap());
+    assert_eq!(decide("Approve", None).await, 200);
+    assert_eq!(decide("Approve", None).await, 404, "decided by another tab");
+
+    let unknown = server_fn(
+        &app,
+        "remove_rule",
+        "alice",
+        &[("rule_id", "rule_0123456789abcdef")],
+    )
+    .await;
+    assert_eq!(unknown.status(), 404);
+    let configured = server_fn(&app, "remove_rule", "alice", &[("rule_id", "flag-1")]).await;
+    assert_eq!(configured.status(), 403);
+}
+
 #[tokio::test]
 async fn a_get_never_makes_the_server_hold_a_session() {
     let app = spawn_app().await;
