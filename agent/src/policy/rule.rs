@@ -179,6 +179,9 @@ impl CommandPrefix {
 struct ArgumentGlob {
     name: String,
     glob: RuleGlob,
+    /// For a glob over tool names that covers the file tools: the `path` glob as the file tools' paths are
+    /// compared (normalised), when that differs from the glob as written, which other tools' `path` meets.
+    for_files: Option<RuleGlob>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -332,6 +335,7 @@ impl Rule {
             globs.push(ArgumentGlob {
                 name: (*name).to_owned(),
                 glob,
+                for_files: None,
             });
         }
         Some(Self {
@@ -404,14 +408,18 @@ impl Rule {
             Some(ArgumentMatcher::Named(globs)) => globs.iter().all(|argument| {
                 let readings = argument_readings(call, &argument.name);
                 let path = is_workspace_path(call.tool_name, &argument.name);
+                let glob = match &argument.for_files {
+                    Some(normalised) if path => normalised,
+                    _ => &argument.glob,
+                };
                 let case_insensitive = path && call.paths.case_insensitive();
                 // An argument that is not a workspace path may be any text: a `deny` or `ask` rule also reads its
                 // glob as text, `*` crossing `/` (`command=rm *` catches `rm -rf /`); an `allow` keeps to the
                 // narrower reading, where `*` stays between slashes.
                 let as_text = !path && !strict_reading;
                 let hit = |candidate: &String| {
-                    argument.glob.is_match(candidate, case_insensitive)
-                        || (as_text && argument.glob.is_text_match(candidate))
+                    glob.is_match(candidate, case_insensitive)
+                        || (as_text && glob.is_text_match(candidate))
                 };
                 if strict_reading {
                     !readings.unknown
@@ -692,29 +700,72 @@ fn is_workspace_path(tool_name: &str, name: &str) -> bool {
     name == "path" && FILE_TOOLS.contains(&tool_name)
 }
 
-fn argument_glob(tool: &ToolPattern, name: &str, glob: &str) -> Result<ArgumentGlob, RuleProblem> {
-    let mut glob = glob.trim();
-    if name == "path" && tool.kind() == Some(ToolKind::WorkspaceFile) {
-        while let Some(rest) = glob.strip_prefix("./") {
-            glob = rest;
-        }
-        if glob.starts_with('/') || glob.split('/').any(|part| part == "..") {
-            return Err(RuleProblem::PathOutside(glob.to_owned()));
-        }
+/// A path glob as the file tools' paths are compared: relative to the workspace, without `.` segments or empty
+/// ones (`./src//a/` is `src/a`). `None` for a glob that starts at `/` or climbs with `..`, which no such path meets.
+fn normalised_path_glob(glob: &str) -> Option<String> {
+    if glob.starts_with('/') || glob.split('/').any(|part| part == "..") {
+        return None;
     }
-    if glob.is_empty() {
+    Some(
+        glob.split('/')
+            .filter(|part| !part.is_empty() && *part != ".")
+            .collect::<Vec<_>>()
+            .join("/"),
+    )
+}
+
+fn argument_glob(tool: &ToolPattern, name: &str, glob: &str) -> Result<ArgumentGlob, RuleProblem> {
+    let written = glob.trim();
+    if written.is_empty() {
         return Err(RuleProblem::Glob {
-            glob: glob.to_owned(),
+            glob: written.to_owned(),
             message: "it is empty".to_owned(),
         });
     }
-    let compiled = RuleGlob::new(glob).map_err(|error| RuleProblem::Glob {
-        glob: glob.to_owned(),
-        message: error.kind().to_string(),
-    })?;
+    let compile = |glob: &str| {
+        RuleGlob::new(glob).map_err(|error| RuleProblem::Glob {
+            glob: glob.to_owned(),
+            message: error.kind().to_string(),
+        })
+    };
+    if name != "path" {
+        return Ok(ArgumentGlob {
+            name: name.to_owned(),
+            glob: compile(written)?,
+            for_files: None,
+        });
+    }
+    // A rule on a file tool has its path glob normalised as written (and refused when it leaves the workspace); a
+    // glob over tool names that covers file tools keeps the glob as written for the others.
+    // (`.` alone stays as written: a rule written with nothing after normalising would not read back.)
+    if tool.kind() == Some(ToolKind::WorkspaceFile) {
+        let normalised = normalised_path_glob(written)
+            .ok_or_else(|| RuleProblem::PathOutside(written.to_owned()))?;
+        let glob = if normalised.is_empty() {
+            written
+        } else {
+            &normalised
+        };
+        return Ok(ArgumentGlob {
+            name: name.to_owned(),
+            glob: compile(glob)?,
+            for_files: None,
+        });
+    }
+    let for_files = match normalised_path_glob(written) {
+        Some(normalised)
+            if normalised != written
+                && !normalised.is_empty()
+                && FILE_TOOLS.iter().any(|file_tool| tool.matches(file_tool)) =>
+        {
+            Some(compile(&normalised)?)
+        }
+        _ => None,
+    };
     Ok(ArgumentGlob {
         name: name.to_owned(),
-        glob: compiled,
+        glob: compile(written)?,
+        for_files,
     })
 }
 

@@ -489,6 +489,53 @@ fn path_rules_read_the_path_as_it_resolves() {
     assert_eq!(decision.reason(), "secrets");
 }
 
+/// A path glob is read as the paths it is compared with are: `./`, `.` segments, repeated and trailing slashes go,
+/// whether the rule names a file tool or a glob over tool names that covers them. Before, only an exact file tool's
+/// leading `./` went, so `*_file(./secrets/**)=deny` and `read_file(secrets/)=deny` matched nothing.
+#[test]
+fn a_path_glob_is_normalised_as_the_paths_it_meets() {
+    let none = SessionGrants::new();
+    let read = tool("read_file", READ_ONLY);
+    let fetch = tool("mcp__fs__read", ToolAnnotations::default());
+    for rules in [
+        "*_file(./secrets/**)=deny",
+        "read_file(secrets/./**)=deny",
+        "read_file(secrets//**)=deny",
+        "*(path=./secrets/**)=deny",
+    ] {
+        let deny = policy(ApprovalPolicy::Trusted, rules);
+        assert_eq!(
+            verdict_kind(&deny.decide(&read, &json!({"path": "secrets/key"}), &none)),
+            "deny",
+            "{rules}"
+        );
+    }
+    let trailing = policy(ApprovalPolicy::Trusted, "read_file(secrets/)=deny");
+    assert_eq!(
+        verdict_kind(&trailing.decide(&read, &json!({"path": "secrets/"}), &none)),
+        "deny"
+    );
+    // A normalised rule reads back as itself.
+    for (written, shown) in [
+        ("read_file(./a//b/)=deny", "read_file(a/b)=deny"),
+        ("*_file(./a)=deny", "*_file(./a)=deny"),
+        ("list_files(.)=deny", "list_files(.)=deny"),
+    ] {
+        assert_eq!(Rule::parse(written).unwrap().to_string(), shown);
+        assert_eq!(Rule::parse(shown).unwrap().to_string(), shown);
+    }
+    // Another tool's `path` is text: the glob meets it as written.
+    let any_tool = policy(ApprovalPolicy::Trusted, "*(path=./secrets/**)=deny");
+    assert_eq!(
+        verdict_kind(&any_tool.decide(&fetch, &json!({"path": "./secrets/key"}), &none)),
+        "deny"
+    );
+    assert_eq!(
+        verdict_kind(&any_tool.decide(&fetch, &json!({"path": "secrets/key"}), &none)),
+        "allow"
+    );
+}
+
 #[test]
 fn a_symlink_inside_the_workspace_cannot_carry_a_path_past_a_rule() {
     let dir = tempfile::tempdir().unwrap();
