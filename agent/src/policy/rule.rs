@@ -158,7 +158,7 @@ struct CommandPrefix {
 impl CommandPrefix {
     /// Whether the call's argv starts with (or, exact, is) these words. The program is compared by its exact
     /// text, except that a `deny` or `ask` rule also catches it by name from any directory (`rm` catches
-    /// `/bin/rm`): that reading can only make a call stricter.
+    /// `/bin/rm`, and `/bin/rm` catches `rm` and `/usr/bin/rm`): that reading can only make a call stricter.
     fn matches(&self, argv: &[&str], lenient_program: bool) -> bool {
         if argv.len() < self.words.len() || (self.exact && argv.len() != self.words.len()) {
             return false;
@@ -169,7 +169,7 @@ impl CommandPrefix {
             .enumerate()
             .all(|(i, (word, arg))| {
                 word.as_str() == *arg
-                    || (i == 0 && lenient_program && basename(arg) == word.as_str())
+                    || (i == 0 && lenient_program && basename(arg) == basename(word))
             })
     }
 }

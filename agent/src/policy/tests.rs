@@ -427,6 +427,32 @@ fn approving_ls_for_the_session_never_lets_another_command_through() {
     }
 }
 
+/// A `deny` that names its program by a path catches it by name too, from any directory: `/bin/rm` catches `rm`
+/// and `/usr/bin/rm`, as `rm` catches `/bin/rm`. Before, the rule's word was compared whole with the call's
+/// program's name, so a path in the rule caught only that very path. An `allow` keeps the exact text.
+#[test]
+fn a_deny_naming_a_program_by_its_path_catches_it_by_name() {
+    let none = SessionGrants::new();
+    let policy = policy(
+        ApprovalPolicy::Trusted,
+        "run_command(/bin/rm)=deny,run_command(/usr/bin/ls)=allow",
+    );
+    for (line, expected) in [
+        ("rm -rf x", "deny"),
+        ("/usr/bin/rm -rf x", "deny"),
+        ("/bin/rm x", "deny"),
+        ("rmdir x", "allow"),
+    ] {
+        let decision = policy.decide(&run_command(), &command(line), &none);
+        assert_eq!(verdict_kind(&decision), expected, "{line}: {decision:?}");
+    }
+    let strict = super::tests::policy(ApprovalPolicy::OnRequest, "run_command(/usr/bin/ls)=allow");
+    assert_eq!(
+        verdict_kind(&strict.decide(&run_command(), &command("ls"), &none)),
+        "ask"
+    );
+}
+
 #[test]
 fn a_shell_asks_while_a_deny_rule_restricts_commands() {
     let none = SessionGrants::new();
