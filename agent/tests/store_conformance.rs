@@ -677,13 +677,13 @@ async fn an_open_batch_is_stored_whole_with_its_events_and_audit(kind: Kind) {
         .unwrap();
     assert_eq!(wrong_epoch, Err(Fenced::Lost));
     assert!(
-        store.pending(None).await.unwrap().is_empty(),
+        store.pending(PendingOf::All).await.unwrap().is_empty(),
         "a refused batch writes nothing"
     );
     assert_eq!(kinds(store, "r").await, vec![1]);
 
     open_waiting(store, "r", &[("a", u64::MAX)], &["b"]).await;
-    let pending = store.pending(None).await.unwrap();
+    let pending = store.pending(PendingOf::All).await.unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].tool_call_id, call_id("a"));
     assert_eq!(kinds(store, "r").await, vec![1, 2]);
@@ -751,7 +751,7 @@ async fn concurrent_decisions_have_exactly_one_winner(kind: Kind) {
         .filter(|e| e.json.contains("\"step\":99") || e.json.contains("\"step\":98"))
         .count();
     assert_eq!(resolutions, 1, "one resolution's events");
-    assert!(store.pending(None).await.unwrap().is_empty());
+    assert!(store.pending(PendingOf::All).await.unwrap().is_empty());
     let audit = store
         .audit_log(AuditQuery {
             outcome: Some("approved".into()),
@@ -772,7 +772,7 @@ async fn a_refused_decision_leaves_the_approval_pending(kind: Kind) {
         .decide(
             &run_id("r"),
             &call_id("a"),
-            Box::new(|_| Err(Refused("the edited path is not a string".into()))),
+            Box::new(|_| Err(Refused("the edited path is not a string".into()).into())),
         )
         .await
         .unwrap();
@@ -782,7 +782,7 @@ async fn a_refused_decision_leaves_the_approval_pending(kind: Kind) {
             "the edited path is not a string".into()
         )))
     );
-    assert_eq!(store.pending(None).await.unwrap().len(), 1);
+    assert_eq!(store.pending(PendingOf::All).await.unwrap().len(), 1);
     assert_eq!(kinds(store, "r").await, vec![1, 2]);
     let unknown = store
         .decide(&run_id("r"), &call_id("nope"), Box::new(|r| Ok(approve(r))))
@@ -1033,7 +1033,7 @@ async fn finishing_a_run_frees_its_session_and_leaves_nothing_pending(kind: Kind
     let claimed = cancelled(store, "r").await;
     assert_eq!(claimed.run.abort, Some(AbortReason::Cancelled));
     assert!(
-        store.pending(None).await.unwrap().is_empty(),
+        store.pending(PendingOf::All).await.unwrap().is_empty(),
         "an abort leaves nothing pending"
     );
     let claimed = store
@@ -1142,7 +1142,7 @@ async fn an_end_settles_the_calls_still_pending_in_the_order_they_were_asked(kin
         expected,
         "the settlements' events in the batch's order, then the end's"
     );
-    assert!(store.pending(None).await.unwrap().is_empty());
+    assert!(store.pending(PendingOf::All).await.unwrap().is_empty());
     assert!(store.calls(&run_id("r")).await.unwrap().is_empty());
     let resolved: Vec<String> = store
         .audit_log(AuditQuery {
@@ -1798,6 +1798,56 @@ async fn a_decision_and_a_claim_at_once_never_fail_on_locks(kind: Kind) {
     }
 }
 
+/// A session's listing holds the pending approvals of that session's runs and no other's, and none of a run whose
+/// abort is recorded; a run's holds that run's.
+/// The `(run, call)` of each pending approval `of` lists, in its order.
+async fn listed(store: &dyn Store, of: PendingOf<'_>) -> Vec<(String, String)> {
+    let pending = store.pending(of).await.unwrap();
+    pending
+        .iter()
+        .map(|request| (request.run_id.to_string(), request.tool_call_id.to_string()))
+        .collect()
+}
+
+async fn pending_approvals_are_listed_by_session_or_run(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    waiting_on_one_due_at_5000(
+        store,
+        &[
+            ("r1", "alice", "a"),
+            ("r2", "bob", "b"),
+            ("r3", "carol", "c"),
+        ],
+    )
+    .await;
+    let pair = |run: &str, call: &str| (run.to_owned(), call.to_owned());
+    assert_eq!(
+        listed(store, PendingOf::Session(&session("alice"))).await,
+        [pair("r1", "a")]
+    );
+    assert_eq!(
+        listed(store, PendingOf::Session(&session("bob"))).await,
+        [pair("r2", "b")]
+    );
+    assert_eq!(
+        listed(store, PendingOf::Run(&run_id("r3"))).await,
+        [pair("r3", "c")]
+    );
+    assert!(
+        listed(store, PendingOf::Session(&session("dave")))
+            .await
+            .is_empty()
+    );
+    assert_eq!(listed(store, PendingOf::All).await.len(), 3);
+    cancelled(store, "r2").await;
+    assert!(
+        listed(store, PendingOf::Session(&session("bob")))
+            .await
+            .is_empty()
+    );
+}
+
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
         mod memory {
@@ -1838,6 +1888,7 @@ conformance!(
     grants_rules_and_the_audit_log_are_kept_and_filtered,
     a_decision_and_a_claim_at_once_never_fail_on_locks,
     sessions_are_read_by_their_ids,
+    pending_approvals_are_listed_by_session_or_run,
 );
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1935,7 +1986,7 @@ async fn a_due_approval_that_does_not_read_holds_up_no_other(kind: Kind) {
     ));
 
     let listed = store
-        .pending(None)
+        .pending(PendingOf::All)
         .await
         .expect("a row that does not read fails no one else's listing");
     let listed: Vec<&str> = listed
@@ -2220,7 +2271,7 @@ async fn what_a_sqlite_store_holds_survives_the_process_and_recovery_marks_what_
             .unwrap(),
         "a run started before the restart is read from its row: still waiting"
     );
-    let pending = store.pending(None).await.unwrap();
+    let pending = store.pending(PendingOf::All).await.unwrap();
     assert_eq!(
         pending.len(),
         1,
@@ -2871,8 +2922,8 @@ async fn a_claim_settles_what_the_abort_left_where_it_reads(kind: Kind) {
     );
     assert_eq!(
         [
-            store.pending(None).await.unwrap(),
-            store.pending(Some(&run_id("r"))).await.unwrap()
+            store.pending(PendingOf::All).await.unwrap(),
+            store.pending(PendingOf::Run(&run_id("r"))).await.unwrap()
         ],
         [vec![], vec![]],
         "nor is it listed as waiting for a decision"

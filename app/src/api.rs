@@ -418,20 +418,18 @@ pub async fn list_pending(
     let Some(session) = ssr::acting_session(session)? else {
         return Ok(Vec::new());
     };
-    let pending = harness
-        .pending(run_id.as_ref())
-        .await
-        .map_err(|error| ssr::unavailable(error.to_string()))?;
-    let mut own = Vec::with_capacity(pending.len());
-    for request in pending {
-        if ssr::own_run(&harness, &session, &request.run_id)
-            .await?
-            .is_some()
-        {
-            own.push(request);
+    // Read by the session (or the one run, once it is known to be the session's): a page that reconnects reads
+    // its own approvals, not every session's.
+    let pending = match &run_id {
+        Some(run_id) => {
+            if ssr::own_run(&harness, &session, run_id).await?.is_none() {
+                return Ok(Vec::new());
+            }
+            harness.pending(Some(run_id)).await
         }
-    }
-    Ok(own)
+        None => harness.pending_in_session(&session).await,
+    };
+    pending.map_err(|error| ssr::unavailable(error.to_string()))
 }
 
 #[server(prefix = "/api/fn", endpoint = "cancel")]

@@ -310,7 +310,20 @@ impl Harness {
         &self,
         run_id: Option<&RunId>,
     ) -> Result<Vec<ApprovalRequest>, Unavailable> {
-        Ok(self.inner.store.pending(run_id).await?)
+        let of = run_id.map_or(crate::store::PendingOf::All, crate::store::PendingOf::Run);
+        Ok(self.inner.store.pending(of).await?)
+    }
+
+    /// The pending approvals of one session's runs, oldest first.
+    pub async fn pending_in_session(
+        &self,
+        session_id: &SessionId,
+    ) -> Result<Vec<ApprovalRequest>, Unavailable> {
+        Ok(self
+            .inner
+            .store
+            .pending(crate::store::PendingOf::Session(session_id))
+            .await?)
     }
 
     /// A session's remembered runs, as a viewer sees them.

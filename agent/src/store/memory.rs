@@ -741,12 +741,16 @@ impl Store for MemoryStore {
         Self::ready(sessions)
     }
 
-    fn pending(&self, run_id: Option<&RunId>) -> StoreFuture<'_, Vec<ApprovalRequest>> {
+    fn pending(&self, of: PendingOf<'_>) -> StoreFuture<'_, Vec<ApprovalRequest>> {
         let tables = self.tables.lock();
         let mut pending: Vec<ApprovalRequest> = tables
             .runs
             .values()
-            .filter(|row| run_id.is_none_or(|run_id| &row.info.run_id == run_id))
+            .filter(|row| match of {
+                PendingOf::All => true,
+                PendingOf::Run(run_id) => &row.info.run_id == run_id,
+                PendingOf::Session(session_id) => &row.info.session_id == session_id,
+            })
             .flat_map(|row| &row.calls)
             .filter(|record| record.status == CallStatus::Pending)
             .filter_map(|record| record.approval.clone())

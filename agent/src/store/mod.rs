@@ -438,6 +438,15 @@ pub type Settle = Box<dyn FnOnce(&CallRecord) -> Result<Settlement, DecideFailur
 /// Makes the settlement of each pending call whose time ran out.
 pub type SettleExpired = Box<dyn Fn(&CallRecord) -> Settlement + Send + Sync>;
 
+/// Whose pending approvals a listing reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PendingOf<'a> {
+    All,
+    Run(&'a RunId),
+    /// The runs of one session: what one browser's page shows, read without reading everyone's.
+    Session(&'a SessionId),
+}
+
 /// Why a pending approval could not be decided.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecideFailure {
@@ -913,7 +922,7 @@ pub trait Store: Send + Sync + 'static {
     fn sessions_among(&self, ids: &[SessionId]) -> StoreFuture<'_, Vec<SessionSummary>>;
 
     /// Pending approvals, of one run or of all, oldest first.
-    fn pending(&self, run_id: Option<&RunId>) -> StoreFuture<'_, Vec<ApprovalRequest>>;
+    fn pending(&self, of: PendingOf<'_>) -> StoreFuture<'_, Vec<ApprovalRequest>>;
 
     /// A call of a run.
     fn call(&self, run_id: &RunId, call_id: &ToolCallId) -> StoreFuture<'_, Option<CallRecord>>;

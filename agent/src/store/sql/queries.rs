@@ -2253,27 +2253,37 @@ impl Store for SqlStore {
         .boxed()
     }
 
-    fn pending(&self, run_id: Option<&RunId>) -> StoreFuture<'_, Vec<ApprovalRequest>> {
-        let run_id = run_id.cloned();
-        async move {
-            // Not a call an abort left (it could not read it): nobody may decide it, and the run's claim settles it.
-            let rows = match &run_id {
-                Some(run_id) => query(sql!(self.dialect, |_|
+    fn pending(&self, of: PendingOf<'_>) -> StoreFuture<'_, Vec<ApprovalRequest>> {
+        // Not a call an abort left (it could not read it): nobody may decide it, and the run's claim settles it.
+        let (listing, on) = match of {
+            PendingOf::All => (query(PENDING_CALLS), &self.reader),
+            PendingOf::Run(run_id) => (
+                query(sql!(self.dialect, |_|
                     "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE status = 'pending' \
                      AND run_id = $1 AND {NOT_ABORTED} ORDER BY requested_at, run_id, call_id"
                 ))
-                .bind(run_id.as_str())
-                .fetch_all(self.by_key())
-                .await,
-                None => query(PENDING_CALLS).fetch_all(&self.reader)
-                .await,
-            }
-            .map_err(unavailable)?;
+                .bind(run_id.as_str().to_owned()),
+                self.by_key(),
+            ),
+            PendingOf::Session(session_id) => (
+                query(
+                    "SELECT calls.call_id, calls.run_id, calls.record, calls.status, calls.executing_on \
+                     FROM runs JOIN calls ON calls.run_id = runs.id WHERE runs.session_id = $1 \
+                     AND runs.abort IS NULL AND calls.status = 'pending' \
+                     ORDER BY calls.requested_at, calls.run_id, calls.call_id",
+                )
+                .bind(session_id.as_str().to_owned()),
+                self.by_key(),
+            ),
+        };
+        async move {
+            let rows = listing.fetch_all(on).await.map_err(unavailable)?;
             // Each row goes as soon as it is read: a listing of thousands holds the rows or the approvals, not both.
             // One this version cannot read is left out, not the listing failed for everyone.
             let mut pending = Vec::with_capacity(rows.len());
             for row in rows {
-                let Some(record) = self.readable(&row, "a pending approval cannot be read here to list it")?
+                let Some(record) =
+                    self.readable(&row, "a pending approval cannot be read here to list it")?
                 else {
                     continue;
                 };
