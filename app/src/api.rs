@@ -166,7 +166,7 @@ pub mod ssr {
         Ok(harness
             .run(run_id)
             .await
-            .map_err(|error| ServerFnError::new(error.to_string()))?
+            .map_err(|error| unavailable(error.to_string()))?
             .filter(|run| run.session_id() == session))
     }
 
@@ -197,7 +197,7 @@ pub mod ssr {
             let ids: Vec<SessionId> = own.into_iter().chain([current.clone()]).collect();
             harness.sessions_among(&ids).await
         }
-        .map_err(|error| ServerFnError::new(error.to_string()))?;
+        .map_err(|error| unavailable(error.to_string()))?;
         let mut listed: Vec<_> = all
             .into_iter()
             .map(|summary| super::Conversation {
@@ -309,7 +309,7 @@ pub async fn load_page() -> Result<PageState, ServerFnError> {
         session: harness
             .session_view(&session)
             .await
-            .map_err(|error| ServerFnError::new(error.to_string()))?,
+            .map_err(|error| ssr::unavailable(error.to_string()))?,
         policy: harness.config().permissions.policy,
         model: harness.model_name().to_owned(),
         approval_timeout_secs: harness.config().approval_timeout.as_secs(),
@@ -507,7 +507,7 @@ pub async fn audit_log(
                 limit: STEP,
             })
             .await
-            .map_err(|error| ServerFnError::new(error.to_string()))?;
+            .map_err(|error| ssr::unavailable(error.to_string()))?;
         let done = read.len() < STEP;
         after_id = read.last().map(|entry| entry.id).or(after_id);
         for entry in read.into_iter().filter(|entry| visible(entry)) {

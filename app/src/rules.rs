@@ -29,17 +29,16 @@ pub async fn load_rules_and_grants(
     let harness = crate::api::ssr::harness()?;
     // The conversation the page shows, when it is one of this browser's; another browser's shows no grants.
     let session = crate::api::ssr::acting_session(session)?;
-    let failed = |error: String| ServerFnError::new(error);
     Ok(RulesAndGrants {
         rules: harness
             .rules()
             .await
-            .map_err(|error| failed(error.to_string()))?,
+            .map_err(|error| crate::api::ssr::rules_refused(&error))?,
         grants: match session {
             Some(session) => harness
                 .grants(&session)
                 .await
-                .map_err(|error| failed(error.to_string()))?
+                .map_err(|error| crate::api::ssr::unavailable(error.to_string()))?
                 .list()
                 .to_vec(),
             None => Vec::new(),

@@ -285,6 +285,36 @@ async fn pending_rule(app: &TestApp, run_id: &str, call_id: &str) -> String {
         .to_owned()
 }
 
+/// A server function that cannot read the database answers 503, whatever it reads first (here the run it checks is
+/// the browser's own, before the decision or the cancel). Before, such a read failed as a 500.
+#[tokio::test]
+async fn the_page_is_told_503_when_the_database_cannot_be_read() {
+    let (app, file, _dir) = on_sqlite().await;
+    let (run_id, call_id) = waiting_run(&app, "alice", "a.txt").await;
+    let beside = rusqlite::Connection::open(&file).unwrap();
+    beside
+        .execute_batch("ALTER TABLE runs RENAME COLUMN created_at TO created_at_away")
+        .unwrap();
+    let decided = server_fn(
+        &app,
+        "decide",
+        "alice",
+        &[
+            ("run_id", &run_id),
+            ("tool_call_id", &call_id),
+            ("choice", "Approve"),
+        ],
+    )
+    .await;
+    assert_eq!(decided.status(), 503);
+    let cancelled = server_fn(&app, "cancel", "alice", &[("run_id", &run_id)]).await;
+    assert_eq!(cancelled.status(), 503);
+    beside
+        .execute_batch("ALTER TABLE runs RENAME COLUMN created_at_away TO created_at")
+        .unwrap();
+    assert_eq!(pending(&app).await.len(), 1, "the run still waits");
+}
+
 /// The page's server functions answer a refusal with the status the approval and rules APIs give it: a decision
 /// another tab made first is 404, arguments or a scope that cannot be used 400, a run that cannot start 409, a rule
 /// that is not there 404 and a configured one 403. Before, each was a 500, as if the server had failed.
