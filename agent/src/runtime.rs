@@ -362,6 +362,9 @@ pub async fn execute(
     call_id: &crate::ids::ToolCallId,
     inline: Option<(CallRecord, Epoch)>,
 ) -> Result<Option<ToolOutput>, RunError> {
+    // A call of a waiting batch may run long after it was decided (after its approval, or at the next start); one of
+    // the running batch was decided moments ago, under these rules, unless a person decided it (an AG-UI resume).
+    let decided_earlier = inline.is_none();
     let begun = context
         .store
         .begin_call(&context.run_id, call_id, inline)
@@ -391,12 +394,11 @@ pub async fn execute(
         },
         (Some(tool), None) => match changed_since_shown(tool, &record) {
             Some(refused) => Err(refused),
-            // A call a person approved may have waited for hours: a deny rule added meanwhile beats the approval
-            // as it would have beaten the call. (A call allowed inline was decided moments ago, under these rules.)
-            None => match record
-                .resolution
-                .as_ref()
-                .and_then(|_| denied_by_rule(context, tool, &record.input))
+            // A call decided earlier may have waited for hours: a deny rule added meanwhile beats its approval, or
+            // the rule that allowed it, as it would have beaten the call.
+            None => match (decided_earlier || record.resolution.is_some())
+                .then(|| denied_by_rule(context, tool, &record.input))
+                .flatten()
             {
                 Some(refused) => Err(refused),
                 None => Ok((tool, record.input.clone())),
