@@ -99,7 +99,7 @@ enum ToolPattern {
 }
 
 impl ToolPattern {
-    fn parse(text: &str) -> Result<Self, RuleProblem> {
+    fn parse(text: &str, action: RuleAction) -> Result<Self, RuleProblem> {
         let text = text.trim();
         if text.is_empty() {
             return Err(RuleProblem::NoTool);
@@ -110,9 +110,16 @@ impl ToolPattern {
         }
         // The model sees no tool name with `.` or `:`: an MCP tool's name has them as `_` (`files.delete` of server
         // `fs` is `mcp__fs__files_delete`), so a rule written with its real name is read as the model's, and does
-        // not silently match nothing.
-        let text = &text.replace(['.', ':'], "_");
-        if text.chars().all(allowed) {
+        // not silently match nothing. An exact name stands for one tool either way (names that would be the same are
+        // left out of the toolbox); an `allow` glob is kept as written, so that `files.*` does not also allow a tool
+        // really named `files_purge`.
+        let exact = text.chars().all(allowed);
+        let text = &if exact || action != RuleAction::Allow {
+            text.replace(['.', ':'], "_")
+        } else {
+            text.to_owned()
+        };
+        if exact {
             return Ok(Self::Exact(text.to_owned()));
         }
         let matcher = tool_glob(text).map_err(|error| RuleProblem::Glob {
@@ -248,9 +255,9 @@ impl Rule {
             .parse::<RuleAction>()
             .map_err(|_| RuleProblem::Action(action.trim().to_owned()))?;
         let (tool, matcher) = match find_top_level(head, '(')? {
-            None => (ToolPattern::parse(head)?, None),
+            None => (ToolPattern::parse(head, action)?, None),
             Some(open) => {
-                let tool = ToolPattern::parse(&head[..open])?;
+                let tool = ToolPattern::parse(&head[..open], action)?;
                 let close = closing_paren(head, open)?;
                 let after = head[close + 1..].trim();
                 if !after.is_empty() {
@@ -299,7 +306,7 @@ impl Rule {
             problem,
         };
         Ok(Self {
-            tool: ToolPattern::parse(tool).map_err(wrap)?,
+            tool: ToolPattern::parse(tool, action).map_err(wrap)?,
             matcher: None,
             action,
             reason: None,
@@ -506,7 +513,7 @@ impl Rule {
 
     /// Reads one rule of a rules file (or of any TOML table in this shape).
     pub fn from_entry(entry: &RuleEntry) -> Result<Self, RuleProblem> {
-        let tool = ToolPattern::parse(&entry.tool)?;
+        let tool = ToolPattern::parse(&entry.tool, entry.action)?;
         if let Some(reason) = &entry.reason
             && reason.trim().is_empty()
         {
@@ -737,25 +744,28 @@ fn argument_glob(tool: &ToolPattern, name: &str, glob: &str) -> Result<ArgumentG
     }
     // A rule on a file tool has its path glob normalised as written (and refused when it leaves the workspace); a
     // glob over tool names that covers file tools keeps the glob as written for the others.
-    // (`.` alone stays as written: a rule written with nothing after normalising would not read back.)
+    // A glob that normalises to nothing (`.`, `./`) names the workspace itself, whose path is empty: it is kept as
+    // written, so that the rule reads back, and meets the workspace's path through `for_files`.
     if tool.kind() == Some(ToolKind::WorkspaceFile) {
         let normalised = normalised_path_glob(written)
             .ok_or_else(|| RuleProblem::PathOutside(written.to_owned()))?;
-        let glob = if normalised.is_empty() {
-            written
+        return Ok(if normalised.is_empty() {
+            ArgumentGlob {
+                name: name.to_owned(),
+                glob: compile(written)?,
+                for_files: Some(compile("")?),
+            }
         } else {
-            &normalised
-        };
-        return Ok(ArgumentGlob {
-            name: name.to_owned(),
-            glob: compile(glob)?,
-            for_files: None,
+            ArgumentGlob {
+                name: name.to_owned(),
+                glob: compile(&normalised)?,
+                for_files: None,
+            }
         });
     }
     let for_files = match normalised_path_glob(written) {
         Some(normalised)
             if normalised != written
-                && !normalised.is_empty()
                 && FILE_TOOLS.iter().any(|file_tool| tool.matches(file_tool)) =>
         {
             Some(compile(&normalised)?)

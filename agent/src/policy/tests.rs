@@ -541,6 +541,25 @@ fn a_path_glob_is_normalised_as_the_paths_it_meets() {
         verdict_kind(&trailing.decide(&read, &json!({"path": "secrets/"}), &none)),
         "deny"
     );
+    // `.` and `./` are the workspace itself.
+    for rules in [
+        "list_files(.)=deny",
+        "list_files(./)=deny",
+        "*(path=.//)=deny",
+    ] {
+        let root = policy(ApprovalPolicy::Trusted, rules);
+        let list = tool("list_files", READ_ONLY);
+        assert_eq!(
+            verdict_kind(&root.decide(&list, &json!({"path": "."}), &none)),
+            "deny",
+            "{rules}"
+        );
+        assert_eq!(
+            verdict_kind(&root.decide(&list, &json!({"path": "src"}), &none)),
+            "allow",
+            "{rules}"
+        );
+    }
     // A normalised rule reads back as itself.
     for (written, shown) in [
         ("read_file(./a//b/)=deny", "read_file(a/b)=deny"),
