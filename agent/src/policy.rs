@@ -351,13 +351,27 @@ impl PermissionPolicy {
         grants: &SessionGrants,
     ) -> ApprovalChoices {
         let verdict = self.explain(tool, input, grants);
-        let (session, session_note) = if self.policy == ApprovalPolicy::Strict {
-            (
+        // A grant is read after the rules that ask (see `explain`): where one of them asked, a grant would never
+        // apply, and the card does not offer one.
+        let (session, session_note) = match &verdict.decided_by {
+            _ if self.policy == ApprovalPolicy::Strict => (
                 Vec::new(),
                 Some("This run uses the strict policy, which asks before every call: approvals for the session do not apply.".to_owned()),
-            )
-        } else {
-            grant::grant_choices(tool, input)
+            ),
+            DecidedBy::Rule { rule, .. } => (
+                Vec::new(),
+                Some(format!(
+                    "The rule {rule} asks before every such call: an approval for the session would not apply."
+                )),
+            ),
+            DecidedBy::ProgramRunner { program, deny_rule } => (
+                Vec::new(),
+                Some(format!(
+                    "{} runs other programs while the rule {deny_rule} restricts run_command, so it asks every time: an approval for the session would not apply.",
+                    quoted(program)
+                )),
+            ),
+            DecidedBy::Grant(_) | DecidedBy::Policy(_) => grant::grant_choices(tool, input),
         };
         let (always_allow, always_allow_note) = match &verdict.decided_by {
             DecidedBy::Rule { rule, .. } => (

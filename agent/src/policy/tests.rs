@@ -797,6 +797,46 @@ fn a_number_meets_a_rule_whatever_its_spelling() {
     );
 }
 
+/// A card asked by a rule (an `ask` rule, or a shell while a `deny` restricts `run_command`) offers no approval for
+/// the session: the rule asks again before any grant is read, so the grant would never apply. Before, the card
+/// offered it, and the next identical call asked anyway.
+#[test]
+fn a_card_a_rule_asked_for_offers_no_session_approval() {
+    let none = SessionGrants::new();
+    let policy = policy(
+        ApprovalPolicy::OnRequest,
+        "run_command(rm)=deny,write_file(notes/**)=ask",
+    );
+    let shell = policy.approval_choices(&run_command(), &command("sh -c ls"), &none);
+    assert!(shell.session.is_empty(), "{shell:?}");
+    assert!(
+        shell
+            .session_note
+            .as_deref()
+            .unwrap_or("")
+            .contains("run_command(rm)=deny"),
+        "{shell:?}"
+    );
+    let write = tool("write_file", DESTRUCTIVE);
+    let asked = policy.approval_choices(
+        &write,
+        &json!({"path": "notes/a.md", "content": "x"}),
+        &none,
+    );
+    assert!(asked.session.is_empty(), "{asked:?}");
+    assert!(
+        asked
+            .session_note
+            .as_deref()
+            .unwrap_or("")
+            .contains("write_file(notes/**)=ask"),
+        "{asked:?}"
+    );
+    // Without a rule that asks, the card offers its grants.
+    let plain = policy.approval_choices(&write, &json!({"path": "a.md", "content": "x"}), &none);
+    assert!(!plain.session.is_empty(), "{plain:?}");
+}
+
 #[test]
 fn a_card_offers_the_exact_grants_and_the_narrowest_rule() {
     let none = SessionGrants::new();
