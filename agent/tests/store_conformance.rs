@@ -111,6 +111,7 @@ fn new_run(run: &str, session_id: &str) -> NewRun {
         mode: ApprovalMode::Interactive,
         message: format!("the message of {run}"),
         events: vec![step_event(run, 1)],
+        audit: Vec::new(),
         at: 1_000,
         refused_while_interrupted: false,
     }

@@ -4,12 +4,15 @@
 use std::collections::HashMap;
 
 use super::drive::Segment;
-use super::{Harness, RunHandle};
+use super::{Actor, Harness, RunHandle};
+use crate::approvals::resolution_audit;
 use crate::clock::now_ms;
 use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::interrupts::Suspension;
 use crate::request_body::StartRunInput;
-use crate::store::{Counts, NewRun, RunInfo, RunState, StartConflict, TakeError};
+use crate::store::{
+    AuditEntry, CallRecord, CallStatus, Counts, NewRun, RunInfo, RunState, StartConflict, TakeError,
+};
 use crate::wire::{ApprovalMode, ApprovalPolicy, Message, Resolution};
 
 /// Where a run's conversation comes from.
@@ -21,10 +24,11 @@ pub enum RunSource {
     /// session's history; the run keeps its final conversation for the client ([`RunHandle::conversation`]).
     Given(Vec<Message>),
     /// The resume of an interrupted run, with a person's resolution for each of its pending calls, checked
-    /// already against what was issued.
+    /// already against what was issued, and who sent them (for the audit log).
     Resume {
         suspension: Box<Suspension>,
         resolutions: HashMap<ToolCallId, Resolution>,
+        decided_by: Actor,
     },
 }
 
@@ -114,6 +118,32 @@ impl StartError {
     }
 }
 
+/// How a resume answered each interrupt it takes, as the audit log keeps a decision on the approval API: one entry
+/// per call, about the interrupted run, with who sent it. Kept with the start that takes the interrupts.
+fn resume_audit(
+    suspension: &Suspension,
+    resolutions: &HashMap<ToolCallId, Resolution>,
+    decided_by: &Actor,
+) -> Vec<AuditEntry> {
+    suspension
+        .interruption
+        .pending
+        .iter()
+        .filter_map(|pending| {
+            let resolution = resolutions.get(&pending.call.id)?;
+            let record = CallRecord::new(
+                suspension.run_id.clone(),
+                pending.call.clone(),
+                pending.input.clone(),
+                CallStatus::Pending,
+            );
+            let mut entry = resolution_audit(&record, resolution, Some(decided_by.as_str()));
+            entry.session_id = Some(suspension.session_id.clone());
+            Some(entry)
+        })
+        .collect()
+}
+
 impl Harness {
     /// Records a run and starts it in the background.
     pub async fn start(&self, request: StartRun) -> Result<RunHandle, StartError> {
@@ -135,9 +165,16 @@ impl Harness {
         self.check_room(request.session_id.as_ref()).await?;
         let session_id = request.session_id.unwrap_or_else(SessionId::generate);
         let run_id = request.run_id.unwrap_or_else(RunId::generate);
-        let parent_run_id = match &request.source {
-            RunSource::Resume { suspension, .. } => Some(suspension.run_id.clone()),
-            _ => None,
+        let (parent_run_id, audit) = match &request.source {
+            RunSource::Resume {
+                suspension,
+                resolutions,
+                decided_by,
+            } => (
+                Some(suspension.run_id.clone()),
+                resume_audit(suspension, resolutions, decided_by),
+            ),
+            _ => (None, Vec::new()),
         };
         let at = now_ms();
         // Before the run is this instance's: an abort recorded as soon as it starts finds its task's switch.
@@ -151,6 +188,7 @@ impl Harness {
                 mode: request.mode,
                 message: request.message.clone(),
                 events: Vec::new(),
+                audit,
                 at,
                 refused_while_interrupted: request.refused_while_interrupted,
             })
@@ -194,6 +232,7 @@ impl Harness {
             RunSource::Resume {
                 suspension,
                 resolutions,
+                ..
             } => Segment::Resume {
                 suspension,
                 resolutions,

@@ -263,6 +263,7 @@ impl Store for MemoryStore {
                             parent.resumed_by = Some(run.run_id.clone());
                         }
                         tables.runs.insert(run.run_id.clone(), row);
+                        tables.audit(run.audit);
                         tables.unfinished += 1;
                         Ok((seq, runs_in_session))
                     }

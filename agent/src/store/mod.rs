@@ -221,6 +221,8 @@ pub struct NewRun {
     pub message: String,
     /// Its first events (`runStarted`).
     pub events: Vec<NewEvent>,
+    /// Audit entries kept with the start, or not at all: a resume's, how each interrupt it takes was answered.
+    pub audit: Vec<AuditEntry>,
     pub at: u64,
     /// Whether an interrupt the session waits on refuses the run ([`StartConflict::Interrupted`]): the session's
     /// newest interrupted run, not yet resumed, whose interrupts have not expired at `at`. AG-UI's rule: a thread

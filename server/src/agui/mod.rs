@@ -74,7 +74,7 @@ fn plan_new_run(input: &RunInput) -> Result<Plan, ApiError> {
 }
 
 /// Checks a resume against what its parent run issued (the run's start takes the parent's interrupts, once).
-async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiError> {
+async fn plan_resume(state: &AppState, input: &RunInput, actor: &Actor) -> Result<Plan, ApiError> {
     let store = state.harness.store();
     let parent = match &input.parent_run_id {
         Some(parent) => Ok(parent.clone()),
@@ -95,7 +95,7 @@ async fn plan_resume(state: &AppState, input: &RunInput) -> Result<Plan, ApiErro
             }),
     };
     let checked = match parent {
-        Ok(parent) => check_resume(state, input, &parent).await,
+        Ok(parent) => check_resume(state, input, &parent, actor).await,
         Err(refused) => Err(refused),
     };
     // A run id already in use is refused before anything the check of the resume found. Only a resume that did not
@@ -119,6 +119,7 @@ async fn check_resume(
     state: &AppState,
     input: &RunInput,
     parent: &agent::ids::RunId,
+    actor: &Actor,
 ) -> Result<Plan, ApiError> {
     let (suspension, used_by) = state
         .harness
@@ -149,6 +150,7 @@ async fn check_resume(
         source: RunSource::Resume {
             suspension: Box::new(suspension),
             resolutions,
+            decided_by: actor.clone(),
         },
         message: String::new(),
     })
@@ -193,7 +195,7 @@ pub async fn run(
     // Before the plan: a client with too many streams open uses no interrupt and starts nothing.
     let permit = state.streams.acquire(client)?;
     let plan = match input.resume {
-        Some(_) => match plan_resume(&state, &input).await {
+        Some(_) => match plan_resume(&state, &input, &actor).await {
             Ok(plan) => plan,
             Err(refused) => {
                 audit_refusal(&state, &input, &refused, &actor).await;

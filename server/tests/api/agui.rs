@@ -213,6 +213,70 @@ async fn a_resume_does_not_touch_a_file_that_changed_after_its_interrupt() {
     );
 }
 
+/// A resume's answers are in the audit log as a decision on the approval API is: one entry per interrupt, about the
+/// interrupted run and its call, with the outcome and who sent it. Before, an accepted resume left only the
+/// interrupt's `requested` entry: the log never said how it ended, nor who decided.
+#[tokio::test]
+async fn a_resumes_answers_are_in_the_audit_log_with_who_sent_them() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("a.txt"), "a").unwrap();
+    std::fs::write(app.file("b.txt"), "b").unwrap();
+    let first = agui(
+        &app,
+        start("thread-audited", "run-1", "delete a.txt and delete b.txt"),
+    )
+    .await;
+    let interrupts = first.interrupts();
+    assert_eq!(interrupts.len(), 2);
+    let second = agui(
+        &app,
+        resume(
+            "thread-audited",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupts[0]), deny(&interrupts[1], "keep b")]),
+        ),
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.body);
+    let resolved: Vec<Value> = app
+        .audit("runId=run-1")
+        .await
+        .into_iter()
+        .filter(|entry| entry["kind"] == "approval_resolved")
+        .collect();
+    let mut outcomes: Vec<(String, String, String)> = resolved
+        .iter()
+        .map(|entry| {
+            assert_eq!(entry["sessionId"], "thread-audited", "{entry}");
+            assert_eq!(entry["runId"], "run-1", "{entry}");
+            assert!(entry["argumentsDigest"].is_string(), "{entry}");
+            (
+                entry["toolCallId"].as_str().unwrap().to_owned(),
+                entry["outcome"].as_str().unwrap().to_owned(),
+                entry["actor"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    outcomes.sort();
+    let call = |interrupt: &Value| interrupt["toolCallId"].as_str().unwrap().to_owned();
+    let mut expected = vec![
+        (
+            call(&interrupts[0]),
+            "approved".to_owned(),
+            "local".to_owned(),
+        ),
+        (
+            call(&interrupts[1]),
+            "denied".to_owned(),
+            "local".to_owned(),
+        ),
+    ];
+    expected.sort();
+    assert_eq!(outcomes, expected, "{resolved:#?}");
+}
+
 /// A deny rule added while an interrupt waits refuses the call its resume approves: a rule beats a person. Before,
 /// an approved resume ran it.
 #[tokio::test]

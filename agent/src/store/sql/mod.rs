@@ -1544,6 +1544,7 @@ mod tests {
                 mode: ApprovalMode::Interactive,
                 message: "hello".into(),
                 events: Vec::new(),
+                audit: Vec::new(),
                 at: 1_000,
                 refused_while_interrupted: false,
             })

@@ -1068,6 +1068,7 @@ impl SqlStore {
             .await
             .map_err(unavailable)?
         };
+        audit_in(&mut tx, &run.audit).await.map_err(unavailable)?;
         self.doorbell(&mut tx, || format!("session {} {ordinal}", run.session_id))
             .await
             .map_err(unavailable)?;
@@ -2787,6 +2788,7 @@ mod tests {
                 mode: ApprovalMode::Interactive,
                 message: message.into(),
                 events: Vec::new(),
+                audit: Vec::new(),
                 at: 1_000,
                 refused_while_interrupted: false,
             })
