@@ -226,13 +226,13 @@ pub fn resolution_audit(
         source: Some(source.to_owned()),
         scope: scope.map(str::to_owned),
         reason,
+        // A person decides, or cancels the run (an abort a person asked for); nobody times a card out.
         actor: match resolution {
-            Resolution::Approved { .. }
-            | Resolution::Denied {
-                source: DenialSource::User,
+            Resolution::Denied {
+                source: DenialSource::Timeout,
                 ..
-            } => actor.map(str::to_owned),
-            Resolution::Denied { .. } => None,
+            } => None,
+            Resolution::Approved { .. } | Resolution::Denied { .. } => actor.map(str::to_owned),
         },
     }
 }

@@ -82,7 +82,7 @@ async fn every_way_an_approval_ends_is_in_the_audit_log_with_who_and_what() {
     // Aborted: the run was cancelled while the card waited.
     let run = start(&harness, "delete c.txt").await;
     Events::of(&run).next_approval().await;
-    harness.cancel(run.run_id()).await.unwrap();
+    harness.cancel(run.run_id(), &alice).await.unwrap();
     run.finished().await;
 
     // Timed out: nobody decided within the approval timeout.
@@ -125,7 +125,8 @@ async fn every_way_an_approval_ends_is_in_the_audit_log_with_who_and_what() {
             (Requested, "requested", None, None, None),
             (Resolved, "denied", Some("user"), None, Some("login")),
             (Requested, "requested", None, None, None),
-            (Resolved, "aborted", Some("abort"), None, None),
+            // Who cancelled the run is who aborted its card.
+            (Resolved, "aborted", Some("abort"), None, Some("login")),
             (Requested, "requested", None, None, None),
             (Resolved, "timed_out", Some("timeout"), None, None),
         ]

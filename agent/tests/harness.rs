@@ -322,7 +322,10 @@ async fn cancelling_a_run_denies_its_pending_approvals_as_aborted() {
         matches!(e, StreamEvent::ApprovalRequired { .. })
     })
     .await;
-    harness.cancel(record.run_id()).await.unwrap();
+    harness
+        .cancel(record.run_id(), &Actor::local())
+        .await
+        .unwrap();
     let (_, resolved) = until(&mut events, |e| {
         matches!(e, StreamEvent::ApprovalResolved { .. })
     })
@@ -341,7 +344,12 @@ async fn cancelling_a_run_denies_its_pending_approvals_as_aborted() {
         }
     ));
     assert!(harness.pending(None).await.unwrap().is_empty());
-    assert!(harness.cancel(&"nope".parse().unwrap()).await.is_err());
+    assert!(
+        harness
+            .cancel(&"nope".parse().unwrap(), &Actor::local())
+            .await
+            .is_err()
+    );
 }
 
 /// The bytes of a run's events in the log.

@@ -225,7 +225,10 @@ fn start_run(mode: ApprovalMode) -> StartRun {
 
 /// Aborts `run` and reads its events to its end, which must come within [`PATIENCE`] and be the abort.
 async fn aborted(harness: &Harness, run: &RunHandle) -> Vec<StreamEvent> {
-    harness.cancel(run.run_id()).await.unwrap();
+    harness
+        .cancel(run.run_id(), &agent::harness::Actor::local())
+        .await
+        .unwrap();
     let events = tokio::time::timeout(PATIENCE, all_events(run))
         .await
         .expect("the run ends in time");

@@ -99,7 +99,10 @@ async fn interactive_tool_runtime_denies_when_the_run_aborts_while_waiting_for_a
     let fx = on_request(delete_a());
     let run = fx.start(ApprovalMode::Interactive, "delete a.txt").await;
     Events::of(&run).next_approval().await;
-    fx.harness.cancel(run.run_id()).await.unwrap();
+    fx.harness
+        .cancel(run.run_id(), &agent::harness::Actor::local())
+        .await
+        .unwrap();
     assert!(fx.pending().await.is_empty(), "nothing is left pending");
 
     let events = all_events(&run).await;
@@ -135,7 +138,11 @@ async fn a_run_cancelled_before_its_task_began_runs_none_of_its_calls() {
     // One thread, and the test does not yield between the start and the cancel: the run's task has not begun when
     // the abort is recorded, so nothing of this process hears of it through the run's abort switch.
     let run = fx.start(ApprovalMode::Interactive, "read a.txt").await;
-    let cancelled = fx.harness.cancel(run.run_id()).await.unwrap();
+    let cancelled = fx
+        .harness
+        .cancel(run.run_id(), &agent::harness::Actor::local())
+        .await
+        .unwrap();
     assert_eq!(cancelled.run.state, agent::store::RunState::Running);
 
     let events = all_events(&run).await;
@@ -148,7 +155,10 @@ async fn a_run_cancelled_before_its_task_began_ends_aborted_even_with_nothing_to
     let fx = on_request(vec![text_step("hello")]);
     // As above: the abort is recorded before the run's task is first polled.
     let run = fx.start(ApprovalMode::Interactive, "hi").await;
-    fx.harness.cancel(run.run_id()).await.unwrap();
+    fx.harness
+        .cancel(run.run_id(), &agent::harness::Actor::local())
+        .await
+        .unwrap();
 
     let events = all_events(&run).await;
     assert_eq!(failure(&events).unwrap().0, RunErrorCode::Aborted);
@@ -511,7 +521,10 @@ async fn a_tool_that_finishes_after_the_abort_reports_its_real_result_then_the_r
     let harness = slow_read_harness(tool);
     let run = start_interactive(&harness, "read slowly").await;
     started.notified().await;
-    harness.cancel(run.run_id()).await.unwrap();
+    harness
+        .cancel(run.run_id(), &agent::harness::Actor::local())
+        .await
+        .unwrap();
     let_go.notify_one();
 
     let events = all_events(&run).await;
@@ -531,7 +544,10 @@ async fn a_tool_that_does_not_stop_after_the_abort_is_reported_as_left_behind() 
     let harness = slow_read_harness(tool);
     let run = start_interactive(&harness, "read slowly").await;
     started.notified().await;
-    harness.cancel(run.run_id()).await.unwrap();
+    harness
+        .cancel(run.run_id(), &agent::harness::Actor::local())
+        .await
+        .unwrap();
 
     let events = all_events(&run).await;
     assert_eq!(

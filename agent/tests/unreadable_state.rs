@@ -63,7 +63,7 @@ async fn a_waiting_run_whose_batch_does_not_read_waits_and_ends_once_cancelled()
         "the session is still busy"
     );
 
-    harness.cancel(run.run_id()).await.unwrap();
+    harness.cancel(run.run_id(), &Actor::local()).await.unwrap();
     ends_failed_saying(&harness, &run, &mut events, &["aborted", "batch"]).await;
 }
 
@@ -83,7 +83,7 @@ async fn a_waiting_run_whose_call_does_not_read_can_be_cancelled() {
     );
 
     harness
-        .cancel(run.run_id())
+        .cancel(run.run_id(), &Actor::local())
         .await
         .expect("the cancel is not refused for what cannot be read");
     let call = format!("call {}", request.tool_call_id);

@@ -444,7 +444,7 @@ pub async fn cancel_run(run_id: RunId, session: Option<SessionId>) -> Result<(),
         return Err(ssr::not_found(RunNotFound(run_id).to_string()));
     }
     harness
-        .cancel(&run_id)
+        .cancel(&run_id, &ssr::actor()?)
         .await
         .map(|_| ())
         .map_err(|error| match error {

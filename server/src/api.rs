@@ -354,10 +354,11 @@ pub async fn get_run(
 /// `POST /api/agent/runs/{runId}/cancel`: aborts the run.
 pub async fn cancel_run(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
     let run_id = parse_run_id(&run_id)?;
-    let cancelled = state.harness.cancel(&run_id).await?;
+    let cancelled = state.harness.cancel(&run_id, &actor).await?;
     let status = if cancelled.run.state.is_finished() {
         "finished"
     } else {

@@ -87,7 +87,7 @@ impl Harness {
         let store = &self.inner.store;
         // Before the run is this instance's: see `LocalRun`.
         let local = self.inner.local.enter(run_id);
-        let claimed = match store.claim_batch(run_id, abort_settlement()).await {
+        let claimed = match store.claim_batch(run_id, abort_settlement(None)).await {
             Ok(Some(claimed)) => claimed,
             Ok(None) => return Ok(()),
             Err(StoreError::Corrupt(why)) => return self.unreadable(run_id, why).await,

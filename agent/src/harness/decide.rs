@@ -236,23 +236,28 @@ impl Harness {
 
     /// Aborts a run: when this returns, its pending approvals are resolved as `denied/abort` (no later decision
     /// finds them), nothing more of it runs, and its task (if any) is stopping.
-    pub async fn cancel(&self, run_id: &RunId) -> Result<Cancelled, CancelError> {
-        match self.abort_run(run_id, AbortReason::Cancelled).await? {
+    pub async fn cancel(&self, run_id: &RunId, actor: &Actor) -> Result<Cancelled, CancelError> {
+        match self
+            .abort_run(run_id, AbortReason::Cancelled, Some(actor))
+            .await?
+        {
             Some(aborted) => Ok(Cancelled { run: aborted.run }),
             None => Err(CancelError::NotFound(RunNotFound(run_id.clone()))),
         }
     }
 
     /// Records the abort, then stops what runs of it here, and lets a waiting run end.
+    /// `actor` is who asked, when a person did (a cancel), for the audit entries of what the abort settles.
     pub(super) async fn abort_run(
         &self,
         run_id: &RunId,
         reason: AbortReason,
+        actor: Option<&Actor>,
     ) -> Result<Option<Aborted>, Unavailable> {
         let aborted = self
             .inner
             .store
-            .abort_run(run_id, reason, abort_settlement())
+            .abort_run(run_id, reason, abort_settlement(actor))
             .await?;
         if let Some(aborted) = &aborted {
             // Whatever of it runs in this process stops: its task, its tools.

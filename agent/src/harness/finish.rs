@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use super::Harness;
 use super::drive::Ending;
+use super::{Actor, Harness};
 use crate::agent_loop::{Interruption, LoopOutcome, RunEnd, SuspendedBatch, answer_unfinished};
 use crate::approvals::{denied_by, not_run_after_abort, request_audit, settlement};
 use crate::clock::now_ms;
@@ -82,7 +82,7 @@ impl Harness {
             conversation: None,
             suspension: None,
             audit: Vec::new(),
-            settle_pending: Some(abort_settlement()),
+            settle_pending: Some(abort_settlement(None)),
         };
         match self.inner.store.finish_run(finish).await {
             Ok(Ok(())) => {
@@ -97,15 +97,17 @@ impl Harness {
     }
 }
 
-/// Settles what a finished run still has pending: a card never outlives its run.
-pub(super) fn abort_settlement() -> SettleExpired {
-    Box::new(|record| {
+/// Settles what a finished run still has pending: a card never outlives its run. `actor` is who cancelled the run,
+/// if a person did.
+pub(super) fn abort_settlement(actor: Option<&Actor>) -> SettleExpired {
+    let actor = actor.map(|actor| actor.as_str().to_owned());
+    Box::new(move |record| {
         let resolution = if record.status == CallStatus::Pending {
             denied_by(DenialSource::Abort, Duration::ZERO)
         } else {
             not_run_after_abort()
         };
-        settlement(record, resolution, None)
+        settlement(record, resolution, actor.as_deref())
     })
 }
 
@@ -361,7 +363,7 @@ impl Harness {
             conversation,
             suspension,
             audit: Vec::new(),
-            settle_pending: Some(abort_settlement()),
+            settle_pending: Some(abort_settlement(None)),
         }
     }
 

@@ -395,7 +395,9 @@ impl Harness {
         self.inner.closing.cancel();
         if !self.inner.store.kind().is_durable() {
             for run_id in self.inner.store.unfinished_runs().await.unwrap_or_default() {
-                self.abort_run(&run_id, AbortReason::Shutdown).await.ok();
+                self.abort_run(&run_id, AbortReason::Shutdown, None)
+                    .await
+                    .ok();
             }
         } else {
             for run_id in self.inner.local.ids() {

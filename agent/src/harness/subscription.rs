@@ -112,7 +112,7 @@ impl RunHandle {
         let harness = self.harness.clone();
         let run_id = self.info.run_id.clone();
         tokio::spawn(async move {
-            if let Err(error) = harness.abort_run(&run_id, reason).await {
+            if let Err(error) = harness.abort_run(&run_id, reason, None).await {
                 tracing::error!(%run_id, %error, "cannot abort the run");
             }
         });
