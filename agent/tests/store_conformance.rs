@@ -1801,6 +1801,65 @@ async fn a_decision_and_a_claim_at_once_never_fail_on_locks(kind: Kind) {
 
 /// A session's listing holds the pending approvals of that session's runs and no other's, and none of a run whose
 /// abort is recorded; a run's holds that run's.
+/// The audit log reads newest first too, on from before an id, with its filters: a view of what happened last reads
+/// the end of the log, not its beginning.
+async fn the_audit_log_reads_newest_first_before_an_id(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    for (run, call) in [
+        ("r1", "a"),
+        ("r2", "b"),
+        ("r1", "c"),
+        ("r2", "d"),
+        ("r1", "e"),
+    ] {
+        store.audit(request_audit(run, call)).await.unwrap();
+    }
+    let read = |query: AuditQuery| async move {
+        store
+            .audit_log(query)
+            .await
+            .unwrap()
+            .iter()
+            .map(|entry| entry.tool_call_id.as_ref().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let newest = read(AuditQuery {
+        newest_first: true,
+        limit: 2,
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(newest, ["e", "d"]);
+    let all = store
+        .audit_log(AuditQuery {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let d = all
+        .iter()
+        .find(|entry| entry.tool_call_id == Some(call_id("d")))
+        .unwrap()
+        .id;
+    let before = read(AuditQuery {
+        newest_first: true,
+        before_id: Some(d),
+        run_id: Some(run_id("r1")),
+        limit: 10,
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(before, ["c", "a"]);
+    let oldest = read(AuditQuery {
+        limit: 2,
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(oldest, ["a", "b"], "oldest first unless asked otherwise");
+}
+
 /// The `(run, call)` of each pending approval `of` lists, in its order.
 async fn listed(store: &dyn Store, of: PendingOf<'_>) -> Vec<(String, String)> {
     let pending = store.pending(of).await.unwrap();
@@ -1890,6 +1949,7 @@ conformance!(
     a_decision_and_a_claim_at_once_never_fail_on_locks,
     sessions_are_read_by_their_ids,
     pending_approvals_are_listed_by_session_or_run,
+    the_audit_log_reads_newest_first_before_an_id,
 );
 
 // ---------------------------------------------------------------------------------------------------------------

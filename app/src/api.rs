@@ -487,13 +487,13 @@ pub async fn audit_log(
                 .as_ref()
                 .is_some_and(|session| session == &current || ssr::may_open(session))
     };
-    // The store reads oldest first; the view wants the newest page. Read on from where each read ended, keeping the
-    // last page of what this browser may see, within a bound on the work one view may cause.
-    // Entries read per step, and the most steps.
+    // The view wants the newest page: read newest first, on from where each read ended, until a page of what this
+    // browser may see is found, within a bound on the work one view may cause (past it, older entries go unseen,
+    // never newer ones). Entries read per step, and the most steps.
     const STEP: usize = 1_000;
     const STEPS: usize = 200;
-    let mut entries = std::collections::VecDeque::with_capacity(AUDIT_PAGE);
-    let mut after_id = None;
+    let mut entries = Vec::with_capacity(AUDIT_PAGE);
+    let mut before_id = None;
     for _ in 0..STEPS {
         let read = harness
             .audit_log(AuditQuery {
@@ -503,25 +503,25 @@ pub async fn audit_log(
                 outcome: outcome.clone().filter(|outcome| !outcome.is_empty()),
                 since,
                 until,
-                after_id,
+                after_id: None,
+                before_id,
+                newest_first: true,
                 limit: STEP,
             })
             .await
             .map_err(|error| ssr::unavailable(error.to_string()))?;
         let done = read.len() < STEP;
-        after_id = read.last().map(|entry| entry.id).or(after_id);
-        for entry in read.into_iter().filter(|entry| visible(entry)) {
-            if entries.len() == AUDIT_PAGE {
-                entries.pop_front();
-            }
-            entries.push_back(entry);
-        }
-        if done {
+        before_id = read.last().map(|entry| entry.id).or(before_id);
+        entries.extend(read.into_iter().filter(|entry| visible(entry)));
+        if done || entries.len() >= AUDIT_PAGE {
             break;
         }
     }
+    entries.truncate(AUDIT_PAGE);
+    // Shown oldest first, as before.
     Ok(entries
         .into_iter()
+        .rev()
         .map(|entry| AuditLine {
             id: entry.id,
             at: entry.at,

@@ -469,6 +469,9 @@ pub async fn audit_log(
         since: time("since")?,
         until: time("until")?,
         after_id: number("after")?,
+        // The API pages oldest first, on from `after`.
+        before_id: None,
+        newest_first: false,
         limit,
     };
     let entries = state.harness.audit_log(filter).await?;

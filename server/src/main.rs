@@ -138,6 +138,8 @@ async fn print_audit(database: &Database, args: &AuditArgs) -> std::process::Exi
             since: args.since,
             until: args.until,
             after_id: None,
+            before_id: None,
+            newest_first: false,
             limit: args.limit,
         })
     })();

@@ -680,6 +680,10 @@ pub struct AuditQuery {
     pub until: Option<u64>,
     /// Entries after this id (the page before ended there).
     pub after_id: Option<u64>,
+    /// Entries before this id (the page before, read newest first, ended there).
+    pub before_id: Option<u64>,
+    /// The newest entries first, instead of the oldest: for a view of what happened last.
+    pub newest_first: bool,
     pub limit: usize,
 }
 
@@ -700,6 +704,7 @@ impl AuditQuery {
             && self.since.is_none_or(|since| entry.at >= since)
             && self.until.is_none_or(|until| entry.at < until)
             && self.after_id.is_none_or(|after| entry.id > after)
+            && self.before_id.is_none_or(|before| entry.id < before)
     }
 }
 

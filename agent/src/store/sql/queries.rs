@@ -2600,6 +2600,7 @@ impl Store for SqlStore {
                 ("at", ">=", query.since),
                 ("at", "<", query.until),
                 ("id", ">", query.after_id),
+                ("id", "<", query.before_id),
             ] {
                 if let Some(value) = value {
                     sql.push_str(&format!(" AND {column} {op} ${next}"));
@@ -2609,7 +2610,8 @@ impl Store for SqlStore {
                     next += 1;
                 }
             }
-            sql.push_str(&format!(" ORDER BY id LIMIT ${next}"));
+            let order = if query.newest_first { "DESC" } else { "ASC" };
+            sql.push_str(&format!(" ORDER BY id {order} LIMIT ${next}"));
             let mut q = super::db::query(sql);
             for text in texts {
                 q = q.bind(text);

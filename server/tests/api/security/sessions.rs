@@ -285,6 +285,35 @@ async fn pending_rule(app: &TestApp, run_id: &str, call_id: &str) -> String {
         .to_owned()
 }
 
+/// The page's audit view shows the newest entries however long the log is. Before, it read the log oldest first
+/// within a bound of 200,000 entries, and past that showed the end of those as the newest: a browser no longer saw
+/// its own recent decisions.
+#[tokio::test]
+async fn the_audit_view_shows_the_newest_entries_of_a_long_log() {
+    let (app, file, _dir) = on_sqlite().await;
+    rusqlite::Connection::open(&file)
+        .unwrap()
+        .execute_batch(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200500) \
+             INSERT INTO audit (at, kind, session_id, outcome) \
+             SELECT 1000 + i, 'approval_requested', 'alice', 'requested' FROM n;",
+        )
+        .unwrap();
+    let (run_id, _) = waiting_run(&app, "alice", "a.txt").await;
+    let viewed = server_fn(&app, "audit", "alice", &[]).await;
+    assert_eq!(viewed.status(), 200);
+    let lines: Vec<Value> = viewed.json().await.unwrap();
+    assert_eq!(lines.len(), 500, "a page");
+    let newest = lines.last().unwrap();
+    assert_eq!(newest["runId"], run_id.as_str(), "{newest}");
+    assert!(
+        lines
+            .windows(2)
+            .all(|pair| pair[0]["id"].as_u64() < pair[1]["id"].as_u64()),
+        "oldest first"
+    );
+}
+
 /// A server function that cannot read the database answers 503, whatever it reads first (here the run it checks is
 /// the browser's own, before the decision or the cancel). Before, such a read failed as a 500.
 #[tokio::test]
