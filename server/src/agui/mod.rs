@@ -138,7 +138,13 @@ async fn check_resume(
     }
     // What was issued never changes; only its use does. The run's start takes the interrupts, in the transaction that
     // records the run, and that take is what makes the use exactly once (a resume racing this one loses there).
-    let resolutions = resume::check(&suspension, input, state.harness.toolbox(), now_ms())?;
+    let resolutions = resume::check(
+        &suspension,
+        input,
+        state.harness.toolbox(),
+        &state.harness.config().permissions,
+        now_ms(),
+    )?;
     Ok(Plan {
         known: suspension.history.len(),
         resumed: suspension

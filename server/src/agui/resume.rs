@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 use agent::ids::ToolCallId;
 use agent::interrupts::{Suspension, arguments_digest};
-use agent::policy::grant;
+use agent::policy::{PermissionPolicy, SessionGrants};
 use agent::tools::Toolbox;
 use agent::wire::{Decision, DecisionScope, Message, Resolution};
 use axum::http::StatusCode;
@@ -125,11 +125,41 @@ fn history_calls(messages: &[Message]) -> HashMap<&ToolCallId, (&str, Option<Str
         .collect()
 }
 
+/// Whether approving with `scope` may stand, as on the approval API: a session scope must be one a card for this
+/// call offers (not while a rule asks before every such call, nor for a tool that takes no such grant), and edited
+/// arguments must make the grant it offered. Otherwise, why not.
+fn session_scope(
+    permissions: &PermissionPolicy,
+    tool: &agent::wire::ToolSpec,
+    asked: &Value,
+    edited: Option<&Value>,
+    scope: DecisionScope,
+) -> Result<(), String> {
+    if scope == DecisionScope::Once {
+        return Ok(());
+    }
+    let choices = permissions.approval_choices(tool, asked, &SessionGrants::new());
+    if !choices.offers(scope) {
+        return Err(format!(
+            "approving for the session ({}) is not offered for this call. {}",
+            scope.as_str(),
+            choices.session_note.unwrap_or_default()
+        )
+        .trim_end()
+        .to_owned());
+    }
+    permissions
+        .grant_for(tool, asked, edited, scope)
+        .map(|_| ())
+        .map_err(|edited| edited.to_string())
+}
+
 /// Checks a resume against the suspension it answers and returns a resolution per interrupted call.
 pub fn check(
     suspension: &Suspension,
     input: &RunInput,
     toolbox: &Toolbox,
+    permissions: &PermissionPolicy,
     now_ms: u64,
 ) -> Result<HashMap<ToolCallId, Resolution>, Refusal> {
     if suspension.session_id != input.thread_id {
@@ -231,34 +261,34 @@ pub fn check(
         };
         let decision = decision(entry)?;
         if let Decision::Approve {
-            arguments: Some(arguments),
-            scope,
-            ..
+            arguments, scope, ..
         } = &decision
         {
-            toolbox
-                .validate(&issued.request.tool_name, arguments)
-                .map_err(|error| {
-                    unprocessable(
-                        "INVALID_ARGUMENTS",
-                        format!(
-                            "The edited arguments for interrupt {} do not fit {}: {}",
-                            entry.interrupt_id, issued.request.tool_name, error.message
-                        ),
-                    )
-                })?;
-            // Approving for the session makes the grant the interrupt offered, or none.
+            if let Some(arguments) = arguments {
+                toolbox
+                    .validate(&issued.request.tool_name, arguments)
+                    .map_err(|error| {
+                        unprocessable(
+                            "INVALID_ARGUMENTS",
+                            format!(
+                                "The edited arguments for interrupt {} do not fit {}: {}",
+                                entry.interrupt_id, issued.request.tool_name, error.message
+                            ),
+                        )
+                    })?;
+            }
             if let Some(tool) = toolbox.lookup(&issued.request.tool_name) {
-                grant::grant_for_approval(
+                session_scope(
+                    permissions,
                     tool.spec(),
                     &issued.request.arguments,
-                    Some(arguments),
+                    arguments.as_ref(),
                     *scope,
                 )
-                .map_err(|edited| {
+                .map_err(|why| {
                     unprocessable(
                         "INVALID_RESUME_PAYLOAD",
-                        format!("The answer to interrupt {}: {edited}", entry.interrupt_id),
+                        format!("The answer to interrupt {}: {why}", entry.interrupt_id),
                     )
                 })?;
             }

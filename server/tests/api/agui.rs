@@ -838,6 +838,57 @@ async fn the_same_policy_rules_and_session_grants_apply() {
     assert!(!app.file("b.txt").exists());
 }
 
+/// An interrupt a rule asked for cannot be approved for the session, as its card on the approval API offers no such
+/// approval: the rule asks again before any grant is read. The resume is refused and uses nothing; approved once, it
+/// runs. Before, the resume was taken, a grant was stored and announced, and the next identical call asked anyway.
+#[tokio::test]
+async fn an_interrupt_a_rule_asked_for_cannot_be_approved_for_the_session() {
+    let app = spawn_app_with(|config| {
+        config.rules = "delete_file(a.txt)=ask:Always ask about a.txt."
+            .parse()
+            .unwrap();
+    })
+    .await;
+    std::fs::write(app.file("a.txt"), "a").unwrap();
+    let first = agui(&app, start("thread-asked", "run-1", "delete a.txt")).await;
+    let interrupt = &first.interrupts()[0];
+    let for_session = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "scope": "session"}});
+    let refused = agui(
+        &app,
+        resume(
+            "thread-asked",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([for_session]),
+        ),
+    )
+    .await;
+    refused.refused(422, "INVALID_RESUME_PAYLOAD");
+    let message = refused.body["error"].as_str().unwrap();
+    assert!(message.contains("delete_file(a.txt)=ask"), "{message}");
+    let grants: Value = app
+        .get("/api/agent/sessions/thread-asked/grants")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(grants["grants"], json!([]), "{grants}");
+    let resumed = agui(
+        &app,
+        resume(
+            "thread-asked",
+            "run-3",
+            "run-1",
+            first.snapshot(),
+            json!([approve(interrupt)]),
+        ),
+    )
+    .await;
+    assert_eq!(resumed.status, 200, "{}", resumed.body);
+    assert!(!app.file("a.txt").exists());
+}
+
 #[tokio::test]
 async fn approving_a_command_for_the_session_covers_that_command_and_no_other() {
     let app = spawn_app().await;
