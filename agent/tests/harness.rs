@@ -365,12 +365,12 @@ async fn log_bytes(record: &agent::harness::RunHandle) -> u64 {
 async fn approved_after(
     setup: &Setup,
     message: &str,
-    meanwhile: impl FnOnce(),
+    meanwhile: impl AsyncFnOnce(),
 ) -> Vec<StreamEvent> {
     let record = setup.harness.start(start(message)).await.unwrap();
     let mut events = record.subscribe(0);
     let (_, request) = next_approval(&mut events).await;
-    meanwhile();
+    meanwhile().await;
     setup
         .harness
         .decide(
@@ -407,7 +407,7 @@ async fn an_approved_call_does_not_touch_a_file_that_changed_after_its_card() {
     let setup = setup();
     let file = setup.dir.path().join("notes.txt");
     std::fs::write(&file, "scratch").unwrap();
-    let events = approved_after(&setup, "delete notes.txt", || {
+    let events = approved_after(&setup, "delete notes.txt", async || {
         std::fs::write(&file, "a day of real work").unwrap()
     })
     .await;
@@ -424,7 +424,7 @@ async fn an_approved_call_does_not_touch_a_file_that_changed_after_its_card() {
 
     // A new file's card: the file appeared meanwhile, and is not overwritten.
     let fresh = setup.dir.path().join("fresh.txt");
-    let events = approved_after(&setup, "write fresh.txt: from the model", || {
+    let events = approved_after(&setup, "write fresh.txt: from the model", async || {
         std::fs::write(&fresh, "written by a person").unwrap()
     })
     .await;
@@ -435,7 +435,7 @@ async fn an_approved_call_does_not_touch_a_file_that_changed_after_its_card() {
     );
 
     // Unchanged, it runs.
-    let events = approved_after(&setup, "delete notes.txt", || {}).await;
+    let events = approved_after(&setup, "delete notes.txt", async || {}).await;
     assert!(tool_output(&events).is_ok(), "{events:?}");
     assert!(!file.exists());
 }
@@ -448,36 +448,11 @@ async fn a_deny_rule_added_while_a_call_waits_refuses_it_when_approved() {
     let setup = setup();
     let file = setup.dir.path().join("precious.txt");
     std::fs::write(&file, "keep").unwrap();
-    let record = setup
-        .harness
-        .start(start("delete precious.txt"))
-        .await
-        .unwrap();
-    let mut events = record.subscribe(0);
-    let (_, request) = next_approval(&mut events).await;
-    setup
-        .harness
-        .add_rule(
-            agent::policy::Rule::parse("delete_file(precious.txt)=deny:Keep it.").unwrap(),
-            &Actor::local(),
-        )
-        .await
-        .unwrap();
-    setup
-        .harness
-        .decide(
-            &request.run_id,
-            &request.tool_call_id,
-            Decision::approve(),
-            &Actor::local(),
-        )
-        .await
-        .unwrap();
-    let events: Vec<StreamEvent> = record
-        .subscribe(0)
-        .map(|encoded| decode(&encoded.json))
-        .collect()
-        .await;
+    let events = approved_after(&setup, "delete precious.txt", async || {
+        let rule = agent::policy::Rule::parse("delete_file(precious.txt)=deny:Keep it.").unwrap();
+        setup.harness.add_rule(rule, &Actor::local()).await.unwrap();
+    })
+    .await;
     let output = tool_output(&events);
     assert!(
         matches!(&output, agent::wire::ToolOutput::Error { code: agent::wire::ToolErrorCode::PermissionDenied, message }
