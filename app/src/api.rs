@@ -252,15 +252,7 @@ pub mod ssr {
 
     /// A refused change of the rules, with the rules API's status.
     pub fn rules_refused(error: &agent::policy::RuleBookError) -> ServerFnError {
-        use agent::policy::RuleBookError;
-        let status = match error {
-            RuleBookError::NotFound(_) => StatusCode::NOT_FOUND,
-            RuleBookError::NotRemovable { .. } => StatusCode::FORBIDDEN,
-            RuleBookError::AlreadyPresent { .. } => StatusCode::CONFLICT,
-            RuleBookError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-            RuleBookError::Stored { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        failed_with(status, error.to_string())
+        failed_with(status(error.status()), error.to_string())
     }
 
     /// A refused decision, with the approval API's status.

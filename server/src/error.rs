@@ -86,10 +86,12 @@ pub enum ApiError {
 /// The status and code of a run that could not start, as [`StartError::refusal`] maps them for every route.
 fn start_refusal(error: &StartError) -> (StatusCode, &'static str) {
     let (status, code) = error.refusal();
-    (
-        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-        code,
-    )
+    (status_of(status), code)
+}
+
+/// A status the harness names by its number.
+fn status_of(status: u16) -> StatusCode {
+    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 impl ApiError {
@@ -102,13 +104,9 @@ impl ApiError {
             Self::ApprovalNotFound(_)
             | Self::RunNotFound(_)
             | Self::GrantNotFound(_)
-            | Self::Rules(RuleBookError::NotFound(_))
             | Self::NoRoute => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::Rules(RuleBookError::NotRemovable { .. }) => StatusCode::FORBIDDEN,
-            Self::Rules(RuleBookError::AlreadyPresent { .. }) => StatusCode::CONFLICT,
-            Self::Rules(RuleBookError::Stored { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Rules(RuleBookError::Store(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Rules(error) => status_of(error.status()),
             Self::Start(error) => start_refusal(error).0,
             Self::Refused(refusal) => refusal.status,
             Self::TooManyStreams { .. } => StatusCode::TOO_MANY_REQUESTS,

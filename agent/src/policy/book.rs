@@ -120,6 +120,19 @@ pub enum RuleBookError {
     Store(#[from] StoreError),
 }
 
+impl RuleBookError {
+    /// The HTTP status of a refused change of the rules: the rules API's and the page's.
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::NotFound(_) => 404,
+            Self::NotRemovable { .. } => 403,
+            Self::AlreadyPresent { .. } => 409,
+            Self::Stored { .. } => 500,
+            Self::Store(_) => 503,
+        }
+    }
+}
+
 /// The rules in force, as the policy reads them for every call.
 pub trait RuleBook: Send + Sync + fmt::Debug {
     /// Every rule in force, configured ones first; cheap to call for every tool call.
