@@ -27,11 +27,9 @@ fn unless_past_event_bound(
     messages: &mut Vec<Message>,
     context: &RunContext,
 ) -> RunEnd {
+    // (An abort's reason reads `Cancelled` until the run is aborted.)
     let reason = context.abort.reason();
-    if matches!(end, RunEnd::Failed(_))
-        || !context.abort.is_aborted()
-        || reason != AbortReason::EventLimit
-    {
+    if matches!(end, RunEnd::Failed(_)) || reason != AbortReason::EventLimit {
         return end;
     }
     let error = RunError::Aborted { reason };

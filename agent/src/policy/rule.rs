@@ -735,46 +735,31 @@ fn argument_glob(tool: &ToolPattern, name: &str, glob: &str) -> Result<ArgumentG
             message: error.kind().to_string(),
         })
     };
-    if name != "path" {
-        return Ok(ArgumentGlob {
-            name: name.to_owned(),
-            glob: compile(written)?,
-            for_files: None,
-        });
+    // A `path` glob is also read as the file tools' paths are compared (normalised). On a file tool that reading
+    // is the rule's, and a glob that leaves the workspace is refused; a glob over tool names that covers file tools
+    // keeps the glob as written for the others and the normalised one for the file tools. A glob that normalises to
+    // nothing (`.`, `./`) names the workspace itself, whose path is empty: it is kept as written, so that the rule
+    // reads back, and meets the workspace's path as the normalised one.
+    let normalised = (name == "path")
+        .then(|| normalised_path_glob(written))
+        .flatten();
+    let file_tool = tool.kind() == Some(ToolKind::WorkspaceFile);
+    if file_tool && name == "path" && normalised.is_none() {
+        return Err(RuleProblem::PathOutside(written.to_owned()));
     }
-    // A rule on a file tool has its path glob normalised as written (and refused when it leaves the workspace); a
-    // glob over tool names that covers file tools keeps the glob as written for the others.
-    // A glob that normalises to nothing (`.`, `./`) names the workspace itself, whose path is empty: it is kept as
-    // written, so that the rule reads back, and meets the workspace's path through `for_files`.
-    if tool.kind() == Some(ToolKind::WorkspaceFile) {
-        let normalised = normalised_path_glob(written)
-            .ok_or_else(|| RuleProblem::PathOutside(written.to_owned()))?;
-        return Ok(if normalised.is_empty() {
-            ArgumentGlob {
-                name: name.to_owned(),
-                glob: compile(written)?,
-                for_files: Some(compile("")?),
-            }
-        } else {
-            ArgumentGlob {
-                name: name.to_owned(),
-                glob: compile(&normalised)?,
-                for_files: None,
-            }
-        });
-    }
-    let for_files = match normalised_path_glob(written) {
+    let (glob, for_files) = match normalised {
+        Some(normalised) if file_tool && !normalised.is_empty() => (normalised, None),
         Some(normalised)
             if normalised != written
                 && FILE_TOOLS.iter().any(|file_tool| tool.matches(file_tool)) =>
         {
-            Some(compile(&normalised)?)
+            (written.to_owned(), Some(compile(&normalised)?))
         }
-        _ => None,
+        _ => (written.to_owned(), None),
     };
     Ok(ArgumentGlob {
         name: name.to_owned(),
-        glob: compile(written)?,
+        glob: compile(&glob)?,
         for_files,
     })
 }

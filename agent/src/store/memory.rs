@@ -918,13 +918,11 @@ impl Store for MemoryStore {
 
     fn audit_log(&self, query: AuditQuery) -> StoreFuture<'_, Vec<AuditEntry>> {
         let tables = self.tables.lock();
-        let matching = |entry: &&AuditEntry| query.matches(entry);
+        let matching = tables.audit.iter().filter(|entry| query.matches(entry));
         let entries = if query.newest_first {
-            let entries = tables.audit.iter().rev().filter(matching);
-            entries.take(query.limit).cloned().collect()
+            matching.rev().take(query.limit).cloned().collect()
         } else {
-            let entries = tables.audit.iter().filter(matching);
-            entries.take(query.limit).cloned().collect()
+            matching.take(query.limit).cloned().collect()
         };
         Self::ready(entries)
     }
