@@ -331,6 +331,18 @@ fn edited_fields(original: &Value, edited: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Whether a text of the arguments holds a carriage return. A browser's text box gives its text back with every
+/// line break as a line feed (and a one-line box drops them), so such a text is edited in the JSON, where it is
+/// written `\r` and comes back as it was.
+fn has_carriage_return(arguments: &Value) -> bool {
+    match arguments {
+        Value::String(text) => text.contains('\r'),
+        Value::Array(items) => items.iter().any(has_carriage_return),
+        Value::Object(fields) => fields.values().any(has_carriage_return),
+        _ => false,
+    }
+}
+
 /// The editor's state: one text per field, or the whole JSON.
 #[derive(Clone, Debug)]
 enum Draft {
@@ -341,19 +353,21 @@ enum Draft {
 impl Draft {
     fn new(schema: Option<&Value>, arguments: &Value) -> Self {
         match schema.and_then(simple_fields) {
-            Some(names) if arguments.is_object() => Draft::Fields(
-                names
-                    .into_iter()
-                    .map(|name| {
-                        let value = arguments
-                            .get(&name)
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_owned();
-                        (name, RwSignal::new(value))
-                    })
-                    .collect(),
-            ),
+            Some(names) if arguments.is_object() && !has_carriage_return(arguments) => {
+                Draft::Fields(
+                    names
+                        .into_iter()
+                        .map(|name| {
+                            let value = arguments
+                                .get(&name)
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                                .to_owned();
+                            (name, RwSignal::new(value))
+                        })
+                        .collect(),
+                )
+            }
             _ => Draft::Json(RwSignal::new(pretty_json(arguments))),
         }
     }
@@ -488,6 +502,23 @@ fn focus_card_when_lost(key: &ApprovalKey) {
     crate::refocus_if_lost(None, vec![format!("[id=\"{}\"]", card_dom_id(key))]);
 }
 
+/// The id of a card's reason box.
+fn card_reason_id(key: &ApprovalKey) -> String {
+    format!("{}-reason", card_dom_id(key))
+}
+
+/// The reason written on a card's own reason box, if any.
+fn card_reason(key: &ApprovalKey) -> Option<String> {
+    document()
+        .get_element_by_id(&card_reason_id(key))
+        .and_then(|element| {
+            use leptos::wasm_bindgen::JsCast;
+            element.dyn_into::<leptos::web_sys::HtmlInputElement>().ok()
+        })
+        .map(|input| input.value())
+        .filter(|reason| !reason.trim().is_empty())
+}
+
 #[component]
 fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView {
     let ui = ui();
@@ -497,7 +528,7 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
     let dom_id = card_dom_id(&key);
     let title_id = format!("{dom_id}-title");
     let reason_text_id = format!("{dom_id}-why");
-    let reason_id = format!("{dom_id}-reason");
+    let reason_id = card_reason_id(&key);
     let detail_id = format!("{dom_id}-detail");
     let expires_at = request.expires_at;
     // The page's clock ticks once a second: never show more time than the approval was given.
@@ -540,12 +571,25 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
     let drafting = Arc::new(AtomicBool::new(false));
     Effect::new({
         let drafting = Arc::clone(&drafting);
-        move |_| drafting.store(editing.with(Option::is_some), Ordering::Relaxed)
+        let key = key.clone();
+        move |_| {
+            let open = editing.with(Option::is_some);
+            drafting.store(open, Ordering::Relaxed);
+            // The page's Approve all holds back while a card shows an edit it would not send.
+            ui.editing.update(|keys| {
+                if open {
+                    keys.insert(key.clone());
+                } else {
+                    keys.remove(&key);
+                }
+            });
+        }
     });
     on_cleanup({
         let key = key.clone();
         let tool = visible(&request.tool_name);
         move || {
+            ui.editing.try_update(|keys| keys.remove(&key));
             // A card whose call still waits is not leaving because it was settled (the page is being taken down or
             // drawn anew): there is nothing to say, and the focus is not its to move.
             let still_waits = ui
@@ -576,9 +620,13 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
         }
     });
 
+    // The buttons wait for the page's code: a click before it runs would do nothing and say nothing. Then a
+    // decision on its way holds them back until the server answers.
     let in_flight = {
         let key = key.clone();
-        Memo::new(move |_| ui.deciding.with(|deciding| deciding.contains(&key)))
+        Memo::new(move |_| {
+            !ui.hydrated.get() || ui.deciding.with(|deciding| deciding.contains(&key))
+        })
     };
     let decide = {
         let key = key.clone();
@@ -768,7 +816,19 @@ fn BatchActions(pending: Memo<Vec<ApprovalRequest>>) -> impl IntoView {
             .filter(|key| !deciding.contains(key))
             .collect::<Vec<_>>()
     };
+    // Approve all approves what the cards show: not while one shows an edit, which only its own Approve sends.
+    let edit_open = move || {
+        let editing = ui.editing.get();
+        pending.with(|pending| {
+            pending
+                .iter()
+                .any(|request| editing.contains(&key_of(request)))
+        })
+    };
     let approve_all = move |_| {
+        if edit_open() {
+            return;
+        }
         for key in undecided() {
             send_decision(ui, key, Choice::Approve, None, None);
         }
@@ -779,14 +839,17 @@ fn BatchActions(pending: Memo<Vec<ApprovalRequest>>) -> impl IntoView {
             .map(|input| input.value())
             .filter(|reason| !reason.trim().is_empty());
         for key in undecided() {
-            send_decision(ui, key, Choice::Deny, why.clone(), None);
+            // A reason written on the card itself is the one its call is denied with.
+            let own = card_reason(&key);
+            send_decision(ui, key, Choice::Deny, own.or_else(|| why.clone()), None);
         }
     };
-    let none_left = move || undecided().is_empty();
+    let none_left = move || !ui.hydrated.get() || undecided().is_empty();
     view! {
         <div class="batch" role="group" aria-label="Decide every pending approval">
             <p class="batch-count" role="status">{move || format!("{} approvals wait", pending.with(Vec::len))}</p>
-            <button type="button" class="approve-all" on:click=approve_all disabled=none_left>
+            <button type="button" class="approve-all" on:click=approve_all
+                disabled=move || none_left() || edit_open() aria-describedby="approve-all-held">
                 "Approve all"
             </button>
             <label class="deny-reason" for="deny-all-reason">
@@ -797,6 +860,9 @@ fn BatchActions(pending: Memo<Vec<ApprovalRequest>>) -> impl IntoView {
             <button type="button" class="deny-all" on:click=deny_all disabled=none_left>
                 "Deny all"
             </button>
+            <p id="approve-all-held" class="note" hidden=move || !edit_open()>
+                "A card is being edited: approve it on its own, or cancel the edit, before approving all."
+            </p>
         </div>
     }
 }

@@ -11,7 +11,7 @@ use crate::api::{cancel_run, start_run};
 use crate::format::{
     byte_size, call_status, clock, output_text, permission_label, server_said, shown_json,
 };
-use crate::state::{Connection, Ui};
+use crate::state::{Connection, Ui, key_of};
 
 fn ui() -> Ui {
     expect_context::<Ui>()
@@ -64,7 +64,19 @@ pub fn ConnectionNote() -> impl IntoView {
 
 #[component]
 fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
-    let (status_class, status) = call_status(&call);
+    let ui = ui();
+    let (waiting_class, waiting) = call_status(&call);
+    // A call whose approval the server no longer holds (found when the page reconnected) waits for nothing.
+    let key = call.pending_approval().map(key_of);
+    let gone = Memo::new(move |_| key.as_ref().is_some_and(|key| ui.is_gone(key)));
+    let status_class = move || if gone.get() { "failed" } else { waiting_class };
+    let status = move || {
+        if gone.get() {
+            "no longer held by the server".to_owned()
+        } else {
+            waiting.clone()
+        }
+    };
     let arguments = shown_json(&call.arguments);
     let edited = call.executed_arguments.as_ref().map(shown_json);
     let output = call.output.as_ref().map(output_text);
@@ -81,7 +93,7 @@ fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
         <article class="tool-call" data-tool-call-id=call.id.to_string() data-status=status_class>
             <header>
                 <code class="tool-name">{call.name.clone()}</code>
-                <span class=format!("badge {status_class}")>{status}</span>
+                <span class=move || format!("badge {}", status_class())>{status}</span>
             </header>
             <p class="permission">{permission}</p>
             <pre class="arguments" aria-label="Arguments">{arguments}</pre>
@@ -251,11 +263,9 @@ fn too_long(message: &str) -> Option<String> {
 pub fn Composer() -> impl IntoView {
     let ui = ui();
     let textarea = NodeRef::<html::Textarea>::new();
-    let pending = Memo::new(move |_| ui.session.with(|s| s.pending_approvals().count()));
-    let active_run = Memo::new(move |_| {
-        ui.session
-            .with(|s| s.active_run().map(|run| run.run_id.clone()))
-    });
+    // What the cards show: an approval the server no longer holds holds nothing back.
+    let pending = Memo::new(move |_| ui.pending().len());
+    let active_run = Memo::new(move |_| ui.active_run());
     let blocked_because = move || {
         if !ui.hydrated.get() {
             Some("Loading…".to_owned())

@@ -115,7 +115,12 @@ mod browser {
             }
         });
         let watcher = source.clone();
-        let on_error = Closure::<dyn FnMut(web_sys::Event)>::new(move |_| {
+        let on_error = Closure::<dyn FnMut(web_sys::Event)>::new(move |event: web_sys::Event| {
+            // The server's own `error` events (a run that failed or was cancelled) reach `onerror` too, as
+            // messages: they are the run's news, read by `on_event`, and say nothing about the connection.
+            if event.is_instance_of::<MessageEvent>() {
+                return;
+            }
             STALE.set(true);
             if watcher.ready_state() != EventSource::CLOSED {
                 ui.connection.set(Connection::Reconnecting);

@@ -48,6 +48,8 @@ pub struct Ui {
     pub deciding: RwSignal<HashSet<ApprovalKey>>,
     /// Approvals the server no longer holds (found when the page reconnected): their cards are gone.
     pub gone: RwSignal<HashSet<ApprovalKey>>,
+    /// Approvals whose card has an edit open: what the card shows is not yet what a decision would send.
+    pub editing: RwSignal<HashSet<ApprovalKey>>,
     /// An error the person should know about.
     pub error: RwSignal<Option<String>>,
     pub connection: RwSignal<Connection>,
@@ -77,6 +79,7 @@ impl Ui {
             session: RwSignal::new(page.session.clone()),
             deciding: RwSignal::new(HashSet::new()),
             gone: RwSignal::new(HashSet::new()),
+            editing: RwSignal::new(HashSet::new()),
             error: RwSignal::new(page.notice.clone()),
             connection: RwSignal::new(Connection::Live),
             now_ms: RwSignal::new(page.now_ms),
@@ -127,6 +130,28 @@ impl Ui {
                 .cloned()
                 .collect()
         })
+    }
+
+    /// The run the page waits for: the session's unfinished run, unless all it waits for are approvals the server
+    /// no longer holds (its process ended without a word, as a `memory` store's does when killed): no event will
+    /// ever end that run here, and the person must not be held back by it.
+    pub fn active_run(&self) -> Option<RunId> {
+        let gone = self.gone.get();
+        self.session.with(|session| {
+            session
+                .active_run()
+                .filter(|run| {
+                    let mut waiting = run.pending_approvals().peekable();
+                    waiting.peek().is_none()
+                        || waiting.any(|request| !gone.contains(&key_of(request)))
+                })
+                .map(|run| run.run_id.clone())
+        })
+    }
+
+    /// Whether this approval's card is gone: the server no longer holds it.
+    pub fn is_gone(&self, key: &ApprovalKey) -> bool {
+        self.gone.with(|gone| gone.contains(key))
     }
 
     /// The last event the page shows: the stream resumes after it.

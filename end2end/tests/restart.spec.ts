@@ -16,15 +16,15 @@ interface Server {
 
 /**
  * Starts the binary the way serve.sh does (copied alone into `dir` and run there), with its SQLite database in
- * `dir`, and waits until it answers. Every start in the same `dir` uses the same database and workspace.
+ * `dir` unless another is named, and waits until it answers. Every start in the same `dir` uses the same database and workspace.
  */
-async function start(dir: string): Promise<Server> {
+async function start(dir: string, database = `sqlite://${path.join(dir, "toolgate.db")}`): Promise<Server> {
   const port = new URL(RESTARTED).port;
   const binary = path.join(dir, "toolgate");
   if (!fs.existsSync(binary)) fs.copyFileSync(path.resolve(BINARY), binary);
   const child = spawn(
     binary,
-    ["--addr", `127.0.0.1:${port}`, "--database-url", `sqlite://${path.join(dir, "toolgate.db")}`, "--log", "warn"],
+    ["--addr", `127.0.0.1:${port}`, "--database-url", database, "--log", "warn"],
     { cwd: dir, stdio: ["ignore", "ignore", "pipe"] },
   );
   let stderr = "";
@@ -52,6 +52,9 @@ async function kill(server: Server) {
   child.kill("SIGKILL");
   await exited;
 }
+
+// Both tests start their server on the same port.
+test.describe.configure({ mode: "serial" });
 
 test("the server killed with a card pending and started again: the page reconnects by itself and the card still decides", async ({
   page,
@@ -92,6 +95,39 @@ test("the server killed with a card pending and started again: the page reconnec
     expect(fs.readFileSync(path.join(dir, "workspace", file), "utf8")).toBe("survived");
     await screenshot(page, testInfo, "restart-decided");
     expect(pageErrors).toEqual([]);
+  } finally {
+    if (server) await kill(server);
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("the memory store's server killed with a card pending: once it is back, the card is gone and the page can be used again", async ({
+  page,
+}, testInfo) => {
+  test.setTimeout(90_000);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-e2e-restart-memory-"));
+  let server: Server | undefined;
+  try {
+    server = await start(dir, "memory");
+    await openPage(page, `${RESTARTED}/`);
+    await send(page, `delete ${unique("forgotten")}`);
+    const pending = card(page, "delete_file");
+    await expect(pending).toBeVisible();
+    const box = page.getByLabel("Message", { exact: true });
+    await expect(box).toBeDisabled();
+
+    await kill(server);
+    await expect(page.locator(".connection")).toBeVisible();
+    // A new process with an empty memory: the approval, its run and its conversation went with the old one.
+    server = await start(dir, "memory");
+    await expect(page.locator(".connection")).toHaveCount(0, { timeout: 40_000 });
+    await expect(pending).toHaveCount(0);
+    await expect(page.locator(".tool-call .badge")).toHaveText("no longer held by the server");
+    await expect(page.getByRole("button", { name: "Cancel the run" })).toHaveCount(0);
+    await expect(box).toBeEnabled();
+    await screenshot(page, testInfo, "restart-memory-forgotten");
+    await send(page, "list files");
+    await expect(page.locator(".run").last().locator(".turn.assistant")).toHaveCount(1);
   } finally {
     if (server) await kill(server);
     fs.rmSync(dir, { recursive: true, force: true });

@@ -139,6 +139,77 @@ test("Approve all and Deny all decide a batch of three, each card leaving on its
   await screenshot(page, testInfo, "review-batch-denied");
 });
 
+test("Approve all waits while a card shows an edit, and Deny all keeps the reason written on a card", async ({ page }, testInfo) => {
+  await openPage(page);
+  const [a, b] = [unique("held-a"), unique("held-b")];
+  await send(page, `write ${a}: what the model wrote and delete ${b}`);
+  await expect(page.locator(".approval-card")).toHaveCount(2);
+  const write = card(page, "write_file");
+  await write.getByRole("button", { name: "Edit" }).click();
+  await write.getByLabel("path", { exact: true }).fill(unique("held-edited"));
+  // Approve all would send the model's arguments, not the edit the card shows.
+  const approveAll = page.getByRole("button", { name: "Approve all" });
+  await expect(approveAll).toBeDisabled();
+  await expect(page.locator("#approve-all-held")).toHaveText(
+    "A card is being edited: approve it on its own, or cancel the edit, before approving all.",
+  );
+  await screenshot(page, testInfo, "review-batch-edit-open");
+  await write.getByRole("button", { name: "Cancel edit" }).click();
+  await expect(approveAll).toBeEnabled();
+  await expect(page.locator("#approve-all-held")).toBeHidden();
+
+  await card(page, "delete_file").getByLabel("Reason (optional)").fill("keep that file");
+  await page.getByLabel("Reason for denying all (optional)").fill("not today");
+  await page.getByRole("button", { name: "Deny all" }).click();
+  await expect(page.locator(".approval-card")).toHaveCount(0);
+  await expect(page.locator(".tool-call .resolution")).toHaveText([
+    "The user denied this tool call: not today",
+    "The user denied this tool call: keep that file",
+  ]);
+});
+
+test("a text with carriage returns is edited as JSON, and runs with its line breaks as they were", async ({ page }) => {
+  await openPage(page);
+  const file = unique("crlf");
+  await send(page, `call write_file {"path": "${file}", "content": "@echo off\\r\\nset X=1\\r\\n"}`);
+  const pending = card(page, "write_file");
+  await pending.getByRole("button", { name: "Edit" }).click();
+  // A browser's text box would give the text back with each line break a line feed.
+  const json = pending.getByLabel("Arguments (JSON)");
+  await expect(json).toHaveValue(/"@echo off\\r\\nset X=1\\r\\n"/);
+  await json.fill((await json.inputValue()).replace("set X=1", "set X=2"));
+  await pending.getByRole("button", { name: "Approve edited" }).click();
+  await expect(pending).toHaveCount(0);
+  await send(page, `read ${file}`);
+  // What the file holds, as read_file's result says it (on the page a line break is one whatever its characters).
+  const read = page.locator(".tool-call", { hasText: "read_file" }).locator(".output pre");
+  await expect.poll(async () => JSON.parse((await read.textContent()) ?? "{}").content).toBe("@echo off\r\nset X=2\r\n");
+});
+
+test("a card's buttons wait for the page's code, then decide", async ({ page }) => {
+  await openPage(page);
+  await send(page, `delete ${unique("early")}`);
+  await expect(card(page, "delete_file")).toBeVisible();
+  // Reloaded with the page's code held back: the card is drawn by the server, and a click on it could do nothing.
+  let release = () => {};
+  const held = new Promise<void>((resolve) => (release = resolve));
+  await page.route("**/*.wasm", async (route) => {
+    await held;
+    await route.continue();
+  });
+  await page.reload({ waitUntil: "commit" });
+  const pending = card(page, "delete_file");
+  await expect(pending).toBeVisible();
+  await expect(page.locator(".page")).toHaveAttribute("data-hydrated", "false");
+  await expect(pending.getByRole("button", { name: "Approve", exact: true })).toBeDisabled();
+  await expect(pending.getByRole("button", { name: "Deny" })).toBeDisabled();
+  release();
+  await expect(page.locator(".page")).toHaveAttribute("data-hydrated", "true");
+  await pending.getByRole("button", { name: "Deny" }).click();
+  await expect(pending).toHaveCount(0);
+  await expect(page.locator(".tool-call .badge").last()).toHaveText("denied by you");
+});
+
 test("three cards stay readable in a narrow window", async ({ page }, testInfo) => {
   await page.setViewportSize({ width: 375, height: 740 });
   await openPage(page);

@@ -229,6 +229,8 @@ test("a run that fails shows why", async ({ page }, testInfo) => {
   await expect(card(page, "delete_file")).toHaveCount(0);
   await expect(page.locator(".turn.failed")).toHaveText("The run failed: The run was cancelled.");
   await expect(page.locator(".tool-call .badge")).toHaveText("aborted");
+  // The run's `error` event is news about the run, not about the connection, which stays up.
+  await expect(page.locator(".connection")).toHaveCount(0);
   await screenshot(page, testInfo, "run-failed");
 });
 
