@@ -291,13 +291,20 @@ impl PermissionPolicy {
                     .map(|origin| untrusted_reason(name, origin, hints))
                     .unwrap_or_default(),
             },
+            // A tool reaches outside unless it says it does not: MCP's `openWorldHint` is true when left out.
             ApprovalPolicy::OnRequest
-                if hints.read_only == Some(true) && hints.open_world == Some(true) =>
+                if hints.read_only == Some(true) && hints.open_world != Some(false) =>
             {
                 PermissionDecision::Ask {
-                    reason: format!(
-                        "{name} only reads, but it reaches outside the workspace (open world)."
-                    ),
+                    reason: if hints.open_world == Some(true) {
+                        format!(
+                            "{name} only reads, but it reaches outside the workspace (open world)."
+                        )
+                    } else {
+                        format!(
+                            "{name} only reads, but it does not say that it stays inside the workspace (no openWorldHint: a tool is taken to reach outside)."
+                        )
+                    },
                 }
             }
             ApprovalPolicy::OnRequest if hints.read_only == Some(true) => {

@@ -258,6 +258,22 @@ fn an_untrusted_servers_claims_never_let_a_call_run_without_asking() {
     };
     assert_eq!(trusted(READ_ONLY), "allow");
     assert_eq!(trusted(DESTRUCTIVE), "ask");
+    // A read-only tool that does not say it stays inside reaches outside, as MCP reads a missing openWorldHint.
+    let read_only_alone = ToolAnnotations {
+        read_only: Some(true),
+        ..Default::default()
+    };
+    assert_eq!(trusted(read_only_alone), "ask");
+    assert!(
+        on_request
+            .decide(
+                &from_mcp(tool("fetch", read_only_alone), McpTrust::Annotations),
+                &input,
+                &none,
+            )
+            .reason()
+            .contains("does not say that it stays inside the workspace"),
+    );
     // A rule still allows it; a rule on an argument allows only what it names; deny beats everything.
     let rules = policy(
         ApprovalPolicy::OnRequest,
