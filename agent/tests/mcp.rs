@@ -406,6 +406,28 @@ async fn server_everything_over_streamable_http() {
         .local_addr()
         .unwrap()
         .port();
+    let mut server = everything_over_http(port).await;
+    let started = start(json!({
+        "remote": {"type": "http", "url": format!("http://127.0.0.1:{port}/mcp"), "headers": {"X-Test": "1"}}
+    }))
+    .await
+    .unwrap();
+    assert_eq!(started.status("remote").state, McpServerState::Ready);
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let echoed = run
+        .call("mcp__remote__echo", json!({"message": "over http"}))
+        .await;
+    assert_eq!(text(&echoed), "Echo: over http");
+    let sum = run
+        .call("mcp__remote__get-sum", json!({"a": 2, "b": 3}))
+        .await;
+    assert!(text(&sum).contains('5'), "{sum:?}");
+    started.shut_down().await;
+    server.kill().await.unwrap();
+}
+
+/// `@modelcontextprotocol/server-everything` serving streamable HTTP on `port`, once it listens.
+async fn everything_over_http(port: u16) -> tokio::process::Child {
     let mut server = tokio::process::Command::new("node")
         .arg(npm_server("server-everything"))
         .arg("streamableHttp")
@@ -426,22 +448,49 @@ async fn server_everything_over_streamable_http() {
     })
     .await
     .expect("the HTTP server listens in time");
+    server
+}
 
+/// An HTTP server started again forgets its sessions. Before, every later call waited out its timeout, until toolgate
+/// itself restarted; now the first one's timeout finds the server deaf to a ping, and the next call connects again
+/// (listing the tools again, so that a call is made only on the definition it was decided for).
+#[tokio::test]
+async fn an_http_server_started_again_is_connected_again_and_listed_again() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = everything_over_http(port).await;
     let started = start(json!({
-        "remote": {"type": "http", "url": format!("http://127.0.0.1:{port}/mcp"), "headers": {"X-Test": "1"}}
+        "remote": {"type": "http", "url": format!("http://127.0.0.1:{port}/mcp"), "tool_timeout_secs": 3}
     }))
     .await
     .unwrap();
-    assert_eq!(started.status("remote").state, McpServerState::Ready);
     let mut run = started.context(ApprovalPolicy::Trusted);
     let echoed = run
-        .call("mcp__remote__echo", json!({"message": "over http"}))
+        .call("mcp__remote__echo", json!({"message": "one"}))
         .await;
-    assert_eq!(text(&echoed), "Echo: over http");
-    let sum = run
-        .call("mcp__remote__get-sum", json!({"a": 2, "b": 3}))
+    assert_eq!(text(&echoed), "Echo: one");
+    server.kill().await.unwrap();
+    let mut server = everything_over_http(port).await;
+    // The restarted server answers the old session's call with an error no request can take: the call waits out
+    // its timeout, and the server does not answer a ping on that session either.
+    let lost = run
+        .call("mcp__remote__echo", json!({"message": "two"}))
         .await;
-    assert!(text(&sum).contains('5'), "{sum:?}");
+    let (code, message) = error(&lost);
+    assert_eq!(code, ToolErrorCode::Timeout);
+    assert!(
+        message
+            .contains("did not answer a ping after it either, so toolgate closed the connection"),
+        "{message}"
+    );
+    let echoed = run
+        .call("mcp__remote__echo", json!({"message": "three"}))
+        .await;
+    assert_eq!(text(&echoed), "Echo: three");
+    assert_eq!(started.status("remote").state, McpServerState::Ready);
     started.shut_down().await;
     server.kill().await.unwrap();
 }
@@ -573,6 +622,116 @@ async fn a_crash_mid_call_leaves_the_effect_unknown_and_the_next_call_restarts_t
     assert_eq!(text(&echoed), "back");
     assert_eq!(started.status("crashy").state, McpServerState::Ready);
     assert_eq!(started.fixture_calls(), ["exit_mid_call", "echo"]);
+    started.shut_down().await;
+}
+
+/// A card approved for a tool as its server defined it then: the server stopped meanwhile, and started again for the
+/// call it lists the tool otherwise (here as it was before a change). The call is not made on that definition.
+#[tokio::test]
+async fn a_call_approved_for_a_tool_is_not_made_when_the_restarted_server_defines_it_otherwise() {
+    let started = start(json!({"fixture": fixture(json!({}))})).await.unwrap();
+    let mut trusted = started.context(ApprovalPolicy::Trusted);
+    trusted.call("mcp__fixture__change_tools", json!({})).await;
+    let model = Arc::new(ReplayModel::new(vec![
+        tool_step(&[support::call(
+            "call_1",
+            "mcp__fixture__echo",
+            json!({"text": "as approved"}),
+        )]),
+        text_step("done"),
+    ]));
+    let harness = harness_over(model, started.toolbox.clone(), ApprovalPolicy::Strict);
+    let run = harness
+        .start(start_run(ApprovalMode::Interactive))
+        .await
+        .unwrap();
+    let mut events = support::Events::of(&run);
+    let card = events.next_approval().await;
+    let shown = started
+        .toolbox
+        .lookup("mcp__fixture__echo")
+        .map(|tool| tool.spec().description.clone());
+    assert_eq!(shown.as_deref(), Some("Echoes the text back (version 2)."));
+
+    // The server stops while the card waits; the next call starts it again, and it says version 1.
+    trusted.call("mcp__fixture__exit_mid_call", json!({})).await;
+    assert_eq!(started.status("fixture").state, McpServerState::Crashed);
+    harness
+        .decide(
+            run.run_id(),
+            &card.tool_call_id,
+            agent::wire::Decision::approve(),
+            &agent::harness::Actor::local(),
+        )
+        .await
+        .unwrap();
+    let rest = tokio::time::timeout(PATIENCE, events.rest())
+        .await
+        .expect("the run ends in time");
+    let (code, message) = error(&logged_output(&rest).expect("the call's result"));
+    assert_eq!(code, ToolErrorCode::PermissionDenied);
+    assert!(
+        message.contains("changed after this call was decided")
+            && message.contains("was started again"),
+        "{message}"
+    );
+    assert_eq!(started.status("fixture").state, McpServerState::Ready);
+    assert_eq!(
+        started
+            .toolbox
+            .lookup("mcp__fixture__echo")
+            .map(|tool| tool.spec().description.clone())
+            .as_deref(),
+        Some("Echoes the text back (version 1).")
+    );
+    assert_eq!(started.fixture_calls(), ["change_tools", "exit_mid_call"]);
+    started.shut_down().await;
+}
+
+/// An answer the SDK cannot read as a result comes after the call was made: the model is told that what it did is
+/// unknown, not that the server refused it (which would invite the same call again).
+#[tokio::test]
+async fn an_answer_that_cannot_be_read_leaves_the_effect_unknown() {
+    let started = start(json!({"fixture": fixture(json!({}))})).await.unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let unread = run.call("mcp__fixture__malformed", json!({})).await;
+    let (code, message) = error(&unread);
+    assert_eq!(code, ToolErrorCode::ToolFailed);
+    assert!(
+        message.contains("with a result toolgate cannot read")
+            && message.contains("whether the call took effect is unknown")
+            && !message.contains("refused"),
+        "{message}"
+    );
+    started.shut_down().await;
+}
+
+/// A call whose run was aborted before it went out is not sent at all: a server may run a request whatever the
+/// cancellation that follows it says.
+#[tokio::test]
+async fn a_call_whose_run_was_aborted_before_it_went_out_is_not_sent() {
+    let started = start(json!({"fixture": fixture(json!({}))})).await.unwrap();
+    let tool = started.toolbox.get("mcp__fixture__echo").unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    cancel.cancel();
+    let context = agent::tools::ToolContext {
+        run_id: RunId::parse("aborted").unwrap(),
+        cancel,
+    };
+    let refused = tool
+        .execute(json!({"text": "never"}), &context)
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("was not called: its run was aborted before the call went out"),
+        "{refused}"
+    );
+    // Asked after it, over the same connection, the server has read everything sent before.
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    run.call("mcp__fixture__cancellations", json!({})).await;
+    assert_eq!(started.fixture_calls(), ["cancellations"]);
     started.shut_down().await;
 }
 

@@ -71,6 +71,13 @@ pub enum CallError {
     /// The server answered with a protocol error (an unknown tool, invalid parameters).
     #[error("{0}")]
     Refused(String),
+    /// The server answered with what the SDK cannot read as a result (a content block of a kind it does not know,
+    /// an image without its type): the call was made, and what it did is not known.
+    #[error("its answer cannot be read as a result ({0})")]
+    Unreadable(String),
+    /// The run was aborted before the call went out: nothing was sent.
+    #[error("the call was not made: its run was aborted first")]
+    NotSent,
 }
 
 /// Why a server could not be connected.
@@ -138,7 +145,11 @@ impl McpClient {
                 custom.insert(name, value);
             }
         }
+        // A session the server forgot (it restarted) ends the connection, rather than the SDK's silent new session:
+        // toolgate then connects again itself and lists the tools again, so a call approved for a tool as it was
+        // defined never runs on a server that now defines it otherwise (`McpServer::call`).
         let config = StreamableHttpClientTransportConfig::with_uri(url.to_owned())
+            .reinit_on_expired_session(false)
             .custom_headers(custom)
             .max_json_response_size(MAX_MESSAGE_BYTES)
             .max_sse_event_size(MAX_MESSAGE_BYTES);
@@ -257,9 +268,14 @@ impl McpClient {
                 )));
             }
         };
+        // A run aborted before the call goes out sends nothing: the SDK would put the request on the wire before it
+        // saw the cancellation, and a server may run it whatever notifications/cancelled says after it.
+        if cancel.is_cancelled() {
+            return Err(CallError::NotSent);
+        }
         let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
         // Dropping the call makes the SDK send notifications/cancelled. The call is polled first, so that a request
-        // cancelled at once still goes out before its cancellation.
+        // cancelled once it is under way still goes out before its cancellation.
         let result = tokio::select! {
             biased;
             result = self.service.peer().call_tool(params) => {
@@ -274,6 +290,17 @@ impl McpClient {
             is_error: result.get("isError").and_then(Value::as_bool) == Some(true),
             content: model_content(&result),
         })
+    }
+
+    /// Whether the server answers a ping within `patience`. One that does not is stuck, or no longer knows this
+    /// session: an HTTP server started again answers the old session's requests with an error no request can take
+    /// (`@modelcontextprotocol/server-everything` says 400 with no id), so every call would wait out its timeout.
+    pub async fn answers_ping(&self, patience: Duration) -> bool {
+        let ping = ClientRequest::PingRequest(Default::default());
+        matches!(
+            tokio::time::timeout(patience, self.service.peer().send_request(ping)).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Ends the session and waits (briefly) until it is closed; for a stdio server this closes its standard input.
@@ -353,6 +380,9 @@ fn call_error(error: rmcp::ServiceError) -> CallError {
             CallError::Disconnected("the session was closed".to_owned())
         }
         rmcp::ServiceError::Timeout { timeout } => CallError::TimedOut(timeout),
+        rmcp::ServiceError::UnexpectedResponse => {
+            CallError::Unreadable("the MCP SDK does not read it as any result".to_owned())
+        }
         other => CallError::Refused(other.to_string()),
     }
 }

@@ -27,6 +27,8 @@ use crate::wire::{McpServerState, McpServerStatus, ToolErrorCode, ToolSpec};
 const STOP_GRACE: Duration = Duration::from_secs(1);
 /// The longest wait between restarts of a server that keeps failing.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// How long a server whose call timed out has to answer a ping before its connection is taken for lost.
+const PING_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A required server did not start, so toolgate does not either.
 #[derive(Debug, thiserror::Error)]
@@ -464,15 +466,32 @@ impl McpServer {
         });
     }
 
-    /// Calls the server's tool `tool` for the model's `qualified` tool.
+    /// Calls the server's tool `tool`, as the model's tool `decided` was defined when the call was decided.
     pub(crate) async fn call(
         self: &Arc<Self>,
         tool: &str,
-        qualified: &str,
+        decided: &ToolSpec,
         input: Value,
         cancel: &CancellationToken,
     ) -> Result<Value, ToolError> {
+        let qualified = decided.name.as_str();
         let connection = self.connection().await?;
+        // The connection may be new (the server had stopped, or its HTTP session was gone): a server started again
+        // listed its tools anew, and a call decided for the tool as it was defined is not made on another definition.
+        let current = self.toolbox.lookup(qualified);
+        if current
+            .as_ref()
+            .map(|tool| crate::policy::spec_digest(tool.spec()))
+            != Some(crate::policy::spec_digest(decided))
+        {
+            return Err(ToolError::new(
+                ToolErrorCode::PermissionDenied,
+                format!(
+                    "The tool {qualified} changed after this call was decided (the MCP server {} was started again and describes it differently now, or no longer offers it), so the call was not made: what was approved or allowed was the tool as it was.",
+                    self.config.name
+                ),
+            ));
+        }
         let timeout = self.config.tool_timeout;
         let server = &self.config.name;
         match connection
@@ -495,13 +514,35 @@ impl McpServer {
                     Ok(result.content)
                 }
             }
-            Err(CallError::TimedOut(after)) => Err(ToolError::new(
-                ToolErrorCode::Timeout,
-                format!(
-                    "{qualified} did not finish within {} s, so toolgate cancelled it (the MCP server {server} was sent notifications/cancelled). Whether it took effect is unknown.",
-                    after.as_secs_f64()
-                ),
-            )),
+            Err(CallError::TimedOut(after)) => {
+                // A slow tool, or a server that no longer hears this connection: a server that does not answer a
+                // ping either is connected to again (started again, for stdio) for the next call.
+                let deaf = !connection
+                    .client
+                    .answers_ping(PING_PATIENCE.min(timeout))
+                    .await;
+                if deaf {
+                    self.close_mid_call(
+                        &connection,
+                        format!(
+                            "a call of {tool} timed out, and it did not answer a ping after it"
+                        ),
+                    )
+                    .await;
+                }
+                Err(ToolError::new(
+                    ToolErrorCode::Timeout,
+                    format!(
+                        "{qualified} did not finish within {} s, so toolgate cancelled it (the MCP server {server} was sent notifications/cancelled). Whether it took effect is unknown.{}",
+                        after.as_secs_f64(),
+                        if deaf {
+                            " The server did not answer a ping after it either, so toolgate closed the connection: the next call connects again."
+                        } else {
+                            ""
+                        }
+                    ),
+                ))
+            }
             Err(CallError::Cancelled) => Err(ToolError::failed(format!(
                 "{qualified} was cancelled because its run was aborted (the MCP server {server} was sent notifications/cancelled); whether it took effect is unknown."
             ))),
@@ -530,6 +571,12 @@ impl McpServer {
             }
             Err(CallError::Refused(why)) => Err(ToolError::failed(format!(
                 "The MCP server {server} refused the call of {qualified}: {why}"
+            ))),
+            Err(CallError::Unreadable(why)) => Err(ToolError::failed(format!(
+                "The MCP server {server} answered the call of {qualified} with a result toolgate cannot read ({why}), so whether the call took effect is unknown. toolgate did not retry it: check before calling it again."
+            ))),
+            Err(CallError::NotSent) => Err(ToolError::failed(format!(
+                "{qualified} was not called: its run was aborted before the call went out to the MCP server {server}."
             ))),
         }
     }

@@ -40,14 +40,7 @@ impl Tool for McpTool {
                     self.spec.name
                 )));
             };
-            McpServer::call(
-                &server,
-                &origin.tool,
-                &self.spec.name,
-                input,
-                &context.cancel,
-            )
-            .await
+            McpServer::call(&server, &origin.tool, &self.spec, input, &context.cancel).await
         })
     }
 
