@@ -2665,6 +2665,188 @@ async fn a_recovery_on_postgresql_leaves_a_run_taken_over_meanwhile() {
     assert_eq!(run.state, RunState::Running, "the new owner's run goes on");
 }
 
+/// A recovery fences a dead owner's run before it looks for the calls that owner runs. An owner whose heartbeat was
+/// only late, and that begins a call while the recovery is under way (here while it waits for another run's row),
+/// begins nothing: before the fence, the call ran and the run's end deleted it unrecorded.
+#[tokio::test]
+async fn a_call_a_late_owner_begins_during_a_recovery_is_refused() {
+    use sqlx::{Connection, Executor};
+    let url = postgres::database();
+    let owner = SqlStore::open_with_lease(
+        &DatabaseUrl::Postgres(url.clone()),
+        std::time::Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
+    let recovering = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    owner.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    // A waiting run with a call running on a dead instance: the recovery waits for its row below.
+    recovering
+        .start_run(new_run("w", "sw"))
+        .await
+        .unwrap()
+        .unwrap();
+    open_waiting(&*recovering, "w", &[], &["running"]).await;
+    recovering
+        .begin_call(&run_id("w"), &call_id("running"), None)
+        .await
+        .unwrap()
+        .unwrap();
+    recovering.flush().await.unwrap();
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    holder
+        .execute(
+            "INSERT INTO instances (id, started_at, heartbeat_at) VALUES ('gone', 0, 0); \
+             UPDATE calls SET executing_on = 'gone' WHERE run_id = 'w'",
+        )
+        .await
+        .unwrap();
+    // The owner's heartbeat is late: the recovery takes it for dead.
+    sqlx::query("UPDATE instances SET heartbeat_at = 0 WHERE id = $1")
+        .bind(owner.instance().as_str())
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    holder.execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT 1 FROM runs WHERE id = 'w' FOR UPDATE")
+        .await
+        .unwrap();
+    let recovery = {
+        let store = Arc::clone(&recovering);
+        tokio::spawn(async move { store.recover(recovery_events()).await.unwrap() })
+    };
+    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
+    until_waiting_for_locks(
+        &mut watcher,
+        1,
+        "the recovery never waited for the run's row",
+    )
+    .await;
+
+    // The heartbeat comes after all, and the owner begins a call of its run.
+    sqlx::query(
+        "UPDATE instances SET heartbeat_at = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
+         WHERE id = $1",
+    )
+    .bind(owner.instance().as_str())
+    .execute(&mut watcher)
+    .await
+    .unwrap();
+    let record = CallRecord::new(
+        run_id("r"),
+        tool_call("c"),
+        json!({"path": "c"}),
+        CallStatus::Allowed,
+    );
+    let begun = owner
+        .begin_call(&run_id("r"), &call_id("c"), Some((record, 1)))
+        .await
+        .unwrap();
+    holder.execute("COMMIT").await.unwrap();
+    let recovered = tokio::time::timeout(std::time::Duration::from_secs(10), recovery)
+        .await
+        .expect("the recovery ends once the row is let go")
+        .unwrap();
+    assert!(begun.is_none(), "the fenced run begins no call: {begun:?}");
+    assert_eq!(recovered.failed_runs, vec![run_id("r")]);
+    assert_eq!(
+        recovered.interrupted_calls,
+        vec![(run_id("w"), call_id("running"))]
+    );
+}
+
+/// Each instance is judged by its own lease. Here one started with a lease of a minute (a heartbeat every 12 s) last
+/// beat 20 s ago; another, started with 10 s, recovers: before, it judged the first by its own 10 s, ended its
+/// sampling run as `RESTARTED` and forgot it, though it was alive.
+#[tokio::test]
+async fn an_instance_is_judged_alive_by_its_own_lease() {
+    use sqlx::Connection;
+    let url = postgres::database();
+    let patient = SqlStore::open_with_lease(
+        &DatabaseUrl::Postgres(url.clone()),
+        std::time::Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let hasty = SqlStore::open_with_lease(
+        &DatabaseUrl::Postgres(url.clone()),
+        std::time::Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    patient.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query(
+        "UPDATE instances SET heartbeat_at = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - 20000 \
+         WHERE id = $1",
+    )
+    .bind(patient.instance().as_str())
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    let recovered = hasty.recover(recovery_events()).await.unwrap();
+    assert_eq!(recovered.failed_runs, Vec::<RunId>::new());
+    let run = patient.run(&run_id("r")).await.unwrap().unwrap();
+    assert_eq!(run.state, RunState::Running);
+    let known: Vec<String> = sqlx::query_scalar("SELECT id FROM instances")
+        .fetch_all(&mut connection)
+        .await
+        .unwrap();
+    assert!(
+        known.contains(&patient.instance().as_str().to_owned()),
+        "{known:?}"
+    );
+
+    // Past its own lease, it is dead to the others.
+    sqlx::query(
+        "UPDATE instances SET heartbeat_at = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - 61000 \
+         WHERE id = $1",
+    )
+    .bind(patient.instance().as_str())
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    let recovered = hasty.recover(recovery_events()).await.unwrap();
+    assert_eq!(recovered.failed_runs, vec![run_id("r")]);
+}
+
+/// Readers re-read every ten seconds even while other runs' doorbells keep ringing: a busy cluster must not make a
+/// lost notification a lost event. Here the doorbell of run `x`'s new event was never rung (as when it was sent while
+/// the listener reconnected), and run `y`'s ring all along.
+#[tokio::test]
+async fn readers_re_read_on_postgresql_while_other_doorbells_keep_ringing() {
+    let url = postgres::database();
+    let a = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    let b = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    a.start_run(new_run("x", "sx")).await.unwrap().unwrap();
+    a.start_run(new_run("y", "sy")).await.unwrap().unwrap();
+    let mut missed = b.watch_run(&run_id("x"));
+    missed.borrow_and_update();
+    let ringing = {
+        let a = Arc::clone(&a);
+        tokio::spawn(async move {
+            for step in 2.. {
+                a.append(&run_id("y"), 1, vec![step_event("y", step)]);
+                a.flush().await.unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let woken = tokio::time::timeout(std::time::Duration::from_secs(14), missed.changed()).await;
+    ringing.abort();
+    assert!(
+        woken.is_ok(),
+        "a reader of a run whose doorbell was lost is woken within ten seconds, however busy the others are"
+    );
+}
+
 #[tokio::test]
 async fn the_audit_log_refuses_updates_and_deletes_in_both_databases() {
     use sqlx::Executor;

@@ -425,6 +425,11 @@ fn migrations(dialect: Dialect) -> Vec<Migration> {
                 "events by row number",
                 include_str!("migrations/sqlite/0007_events_by_row_number.sql"),
             ),
+            (
+                8,
+                "instance leases",
+                include_str!("migrations/both/instance_leases.sql"),
+            ),
         ],
         Dialect::Postgres => &[
             (1, "init", include_str!("migrations/postgres/0001_init.sql")),
@@ -432,6 +437,11 @@ fn migrations(dialect: Dialect) -> Vec<Migration> {
                 2,
                 "live indexes",
                 include_str!("migrations/both/live_indexes.sql"),
+            ),
+            (
+                3,
+                "instance leases",
+                include_str!("migrations/both/instance_leases.sql"),
             ),
         ],
     };
@@ -750,11 +760,12 @@ impl SqlStore {
     async fn register_instance(&self) -> Result<(), StoreError> {
         query(sql!(
             self.dialect,
-            |d| "INSERT INTO instances (id, started_at, heartbeat_at) VALUES ($1, {now}, {now})",
+            |d| "INSERT INTO instances (id, started_at, heartbeat_at, lease_ms) VALUES ($1, {now}, {now}, $3)",
             now = d.now()
         ))
         .bind(self.instance.as_str())
         .bind(crate::clock::now_ms() as i64)
+        .bind(self.lease.as_millis() as i64)
         .execute(&self.writer)
         .await
         .map_err(unavailable)?;
@@ -785,8 +796,10 @@ impl SqlStore {
     pub(super) async fn live_instances(&self) -> Result<Vec<String>, StoreError> {
         let mut live = vec![self.instance.as_str().to_owned()];
         if self.dialect == Dialect::Postgres {
+            // Each by its own lease: instances may be started with different `--lease-secs`.
             let rows = query(
-                "SELECT id FROM instances WHERE heartbeat_at >= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - $1",
+                "SELECT id FROM instances \
+                 WHERE heartbeat_at >= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - COALESCE(lease_ms, $1)",
             )
             .bind(self.lease.as_millis() as i64)
             .fetch_all(&self.writer)
@@ -814,7 +827,7 @@ impl SqlStore {
                     Dialect::Sqlite => query("DELETE FROM instances WHERE id = $1").bind(id),
                     Dialect::Postgres => query(
                         "DELETE FROM instances WHERE id = $1 \
-                         AND heartbeat_at < CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - $2",
+                         AND heartbeat_at < CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - COALESCE(lease_ms, $2)",
                     )
                     .bind(id)
                     .bind(self.lease.as_millis() as i64),
@@ -864,6 +877,12 @@ impl SqlStore {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Wakes every reader to read its rows again: a doorbell may have been missed.
+    fn reread_all(&self) {
+        self.runs.notify_all();
+        self.sessions.notify_all();
     }
 
     /// What another instance's doorbell says: wake this process's readers, or stop what it runs of a run.
@@ -1229,29 +1248,36 @@ async fn listen_forever(
     mut listener: sqlx::postgres::PgListener,
     store: std::sync::Weak<SqlStore>,
 ) {
+    // Every REREAD_EVERY, busy or quiet: on a busy cluster the doorbells never stop ringing, and a lost one must
+    // still be made up for.
+    let mut reread_at = tokio::time::Instant::now() + REREAD_EVERY;
     loop {
-        let heard = tokio::time::timeout(REREAD_EVERY, listener.try_recv()).await;
-        let Some(store) = store.upgrade() else {
+        let heard = tokio::time::timeout_at(reread_at, listener.try_recv()).await;
+        let Some(strong) = store.upgrade() else {
             return;
         };
+        let now = tokio::time::Instant::now();
+        if now >= reread_at {
+            strong.reread_all();
+            reread_at = now + REREAD_EVERY;
+        }
         match heard {
-            Ok(Ok(Some(notification))) => store.heard(notification.payload()),
+            Ok(Ok(Some(notification))) => strong.heard(notification.payload()),
             // The connection was lost (and is back): what rang meanwhile is lost, so every reader re-reads.
             Ok(Ok(None)) => {
                 tracing::warn!("the database connection for notifications was lost; reading again");
-                store.runs.notify_all();
-                store.sessions.notify_all();
+                strong.reread_all();
             }
+            // The connection was lost and could not be made again yet: the next `try_recv` makes it again without
+            // saying so, and what rang meanwhile is lost all the same.
             Ok(Err(error)) => {
                 tracing::warn!(%error, "cannot hear other instances; trying again");
-                drop(store);
+                strong.reread_all();
+                drop(strong);
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            // Quiet for a while: re-read anyway.
-            Err(_) => {
-                store.runs.notify_all();
-                store.sessions.notify_all();
-            }
+            // The time to re-read came while all was quiet: done above.
+            Err(_) => {}
         }
     }
 }

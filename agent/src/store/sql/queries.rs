@@ -1978,6 +1978,36 @@ impl Store for SqlStore {
                     dead_runs.push((run_info(row)?, claim));
                 }
             }
+            // Each dead owner's run is fenced before its running calls are looked for: should the owner come back
+            // (its heartbeat was only late), it begins no call and writes nothing from here, so the calls found
+            // running below are all it ran. Without the fence, a call it began between that look and the run's end
+            // would run and go with the end unrecorded. A run another instance took over meanwhile is left to it.
+            let mut fenced = Vec::with_capacity(dead_runs.len());
+            for (info, claim) in dead_runs {
+                let claim = match claim {
+                    EndClaim::Abandoned { owner, epoch } => {
+                        let changed = query(
+                            "UPDATE runs SET epoch = epoch + 1 \
+                             WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3",
+                        )
+                        .bind(info.run_id.as_str())
+                        .bind(owner.as_str())
+                        .bind(epoch as i64)
+                        .execute(&self.writer)
+                        .await
+                        .map_err(unavailable)?;
+                        if changed.rows_affected() == 0 {
+                            continue;
+                        }
+                        EndClaim::Abandoned {
+                            owner,
+                            epoch: epoch + 1,
+                        }
+                    }
+                    unowned => unowned,
+                };
+                fenced.push((info, claim));
+            }
             let executing = query(
                 "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE status = 'executing'",
             )
@@ -2032,7 +2062,7 @@ impl Store for SqlStore {
                         .push((record.run_id.clone(), record.call.id.clone()));
                 }
             }
-            for (info, claim) in dead_runs {
+            for (info, claim) in fenced {
                 let finish = FinishRun {
                     run_id: info.run_id.clone(),
                     claim,
