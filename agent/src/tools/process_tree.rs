@@ -75,6 +75,8 @@ impl ProcessTree {
         }
     }
 
+    // Only MCP's servers talk to their command over its input, and are asked to stop politely.
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
     pub(crate) fn take_stdin(&mut self) -> Option<ChildStdin> {
         self.child.stdin.take()
     }
@@ -128,6 +130,8 @@ impl ProcessTree {
 
     /// Sends `signal` to every process of the tree that lives (a polite `SIGTERM` before the end, say). What a
     /// process starts after this is not reached: [`ProcessTree::end`] is what ends them all.
+    // Only MCP's servers talk to their command over its input, and are asked to stop politely.
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
     pub(crate) fn signal(&self, signal: libc::c_int) {
         let Some(pid) = self.root() else {
             return;
@@ -514,6 +518,8 @@ mod linux {
 
     /// Sends `sent` once to every living descendant of `supervisor` (our own unreaped child), with the supervisor
     /// stopped meanwhile, as in [`kill_descendants`], so that no pid read is freed before its signal.
+    // Only MCP's servers talk to their command over its input, and are asked to stop politely.
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
     pub(super) fn signal_descendants(supervisor: pid_t, sent: libc::c_int) {
         signal(supervisor, libc::SIGSTOP);
         for pid in living_descendants(supervisor) {
