@@ -706,6 +706,28 @@ async fn an_answer_that_cannot_be_read_leaves_the_effect_unknown() {
     started.shut_down().await;
 }
 
+/// A stdio server busy in a tool past its call's timeout is slow, not lost: it answers no ping meanwhile, and it is not
+/// stopped for that (its other calls go on, and so does what it keeps); the same process answers the next call.
+#[tokio::test]
+async fn a_stdio_server_busy_past_a_calls_timeout_is_not_stopped() {
+    let started = start(json!({"busy": fixture(json!({"tool_timeout_secs": 1}))}))
+        .await
+        .unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let slow = run.call("mcp__busy__block", json!({"ms": 2500})).await;
+    let (code, message) = error(&slow);
+    assert_eq!(code, ToolErrorCode::Timeout);
+    assert!(!message.contains("ping"), "{message}");
+    assert_eq!(started.status("busy").state, McpServerState::Ready);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let echoed = run
+        .call("mcp__busy__echo", json!({"text": "still here"}))
+        .await;
+    assert_eq!(text(&echoed), "still here");
+    assert_eq!(started.status("busy").state, McpServerState::Ready);
+    started.shut_down().await;
+}
+
 /// A call whose run was aborted before it went out is not sent at all: a server may run a request whatever the
 /// cancellation that follows it says.
 #[tokio::test]

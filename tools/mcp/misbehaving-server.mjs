@@ -48,6 +48,7 @@ const tools = () => [
   { name: "huge", description: "Answers with this many bytes of text.", inputSchema: object({ bytes: { type: "integer", minimum: 8 } }, ["bytes"]) },
   { name: "huge_and_go", description: "Withdraws itself from the list, announces it, then answers with this many bytes of text.", inputSchema: object({ bytes: { type: "integer", minimum: 8 } }, ["bytes"]) },
   { name: "junk", description: "Writes junk to stdout, then answers.", inputSchema: object() },
+  { name: "block", description: "Keeps the server busy (its event loop blocked) for ms milliseconds, then answers.", inputSchema: object({ ms: { type: "number" } }, ["ms"]) },
   { name: "malformed", description: "Answers with a result whose content is of a kind no client knows.", inputSchema: object() },
   { name: "change_tools", description: "Changes the echo tool's description and announces it.", inputSchema: object() },
   { name: "change_tools_hang_list", description: "Changes the echo tool's description, announces it, and never answers the next tools/list.", inputSchema: object() },
@@ -104,6 +105,13 @@ server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
       process.stdout.write('{"jsonrpc": "2.0", "method": "no/such/notification"}\n');
       process.stdout.write("\n");
       return text("answered after the junk");
+    case "block": {
+      const until = Date.now() + args.ms;
+      while (Date.now() < until) {
+        // Busy: no request is read meanwhile, a ping included.
+      }
+      return text(`blocked ${args.ms} ms`);
+    }
     case "malformed":
       // The answer, written by hand: the SDK would check it. Its own answer never comes.
       process.stdout.write(`${JSON.stringify({ jsonrpc: "2.0", id: extra.requestId, result: { content: [{ type: "widget" }] } })}\n`);

@@ -78,6 +78,10 @@ pub enum CallError {
     /// The run was aborted before the call went out: nothing was sent.
     #[error("the call was not made: its run was aborted first")]
     NotSent,
+    /// An HTTP server answered that it does not know the session (404): it was started again, or let the session
+    /// expire. It refused the request without running it.
+    #[error("the server no longer knows the session")]
+    SessionForgotten,
 }
 
 /// Why a server could not be connected.
@@ -297,9 +301,10 @@ impl McpClient {
     /// (`@modelcontextprotocol/server-everything` says 400 with no id), so every call would wait out its timeout.
     pub async fn answers_ping(&self, patience: Duration) -> bool {
         let ping = ClientRequest::PingRequest(Default::default());
+        // Any answer is one: an error (a server without ping, say) was sent by a server that heard.
         matches!(
             tokio::time::timeout(patience, self.service.peer().send_request(ping)).await,
-            Ok(Ok(_))
+            Ok(Ok(_) | Err(rmcp::ServiceError::McpError(_)))
         )
     }
 
@@ -373,6 +378,16 @@ fn call_error(error: rmcp::ServiceError) -> CallError {
         rmcp::ServiceError::McpError(error) => CallError::Refused(error.message.to_string()),
         rmcp::ServiceError::TransportClosed => {
             CallError::Disconnected("the transport closed".to_owned())
+        }
+        rmcp::ServiceError::TransportSend(error)
+            if matches!(
+                error
+                    .error
+                    .downcast_ref::<rmcp::transport::streamable_http_client::StreamableHttpError<reqwest::Error>>(),
+                Some(rmcp::transport::streamable_http_client::StreamableHttpError::SessionExpired)
+            ) =>
+        {
+            CallError::SessionForgotten
         }
         rmcp::ServiceError::TransportSend(error) => CallError::Disconnected(error.to_string()),
         // The session itself was closed (toolgate is stopping the server).
@@ -485,6 +500,31 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Observed<T> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// An HTTP server that answers 404 for toolgate's session (it was started again, or let the session expire)
+    /// refused the request unrun: the call was not made. (rmcp gives it to the request only with its own
+    /// re-initialisation off.) Other failures of the transport leave the call's effect unknown.
+    #[test]
+    fn a_session_the_server_forgot_is_told_from_a_lost_connection() {
+        use rmcp::transport::streamable_http_client::StreamableHttpError;
+        let failed = |error: StreamableHttpError<reqwest::Error>| {
+            call_error(rmcp::ServiceError::TransportSend(
+                rmcp::transport::DynamicTransportError::from_parts(
+                    "streamable-http",
+                    std::any::TypeId::of::<()>(),
+                    Box::new(error),
+                ),
+            ))
+        };
+        assert!(matches!(
+            failed(StreamableHttpError::SessionExpired),
+            CallError::SessionForgotten
+        ));
+        assert!(matches!(
+            failed(StreamableHttpError::UnexpectedEndOfStream),
+            CallError::Disconnected(_)
+        ));
+    }
 
     #[test]
     fn text_content_reaches_the_model_as_text_and_the_rest_as_json() {

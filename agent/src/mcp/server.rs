@@ -515,12 +515,15 @@ impl McpServer {
                 }
             }
             Err(CallError::TimedOut(after)) => {
-                // A slow tool, or a server that no longer hears this connection: a server that does not answer a
-                // ping either is connected to again (started again, for stdio) for the next call.
-                let deaf = !connection
-                    .client
-                    .answers_ping(PING_PATIENCE.min(timeout))
-                    .await;
+                // A slow tool, or an HTTP server that no longer hears this session (one started again may answer it
+                // with an error no request takes): one that does not answer a ping either is connected to again for
+                // the next call. A stdio server is a process of toolgate's, whose end toolgate sees; a slow one may
+                // not answer while its tool works, and stopping it would end its other calls.
+                let deaf = matches!(self.config.transport, McpTransport::Http { .. })
+                    && tokio::select! {
+                        answered = connection.client.answers_ping(PING_PATIENCE) => !answered,
+                        () = cancel.cancelled() => false,
+                    };
                 if deaf {
                     self.close_mid_call(
                         &connection,
@@ -578,6 +581,18 @@ impl McpServer {
             Err(CallError::NotSent) => Err(ToolError::failed(format!(
                 "{qualified} was not called: its run was aborted before the call went out to the MCP server {server}."
             ))),
+            Err(CallError::SessionForgotten) => {
+                self.close_mid_call(
+                    &connection,
+                    format!(
+                        "it no longer knew toolgate's session when {tool} was called (HTTP 404)"
+                    ),
+                )
+                .await;
+                Err(ToolError::failed(format!(
+                    "{qualified} was not called: the MCP server {server} no longer knows toolgate's session (it was started again, or let the session expire), and refused the call without running it. toolgate connects again for the next call, which may be this one again."
+                )))
+            }
         }
     }
 
