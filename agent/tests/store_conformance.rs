@@ -2822,11 +2822,12 @@ async fn readers_re_read_on_postgresql_while_other_doorbells_keep_ringing() {
     let a = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
         .await
         .unwrap();
+    a.start_run(new_run("x", "sx")).await.unwrap().unwrap();
+    a.start_run(new_run("y", "sy")).await.unwrap().unwrap();
+    // Opened after the runs started: their doorbells rang before it listened.
     let b = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
         .await
         .unwrap();
-    a.start_run(new_run("x", "sx")).await.unwrap().unwrap();
-    a.start_run(new_run("y", "sy")).await.unwrap().unwrap();
     let mut missed = b.watch_run(&run_id("x"));
     missed.borrow_and_update();
     let ringing = {
@@ -2844,6 +2845,33 @@ async fn readers_re_read_on_postgresql_while_other_doorbells_keep_ringing() {
     assert!(
         woken.is_ok(),
         "a reader of a run whose doorbell was lost is woken within ten seconds, however busy the others are"
+    );
+}
+
+/// During a rolling deploy an instance of the older version may start after a newer one migrated the database: it
+/// starts (before, it refused with "migration 99 was previously applied but is missing").
+#[tokio::test]
+async fn an_older_instance_starts_on_a_postgresql_database_a_newer_one_migrated() {
+    use sqlx::Connection;
+    let url = postgres::database();
+    let first = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    first.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99, 'a newer version''s', TRUE, '\\x00', 0)",
+    )
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    let older = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .expect("the older instance starts");
+    assert_eq!(
+        older.run(&run_id("r")).await.unwrap().unwrap().state,
+        RunState::Running
     );
 }
 

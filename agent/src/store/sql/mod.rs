@@ -458,8 +458,14 @@ fn migrations(dialect: Dialect) -> Vec<Migration> {
         .collect()
 }
 
+/// The migrator. On PostgreSQL, several instances share the database, and during a rolling deploy an instance of the
+/// older version may start (again) after a newer one migrated it: it starts, and leaves the newer migrations as they
+/// are, which is why PostgreSQL's migrations only add what an older version does without (a column it leaves empty,
+/// an index). A SQLite file is one process's: an older version refuses a file a newer one migrated.
 fn migrator(dialect: Dialect) -> Migrator {
-    Migrator::with_migrations(migrations(dialect))
+    let mut migrator = Migrator::with_migrations(migrations(dialect));
+    migrator.set_ignore_missing(dialect == Dialect::Postgres);
+    migrator
 }
 
 /// What waits for the next group commit, in the order it was queued.
