@@ -22,9 +22,27 @@ async fn an_allowed_call_that_waited_meets_a_deny_rule_added_meanwhile() {
         .unwrap();
     let mut events = Events::of(&run);
     let request = events.next_approval().await;
+    let database = rusqlite::Connection::open(dir.path().join("toolgate.db")).unwrap();
+    // The listing runs beside the card, and its result is written a moment after: once it is, nothing of this
+    // process writes the call again.
+    let settled = || {
+        database
+            .query_row(
+                "SELECT COUNT(*) FROM calls WHERE run_id = ?1 AND status = 'settled'",
+                [run.run_id().as_str()],
+                |row| row.get::<_, i64>(0),
+            )
+            .unwrap()
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while settled() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the listing's result is written");
     // As if the process had stopped before it ran the allowed call: the listing is allowed and not run yet.
-    rusqlite::Connection::open(dir.path().join("toolgate.db"))
-        .unwrap()
+    database
         .execute(
             "UPDATE calls SET status = 'allowed', executing_on = NULL, \
              record = json_set(record, '$.status', 'allowed', '$.output', json('null')) \
