@@ -294,14 +294,40 @@ fn resolve_in(root: &Path, relative: &str) -> Resolved {
     }
 }
 
-/// Writes an empty file with a lower-case name and looks for it under the upper-case name.
+/// Makes an empty file of a lower-case name nobody could have foreseen, looks for it under the upper-case name, and
+/// removes it. The workspace is anybody's (a cloned repository, a command run earlier): a name it already holds, as
+/// a file, a symlink to a file elsewhere or a FIFO, is never opened, only passed over.
 fn probe_case_insensitive(root: &Path) -> std::io::Result<bool> {
-    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let probe = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = format!(".toolgate-case-probe-{}-{probe}", std::process::id());
-    let lower = root.join(&name);
+    use std::hash::{BuildHasher, Hasher};
+    let mut attempt = 0;
+    loop {
+        // Random enough for a name no one plants beforehand, without a dependency: the standard library's hash
+        // keys come from the system's randomness.
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        match probe_case_insensitive_as(root, &format!(".toolgate-case-probe-{random:016x}")) {
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists && attempt < 3 => {
+                attempt += 1;
+            }
+            answer => return answer,
+        }
+    }
+}
+
+/// The probe with a given name: `AlreadyExists` when the workspace holds it already, under either case.
+fn probe_case_insensitive_as(root: &Path, name: &str) -> std::io::Result<bool> {
+    let lower = root.join(name);
     let upper = root.join(name.to_uppercase());
-    std::fs::write(&lower, b"")?;
+    // An upper-case name there already would answer for a file the probe did not make.
+    if std::fs::symlink_metadata(&upper).is_ok() {
+        return Err(std::io::ErrorKind::AlreadyExists.into());
+    }
+    // Made new (O_CREAT|O_EXCL): it fails on any name there already, following no symlink and opening no FIFO.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&lower)?;
     let insensitive = std::fs::symlink_metadata(&upper).is_ok();
     std::fs::remove_file(&lower)?;
     Ok(insensitive)
@@ -445,6 +471,58 @@ pub fn escape_glob(literal: &str) -> String {
 pub(crate) mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The case probe writes into the workspace with toolgate's own rights. A name the workspace holds already (a
+    /// symlink to a file elsewhere, a FIFO) is passed over, never opened: before, the probe's name was foreseeable
+    /// (the pid and a count), a symlink of that name had its target emptied at start-up, and a FIFO hung it.
+    #[cfg(unix)]
+    #[test]
+    fn the_case_probe_opens_nothing_the_workspace_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = dir.path().join("ws");
+        std::fs::create_dir(&workspace).unwrap();
+        let precious = dir.path().join("precious.txt");
+        std::fs::write(&precious, "keep").unwrap();
+        std::os::unix::fs::symlink(&precious, workspace.join(".toolgate-case-probe-planted"))
+            .unwrap();
+        let fifo = workspace.join(".toolgate-case-probe-fifo");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        // The names the probe once took, each a symlink to the file outside.
+        for count in 0..512 {
+            let name = format!(".toolgate-case-probe-{}-{count}", std::process::id());
+            std::os::unix::fs::symlink(&precious, workspace.join(name)).unwrap();
+        }
+        assert!(
+            !PathContext::for_workspace(&workspace)
+                .unwrap()
+                .case_insensitive()
+        );
+        assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep");
+        for planted in [".toolgate-case-probe-planted", ".toolgate-case-probe-fifo"] {
+            let error = probe_case_insensitive_as(&workspace, planted).unwrap_err();
+            assert_eq!(error.kind(), std::io::ErrorKind::AlreadyExists, "{planted}");
+        }
+        // An upper-case name planted beside the probe's would make a case-sensitive system look insensitive.
+        std::fs::write(workspace.join(".TOOLGATE-CASE-PROBE-UPPER"), "").unwrap();
+        let error =
+            probe_case_insensitive_as(&workspace, ".toolgate-case-probe-upper").unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep");
+        // The probe itself picks names nobody planted, and leaves nothing behind.
+        let before = std::fs::read_dir(&workspace).unwrap().count();
+        assert!(
+            !PathContext::for_workspace(&workspace)
+                .unwrap()
+                .case_insensitive()
+        );
+        assert_eq!(std::fs::read_dir(&workspace).unwrap().count(), before);
+    }
 
     #[test]
     fn paths_normalise_inside_the_workspace_or_not_at_all() {
