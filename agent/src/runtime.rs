@@ -374,7 +374,11 @@ pub async fn execute(
         return Ok(None);
     };
     let call = &record.call;
-    let edited = record.edited_arguments.clone();
+    // The arguments asked about, sent back unchanged with the approval (as clients do), are no edit.
+    let edited = record
+        .edited_arguments
+        .clone()
+        .filter(|edited| *edited != record.input);
     let started = Instant::now();
     // Looked up once: the definition checked is the one that runs and bounds what the model reads, whatever the
     // tool's server changes meanwhile.
@@ -385,6 +389,16 @@ pub async fn execute(
             ToolErrorCode::UnknownTool,
             unknown_tool_message(&call.name, &context.toolbox),
         )),
+        // An edit that acts on what the card showed (the same file: it reads the same now) was made looking at it as
+        // it was: if it changed since, the edit was for something else too.
+        (Some(tool), Some(edited))
+            if let Some(refused) = (tool.tool().state(edited)
+                == tool.tool().state(&record.input))
+            .then(|| changed_since_shown(tool, &record))
+            .flatten() =>
+        {
+            Err(refused)
+        }
         (Some(tool), Some(edited)) => match tool.validate(edited) {
             Err(error) => Err(ToolOutput::from(error)),
             Ok(()) => match denied_by_rule(context, tool, edited) {

@@ -367,6 +367,16 @@ async fn approved_after(
     message: &str,
     meanwhile: impl AsyncFnOnce(),
 ) -> Vec<StreamEvent> {
+    decided_after(setup, message, meanwhile, |_| Decision::approve()).await
+}
+
+/// The same, with the decision made from the card.
+async fn decided_after(
+    setup: &Setup,
+    message: &str,
+    meanwhile: impl AsyncFnOnce(),
+    decision: impl FnOnce(&agent::wire::ApprovalRequest) -> Decision,
+) -> Vec<StreamEvent> {
     let record = setup.harness.start(start(message)).await.unwrap();
     let mut events = record.subscribe(0);
     let (_, request) = next_approval(&mut events).await;
@@ -376,7 +386,7 @@ async fn approved_after(
         .decide(
             &request.run_id,
             &request.tool_call_id,
-            Decision::approve(),
+            decision(&request),
             &Actor::local(),
         )
         .await
@@ -438,6 +448,61 @@ async fn an_approved_call_does_not_touch_a_file_that_changed_after_its_card() {
     let events = approved_after(&setup, "delete notes.txt", async || {}).await;
     assert!(tool_output(&events).is_ok(), "{events:?}");
     assert!(!file.exists());
+}
+
+/// The same with arguments sent along the approval: the card's own, unchanged (as clients copy them from the
+/// request), or an edit of a call on the same file, made looking at the file as the card showed it. Before, any
+/// arguments skipped the check, and the file a person never saw was deleted or overwritten.
+#[tokio::test]
+async fn an_approval_with_arguments_does_not_touch_a_file_that_changed_after_its_card() {
+    let setup = setup();
+    let file = setup.dir.path().join("notes.txt");
+    for (message, arguments) in [
+        ("delete notes.txt", None),
+        (
+            "write notes.txt: draft",
+            Some(serde_json::json!({"path": "notes.txt", "content": "final"})),
+        ),
+    ] {
+        std::fs::write(&file, "scratch").unwrap();
+        let events = decided_after(
+            &setup,
+            message,
+            async || std::fs::write(&file, "a day of real work").unwrap(),
+            |request| Decision::Approve {
+                scope: agent::wire::DecisionScope::Once,
+                reason: None,
+                arguments: Some(arguments.unwrap_or_else(|| request.arguments.clone())),
+            },
+        )
+        .await;
+        let output = tool_output(&events);
+        assert!(
+            matches!(&output, agent::wire::ToolOutput::Error { code: agent::wire::ToolErrorCode::PermissionDenied, message }
+                if message.contains("changed after approval was asked")),
+            "{message}: {output:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            "a day of real work",
+            "{message}"
+        );
+    }
+    // An edit made with the file as it still is runs.
+    std::fs::write(&file, "scratch").unwrap();
+    let events = decided_after(
+        &setup,
+        "write notes.txt: draft",
+        async || {},
+        |_| Decision::Approve {
+            scope: agent::wire::DecisionScope::Once,
+            reason: None,
+            arguments: Some(serde_json::json!({"path": "notes.txt", "content": "final"})),
+        },
+    )
+    .await;
+    assert!(tool_output(&events).is_ok(), "{events:?}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "final");
 }
 
 /// A `deny` rule beats a person's approval also when it was added while the call waited: the approved call is refused
