@@ -522,6 +522,32 @@ async fn assembles_arguments_split_mid_token_across_chunks_and_reads() {
     assert_eq!(server.received().len(), 1);
 }
 
+/// The key is scrubbed from errors, never from what the model wrote: local servers take placeholder keys (`ollama`,
+/// `lm-studio`, `EMPTY`) that a call's arguments may well hold, and a call runs as the model sent it.
+#[tokio::test]
+async fn what_the_model_wrote_is_read_as_sent_even_where_it_holds_the_key() {
+    let server = FakeServer::start(vec![stream(&[
+        role(),
+        text("ollama is running. "),
+        call_start(0, "call_1", "run_command"),
+        call_arguments(0, r#"{"command": "ollama list"}"#),
+        finish("tool_calls"),
+        DONE.into(),
+    ])])
+    .await;
+    let mut config = config(&server);
+    config.api_key = ApiKey::new("ollama");
+    let chunks = ok(step(&model(config), &user("what models are there?"), &[]).await);
+    assert_eq!(
+        chunks,
+        vec![
+            ModelChunk::Text("ollama is running. ".into()),
+            tool_call("call_1", "run_command", r#"{"command": "ollama list"}"#),
+            ModelChunk::Finish("tool_calls".into()),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn assembles_two_interleaved_tool_calls_in_the_models_order() {
     let server = FakeServer::start(vec![stream(&[

@@ -254,6 +254,31 @@ pub fn check(
         }
     }
 
+    // A resume answers the interrupts and goes on from the run as it stopped: a message the client added after the
+    // interrupted calls would never reach the model, though the snapshot would show the answer after it.
+    let interrupted: HashSet<&ToolCallId> = suspension
+        .interrupts
+        .iter()
+        .map(|issued| &issued.request.tool_call_id)
+        .collect();
+    let asked_at = input.messages.iter().rposition(|message| {
+        matches!(message, Message::Assistant { tool_calls, .. }
+            if tool_calls.iter().any(|call| interrupted.contains(&call.id)))
+    });
+    if let Some(asked_at) = asked_at
+        && input.messages[asked_at + 1..]
+            .iter()
+            .any(|message| matches!(message, Message::User { .. }))
+    {
+        return Err(unprocessable(
+            "MESSAGE_WITH_RESUME",
+            format!(
+                "A resume of run {} answers its interrupts only: the user message after the interrupted calls would not be read, so nothing was run. Send the resume with the history as it was, and the new message in the run after it.",
+                suspension.run_id
+            ),
+        ));
+    }
+
     let mut resolutions = HashMap::with_capacity(entries.len());
     for entry in entries {
         let Some(issued) = issued.get(entry.interrupt_id.as_str()) else {

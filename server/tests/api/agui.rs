@@ -572,6 +572,44 @@ async fn a_history_whose_interrupted_call_was_edited_is_refused_and_executes_not
     assert!(app.file("important.txt").exists());
 }
 
+/// A resume goes on from the run as it stopped: a user message the client added after the interrupted call would
+/// never reach the model. Before, it was taken, the message silently left unread, and the closing snapshot put the
+/// call's result after it (a history OpenAI refuses). It is refused, and nothing is used: the interrupt still answers.
+#[tokio::test]
+async fn a_resume_that_adds_a_user_message_is_refused_and_uses_nothing() {
+    let app = spawn_app().await;
+    std::fs::write(app.file("a.txt"), "a").unwrap();
+    let first = agui(&app, start("thread-21", "run-1", "delete a.txt")).await;
+    let interrupt = first.interrupts()[0].clone();
+    let mut added = first.snapshot();
+    added.push(user("no, keep it"));
+    let refused = agui(
+        &app,
+        resume(
+            "thread-21",
+            "run-2",
+            "run-1",
+            added,
+            json!([{"interruptId": interrupt["id"], "status": "cancelled"}]),
+        ),
+    )
+    .await;
+    refused.refused(422, "MESSAGE_WITH_RESUME");
+    let resumed = agui(
+        &app,
+        resume(
+            "thread-21",
+            "run-3",
+            "run-1",
+            first.snapshot(),
+            json!([approve(&interrupt)]),
+        ),
+    )
+    .await;
+    assert_eq!(resumed.status, 200, "{}", resumed.body);
+    assert!(!app.file("a.txt").exists());
+}
+
 /// A model may send blank arguments for a call that takes none; the call runs with an empty object, and approval is
 /// asked for that. The history the client sends back has the blank text the model sent, and its resume is taken.
 /// Before, the blank text did not read as JSON, and every resume of such a call was refused as HISTORY_MISMATCH.

@@ -461,24 +461,20 @@ impl StepStream<'_> {
             if let Some(chunk) = self.ready.pop_front() {
                 return Some(Ok(chunk));
             }
-            let result =
-                match &mut self.state {
-                    State::Ended => return None,
-                    State::Connecting => self.model.send(&self.body).await.map(|response| {
-                        self.state = State::Reading(Box::new(Reading {
-                            events: sse::events(response.bytes_stream(), self.model.timeout),
-                            step: StepAssembler::new(),
-                        }));
-                    }),
-                    State::Reading(reading) => reading
-                        .advance(self.model, &mut self.ready)
-                        .await
-                        .map(|progress| {
-                            if let Progress::Done = progress {
-                                self.state = State::Ended;
-                            }
-                        }),
-                };
+            let result = match &mut self.state {
+                State::Ended => return None,
+                State::Connecting => self.model.send(&self.body).await.map(|response| {
+                    self.state = State::Reading(Box::new(Reading {
+                        events: sse::events(response.bytes_stream(), self.model.timeout),
+                        step: StepAssembler::new(),
+                    }));
+                }),
+                State::Reading(reading) => reading.advance(&mut self.ready).await.map(|progress| {
+                    if let Progress::Done = progress {
+                        self.state = State::Ended;
+                    }
+                }),
+            };
             if let Err(error) = result {
                 self.state = State::Ended;
                 tracing::debug!(endpoint = %self.model.endpoint_for_logs, "the model step failed");
@@ -490,11 +486,7 @@ impl StepStream<'_> {
 
 impl Reading {
     /// Reads the next event of the body and queues what it completes.
-    async fn advance(
-        &mut self,
-        model: &OpenAiModel,
-        ready: &mut VecDeque<ModelChunk>,
-    ) -> Result<Progress, ModelError> {
+    async fn advance(&mut self, ready: &mut VecDeque<ModelChunk>) -> Result<Progress, ModelError> {
         // Once the model said why it stopped, only its token counts and `[DONE]` may follow, and not for long.
         let finished = self.step.has_finished();
         let next = if finished {
@@ -526,18 +518,20 @@ impl Reading {
             Some(Err(error)) => return Err(ModelError::Malformed(error.to_string())),
             Some(Ok(event)) => event,
         };
-        let data = model.redactor.scrub(&event.data);
+        // Read as sent: what the model wrote is its own (a tool's arguments, its answer), and a key such as Ollama's
+        // `ollama` may well be in it. An error made of it is scrubbed on its way out (`Redactor::error`).
+        let data = event.data.as_str();
         if data.trim() == "[DONE]" {
             ready.extend(std::mem::take(&mut self.step).finish()?);
             return Ok(Progress::Done);
         }
         if event.event.as_deref() == Some("error") {
-            return Err(ModelError::Provider(protocol::error_message(&data)));
+            return Err(ModelError::Provider(protocol::error_message(data)));
         }
-        let chunk: ChatChunk = serde_json::from_str(&data).map_err(|error| {
+        let chunk: ChatChunk = serde_json::from_str(data).map_err(|error| {
             ModelError::Malformed(format!(
                 "a chunk is not a chat-completion chunk ({error}): {}",
-                protocol::shorten(&data)
+                protocol::shorten(data)
             ))
         })?;
         if let Some(text) = self.step.apply(chunk)? {

@@ -41,7 +41,7 @@ impl<'a> ChatRequest<'a> {
     pub fn new(model: &'a str, messages: &'a [Message], tools: &'a [ToolSpec]) -> Self {
         Self {
             model,
-            messages: messages.iter().map(ChatMessage::from_message).collect(),
+            messages: chat_messages(messages),
             tools: tools.iter().map(ChatTool::from_spec).collect(),
             stream: true,
             // Without it, streamed responses carry no token counts.
@@ -50,6 +50,44 @@ impl<'a> ChatRequest<'a> {
             },
         }
     }
+}
+
+/// What the model reads for a call of a history that has no result for it.
+pub const UNANSWERED: &str = "No result of this call reached the conversation (its approval expired, or its run ended before it answered): take it as not performed, and check before relying on what it would have done.";
+
+/// The messages as the API takes them: each assistant message's tool calls followed at once by a result for each.
+/// A client's history (AG-UI) may lack one (its approval expired, so the call never ran) or hold it later (after a
+/// message the client added), and OpenAI refuses both, every later step of the thread with them: a result is
+/// brought up to its call, and a call without one gets [`UNANSWERED`].
+fn chat_messages(messages: &[Message]) -> Vec<ChatMessage<'_>> {
+    let mut placed = vec![false; messages.len()];
+    let mut chat = Vec::with_capacity(messages.len());
+    for (at, message) in messages.iter().enumerate() {
+        if placed[at] {
+            continue;
+        }
+        chat.push(ChatMessage::from_message(message));
+        let Message::Assistant { tool_calls, .. } = message else {
+            continue;
+        };
+        for call in tool_calls {
+            let result = (at + 1..messages.len()).find(|&later| {
+                !placed[later]
+                    && matches!(&messages[later], Message::Tool { tool_call_id, .. } if *tool_call_id == call.id)
+            });
+            match result {
+                Some(later) => {
+                    placed[later] = true;
+                    chat.push(ChatMessage::from_message(&messages[later]));
+                }
+                None => chat.push(ChatMessage::Tool {
+                    tool_call_id: call.id.as_str(),
+                    content: UNANSWERED.to_owned(),
+                }),
+            }
+        }
+    }
+    chat
 }
 
 #[derive(Debug, Serialize)]
@@ -305,7 +343,12 @@ impl StepAssembler {
                     self.add_call_piece(piece)?;
                 }
             }
-            if let Some(reason) = choice.finish_reason {
+            // Some servers send an empty reason (sglang, older Ollama) or the text "null" (KoboldCpp) on every chunk,
+            // for "not finished": only a reason with a name ends the step.
+            if let Some(reason) = choice
+                .finish_reason
+                .filter(|reason| !reason.is_empty() && reason != "null")
+            {
                 self.finish_reason = Some(reason);
             }
         }
@@ -640,6 +683,67 @@ mod tests {
         }
     }
 
+    /// OpenAI refuses a history where a call is not followed at once by its result ("An assistant message with
+    /// 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'"), and an AG-UI client's
+    /// history may be one: after an approval that expired the call has no result, and a message the client added
+    /// may stand between a call and its result. Before, every later step of the thread failed with that 400.
+    #[test]
+    fn every_call_is_followed_at_once_by_a_result() {
+        let call = |id: &str| ToolCall {
+            id: ToolCallId::parse(id).unwrap(),
+            name: "delete_file".into(),
+            arguments: "{}".into(),
+        };
+        let result = |id: &str| Message::Tool {
+            tool_call_id: ToolCallId::parse(id).unwrap(),
+            tool_name: "delete_file".into(),
+            output: ToolOutput::Ok {
+                content: json!("done"),
+            },
+        };
+        let user = |content: &str| Message::User {
+            content: content.into(),
+        };
+        let messages = vec![
+            user("delete a and b"),
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![call("c1"), call("c2")],
+            },
+            user("and c"),
+            result("c2"),
+            Message::Assistant {
+                content: "Done.".into(),
+                tool_calls: vec![],
+            },
+        ];
+        let body = serde_json::to_value(ChatRequest::new("m", &messages, &[])).unwrap();
+        let roles: Vec<(&str, Option<&str>)> = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|message| {
+                (
+                    message["role"].as_str().unwrap(),
+                    message["tool_call_id"].as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                ("user", None),
+                ("assistant", None),
+                ("tool", Some("c1")),
+                ("tool", Some("c2")),
+                ("user", None),
+                ("assistant", None),
+            ]
+        );
+        assert_eq!(body["messages"][2]["content"], UNANSWERED);
+        assert_eq!(body["messages"][3]["content"], "done");
+    }
+
     #[test]
     fn leaves_out_an_empty_tool_list() {
         let messages = vec![Message::User {
@@ -774,6 +878,25 @@ mod tests {
         assert_ne!(found[0].0, found[1].0);
         assert_eq!(found[0].2, "{not json");
         assert_eq!(found[1].2, "");
+    }
+
+    /// sglang and older Ollama send `"finish_reason": ""` with every chunk, KoboldCpp `"null"`: not a reason. Taken
+    /// for one, it made the client wait only 2 s for each later chunk, and end the step short at the first pause.
+    #[test]
+    fn an_empty_finish_reason_is_no_reason() {
+        let mut step = StepAssembler::new();
+        for reason in ["", "null"] {
+            step.apply(chunk(
+                json!({"choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": reason}]}),
+            ))
+            .unwrap();
+            assert!(!step.has_finished(), "{reason:?}");
+        }
+        step.apply(chunk(
+            json!({"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]}),
+        ))
+        .unwrap();
+        assert!(step.has_finished());
     }
 
     #[test]
