@@ -257,6 +257,13 @@ pub async fn continue_after_batch(
     }
 }
 
+/// What a resume answers: a person's resolution for each pending call, and what they wrote besides.
+pub struct Answers<'a> {
+    pub resolutions: &'a HashMap<ToolCallId, Resolution>,
+    /// User messages sent with the resume (typed instead of answering the cards): read after the calls' results.
+    pub added: &'a [String],
+}
+
 /// Continues an interrupted batch with a person's resolution for each pending call, then samples on. `history`
 /// is the conversation up to and including the assistant message that made the batch. Resolutions must answer
 /// every pending call; edited arguments must already be checked against the tool's schema (they are checked
@@ -268,9 +275,9 @@ pub async fn resume_until_end(
     parent_run_id: &RunId,
     history: Vec<Message>,
     interruption: Interruption,
-    resolutions: &HashMap<ToolCallId, Resolution>,
+    Answers { resolutions, added }: Answers<'_>,
 ) -> LoopOutcome {
-    emit_started(context, "", Some(parent_run_id));
+    emit_started(context, &added.join("\n\n"), Some(parent_run_id));
     let prior = history.len();
     let mut conversation = Conversation {
         messages: history,
@@ -376,6 +383,12 @@ pub async fn resume_until_end(
             });
         }
     }
+    // What the person wrote instead of (or besides) answering the cards comes after the calls' results.
+    conversation
+        .messages
+        .extend(added.iter().map(|content| Message::User {
+            content: content.clone(),
+        }));
     let (end, steps) = match failure {
         Some(error) => {
             answer_unfinished(&mut conversation.messages, &interruption.calls, &error);

@@ -9,7 +9,8 @@ use futures::FutureExt;
 
 use super::{Harness, LocalRun};
 use crate::agent_loop::{
-    Conversation, LoopOutcome, RepeatGuard, continue_after_batch, resume_until_end, run_until_end,
+    Answers, Conversation, LoopOutcome, RepeatGuard, continue_after_batch, resume_until_end,
+    run_until_end,
 };
 use crate::events::{AgentEvent, EventSink};
 use crate::ids::ToolCallId;
@@ -29,6 +30,7 @@ pub(super) enum Segment {
     Resume {
         suspension: Box<Suspension>,
         resolutions: HashMap<ToolCallId, Resolution>,
+        added: Vec<String>,
     },
     /// A waiting run whose batch is settled, claimed by this process.
     Continue(Box<Claimed>),
@@ -140,6 +142,7 @@ impl Harness {
                 Segment::Resume {
                     suspension,
                     resolutions,
+                    added,
                 } => {
                     let Suspension {
                         run_id: parent,
@@ -154,7 +157,10 @@ impl Harness {
                         &parent,
                         history,
                         interruption,
-                        &resolutions,
+                        Answers {
+                            resolutions: &resolutions,
+                            added: &added,
+                        },
                     );
                     (false, AssertUnwindSafe(run).catch_unwind().await)
                 }

@@ -29,6 +29,9 @@ pub enum RunSource {
         suspension: Box<Suspension>,
         resolutions: HashMap<ToolCallId, Resolution>,
         decided_by: Actor,
+        /// User messages the client sent with the resume (a person who typed instead of answering): the model reads
+        /// them after the interrupted calls' results.
+        added: Vec<String>,
     },
 }
 
@@ -170,6 +173,7 @@ impl Harness {
                 suspension,
                 resolutions,
                 decided_by,
+                ..
             } => (
                 Some(suspension.run_id.clone()),
                 resume_audit(suspension, resolutions, decided_by),
@@ -232,10 +236,12 @@ impl Harness {
             RunSource::Resume {
                 suspension,
                 resolutions,
+                added,
                 ..
             } => Segment::Resume {
                 suspension,
                 resolutions,
+                added,
             },
         };
         self.spawn_segment(info.clone(), policy, epoch, segment, local);

@@ -145,6 +145,7 @@ async fn check_resume(
         &state.harness.config().permissions,
         now_ms(),
     )?;
+    let added = resume::added_messages(&suspension, input);
     Ok(Plan {
         known: suspension.history.len(),
         resumed: suspension
@@ -153,12 +154,13 @@ async fn check_resume(
             .iter()
             .map(|pending| pending.call.id.clone())
             .collect(),
+        message: added.join("\n\n"),
         source: RunSource::Resume {
             suspension: Box::new(suspension),
             resolutions,
             decided_by: actor.clone(),
+            added,
         },
-        message: String::new(),
     })
 }
 

@@ -154,6 +154,30 @@ fn session_scope(
         .map_err(|edited| edited.to_string())
 }
 
+/// The user messages a resume's history holds after the interrupted calls: a person who typed instead of answering
+/// the cards (assistant-ui's "steer away" sends the cards cancelled with the new message). The resumed run reads them
+/// after the calls' results, as the client's history has them after the calls.
+pub fn added_messages(suspension: &Suspension, input: &RunInput) -> Vec<String> {
+    let interrupted: HashSet<&ToolCallId> = suspension
+        .interrupts
+        .iter()
+        .map(|issued| &issued.request.tool_call_id)
+        .collect();
+    let Some(asked_at) = input.messages.iter().rposition(|message| {
+        matches!(message, Message::Assistant { tool_calls, .. }
+            if tool_calls.iter().any(|call| interrupted.contains(&call.id)))
+    }) else {
+        return Vec::new();
+    };
+    input.messages[asked_at + 1..]
+        .iter()
+        .filter_map(|message| match message {
+            Message::User { content } => Some(content.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Checks a resume against the suspension it answers and returns a resolution per interrupted call.
 pub fn check(
     suspension: &Suspension,
@@ -252,31 +276,6 @@ pub fn check(
             }
             Some(_) => {}
         }
-    }
-
-    // A resume answers the interrupts and goes on from the run as it stopped: a message the client added after the
-    // interrupted calls would never reach the model, though the snapshot would show the answer after it.
-    let interrupted: HashSet<&ToolCallId> = suspension
-        .interrupts
-        .iter()
-        .map(|issued| &issued.request.tool_call_id)
-        .collect();
-    let asked_at = input.messages.iter().rposition(|message| {
-        matches!(message, Message::Assistant { tool_calls, .. }
-            if tool_calls.iter().any(|call| interrupted.contains(&call.id)))
-    });
-    if let Some(asked_at) = asked_at
-        && input.messages[asked_at + 1..]
-            .iter()
-            .any(|message| matches!(message, Message::User { .. }))
-    {
-        return Err(unprocessable(
-            "MESSAGE_WITH_RESUME",
-            format!(
-                "A resume of run {} answers its interrupts only: the user message after the interrupted calls would not be read, so nothing was run. Send the resume with the history as it was, and the new message in the run after it.",
-                suspension.run_id
-            ),
-        ));
     }
 
     let mut resolutions = HashMap::with_capacity(entries.len());

@@ -572,42 +572,36 @@ async fn a_history_whose_interrupted_call_was_edited_is_refused_and_executes_not
     assert!(app.file("important.txt").exists());
 }
 
-/// A resume goes on from the run as it stopped: a user message the client added after the interrupted call would
-/// never reach the model. Before, it was taken, the message silently left unread, and the closing snapshot put the
-/// call's result after it (a history OpenAI refuses). It is refused, and nothing is used: the interrupt still answers.
+/// A person who types instead of answering the card: the client sends the card cancelled with the new message after
+/// the interrupted call (assistant-ui's "steer away"). The resumed run reads it after the call's result, and acts on
+/// it. Before, the message was left unread, and the model answered as if it had not been written.
 #[tokio::test]
-async fn a_resume_that_adds_a_user_message_is_refused_and_uses_nothing() {
+async fn a_user_message_sent_with_a_resume_is_read_after_the_calls_results() {
     let app = spawn_app().await;
     std::fs::write(app.file("a.txt"), "a").unwrap();
     let first = agui(&app, start("thread-21", "run-1", "delete a.txt")).await;
     let interrupt = first.interrupts()[0].clone();
-    let mut added = first.snapshot();
-    added.push(user("no, keep it"));
-    let refused = agui(
+    let mut steered = first.snapshot();
+    steered.push(user("list files"));
+    let resumed = agui(
         &app,
         resume(
             "thread-21",
             "run-2",
             "run-1",
-            added,
+            steered,
             json!([{"interruptId": interrupt["id"], "status": "cancelled"}]),
         ),
     )
     .await;
-    refused.refused(422, "MESSAGE_WITH_RESUME");
-    let resumed = agui(
-        &app,
-        resume(
-            "thread-21",
-            "run-3",
-            "run-1",
-            first.snapshot(),
-            json!([approve(&interrupt)]),
-        ),
-    )
-    .await;
     assert_eq!(resumed.status, 200, "{}", resumed.body);
-    assert!(!app.file("a.txt").exists());
+    assert!(app.file("a.txt").exists(), "the cancelled call did not run");
+    let called: Vec<&str> = resumed
+        .of_type("TOOL_CALL_START")
+        .iter()
+        .filter_map(|event| event["toolCallName"].as_str())
+        .collect();
+    assert_eq!(called, ["list_files"], "{}", resumed.body);
 }
 
 /// A model may send blank arguments for a call that takes none; the call runs with an empty object, and approval is
