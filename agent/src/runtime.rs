@@ -389,13 +389,12 @@ pub async fn execute(
             ToolErrorCode::UnknownTool,
             unknown_tool_message(&call.name, &context.toolbox),
         )),
-        // An edit that acts on what the card showed (the same file: it reads the same now) was made looking at it as
-        // it was: if it changed since, the edit was for something else too.
+        // An edit that acts on what the card showed (the same file) was made looking at it as it was: if it changed
+        // since, the edit was for something else too.
         (Some(tool), Some(edited))
-            if let Some(refused) = (tool.tool().state(edited)
-                == tool.tool().state(&record.input))
-            .then(|| changed_since_shown(tool, &record))
-            .flatten() =>
+            if let Some(refused) = same_path(edited, &record.input)
+                .then(|| changed_since_shown(tool, &record))
+                .flatten() =>
         {
             Err(refused)
         }
@@ -555,6 +554,18 @@ fn changed_since_shown(tool: &RegisteredTool, record: &CallRecord) -> Option<Too
             record.call.name
         ),
     ))
+}
+
+/// Whether two calls' arguments name the same workspace path (as the file tools read it). Not the files' states:
+/// two missing files read the same.
+fn same_path(one: &Value, other: &Value) -> bool {
+    let path = |input: &Value| {
+        input
+            .get("path")
+            .and_then(Value::as_str)
+            .and_then(crate::policy::matcher::normalize_relative)
+    };
+    matches!((path(one), path(other)), (Some(one), Some(other)) if one == other)
 }
 
 /// Runs the tool itself with checked input.

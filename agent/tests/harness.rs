@@ -488,6 +488,23 @@ async fn an_approval_with_arguments_does_not_touch_a_file_that_changed_after_its
             "{message}"
         );
     }
+    // An edit to another file runs, though the card's file went meanwhile (both read as missing now).
+    let moved = decided_after(
+        &setup,
+        "write notes.txt: draft",
+        async || std::fs::remove_file(&file).unwrap(),
+        |_| Decision::Approve {
+            scope: agent::wire::DecisionScope::Once,
+            reason: None,
+            arguments: Some(serde_json::json!({"path": "elsewhere.txt", "content": "moved on"})),
+        },
+    )
+    .await;
+    assert!(tool_output(&moved).is_ok(), "{moved:?}");
+    assert_eq!(
+        std::fs::read_to_string(setup.dir.path().join("elsewhere.txt")).unwrap(),
+        "moved on"
+    );
     // An edit made with the file as it still is runs.
     std::fs::write(&file, "scratch").unwrap();
     let events = decided_after(

@@ -53,17 +53,18 @@ impl<'a> ChatRequest<'a> {
 }
 
 /// What the model reads for a call of a history that has no result for it.
-pub const UNANSWERED: &str = "No result of this call reached the conversation (its approval expired, or its run ended before it answered): take it as not performed, and check before relying on what it would have done.";
+pub const UNANSWERED: &str = "No result of this call reached the conversation (its approval expired, or its run ended before it answered), so whether it ran is not known: check before relying on it, or calling it again.";
 
 /// The messages as the API takes them: each assistant message's tool calls followed at once by a result for each.
 /// A client's history (AG-UI) may lack one (its approval expired, so the call never ran) or hold it later (after a
 /// message the client added), and OpenAI refuses both, every later step of the thread with them: a result is
-/// brought up to its call, and a call without one gets [`UNANSWERED`].
+/// brought up to its call, and a call without one gets [`UNANSWERED`]. A result whose call is not in what is sent
+/// (the trimming of a long conversation cut it off) is left out too: OpenAI refuses a result without its call.
 fn chat_messages(messages: &[Message]) -> Vec<ChatMessage<'_>> {
     let mut placed = vec![false; messages.len()];
     let mut chat = Vec::with_capacity(messages.len());
     for (at, message) in messages.iter().enumerate() {
-        if placed[at] {
+        if placed[at] || matches!(message, Message::Tool { .. }) {
             continue;
         }
         chat.push(ChatMessage::from_message(message));
@@ -705,6 +706,8 @@ mod tests {
             content: content.into(),
         };
         let messages = vec![
+            // A result whose call the trimming of a long conversation cut off.
+            result("c0"),
             user("delete a and b"),
             Message::Assistant {
                 content: String::new(),
