@@ -170,24 +170,6 @@ mod tests {
         assert_eq!(decide("mcp__fs__db_drop"), "deny");
         assert_eq!(decide("mcp__fs__admin_reset"), "deny");
         assert_eq!(decide("mcp__fs__other"), "allow");
-
-        // An allow glob is kept as written: `reads.*` does not allow a tool really named `reads_all_then_purge`.
-        let allowing = super::tests::config(
-            r#"{"mcpServers": {"fs": {"command": "x", "rules": ["reads.*=allow"]}}}"#,
-        );
-        let policy = PermissionPolicy::with_rules(
-            ApprovalPolicy::OnRequest,
-            std::sync::Arc::new(
-                ConfiguredRules::new(RuleSet::new(), Vec::new())
-                    .with_mcp_rules(policy_rules(&allowing)),
-            ),
-        );
-        let decision = policy.decide(
-            &mcp_tool("mcp__fs__reads_all_then_purge"),
-            &json!({}),
-            &SessionGrants::new(),
-        );
-        assert_eq!(kind(&decision), "ask");
     }
 
     #[test]
@@ -196,6 +178,8 @@ mod tests {
             ("read_[=allow", "read_["),
             ("write_file(path=*.txt=allow", "write_file"),
             ("get=maybe", "maybe"),
+            // Read as the model's names, it would also allow `reads_all_then_purge`; kept, it would allow nothing.
+            ("reads.*=allow", "would allow nothing"),
             ("=allow", "=allow"),
         ] {
             let error = McpConfig::parse(

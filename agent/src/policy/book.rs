@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 use super::rule::{Rule, RuleEntry, RuleError, RuleProblem, split_rules};
 use crate::clock::now_ms;
 use crate::ids::RuleId;
+use crate::logged_once::LoggedOnce;
 use crate::permissions::{ListedRule, RuleOrigin};
 use crate::store::{AuditEntry, AuditKind, Store, StoreError, StoredRule};
 
@@ -282,10 +283,31 @@ impl StoredRuleBook {
     ) -> Result<Arc<[BookRule]>, RuleBookError> {
         let mut added = Vec::with_capacity(stored.len());
         for row in stored {
-            let rule = Rule::parse(&row.rule).map_err(|error| RuleBookError::Stored {
-                id: row.id.clone(),
-                error,
-            })?;
+            let rule = match Rule::parse(&row.rule) {
+                Ok(rule) => rule,
+                // Added before such globs were refused: it allowed nothing, and passing it over changes no decision.
+                Err(RuleError {
+                    problem: RuleProblem::AllowsNothing(_),
+                    ..
+                }) => {
+                    static PASSED_OVER: std::sync::LazyLock<LoggedOnce<String>> =
+                        std::sync::LazyLock::new(LoggedOnce::default);
+                    if PASSED_OVER.first(row.id.clone()) {
+                        tracing::warn!(
+                            id = row.id,
+                            rule = row.rule,
+                            "a kept rule allows nothing (an allow glob with . or :); it is passed over"
+                        );
+                    }
+                    continue;
+                }
+                Err(error) => {
+                    return Err(RuleBookError::Stored {
+                        id: row.id.clone(),
+                        error,
+                    });
+                }
+            };
             let id = RuleId::parse(row.id.as_str()).map_err(|error| RuleBookError::Stored {
                 id: row.id.clone(),
                 error: RuleError {
@@ -688,6 +710,38 @@ mod tests {
         );
         assert!(second.refresh().await.is_err());
         assert_eq!(second.rules().len(), 1, "a failed refresh changes nothing");
+    }
+
+    /// An allow glob with `.` or `:` allowed nothing and is refused now; one a person added before (the rules API
+    /// took it) is passed over when the book is read, which changes no decision, and the other rules stay in force.
+    #[tokio::test]
+    async fn a_kept_rule_that_allows_nothing_is_passed_over() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let first = book("", &store);
+        first
+            .add(rule("write_file(notes.txt)=allow"), "local")
+            .await
+            .unwrap();
+        let inert = StoredRule {
+            id: "rule_inert".into(),
+            rule: "mcp__fs__files.*=allow".into(),
+            created_at: 1,
+            created_by: None,
+        };
+        let audit = rule_audit(&first.rules()[0], "added", "local");
+        store.add_rule(inert, audit).await.unwrap();
+        let configured = ConfiguredRules::new(RuleSet::new(), Vec::new()).rules();
+        let second = StoredRuleBook::open(configured, Arc::clone(&store))
+            .await
+            .expect("the book reads");
+        assert_eq!(
+            second
+                .list()
+                .iter()
+                .map(|rule| rule.rule.as_str())
+                .collect::<Vec<_>>(),
+            ["write_file(notes.txt)=allow"]
+        );
     }
 
     #[test]

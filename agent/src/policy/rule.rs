@@ -43,6 +43,10 @@ pub enum RuleProblem {
     ToolPattern(String),
     #[error("unknown action {0:?}: expected allow, ask or deny")]
     Action(String),
+    #[error(
+        "the allow glob {0:?} would allow nothing: no tool name the model sees has . or : (an MCP tool's real name has them as _); write _ there (which also allows tools whose names have _ there), or name each tool"
+    )]
+    AllowsNothing(String),
     #[error("a parenthesis or a quote is not closed")]
     Unbalanced,
     #[error("text follows the closing parenthesis: {0:?}")]
@@ -111,14 +115,13 @@ impl ToolPattern {
         // The model sees no tool name with `.` or `:`: an MCP tool's name has them as `_` (`files.delete` of server
         // `fs` is `mcp__fs__files_delete`), so a rule written with its real name is read as the model's, and does
         // not silently match nothing. An exact name stands for one tool either way (names that would be the same are
-        // left out of the toolbox); an `allow` glob is kept as written, so that `files.*` does not also allow a tool
-        // really named `files_purge`.
+        // left out of the toolbox). An `allow` glob with them is refused: read as the model's, `files.*` would also
+        // allow a tool really named `files_purge`; kept as written, it would allow nothing.
         let exact = text.chars().all(allowed);
-        let text = &if exact || action != RuleAction::Allow {
-            text.replace(['.', ':'], "_")
-        } else {
-            text.to_owned()
-        };
+        if !exact && action == RuleAction::Allow && text.contains(['.', ':']) {
+            return Err(RuleProblem::AllowsNothing(text.to_owned()));
+        }
+        let text = &text.replace(['.', ':'], "_");
         if exact {
             return Ok(Self::Exact(text.to_owned()));
         }
@@ -1040,6 +1043,18 @@ mod tests {
 
     #[test]
     fn bad_rules_say_what_is_wrong() {
+        // An allow glob with `.` or `:` allowed nothing, silently (no name the model sees has them); a deny glob and
+        // an exact name are read as the model's names.
+        assert_eq!(
+            problem("mcp__fs__files.*=allow"),
+            RuleProblem::AllowsNothing("mcp__fs__files.*".into())
+        );
+        assert_eq!(
+            problem("mcp__db__query:*(sql=select*)=allow"),
+            RuleProblem::AllowsNothing("mcp__db__query:*".into())
+        );
+        assert!(Rule::parse("mcp__fs__files.*=deny").is_ok());
+        assert!(Rule::parse("mcp__fs__files.read=allow").is_ok());
         assert_eq!(problem("delete_file"), RuleProblem::Shape);
         assert_eq!(problem("=deny"), RuleProblem::NoTool);
         assert_eq!(
