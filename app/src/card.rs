@@ -3,8 +3,6 @@
 //! so the screen shows what the server holds.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use agent::wire::{ApprovalPreview, ApprovalRequest, DiffLine, FileDiff};
 use leptos::html;
@@ -566,16 +564,13 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
         }
     });
 
-    // When the card leaves (its call was settled, here or elsewhere), the focus it held goes on, and an edit this
-    // page did not send is said to be lost rather than silently dropped.
-    let drafting = Arc::new(AtomicBool::new(false));
+    // The page keeps which cards show an edit (its Approve all holds back meanwhile, as a decision from elsewhere
+    // would not send the edit either). When the card leaves (its call was settled, here or elsewhere), the focus it
+    // held goes on, and an edit this page did not send is said to be lost rather than silently dropped.
     Effect::new({
-        let drafting = Arc::clone(&drafting);
         let key = key.clone();
         move |_| {
             let open = editing.with(Option::is_some);
-            drafting.store(open, Ordering::Relaxed);
-            // The page's Approve all holds back while a card shows an edit it would not send.
             ui.editing.update(|keys| {
                 if open {
                     keys.insert(key.clone());
@@ -589,7 +584,10 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
         let key = key.clone();
         let tool = visible(&request.tool_name);
         move || {
-            ui.editing.try_update(|keys| keys.remove(&key));
+            let drafting = ui
+                .editing
+                .try_update(|keys| keys.remove(&key))
+                .unwrap_or(false);
             // A card whose call still waits is not leaving because it was settled (the page is being taken down or
             // drawn anew): there is nothing to say, and the focus is not its to move.
             let still_waits = ui
@@ -611,7 +609,7 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
                 .deciding
                 .try_with_untracked(|deciding| deciding.contains(&key))
                 .unwrap_or(true);
-            if drafting.load(Ordering::Relaxed) && !sent_here {
+            if drafting && !sent_here {
                 ui.error.try_set(Some(format!(
                     "The call of {tool} you were editing was settled elsewhere (another tab, a timeout or the end of its run); your edit was not sent."
                 )));
