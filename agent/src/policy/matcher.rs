@@ -205,6 +205,43 @@ impl PathContext {
         self.case_insensitive
     }
 
+    /// Whether a directory on the way to `relative` (each directory its names are looked up in) may ignore case
+    /// although the workspace's own file system, probed at startup, does not: one with the casefold attribute (ext4,
+    /// f2fs: per directory), or a file system mounted inside the workspace, which the probe did not see (a FAT
+    /// stick, an SMB share). A mount is taken to ignore case without a probe, which would write in it. Where it
+    /// cannot be told, it may.
+    pub fn may_fold_case(&self, relative: &str) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        let Some(root) = &self.root else {
+            return false;
+        };
+        if self.case_insensitive {
+            return true;
+        }
+        let Ok(root_device) = std::fs::metadata(root).map(|m| m.dev()) else {
+            return true;
+        };
+        let mut dir = root.clone();
+        let mut parts = Path::new(relative).components().peekable();
+        loop {
+            match std::fs::metadata(&dir) {
+                Ok(found) if !found.is_dir() => return false,
+                Ok(found) => {
+                    if found.dev() != root_device || folds_case(&dir).unwrap_or(true) {
+                        return true;
+                    }
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => return false,
+                Err(_) => return true,
+            }
+            // The last part is looked up in the directory just read.
+            match parts.next() {
+                Some(part) if parts.peek().is_some() => dir.push(part),
+                _ => return false,
+            }
+        }
+    }
+
     /// What a file tool's path stands for: the path normalised, and, when it goes through a symlink inside the
     /// workspace, where that leads (relative to the workspace). Nothing when the path leaves the workspace either
     /// way: the tool refuses it, and no path glob matches it. Partly unknown when its links cannot be followed
@@ -292,6 +329,29 @@ fn resolve_in(root: &Path, relative: &str) -> Resolved {
         Some(inside) => Resolved::Inside(inside),
         None => Resolved::Outside,
     }
+}
+
+/// Whether the directory at `dir` has the casefold attribute (`chattr +F`): its names are looked up ignoring case.
+/// A file system without attributes has none.
+fn folds_case(dir: &Path) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    /// `FS_CASEFOLD_FL` of linux/fs.h, which the libc crate does not name.
+    const FS_CASEFOLD_FL: libc::c_long = 0x4000_0000;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NONBLOCK)
+        .open(dir)?;
+    let mut flags: libc::c_long = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes the attributes into `flags`, a live integer as wide as the kernel may write.
+    if unsafe { libc::ioctl(opened.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
+        let error = std::io::Error::last_os_error();
+        return match error.raw_os_error() {
+            Some(libc::ENOTTY | libc::EOPNOTSUPP | libc::EINVAL) => Ok(false),
+            _ => Err(error),
+        };
+    }
+    Ok(flags & FS_CASEFOLD_FL != 0)
 }
 
 /// Makes an empty file of a lower-case name nobody could have foreseen, looks for it under the upper-case name, and

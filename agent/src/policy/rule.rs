@@ -427,9 +427,16 @@ impl Rule {
                 // glob as text, `*` crossing `/` (`command=rm *` catches `rm -rf /`); an `allow` keeps to the
                 // narrower reading, where `*` stays between slashes.
                 let as_text = !path && !strict_reading;
+                // A `deny` or `ask` rule also sees a path through a directory that may ignore case where the
+                // workspace does not (a mount inside it, a casefold directory) as every spelling of it.
                 let hit = |candidate: &String| {
                     glob.is_match(candidate, case_insensitive)
                         || (as_text && glob.is_text_match(candidate))
+                        || (path
+                            && !strict_reading
+                            && !case_insensitive
+                            && glob.is_match(candidate, true)
+                            && call.paths.may_fold_case(candidate))
                 };
                 if strict_reading {
                     !readings.unknown

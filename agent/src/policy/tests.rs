@@ -692,6 +692,71 @@ fn case_counts_only_where_the_file_system_counts_it() {
     let _ = probed.case_insensitive();
 }
 
+/// A tmpfs mounted at a directory for as long as it lives.
+struct Mount(std::ffi::CString);
+
+impl Mount {
+    /// `None` where this process may not mount (it is not root, or its container forbids it).
+    fn tmpfs(at: &std::path::Path) -> Option<Mount> {
+        use std::os::unix::ffi::OsStrExt as _;
+        let target = std::ffi::CString::new(at.as_os_str().as_bytes()).unwrap();
+        // SAFETY: every pointer is a NUL-terminated string that outlives the call; no data.
+        let mounted = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        (mounted == 0).then_some(Mount(target))
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        // SAFETY: a NUL-terminated path this test mounted.
+        unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// The startup probe sees the workspace's own file system; a file system mounted inside it (a FAT stick, an SMB
+/// share: anything that may ignore case) is read by `deny` and `ask` rules in every spelling.
+#[test]
+fn a_file_system_mounted_inside_the_workspace_is_read_in_every_spelling_by_deny_and_ask_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("stick")).unwrap();
+    let Some(_mount) = Mount::tmpfs(&dir.path().join("stick")) else {
+        assert_ne!(
+            unsafe { libc::geteuid() },
+            0,
+            "root here may mount a tmpfs: this test must run"
+        );
+        eprintln!("skipped: this process may not mount a file system");
+        return;
+    };
+    std::fs::create_dir(dir.path().join("stick/keys")).unwrap();
+    let none = SessionGrants::new();
+    let read = tool("read_file", READ_ONLY);
+    let paths = PathContext::with_root(dir.path(), false).unwrap();
+    let rules = "read_file(**/.env*)=deny, read_file(stick/keys/**)=ask, read_file(stick/**)=allow";
+    let decide = |path: &str| {
+        verdict_kind(
+            &policy(ApprovalPolicy::OnRequest, rules)
+                .with_paths(paths.clone())
+                .decide(&read, &json!({ "path": path }), &none),
+        )
+    };
+    assert_eq!(decide("stick/.ENV"), "deny");
+    assert_eq!(decide("stick/KEYS/id"), "ask");
+    assert_eq!(decide("stick/Keys/New/id"), "ask", "a name made there later too");
+    assert_eq!(decide("stick/notes.txt"), "allow");
+    // The workspace's own file system counts case: `.ENV` there is another file than `.env`, as before.
+    assert_eq!(decide(".ENV"), "allow");
+    assert_eq!(decide("Stick/.ENV"), "allow", "not the mount: another directory");
+}
+
 /// An unquoted reason runs to the next comma whatever it holds: the apostrophe of "don't" opens no quote that would
 /// take the rules after it into the reason.
 #[test]
