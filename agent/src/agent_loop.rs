@@ -579,9 +579,9 @@ async fn sample(
             return (RunEnd::Failed(error), step);
         }
 
-        // Prepare the whole batch before any of it runs, under the grants the session holds now: one revoked
-        // while the model answered allows nothing.
-        context.refresh_grants().await;
+        // Prepare the whole batch before any of it runs, under the grants the session holds and the rules in force
+        // now: a grant revoked or a rule removed while the model answered allows nothing.
+        context.refresh_permissions().await;
         let mut batch = Vec::with_capacity(calls.len());
         for call in &calls {
             let prepared = match guard.check(call) {

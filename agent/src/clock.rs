@@ -42,7 +42,10 @@ pub fn now_ms() -> u64 {
 
 fn at(origin: &Origin, elapsed: Duration, suspended: Duration) -> u64 {
     let slept = suspended.saturating_sub(origin.suspended).as_millis() as u64;
-    let counted = origin.counted_ms.fetch_max(slept, Ordering::Relaxed).max(slept);
+    let counted = origin
+        .counted_ms
+        .fetch_max(slept, Ordering::Relaxed)
+        .max(slept);
     origin
         .unix_ms
         .saturating_add(elapsed.as_millis() as u64)
@@ -53,7 +56,10 @@ fn at(origin: &Origin, elapsed: Duration, suspended: Duration) -> u64 {
 #[cfg(target_os = "linux")]
 fn suspended() -> Duration {
     fn read(clock: libc::clockid_t) -> Duration {
-        let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: `now` is a valid, writable timespec; both clocks exist on every Linux toolgate runs on (2.6.39+).
         if unsafe { libc::clock_gettime(clock, &mut now) } != 0 {
             return Duration::ZERO;
@@ -84,9 +90,16 @@ mod tests {
     #[tokio::test]
     async fn an_hour_asleep_moves_the_clock_an_hour() {
         let origin = origin_at(1_000_000, 7);
-        assert_eq!(at(&origin, Duration::from_secs(2), Duration::from_secs(7)), 1_002_000);
         assert_eq!(
-            at(&origin, Duration::from_secs(3), Duration::from_secs(7 + 3600)),
+            at(&origin, Duration::from_secs(2), Duration::from_secs(7)),
+            1_002_000
+        );
+        assert_eq!(
+            at(
+                &origin,
+                Duration::from_secs(3),
+                Duration::from_secs(7 + 3600)
+            ),
             1_003_000 + 3_600_000
         );
     }
@@ -94,8 +107,16 @@ mod tests {
     #[tokio::test]
     async fn a_smaller_reading_of_the_suspension_never_moves_the_clock_back() {
         let origin = origin_at(1_000_000, 7);
-        let first = at(&origin, Duration::from_millis(500), Duration::from_millis(7_001));
-        let second = at(&origin, Duration::from_millis(500), Duration::from_millis(7_000));
+        let first = at(
+            &origin,
+            Duration::from_millis(500),
+            Duration::from_millis(7_001),
+        );
+        let second = at(
+            &origin,
+            Duration::from_millis(500),
+            Duration::from_millis(7_000),
+        );
         assert_eq!(first, 1_000_501);
         assert_eq!(second, first);
     }
@@ -104,7 +125,13 @@ mod tests {
     async fn the_clock_reads_the_machines_suspension_at_its_origin() {
         // Whatever this machine slept before the clock's first reading is not counted again.
         let before = now_ms();
-        let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
-        assert!(before.abs_diff(wall) < 1_000, "clock {before}, system clock {wall}");
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        assert!(
+            before.abs_diff(wall) < 1_000,
+            "clock {before}, system clock {wall}"
+        );
     }
 }

@@ -169,7 +169,7 @@ pub struct RunContext {
     pub approval_mode: ApprovalMode,
     pub permissions: PermissionPolicy,
     /// What people approved for the session: as the store held it before this step's calls were decided (see
-    /// [`RunContext::refresh_grants`]), and what this part granted since (an AG-UI resume approving for the
+    /// [`RunContext::refresh_permissions`]), and what this part granted since (an AG-UI resume approving for the
     /// session).
     pub grants: Arc<parking_lot::RwLock<SessionGrants>>,
     pub approval_timeout: Duration,
@@ -192,10 +192,16 @@ impl RunContext {
         self.grants.read()
     }
 
-    /// Reads the session's grants again, before a step's calls are decided: a grant revoked since (on any
-    /// instance sharing the store) no longer allows, and one given elsewhere does. When the store cannot say, the
-    /// run holds none: what a grant would have allowed asks, which is safe.
-    pub async fn refresh_grants(&self) {
+    /// Reads the session's grants, and the rules people added, again before a step's calls are decided: a grant
+    /// revoked or a rule removed since (on any instance sharing the store) no longer allows, and one given or added
+    /// elsewhere applies. When the store cannot say, the run holds no grant (what one would have allowed asks, which
+    /// is safe) and the rules read last stay in force (see [`RuleBook::reread_shared`]).
+    ///
+    /// [`RuleBook::reread_shared`]: crate::policy::RuleBook::reread_shared
+    pub async fn refresh_permissions(&self) {
+        if let Err(error) = self.permissions.rule_book().reread_shared().await {
+            tracing::warn!(%error, run_id = %self.run_id, "cannot read the rules people added; the rules read last stay in force");
+        }
         let grants = match self.store.grants(&self.session_id).await {
             Ok(stored) => SessionGrants::from_stored(&stored),
             Err(error) => {

@@ -1,6 +1,9 @@
 //! The approval contract's tests for one tool call in interactive mode, and the permission paths that never reach
 //! a person. Each drives a real harness (memory store) and reads the run's own event stream.
 
+#[cfg(feature = "sql")]
+#[path = "support/postgres.rs"]
+mod postgres;
 mod support;
 
 use std::sync::Arc;
@@ -636,6 +639,60 @@ async fn a_grant_revoked_while_the_run_goes_on_allows_none_of_its_later_calls() 
     let request = events.next_approval().await;
     assert_eq!(request.tool_call_id.as_str(), "call-2", "b asks again");
     assert_eq!(tools.deletes.count(), 1, "and has not run");
+}
+
+/// A rule removed on another instance sharing the store (PostgreSQL) allows none of a running run's later calls:
+/// the run reads the rules again before each step's calls, as it reads the session's grants.
+#[cfg(feature = "sql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_removed_on_another_instance_allows_none_of_the_runs_later_calls() {
+    use agent::store::sql::{DatabaseUrl, SqlStore};
+    let url = DatabaseUrl::Postgres(postgres::database());
+    let model = Arc::new(HeldSecondStep {
+        steps: ReplayModel::new(vec![
+            tool_step(&[call("call-1", "delete_file", json!({"path": "a.txt"}))]),
+            tool_step(&[call("call-2", "delete_file", json!({"path": "b.txt"}))]),
+            text_step("done"),
+        ]),
+        asked: Default::default(),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let here = counting_tools_on(
+        Arc::clone(&model) as Arc<dyn agent::model::Model>,
+        SqlStore::open(&url).await.unwrap(),
+    )
+    .await;
+    let elsewhere = counting_tools_on(
+        Arc::new(ReplayModel::new(Vec::new())),
+        SqlStore::open(&url).await.unwrap(),
+    )
+    .await;
+    let local = agent::harness::Actor::local();
+    let rule = elsewhere
+        .harness
+        .add_rule(
+            agent::policy::Rule::parse("delete_file=allow").unwrap(),
+            &local,
+        )
+        .await
+        .unwrap();
+
+    let run = start_run(&here.harness, ApprovalMode::Interactive, "delete a and b").await;
+    let mut events = Events::of(&run);
+    events
+        .until(|e| matches!(e, StreamEvent::ToolResult { .. }))
+        .await;
+    assert_eq!(here.deletes.count(), 1, "a ran under the rule");
+    elsewhere
+        .harness
+        .remove_rule(&rule.id, &local)
+        .await
+        .unwrap();
+
+    model.release.add_permits(1);
+    let request = events.next_approval().await;
+    assert_eq!(request.tool_call_id.as_str(), "call-2", "b asks");
+    assert_eq!(here.deletes.count(), 1, "and has not run");
 }
 
 /// A server's tool, as its server describes it now, that counts its runs.

@@ -15,8 +15,9 @@ use crate::agent_loop::{
 use crate::events::{AgentEvent, EventSink};
 use crate::ids::ToolCallId;
 use crate::interrupts::Suspension;
+use crate::policy::RuleBook as _;
 use crate::runtime::{RunAbort, RunContext, RunError, StoreEvents};
-use crate::store::{Claimed, Epoch, RunInfo, StoreKind};
+use crate::store::{Claimed, Epoch, RunInfo};
 use crate::wire::{ApprovalPolicy, Message, Resolution};
 
 /// Where a segment of a run begins.
@@ -63,18 +64,17 @@ impl Harness {
         epoch: Epoch,
     ) -> RunContext {
         let inner = &self.inner;
-        if inner.store.kind() == StoreKind::Postgres
-            && let Err(error) = inner.rules.refresh().await
-        {
-            // The rules read last stay in force.
-            tracing::warn!(%error, run_id = %info.run_id, "cannot read the rules people added");
+        // Also for the calls of a waiting batch, which this part runs under the rules of now (a `deny` added since
+        // beats an approval); a step's calls read them again before they are decided.
+        if let Err(error) = inner.rules.reread_shared().await {
+            tracing::warn!(%error, run_id = %info.run_id, "cannot read the rules people added; the rules read last stay in force");
         }
         RunContext {
             run_id: info.run_id.clone(),
             session_id: info.session_id.clone(),
             approval_mode: info.mode,
             permissions: inner.config.permissions.with_policy(policy),
-            // Read before each step's calls are decided (`RunContext::refresh_grants`).
+            // Read before each step's calls are decided (`RunContext::refresh_permissions`).
             grants: Default::default(),
             approval_timeout: inner.config.approval_timeout,
             toolbox: Arc::clone(&inner.toolbox),

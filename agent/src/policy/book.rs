@@ -25,7 +25,7 @@ use crate::clock::now_ms;
 use crate::ids::RuleId;
 use crate::logged_once::LoggedOnce;
 use crate::permissions::{ListedRule, RuleOrigin};
-use crate::store::{AuditEntry, AuditKind, Store, StoreError, StoredRule};
+use crate::store::{AuditEntry, AuditKind, Store, StoreError, StoreKind, StoredRule};
 
 /// Rules as `--rules` writes them: separated by commas outside parentheses and quotes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -142,6 +142,13 @@ pub trait RuleBook: Send + Sync + fmt::Debug {
     fn list(&self) -> Vec<ListedRule> {
         self.rules().iter().map(BookRule::listed).collect()
     }
+
+    /// Reads the rules again where another process may have changed them (a store several instances share):
+    /// before each step's calls are decided, as the session's grants are. A book nobody else writes has nothing to
+    /// read. When the store cannot say, the rules read last stay in force: dropping them would drop the denials too.
+    fn reread_shared(&self) -> futures::future::BoxFuture<'_, Result<(), RuleBookError>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// The configured rules alone: `--rules` first (`flag-1`, `flag-2`, ...), then the rules file's (`file-1`, ...).
@@ -208,9 +215,9 @@ pub fn added_rule_id(rule: &Rule) -> RuleId {
 /// The configured rules and the rules people added, which the store keeps.
 ///
 /// The policy reads a copy held in memory. Every change made here updates it; with a store that several
-/// instances share, [`StoredRuleBook::refresh`] reads the store again (the harness does before each part of a run),
-/// so that a rule one instance added applies on the others too. A store only one process uses (memory, SQLite)
-/// has no other writer, so its copy is always current.
+/// instances share, [`StoredRuleBook::refresh`] reads the store again (a run does before each step's calls are
+/// decided: [`RuleBook::reread_shared`]), so that a rule one instance added or removed applies on the others too. A
+/// store only one process uses (memory, SQLite) has no other writer, so its copy is always current.
 pub struct StoredRuleBook {
     configured: Arc<[BookRule]>,
     store: Arc<dyn Store>,
@@ -236,6 +243,15 @@ impl fmt::Debug for StoredRuleBook {
 impl RuleBook for StoredRuleBook {
     fn rules(&self) -> Arc<[BookRule]> {
         Arc::clone(&self.in_force.read().1)
+    }
+
+    fn reread_shared(&self) -> futures::future::BoxFuture<'_, Result<(), RuleBookError>> {
+        Box::pin(async move {
+            if self.store.kind() == StoreKind::Postgres {
+                self.refresh().await?;
+            }
+            Ok(())
+        })
     }
 }
 

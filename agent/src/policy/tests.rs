@@ -750,11 +750,19 @@ fn a_file_system_mounted_inside_the_workspace_is_read_in_every_spelling_by_deny_
     };
     assert_eq!(decide("stick/.ENV"), "deny");
     assert_eq!(decide("stick/KEYS/id"), "ask");
-    assert_eq!(decide("stick/Keys/New/id"), "ask", "a name made there later too");
+    assert_eq!(
+        decide("stick/Keys/New/id"),
+        "ask",
+        "a name made there later too"
+    );
     assert_eq!(decide("stick/notes.txt"), "allow");
     // The workspace's own file system counts case: `.ENV` there is another file than `.env`, as before.
     assert_eq!(decide(".ENV"), "allow");
-    assert_eq!(decide("Stick/.ENV"), "allow", "not the mount: another directory");
+    assert_eq!(
+        decide("Stick/.ENV"),
+        "allow",
+        "not the mount: another directory"
+    );
 }
 
 /// An unquoted reason runs to the next comma whatever it holds: the apostrophe of "don't" opens no quote that would

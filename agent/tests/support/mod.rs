@@ -192,11 +192,7 @@ pub fn counting_tools(
     rules: RuleSet,
     limits: LoopLimits,
 ) -> CountingTools {
-    let delete = CountingTool::destructive("delete_file");
-    let read = CountingTool::read_only("read_file");
-    let deletes = Runs(Arc::clone(&delete.runs));
-    let reads = Runs(Arc::clone(&read.runs));
-    let toolbox = Toolbox::new().with(delete).unwrap().with(read).unwrap();
+    let (toolbox, deletes, reads) = counting_toolbox();
     let mut config = HarnessConfig::new(
         PermissionPolicy::new(policy, rules),
         Duration::from_secs(120),
@@ -204,6 +200,33 @@ pub fn counting_tools(
     config.limits = limits;
     CountingTools {
         harness: Harness::new(config, model, toolbox),
+        deletes,
+        reads,
+    }
+}
+
+fn counting_toolbox() -> (Toolbox, Runs, Runs) {
+    let delete = CountingTool::destructive("delete_file");
+    let read = CountingTool::read_only("read_file");
+    let deletes = Runs(Arc::clone(&delete.runs));
+    let reads = Runs(Arc::clone(&read.runs));
+    let toolbox = Toolbox::new().with(delete).unwrap().with(read).unwrap();
+    (toolbox, deletes, reads)
+}
+
+/// The same on `store`, as one of the instances that share it (the default policy, no configured rules).
+#[cfg(feature = "sql")]
+pub async fn counting_tools_on(
+    model: Arc<dyn Model>,
+    store: Arc<dyn agent::store::Store>,
+) -> CountingTools {
+    let (toolbox, deletes, reads) = counting_toolbox();
+    let config = HarnessConfig::new(
+        PermissionPolicy::new(ApprovalPolicy::OnRequest, RuleSet::new()),
+        Duration::from_secs(120),
+    );
+    CountingTools {
+        harness: Harness::open(config, model, toolbox, store).await.unwrap(),
         deletes,
         reads,
     }
