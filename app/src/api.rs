@@ -472,12 +472,14 @@ pub async fn audit_log(
         return Ok(Vec::new());
     }
     let current = ssr::session()?;
+    // An entry of no session (a rule added or removed) is about the server as a whole, which the rules panel shows
+    // every browser anyway.
     let visible = |entry: &agent::store::AuditEntry| {
         ssr::login_required()
             || entry
                 .session_id
                 .as_ref()
-                .is_some_and(|session| session == &current || ssr::may_open(session))
+                .is_none_or(|session| session == &current || ssr::may_open(session))
     };
     // The view wants the newest page: read newest first, on from where each read ended, until a page of what this
     // browser may see is found, within a bound on the work one view may cause (past it, older entries go unseen,

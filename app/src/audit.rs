@@ -7,11 +7,11 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 
 use crate::api::{AuditLine, audit_log};
-use crate::format::{date_time, server_said};
+use crate::format::{date_time, server_said, visible};
 use crate::state::{Ui, View};
 
 /// Outcomes the log records, for the filter.
-const OUTCOMES: [&str; 7] = [
+const OUTCOMES: [&str; 10] = [
     "requested",
     "approved",
     "approved_with_edits",
@@ -19,6 +19,9 @@ const OUTCOMES: [&str; 7] = [
     "timed_out",
     "aborted",
     "interrupted",
+    "revoked",
+    "added",
+    "removed",
 ];
 
 /// Milliseconds since the Unix epoch from an `<input type="datetime-local">` value (read as UTC, as the view
@@ -51,17 +54,38 @@ pub fn AuditView() -> impl IntoView {
     let since = NodeRef::<html::Input>::new();
     let until = NodeRef::<html::Input>::new();
 
+    // Each load is numbered: an answer that comes after a newer load's is dropped, so the rows shown are always for
+    // the filters last asked.
+    let loads = StoredValue::new(0_u64);
     let load = move || {
         let text = |node: Option<String>| node.filter(|value| !value.trim().is_empty());
         let session =
             text(session.get().map(|s| s.value())).and_then(|id| SessionId::parse(id).ok());
-        let run = text(run.get().map(|r| r.value())).and_then(|id| RunId::parse(id.trim()).ok());
+        let run = match text(run.get().map(|r| r.value())) {
+            None => None,
+            Some(id) => match RunId::parse(id.trim()) {
+                Ok(run) => Some(run),
+                Err(error) => {
+                    ui.error.set(Some(format!(
+                        "“{}” is not a run id: it {error}.",
+                        visible(id.trim())
+                    )));
+                    return;
+                }
+            },
+        };
         let tool = text(tool.get().map(|t| t.value()));
         let outcome = text(outcome.get().map(|o| o.value()));
         let since = since.get().and_then(|input| parse_local(&input.value()));
         let until = until.get().and_then(|input| parse_local(&input.value()));
+        let this = loads.get_value() + 1;
+        loads.set_value(this);
         spawn_local(async move {
-            match audit_log(session, run, tool, outcome, since, until).await {
+            let found = audit_log(session, run, tool, outcome, since, until).await;
+            if loads.get_value() != this {
+                return;
+            }
+            match found {
                 Ok(found) => entries.set(Some(found)),
                 Err(error) => ui.error.set(Some(format!(
                     "The audit log could not be read: {}",
@@ -123,8 +147,9 @@ pub fn AuditView() -> impl IntoView {
                             <td><time>{date_time(entry.at)}</time></td>
                             <td><code>{entry.tool.unwrap_or_default()}</code></td>
                             <td class="outcome">{outcome}</td>
+                            <td class="scope">{entry.scope.unwrap_or_default()}</td>
                             <td>{entry.actor.or(entry.source).unwrap_or_default()}</td>
-                            <td>{entry.reason.unwrap_or_default()}</td>
+                            <td class="reason">{visible(&entry.reason.unwrap_or_default())}</td>
                             <td><code>{entry.run_id.map(|run| run.to_string()).unwrap_or_default()}</code></td>
                             <td><code>{entry.session_id.map(|s| s.to_string()).unwrap_or_default()}</code></td>
                         </tr>
@@ -140,6 +165,7 @@ pub fn AuditView() -> impl IntoView {
                                 <th scope="col">"Time (UTC)"</th>
                                 <th scope="col">"Tool"</th>
                                 <th scope="col">"Outcome"</th>
+                                <th scope="col">"Scope"</th>
                                 <th scope="col">"Who"</th>
                                 <th scope="col">"Reason"</th>
                                 <th scope="col">"Run"</th>

@@ -341,10 +341,14 @@ pub fn RulesPanel() -> impl IntoView {
     // (the last line went) to the line before, or else to the first button left in that list, or else to the panel's
     // summary. (A line that is not the last keeps its place: the redrawn list reuses it for the next one, focus
     // and all.)
+    // A removal or revocation on its way: every such button waits for it, so that a double click sends one request
+    // (and the second does not come back "not found").
+    let removing = RwSignal::new(false);
     let after = move |result: Result<(), ServerFnError>,
                       what: &'static str,
                       list: &'static str,
                       index: usize| {
+        removing.set(false);
         if let Err(error) = result {
             ui.error
                 .set(Some(format!("{what}: {}", server_said(&error))));
@@ -377,11 +381,17 @@ pub fn RulesPanel() -> impl IntoView {
                 } else {
                     let items = state.grants.into_iter().enumerate().map(|(index, grant)| {
                         let id = grant.id.clone();
+                        let described = visible(&grant.grant.describe());
                         view! {
                             <li class="grant" data-grant-id=grant.id.to_string()>
-                                <span>{grant.grant.describe()}</span>
+                                <span>{described.clone()}</span>
                                 " "
-                                <button type="button" class="link revoke-grant" on:click=move |_| {
+                                <button type="button" class="link revoke-grant" aria-label=format!("Revoke: {described}")
+                                    disabled=move || removing.get() on:click=move |_| {
+                                    if removing.get_untracked() {
+                                        return;
+                                    }
+                                    removing.set(true);
                                     let id = id.clone();
                                     spawn_local(async move { after(revoke_grant(id, Some(ui.session_id())).await, "The grant was not revoked", "grants", index) });
                                 }>"Revoke"</button>
@@ -396,14 +406,20 @@ pub fn RulesPanel() -> impl IntoView {
                     let items = state.rules.into_iter().enumerate().map(|(index, rule)| {
                         let removable = rule.removable();
                         let id = rule.id.clone();
+                        let text = visible(&rule.rule);
                         view! {
                             <li class="rule" data-rule-id=rule.id.to_string()>
-                                <code>{rule.rule.clone()}</code>
+                                <code>{text.clone()}</code>
                                 " "
                                 <span class="origin">{rule.origin.describe()}</span>
                                 {removable.then(|| view! {
                                     " "
-                                    <button type="button" class="link remove-rule" on:click=move |_| {
+                                    <button type="button" class="link remove-rule" aria-label=format!("Remove the rule {text}")
+                                        disabled=move || removing.get() on:click=move |_| {
+                                        if removing.get_untracked() {
+                                            return;
+                                        }
+                                        removing.set(true);
                                         let id = id.clone();
                                         spawn_local(async move { after(remove_rule(id).await, "The rule was not removed", "rules", index) });
                                     }>"Remove"</button>

@@ -152,3 +152,48 @@ test("revoking grants with the keyboard keeps the focus in the list, and after t
   await expect(grants).toHaveCount(0);
   await expect(page.locator(".rules-panel summary")).toBeFocused();
 });
+
+test("a rule's hidden characters are shown written out, a double click removes it once, and the audit view lists the rule's changes", async ({
+  page,
+}, testInfo) => {
+  await openPage(page);
+  const file = unique("hidden");
+  // A right-to-left override in a glob would show the rule's text reversed from it on.
+  const text = `read_file("${file}\u202E.txt")=deny`;
+  const added = await page.request.post("/api/rules", { data: { rule: text } });
+  expect(added.status()).toBe(201);
+  const id = (await added.json()).rule.id;
+
+  await page.locator(".rules-panel summary").click();
+  const rule = page.locator(`.rules-panel .rule[data-rule-id="${id}"]`);
+  await expect(rule.locator("code")).toContainText("\\u{202E}");
+  await expect(rule.locator("code")).not.toContainText("\u202E");
+  const remove = rule.getByRole("button", { name: "Remove the rule" });
+  await expect(remove).toHaveAccessibleName(/^Remove the rule read_file\(/);
+  const removals: Promise<unknown>[] = [];
+  page.on("request", (request) => {
+    if (request.url().includes("/api/fn/remove_rule")) removals.push(request.response());
+  });
+  await remove.dblclick();
+  await expect(rule).toHaveCount(0);
+  await Promise.all(removals);
+  expect(removals).toHaveLength(1);
+  await expect(page.locator(".error-banner")).toHaveCount(0);
+
+  // The audit view of a server without a token shows every browser the rule's changes (they belong to no
+  // conversation, and the panel lists the rules for everybody anyway), hidden characters written out.
+  await page.getByRole("button", { name: "Audit log" }).click();
+  const changes = page.locator(".audit tbody tr", { hasText: file });
+  await expect(changes).toHaveCount(2);
+  await expect(changes.locator(".outcome")).toHaveText(["removed", "added"]);
+  await expect(changes.first().locator(".reason")).toContainText("\\u{202E}");
+  await screenshot(page, testInfo, "audit-rule-changes");
+  await page.getByLabel("Outcome").selectOption("added");
+  await page.getByRole("button", { name: "Show", exact: true }).click();
+  await expect(changes).toHaveCount(1);
+
+  // A run id that cannot be one is said to be wrong, not read as no filter.
+  await page.getByLabel("Run", { exact: true }).fill("run 1");
+  await page.getByRole("button", { name: "Show", exact: true }).click();
+  await expect(page.getByRole("alert")).toContainText("“run 1” is not a run id");
+});
