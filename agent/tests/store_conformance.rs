@@ -2247,6 +2247,22 @@ async fn a_second_process_on_a_sqlite_file_is_refused_with_a_clear_message() {
 }
 
 #[tokio::test]
+async fn a_second_process_on_a_symlink_to_the_sqlite_file_is_refused_too() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("a")).unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    let real = dir.path().join("a/toolgate.db");
+    let first = SqlStore::open(&DatabaseUrl::Sqlite(real.clone())).await.unwrap();
+    let link = dir.path().join("b/toolgate.db");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let error = SqlStore::open(&DatabaseUrl::Sqlite(link))
+        .await
+        .expect_err("the same file under another name");
+    assert!(matches!(error, OpenError::Locked { .. }), "{error}");
+    drop(first);
+}
+
+#[tokio::test]
 async fn a_child_process_never_holds_the_sqlite_files_lock() {
     let dir = tempfile::tempdir().unwrap();
     let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));

@@ -305,6 +305,11 @@ impl FileLock {
         use std::io::{Seek, Write};
         use std::os::fd::AsRawFd;
 
+        // A database file there already is locked where it is, whatever symlink names it: SQLite follows it to
+        // the same file, and two processes that locked `a/toolgate.db.lock` and `b/toolgate.db.lock` would both
+        // write it, each recovering the other's running runs as a dead process's.
+        let resolved = database.canonicalize().ok();
+        let database = resolved.as_deref().unwrap_or(database);
         let lock = PathBuf::from(format!("{}.lock", database.display()));
         let io = |source| OpenError::Io {
             path: lock.display().to_string(),
