@@ -102,6 +102,49 @@ async fn a_calls_result_postgresql_refused_for_a_while_is_written_later_and_the_
     .await;
 }
 
+/// While the database refuses a call's result past the group commit's retries, the result is kept, and a flush
+/// (what a graceful shutdown waits for before it says all is written) waits for it: before, it said the result was
+/// written, and a shutdown then left it unwritten, to be recorded as interrupted at the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_waits_for_a_calls_result_the_database_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let (harness, store, beside) = harness_on_sqlite(dir.path()).await;
+    std::fs::write(dir.path().join("ws/a.txt"), "x").unwrap();
+    let run = harness.start(start_in("s", "delete a.txt")).await.unwrap();
+    let request = Events::of(&run).next_approval().await;
+    beside
+        .execute_batch(
+            "CREATE TRIGGER refuse_results BEFORE UPDATE OF status ON calls WHEN NEW.status = 'settled' \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    decide_pending(&harness, &request, Decision::approve()).await;
+    tokio::time::timeout(PATIENCE, async {
+        while dir.path().join("ws/a.txt").exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the tool runs");
+    // Past the group commit's retries (about 3 s), when what it could not write is given up but the result kept.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), store.flush())
+            .await
+            .is_err(),
+        "a flush waits while the result is not written"
+    );
+
+    beside.execute_batch("DROP TRIGGER refuse_results").unwrap();
+    tokio::time::timeout(PATIENCE, store.flush())
+        .await
+        .expect("and ends once it is")
+        .unwrap();
+    tokio::time::timeout(PATIENCE, run.finished())
+        .await
+        .expect("the run goes on");
+}
+
 /// Approves a deletion while `refuse` has the database refuse calls' results, lets it go on refusing for `refused_for`
 /// after the tool ran, then has it take them again (`allow`): the run goes on from the result, to its answer.
 async fn result_refused_for_a_while(

@@ -1350,11 +1350,19 @@ async fn append_forever(
                 // really did, and its run cannot go on without it), and are tried again after the longest wait.
                 let (lost, kept) = {
                     let mut appends = strong.appends.lock();
-                    let (kept, lost): (Vec<_>, Vec<_>) = std::mem::take(&mut appends.queue)
+                    let queue = std::mem::take(&mut appends.queue);
+                    // What was queued before the first result kept is written or gone; from there on, a flush
+                    // (what a graceful shutdown waits for) still waits: that result is not written.
+                    let first = appends.queued - queue.len() as u64;
+                    let through = queue
+                        .iter()
+                        .position(|queued| matches!(queued, Queued::Settled(_)))
+                        .map_or(appends.queued, |kept| first + kept as u64);
+                    let (kept, lost): (Vec<_>, Vec<_>) = queue
                         .into_iter()
                         .partition(|queued| matches!(queued, Queued::Settled(_)));
                     appends.queue = kept;
-                    strong.appends_written(queries::Taken::through(appends.queued));
+                    strong.appends_written(queries::Taken::through(through));
                     (lost.len(), appends.queue.len())
                 };
                 tracing::error!(%error, events = lost, results_kept = kept, "cannot write events; they are lost");
