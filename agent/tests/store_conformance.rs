@@ -2252,7 +2252,9 @@ async fn a_second_process_on_a_symlink_to_the_sqlite_file_is_refused_too() {
     std::fs::create_dir(dir.path().join("a")).unwrap();
     std::fs::create_dir(dir.path().join("b")).unwrap();
     let real = dir.path().join("a/toolgate.db");
-    let first = SqlStore::open(&DatabaseUrl::Sqlite(real.clone())).await.unwrap();
+    let first = SqlStore::open(&DatabaseUrl::Sqlite(real.clone()))
+        .await
+        .unwrap();
     let link = dir.path().join("b/toolgate.db");
     std::os::unix::fs::symlink(&real, &link).unwrap();
     let error = SqlStore::open(&DatabaseUrl::Sqlite(link))
@@ -2298,6 +2300,42 @@ fn recovery_events() -> RecoveryEvents {
             ..deny(record, DenialSource::Abort)
         }),
     }
+}
+
+/// A running run this version cannot read (written by a newer one, or damaged) is left as it is by the recovery at
+/// start, which recovers the others: before, it failed the start, and the server did not come up until the row was
+/// mended by hand.
+#[tokio::test]
+async fn a_running_run_that_does_not_read_is_left_and_the_others_are_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    {
+        let store = SqlStore::open(&url).await.unwrap();
+        for (run, session) in [("unknown", "s1"), ("sampling", "s2")] {
+            store
+                .start_run(new_run(run, session))
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        store.flush().await.unwrap();
+    }
+    let beside = rusqlite::Connection::open(dir.path().join("toolgate.db")).unwrap();
+    beside
+        .execute(
+            "UPDATE runs SET mode = 'of a newer version' WHERE id = 'unknown'",
+            [],
+        )
+        .unwrap();
+    let store = SqlStore::open(&url).await.unwrap();
+    let recovered = store.recover(recovery_events()).await.unwrap();
+    assert_eq!(recovered.failed_runs, vec![run_id("sampling")]);
+    let left: String = beside
+        .query_row("SELECT state FROM runs WHERE id = 'unknown'", [], |row| {
+            row.get(0)
+        })
+        .unwrap();
+    assert_eq!(left, "running");
 }
 
 #[tokio::test]

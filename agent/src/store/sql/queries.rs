@@ -1975,7 +1975,20 @@ impl Store for SqlStore {
                         },
                         None => EndClaim::Unended,
                     };
-                    dead_runs.push((run_info(row)?, claim));
+                    // A run this version cannot read is left for an instance that can: the others are recovered.
+                    let info = match run_info(row) {
+                        Ok(info) => info,
+                        Err(StoreError::Corrupt(why)) => {
+                            let what = "a running run of a process gone cannot be read here to recover it";
+                            let run = row.try_get::<String, _>("id").unwrap_or_default();
+                            if self.unreadable.first((what, run.clone(), String::new())) {
+                                tracing::error!(run, %why, "{what}; it is left as it is");
+                            }
+                            continue;
+                        }
+                        Err(error) => return Err(error),
+                    };
+                    dead_runs.push((info, claim));
                 }
             }
             // Each dead owner's run is fenced before its running calls are looked for: should the owner come back
