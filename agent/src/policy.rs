@@ -27,8 +27,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 pub use book::{
-    BookRule, ConfiguredRules, RuleBook, RuleBookError, RuleSet, RulesFile, RulesFileError,
-    StoredRuleBook, parse_rule_entries, parse_rules_table,
+    BookRule, ConfiguredRules, Removed, RuleBook, RuleBookError, RuleSet, RulesFile,
+    RulesFileError, StoredRuleBook, parse_rule_entries, parse_rules_table,
 };
 pub use grant::{SessionGrants, session_grant, spec_digest, stored_grant};
 pub use matcher::PathContext;

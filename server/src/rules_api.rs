@@ -5,7 +5,7 @@
 use agent::harness::Actor;
 use agent::ids::{GrantId, RuleId, SessionId};
 use agent::permissions::{ListedRule, SessionGrant};
-use agent::policy::Rule;
+use agent::policy::{Removed, Rule};
 use agent::wire::ValidationErrors;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -103,8 +103,15 @@ pub async fn remove_rule(
 ) -> Result<Response, ApiError> {
     let rule_id = RuleId::parse(rule_id).map_err(|e| ApiError::bad_id("ruleId", e))?;
     let removed = state.harness.remove_rule(&rule_id, &actor).await?;
-    tracing::info!(rule = %removed.rule, id = %removed.id, %actor, "a rule was removed");
-    Ok(Json(json!({"ok": true, "removed": rule_json(&removed.listed())})).into_response())
+    tracing::info!(rule = %removed.text(), id = %removed.id(), %actor, "a rule was removed");
+    let removed = match &removed {
+        Removed::Rule(rule) => rule_json(&rule.listed()),
+        // A kept row that did not read as a rule: its text as it was kept, and no action.
+        Removed::Unreadable { id, text } => {
+            json!({"id": id, "rule": text, "origin": "added", "unreadable": true})
+        }
+    };
+    Ok(Json(json!({"ok": true, "removed": removed})).into_response())
 }
 
 fn parse_session(raw: String) -> Result<SessionId, ApiError> {

@@ -6,7 +6,7 @@ use super::{Actor, Harness, Unavailable};
 use crate::clock::now_ms;
 use crate::ids::{GrantId, RuleId, SessionId};
 use crate::permissions::{GrantScope, ListedRule, SessionGrant};
-use crate::policy::{BookRule, Rule, RuleBook, RuleBookError, SessionGrants};
+use crate::policy::{BookRule, Removed, Rule, RuleBook, RuleBookError, SessionGrants};
 use crate::store::{AuditEntry, AuditKind};
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -97,8 +97,9 @@ impl Harness {
         self.inner.rules.add(rule, actor.as_str()).await
     }
 
-    /// Removes a rule a person added, by `actor`. Rules from `--rules` or the rules file are refused.
-    pub async fn remove_rule(&self, id: &RuleId, actor: &Actor) -> Result<BookRule, RuleBookError> {
+    /// Removes a rule a person added, or a kept row that does not read as a rule, by `actor`. Rules from `--rules`
+    /// or the rules file are refused.
+    pub async fn remove_rule(&self, id: &RuleId, actor: &Actor) -> Result<Removed, RuleBookError> {
         self.inner.rules.remove(id, actor.as_str()).await
     }
 }

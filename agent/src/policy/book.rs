@@ -114,7 +114,7 @@ pub enum RuleBookError {
     AlreadyPresent { id: RuleId, rule: String },
     /// A rule the store keeps no longer reads as a rule: nothing is decided on a book that misses one.
     #[error(
-        "the rule {id} kept in the database cannot be read ({error}); remove that row of the rules table, or run the toolgate that added it"
+        "the rule {id} kept in the database cannot be read ({error}); remove it (DELETE /api/rules/{id} on an instance that runs, or its row of the rules table), or run the toolgate that added it"
     )]
     Stored { id: String, error: RuleError },
     #[error(transparent)]
@@ -392,8 +392,10 @@ impl StoredRuleBook {
         Ok(entry)
     }
 
-    /// Removes a rule a person added, by `actor`. Configured rules are refused.
-    pub async fn remove(&self, id: &RuleId, actor: &str) -> Result<BookRule, RuleBookError> {
+    /// Removes a rule a person added, by `actor`. Configured rules are refused. A kept row that does not read as a
+    /// rule (passed over, or one a newer version wrote) is removed too, by its id: it is the way out of a book that
+    /// does not read, short of mending the database by hand.
+    pub async fn remove(&self, id: &RuleId, actor: &str) -> Result<Removed, RuleBookError> {
         if let Some(configured) = self.configured.iter().find(|rule| &rule.id == id) {
             return Err(RuleBookError::NotRemovable {
                 id: id.clone(),
@@ -402,18 +404,39 @@ impl StoredRuleBook {
             });
         }
         let _one_at_a_time = self.changing.lock().await;
-        let in_force = self.refresh().await?;
-        let mut added = Self::added(&in_force);
-        let index = added
+        let read = self.next_number();
+        let stored = self.store.rules().await?;
+        let row = stored
             .iter()
-            .position(|rule| &rule.id == id)
+            .find(|row| row.id == id.as_str())
             .ok_or_else(|| RuleBookError::NotFound(id.clone()))?;
-        let removed = added.remove(index);
+        let removed = match Rule::parse(&row.rule) {
+            Ok(rule) => Removed::Rule(BookRule {
+                id: id.clone(),
+                origin: RuleOrigin::Added,
+                added_at: Some(row.created_at),
+                added_by: row.created_by.clone(),
+                rule,
+            }),
+            Err(_) => Removed::Unreadable {
+                id: id.clone(),
+                text: row.rule.clone(),
+            },
+        };
         let existed = self
             .store
-            .remove_rule(id.as_str(), rule_audit(&removed, "removed", actor))
+            .remove_rule(id.as_str(), removed.audit("removed", actor))
             .await?;
-        self.put_in_force(self.next_number(), added);
+        let left = stored
+            .into_iter()
+            .filter(|row| row.id != id.as_str())
+            .collect();
+        if self.put_read_in_force(read, left).is_err() {
+            // Another kept row does not read: the rules read last stay in force, less this one.
+            let mut added = Self::added(&self.rules());
+            added.retain(|rule| &rule.id != id);
+            self.put_in_force(self.next_number(), added);
+        }
         if existed {
             Ok(removed)
         } else {
@@ -423,8 +446,51 @@ impl StoredRuleBook {
     }
 }
 
+/// A rule removed: one in force, or a kept row that did not read as a rule.
+#[derive(Clone, Debug)]
+pub enum Removed {
+    Rule(BookRule),
+    Unreadable { id: RuleId, text: String },
+}
+
+impl Removed {
+    pub fn id(&self) -> &RuleId {
+        match self {
+            Self::Rule(rule) => &rule.id,
+            Self::Unreadable { id, .. } => id,
+        }
+    }
+
+    /// Its text, as it was kept.
+    pub fn text(&self) -> String {
+        match self {
+            Self::Rule(rule) => rule.rule.to_string(),
+            Self::Unreadable { text, .. } => text.clone(),
+        }
+    }
+
+    fn audit(&self, outcome: &str, actor: &str) -> AuditEntry {
+        match self {
+            Self::Rule(rule) => rule_audit(rule, outcome, actor),
+            Self::Unreadable { text, .. } => AuditEntry {
+                tool: None,
+                reason: Some(text.clone()),
+                ..rule_audit_of(outcome, actor)
+            },
+        }
+    }
+}
+
 /// The audit entry of a rule added or removed: the rule's text as its reason.
 fn rule_audit(rule: &BookRule, outcome: &str, actor: &str) -> AuditEntry {
+    AuditEntry {
+        tool: Some(rule.rule.tool_pattern().to_owned()),
+        reason: Some(rule.rule.to_string()),
+        ..rule_audit_of(outcome, actor)
+    }
+}
+
+fn rule_audit_of(outcome: &str, actor: &str) -> AuditEntry {
     AuditEntry {
         id: 0,
         at: now_ms(),
@@ -432,13 +498,13 @@ fn rule_audit(rule: &BookRule, outcome: &str, actor: &str) -> AuditEntry {
         session_id: None,
         run_id: None,
         tool_call_id: None,
-        tool: Some(rule.rule.tool_pattern().to_owned()),
+        tool: None,
         arguments_digest: None,
         edited_digest: None,
         outcome: outcome.to_owned(),
         source: Some("user".to_owned()),
         scope: None,
-        reason: Some(rule.rule.to_string()),
+        reason: None,
         actor: Some(actor.to_owned()),
     }
 }
@@ -646,7 +712,10 @@ mod tests {
             book.add(rule("run_command(ls $)=allow"), "token").await,
             Err(RuleBookError::AlreadyPresent { .. })
         ));
-        assert_eq!(book.remove(&added.id, "login").await.unwrap().id, added.id);
+        assert_eq!(
+            book.remove(&added.id, "login").await.unwrap().id(),
+            &added.id
+        );
         assert!(matches!(
             book.remove(&added.id, "login").await,
             Err(RuleBookError::NotFound(_))
@@ -757,6 +826,74 @@ mod tests {
                 .map(|rule| rule.rule.as_str())
                 .collect::<Vec<_>>(),
             ["write_file(notes.txt)=allow"]
+        );
+        // Passed over, and still removable by its id (the warning names it).
+        let removed = second
+            .remove(&RuleId::parse("rule_inert").unwrap(), "local")
+            .await
+            .expect("removed");
+        assert!(matches!(removed, Removed::Unreadable { .. }), "{removed:?}");
+        assert_eq!(removed.text(), "mcp__fs__files.*=allow");
+        assert_eq!(store.rules().await.unwrap().len(), 1);
+        assert_eq!(second.list().len(), 1);
+    }
+
+    /// A kept row that does not read as a rule (a newer version's syntax) stops the book from reading, naming the
+    /// row, whose removal by id is the way out; the rules in force meanwhile stay as they were.
+    #[tokio::test]
+    async fn a_kept_rule_that_does_not_read_is_named_and_removable() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let book = book("", &store);
+        let kept = book
+            .add(rule("write_file(notes.txt)=deny"), "local")
+            .await
+            .unwrap();
+        let newer = StoredRule {
+            id: "rule_newer".into(),
+            rule: "write_file(notes.txt)=quarantine".into(),
+            created_at: 1,
+            created_by: None,
+        };
+        store
+            .add_rule(newer, rule_audit(&kept, "added", "local"))
+            .await
+            .unwrap();
+        let error = book.refresh().await.unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("remove it (DELETE /api/rules/rule_newer "),
+            "{error}"
+        );
+        assert_eq!(book.list().len(), 1, "the rules read last stay in force");
+
+        // Another rule goes while the book does not read: it is out of force at once.
+        book.remove(&kept.id, "local").await.expect("removed");
+        assert!(book.list().is_empty());
+        let removed = book
+            .remove(&RuleId::parse("rule_newer").unwrap(), "local")
+            .await
+            .expect("removed");
+        assert_eq!(removed.text(), "write_file(notes.txt)=quarantine");
+        book.refresh().await.expect("the book reads again");
+        let audit = store
+            .audit_log(AuditQuery {
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let removals: Vec<_> = audit
+            .iter()
+            .filter(|entry| entry.outcome == "removed")
+            .map(|entry| entry.reason.as_deref().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            removals,
+            [
+                "write_file(notes.txt)=deny",
+                "write_file(notes.txt)=quarantine"
+            ]
         );
     }
 

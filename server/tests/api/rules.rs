@@ -557,3 +557,51 @@ async fn rules_check_prints_the_decision_and_the_rule_that_made_it() {
         "checking creates no database"
     );
 }
+
+/// A kept rule this version cannot read (a newer instance's, on a shared database) makes the rules unreadable (the
+/// log names it, and how to remove it); `DELETE` removes it by its id, and the rules read again.
+#[tokio::test]
+async fn a_kept_rule_that_does_not_read_is_named_and_can_be_removed_by_its_id() {
+    let app = spawn_app().await;
+    let newer = agent::store::StoredRule {
+        id: "rule_newer".into(),
+        rule: "write_file(notes.txt)=quarantine".into(),
+        created_at: 1,
+        created_by: None,
+    };
+    let audit = agent::store::AuditEntry {
+        id: 0,
+        at: 1,
+        kind: agent::store::AuditKind::RuleChanged,
+        session_id: None,
+        run_id: None,
+        tool_call_id: None,
+        tool: None,
+        arguments_digest: None,
+        edited_digest: None,
+        outcome: "added".into(),
+        source: None,
+        scope: None,
+        reason: None,
+        actor: None,
+    };
+    app.harness.store().add_rule(newer, audit).await.unwrap();
+
+    // The row's id and how to remove it go to the server's log, not to a client.
+    let listed = app.get("/api/rules").await;
+    assert_eq!(listed.status(), 500);
+    let removed = app
+        .client
+        .delete(app.url("/api/rules/rule_newer"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200);
+    let removed: Value = removed.json().await.unwrap();
+    assert_eq!(
+        removed["removed"],
+        json!({"id": "rule_newer", "rule": "write_file(notes.txt)=quarantine", "origin": "added", "unreadable": true})
+    );
+    let listed = app.get("/api/rules").await;
+    assert_eq!(listed.status(), 200);
+}
