@@ -476,9 +476,12 @@ impl Security {
 const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
 
 /// Headers every response carries: no framing by other pages (clickjacking the Approve button), no MIME sniffing,
-/// and no embedding of our responses by other origins.
+/// no embedding of our responses by other origins, and no copy kept by a cache (the page and the API carry
+/// conversations, tool arguments and outputs; a browser's Back after logging out, or a shared proxy, would show
+/// them) unless the response says otherwise (the static assets are revalidated instead).
 fn harden(headers: &mut HeaderMap) {
     let defaults = [
+        (header::CACHE_CONTROL, "no-store"),
         (header::X_FRAME_OPTIONS, "DENY"),
         (header::CONTENT_SECURITY_POLICY, "frame-ancestors 'none'"),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),

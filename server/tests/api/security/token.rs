@@ -188,12 +188,25 @@ async fn logging_in_sets_an_http_only_strict_cookie_that_is_not_the_token() {
         .await
         .unwrap();
     assert_eq!(page.status(), 200);
+    assert_eq!(
+        page.headers()["cache-control"],
+        "no-store",
+        "the page carries the conversation: no cache keeps it"
+    );
     assert!(
         page.text()
             .await
             .unwrap()
             .contains("<title>toolgate</title>")
     );
+    let audit = client
+        .get(app.url("/api/audit"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(audit.status(), 200);
+    assert_eq!(audit.headers()["cache-control"], "no-store");
     let to_home = client
         .get(app.url("/login"))
         .header("cookie", &cookie)
