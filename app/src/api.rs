@@ -87,6 +87,11 @@ pub enum Choice {
     Deny,
 }
 
+/// What a client is told when the database did not answer, on every route (the REST API's words too); what the
+/// database said goes to the log.
+pub const UNAVAILABLE: &str =
+    "The server cannot reach its database right now; nothing was changed. Try again shortly.";
+
 #[cfg(feature = "ssr")]
 pub mod ssr {
     //! What server functions need from the server: the harness and the browser's session.
@@ -227,9 +232,23 @@ pub mod ssr {
         failed_with(StatusCode::NOT_FOUND, message)
     }
 
-    /// A 503 with `message`: the database did not answer (a full disk, a failover); the caller may try again.
-    pub fn unavailable(message: String) -> ServerFnError {
-        failed_with(StatusCode::SERVICE_UNAVAILABLE, message)
+    /// A 503: the database did not answer (a full disk, a failover); the caller may try again. As on the REST API,
+    /// the `detail` (the database's own words, naming its tables) goes to the log, not to the browser.
+    pub fn unavailable(detail: String) -> ServerFnError {
+        tracing::error!(%detail, "the store is unavailable");
+        failed_with(
+            StatusCode::SERVICE_UNAVAILABLE,
+            super::UNAVAILABLE.to_owned(),
+        )
+    }
+
+    /// A 500: a failure inside the server, whose `detail` goes to the log.
+    fn internal(detail: String) -> ServerFnError {
+        tracing::error!(%detail, "internal error");
+        failed_with(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Internal server error.".to_owned(),
+        )
     }
 
     /// The server function's error `message`, answered with `status`.
@@ -247,17 +266,29 @@ pub mod ssr {
 
     /// A refused start, with the status every route gives it ([`StartError::refusal`]).
     pub fn start_refused(error: &agent::harness::StartError) -> ServerFnError {
-        failed_with(status(error.refusal().0), error.to_string())
+        match error {
+            agent::harness::StartError::Unavailable(detail) => unavailable(detail.clone()),
+            _ => failed_with(status(error.refusal().0), error.to_string()),
+        }
     }
 
     /// A refused change of the rules, with the rules API's status.
     pub fn rules_refused(error: &agent::policy::RuleBookError) -> ServerFnError {
-        failed_with(status(error.status()), error.to_string())
+        use agent::policy::RuleBookError;
+        match error {
+            RuleBookError::Store(store) => unavailable(store.to_string()),
+            // It names a row of the database.
+            RuleBookError::Stored { .. } => internal(error.to_string()),
+            _ => failed_with(status(error.status()), error.to_string()),
+        }
     }
 
     /// A refused decision, with the approval API's status.
     pub fn decide_refused(error: &agent::harness::DecideError) -> ServerFnError {
-        failed_with(status(error.status()), error.to_string())
+        match error {
+            agent::harness::DecideError::Unavailable(store) => unavailable(store.to_string()),
+            _ => failed_with(status(error.status()), error.to_string()),
+        }
     }
 
     fn status(code: u16) -> StatusCode {

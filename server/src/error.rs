@@ -74,9 +74,7 @@ pub enum ApiError {
     #[error("{0}")]
     TooManyAttempts(String),
     /// The store could not be read or written; nothing was half-written.
-    #[error(
-        "The server cannot reach its database right now; nothing was changed. Try again shortly."
-    )]
+    #[error("{}", app::api::UNAVAILABLE)]
     Unavailable(String),
     /// A failure inside the server. The detail goes to the log, not to the client.
     #[error("internal error: {0}")]
@@ -232,9 +230,9 @@ impl IntoResponse for ApiError {
                 tracing::error!(%detail, "internal error");
                 json!({"ok": false, "code": code, "error": "Internal server error."})
             }
-            Self::Unavailable(detail) => {
+            Self::Unavailable(detail) | Self::Start(StartError::Unavailable(detail)) => {
                 tracing::error!(%detail, "the store is unavailable");
-                json!({"ok": false, "code": code, "error": self.to_string()})
+                json!({"ok": false, "code": code, "error": app::api::UNAVAILABLE})
             }
             other => json!({"ok": false, "code": code, "error": other.to_string()}),
         };

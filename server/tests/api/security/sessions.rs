@@ -336,8 +336,15 @@ async fn the_page_is_told_503_when_the_database_cannot_be_read() {
     )
     .await;
     assert_eq!(decided.status(), 503);
+    // What the database said (its tables and columns) goes to the log, as on the REST API: the page is told that
+    // the database did not answer, in the REST API's words.
+    let said = decided.text().await.unwrap();
+    assert!(said.contains(app::api::UNAVAILABLE), "{said}");
+    assert!(!said.contains("created_at"), "{said}");
     let cancelled = server_fn(&app, "cancel", "alice", &[("run_id", &run_id)]).await;
     assert_eq!(cancelled.status(), 503);
+    let said = cancelled.text().await.unwrap();
+    assert!(!said.contains("created_at"), "{said}");
     beside
         .execute_batch("ALTER TABLE runs RENAME COLUMN created_at_away TO created_at")
         .unwrap();
