@@ -411,13 +411,13 @@ impl StoredRuleBook {
             .find(|row| row.id == id.as_str())
             .ok_or_else(|| RuleBookError::NotFound(id.clone()))?;
         let removed = match Rule::parse(&row.rule) {
-            Ok(rule) => Removed::Rule(BookRule {
+            Ok(rule) => Removed::Rule(Box::new(BookRule {
                 id: id.clone(),
                 origin: RuleOrigin::Added,
                 added_at: Some(row.created_at),
                 added_by: row.created_by.clone(),
                 rule,
-            }),
+            })),
             Err(_) => Removed::Unreadable {
                 id: id.clone(),
                 text: row.rule.clone(),
@@ -449,7 +449,7 @@ impl StoredRuleBook {
 /// A rule removed: one in force, or a kept row that did not read as a rule.
 #[derive(Clone, Debug)]
 pub enum Removed {
-    Rule(BookRule),
+    Rule(Box<BookRule>),
     Unreadable { id: RuleId, text: String },
 }
 
