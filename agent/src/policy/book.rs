@@ -229,6 +229,9 @@ pub struct StoredRuleBook {
     /// One change at a time in this process: the check for a rule already in force and its write do not
     /// interleave with another change's.
     changing: tokio::sync::Mutex<()>,
+    /// What a test has happen while a removal is between its read of the rules and its write.
+    #[cfg(test)]
+    meanwhile: parking_lot::Mutex<Option<Box<dyn FnOnce(&Self) + Send>>>,
 }
 
 impl fmt::Debug for StoredRuleBook {
@@ -248,7 +251,19 @@ impl RuleBook for StoredRuleBook {
     fn reread_shared(&self) -> futures::future::BoxFuture<'_, Result<(), RuleBookError>> {
         Box::pin(async move {
             if self.store.kind() == StoreKind::Postgres {
-                self.refresh().await?;
+                match self.refresh().await {
+                    // What reads is in force; the row that does not is said once, not at every step.
+                    Err(RuleBookError::Stored { id, error }) => {
+                        static UNREADABLE: std::sync::LazyLock<LoggedOnce<String>> =
+                            std::sync::LazyLock::new(LoggedOnce::default);
+                        if UNREADABLE.first(id.clone()) {
+                            tracing::error!("{}", RuleBookError::Stored { id, error });
+                        }
+                    }
+                    other => {
+                        other?;
+                    }
+                }
             }
             Ok(())
         })
@@ -264,6 +279,8 @@ impl StoredRuleBook {
             configured,
             store,
             changing: tokio::sync::Mutex::new(()),
+            #[cfg(test)]
+            meanwhile: Default::default(),
         }
     }
 
@@ -291,16 +308,35 @@ impl StoredRuleBook {
     }
 
     /// The added rules `stored`, read from the store as read number `read`, with the configured ones: put in force
-    /// unless something newer is.
+    /// unless something newer is. A row that does not read as a rule is an error (the first is named), but what
+    /// reads goes in force all the same, with the version in force of a row that read before (damaged since): the
+    /// rules people removed elsewhere stop applying, and nothing that applied stops for a row this version never
+    /// read. (Opening a book refuses such a row: see [`Self::open`].)
     fn put_read_in_force(
         &self,
         read: u64,
         stored: Vec<StoredRule>,
     ) -> Result<Arc<[BookRule]>, RuleBookError> {
+        let before = self.rules();
         let mut added = Vec::with_capacity(stored.len());
+        let mut unreadable = None;
         for row in stored {
-            let rule = match Rule::parse(&row.rule) {
-                Ok(rule) => rule,
+            let parsed = Rule::parse(&row.rule).and_then(|rule| {
+                RuleId::parse(row.id.as_str())
+                    .map(|id| (id, rule))
+                    .map_err(|error| RuleError {
+                        rule: format!("{:?}", row.rule),
+                        problem: RuleProblem::Entry(format!("its id is not valid: {error}")),
+                    })
+            });
+            match parsed {
+                Ok((id, rule)) => added.push(BookRule {
+                    id,
+                    origin: RuleOrigin::Added,
+                    added_at: Some(row.created_at),
+                    added_by: row.created_by,
+                    rule,
+                }),
                 // Added before such globs were refused: it allowed nothing, and passing it over changes no decision.
                 Err(RuleError {
                     problem: RuleProblem::AllowsNothing(_),
@@ -315,31 +351,25 @@ impl StoredRuleBook {
                             "a kept rule allows nothing (an allow glob with . or :); it is passed over"
                         );
                     }
-                    continue;
                 }
                 Err(error) => {
-                    return Err(RuleBookError::Stored {
-                        id: row.id.clone(),
-                        error,
-                    });
+                    added.extend(
+                        before
+                            .iter()
+                            .find(|rule| {
+                                rule.origin == RuleOrigin::Added && rule.id.as_str() == row.id
+                            })
+                            .cloned(),
+                    );
+                    unreadable.get_or_insert(RuleBookError::Stored { id: row.id, error });
                 }
-            };
-            let id = RuleId::parse(row.id.as_str()).map_err(|error| RuleBookError::Stored {
-                id: row.id.clone(),
-                error: RuleError {
-                    rule: format!("{:?}", row.rule),
-                    problem: RuleProblem::Entry(format!("its id is not valid: {error}")),
-                },
-            })?;
-            added.push(BookRule {
-                id,
-                origin: RuleOrigin::Added,
-                added_at: Some(row.created_at),
-                added_by: row.created_by,
-                rule,
-            });
+            }
         }
-        Ok(self.put_in_force(read, added))
+        let in_force = self.put_in_force(read, added);
+        match unreadable {
+            Some(error) => Err(error),
+            None => Ok(in_force),
+        }
     }
 
     /// Puts the configured rules and `added` in force as of `number`, unless what is in force is newer.
@@ -404,7 +434,6 @@ impl StoredRuleBook {
             });
         }
         let _one_at_a_time = self.changing.lock().await;
-        let read = self.next_number();
         let stored = self.store.rules().await?;
         let row = stored
             .iter()
@@ -423,20 +452,21 @@ impl StoredRuleBook {
                 text: row.rule.clone(),
             },
         };
+        #[cfg(test)]
+        if let Some(meanwhile) = self.meanwhile.lock().take() {
+            meanwhile(self);
+        }
         let existed = self
             .store
             .remove_rule(id.as_str(), removed.audit("removed", actor))
             .await?;
+        // Numbered once written: a read that began before (whatever it saw) does not put the rule back. Another
+        // row that does not read is for whoever reads the book to hear about; this one is gone either way.
         let left = stored
             .into_iter()
             .filter(|row| row.id != id.as_str())
             .collect();
-        if self.put_read_in_force(read, left).is_err() {
-            // Another kept row does not read: the rules read last stay in force, less this one.
-            let mut added = Self::added(&self.rules());
-            added.retain(|rule| &rule.id != id);
-            self.put_in_force(self.next_number(), added);
-        }
+        let _ = self.put_read_in_force(self.next_number(), left);
         if existed {
             Ok(removed)
         } else {
@@ -865,10 +895,13 @@ mod tests {
                 .contains("remove it (DELETE /api/rules/rule_newer "),
             "{error}"
         );
-        assert_eq!(book.list().len(), 1, "the rules read last stay in force");
+        assert_eq!(book.list().len(), 1, "what reads is in force");
 
-        // Another rule goes while the book does not read: it is out of force at once.
-        book.remove(&kept.id, "local").await.expect("removed");
+        // Another rule goes elsewhere (another instance) while a row does not read: a read of the book that fails
+        // for that row still takes it out of force.
+        let elsewhere = self::book("", &store);
+        elsewhere.remove(&kept.id, "local").await.expect("removed");
+        assert!(book.refresh().await.is_err());
         assert!(book.list().is_empty());
         let removed = book
             .remove(&RuleId::parse("rule_newer").unwrap(), "local")
@@ -895,6 +928,25 @@ mod tests {
                 "write_file(notes.txt)=quarantine"
             ]
         );
+    }
+
+    /// A read of the rules that began while a removal was between its read and its write (the page's panel
+    /// reloading as a person removes a rule) does not put the removed rule back in force.
+    #[tokio::test]
+    async fn a_read_during_a_removal_does_not_put_the_rule_back() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let book = book("", &store);
+        let added = book
+            .add(rule("run_command(ls $)=allow"), "local")
+            .await
+            .unwrap();
+        let rows = store.rules().await.unwrap();
+        *book.meanwhile.lock() = Some(Box::new(move |book: &StoredRuleBook| {
+            let read = book.next_number();
+            book.put_read_in_force(read, rows).unwrap();
+        }));
+        book.remove(&added.id, "local").await.unwrap();
+        assert!(book.rules().is_empty(), "{:?}", book.rules());
     }
 
     #[test]
