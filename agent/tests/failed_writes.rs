@@ -103,8 +103,9 @@ async fn a_calls_result_postgresql_refused_for_a_while_is_written_later_and_the_
 }
 
 /// While the database refuses a call's result past the group commit's retries, the result is kept, and a flush
-/// (what a graceful shutdown waits for before it says all is written) waits for it: before, it said the result was
-/// written, and a shutdown then left it unwritten, to be recorded as interrupted at the next start.
+/// (what a graceful shutdown waits for before it says all is written) is told that what it waited for was given up,
+/// or waits for the result: before, it said the result was written, and a shutdown then left it unwritten, to be
+/// recorded as interrupted at the next start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_waits_for_a_calls_result_the_database_refuses() {
     let dir = tempfile::tempdir().unwrap();
@@ -126,8 +127,21 @@ async fn a_flush_waits_for_a_calls_result_the_database_refuses() {
     })
     .await
     .expect("the tool runs");
-    // Past the group commit's retries (about 3 s), when what it could not write is given up but the result kept.
+    let waiting = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.flush().await }
+    });
+    // Past the group commit's retries (about 3 s), when what it could not write is given up but the result kept:
+    // the flush that waited then is told so, and a flush from now on waits for the result.
     tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        waiting.is_finished(),
+        "a flush is not left waiting for good"
+    );
+    assert!(
+        waiting.await.unwrap().is_err(),
+        "nor told that what was given up is written"
+    );
     assert!(
         tokio::time::timeout(Duration::from_secs(1), store.flush())
             .await

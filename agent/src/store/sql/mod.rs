@@ -517,6 +517,8 @@ pub struct SqlStore {
     appended: Arc<Notify>,
     /// How many queued appends are written.
     written: watch::Sender<u64>,
+    /// How many times the appender gave up what the database kept refusing: a flush waiting then is told so.
+    gave_up: std::sync::atomic::AtomicU64,
     runs: Watches<RunId>,
     sessions: Watches<SessionId>,
     /// The newest committed events of each run, for its readers (SQLite only: see [`tail`]).
@@ -623,6 +625,7 @@ impl SqlStore {
             flush_now: Arc::default(),
             appended: Arc::new(Notify::new()),
             written: watch::channel(0).0,
+            gave_up: Default::default(),
             runs: Watches::default(),
             sessions: Watches::default(),
             tails: (dialect == Dialect::Sqlite)
@@ -717,6 +720,7 @@ impl SqlStore {
             flush_now: Arc::default(),
             appended: Arc::new(Notify::new()),
             written: watch::channel(0).0,
+            gave_up: Default::default(),
             runs: Watches::default(),
             sessions: Watches::default(),
             tails: None,
@@ -1350,19 +1354,20 @@ async fn append_forever(
                 // really did, and its run cannot go on without it), and are tried again after the longest wait.
                 let (lost, kept) = {
                     let mut appends = strong.appends.lock();
-                    let queue = std::mem::take(&mut appends.queue);
-                    // What was queued before the first result kept is written or gone; from there on, a flush
-                    // (what a graceful shutdown waits for) still waits: that result is not written.
-                    let first = appends.queued - queue.len() as u64;
-                    let through = queue
-                        .iter()
-                        .position(|queued| matches!(queued, Queued::Settled(_)))
-                        .map_or(appends.queued, |kept| first + kept as u64);
-                    let (kept, lost): (Vec<_>, Vec<_>) = queue
+                    let (kept, lost): (Vec<_>, Vec<_>) = std::mem::take(&mut appends.queue)
                         .into_iter()
                         .partition(|queued| matches!(queued, Queued::Settled(_)));
                     appends.queue = kept;
-                    strong.appends_written(queries::Taken::through(through));
+                    // With nothing kept, all that was queued is gone; with a result kept, nothing is marked
+                    // written (the queue, joined by earlier attempts, no longer says which numbers came before
+                    // it). Either way a flush waiting now is told that the appends were given up.
+                    if appends.queue.is_empty() {
+                        strong.appends_written(queries::Taken::through(appends.queued));
+                    }
+                    strong
+                        .gave_up
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    strong.written.send_modify(|_| {});
                     (lost.len(), appends.queue.len())
                 };
                 tracing::error!(%error, events = lost, results_kept = kept, "cannot write events; they are lost");

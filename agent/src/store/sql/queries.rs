@@ -822,7 +822,8 @@ impl SqlStore {
         finishing: Option<(&RunId, Epoch)>,
     ) -> StoreResult<(Tx, Taken, Vec<NewEvent>)> {
         if self.dialect == super::Dialect::Postgres {
-            self.flush_appends().await;
+            // What could not be written is the appender's to say; the end goes on.
+            let _ = self.flush_appends().await;
             let tx = self.writer.begin().await.map_err(unavailable)?;
             return Ok((tx, Taken::default(), Vec::new()));
         }
@@ -926,20 +927,29 @@ impl SqlStore {
         Ok(Some(seq))
     }
 
-    /// Waits until every append queued so far is written.
-    async fn flush_appends(&self) {
+    /// Waits until every append queued so far is written: `Err` when the appender gave up some of them meanwhile
+    /// (what the database kept refusing: events are lost, results of calls kept for a later write).
+    async fn flush_appends(&self) -> StoreResult<()> {
+        use std::sync::atomic::Ordering;
         let target = self.appends.lock().queued;
+        let gave_up = self.gave_up.load(Ordering::SeqCst);
         let mut written = self.written.subscribe();
         if *written.borrow_and_update() >= target {
-            return;
+            return Ok(());
         }
         self.flush_now.notify_one();
         self.appended.notify_one();
         while *written.borrow_and_update() < target {
+            if self.gave_up.load(Ordering::SeqCst) != gave_up {
+                return Err(StoreError::Unavailable(
+                    "the database refused what was queued for a few seconds; events were lost, and results of calls wait for a later write".into(),
+                ));
+            }
             if written.changed().await.is_err() {
-                return;
+                return Ok(());
             }
         }
+        Ok(())
     }
 
     /// The sessions that hold grants. (A stored id that no longer reads as one is left out, with a warning: no
@@ -1350,17 +1360,14 @@ impl Store for SqlStore {
     }
 
     fn flush(&self) -> StoreFuture<'_, ()> {
-        async move {
-            self.flush_appends().await;
-            Ok(())
-        }
-        .boxed()
+        self.flush_appends().boxed()
     }
 
     fn close(&self) -> StoreFuture<'_, ()> {
         async move {
-            self.flush_appends().await;
-            self.retire().await
+            let flushed = self.flush_appends().await;
+            self.retire().await?;
+            flushed
         }
         .boxed()
     }
@@ -2344,9 +2351,10 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         let call_id = call_id.clone();
         async move {
-            // A result of the run's calls still queued is written first: a call reads as it stands.
+            // A result of the run's calls still queued is written first: a call reads as it stands (as the
+            // database holds it, when the database keeps refusing the result).
             if self.result_queued(&run_id) {
-                self.flush_appends().await;
+                let _ = self.flush_appends().await;
             }
             let row = query(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2",
@@ -2365,7 +2373,7 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         async move {
             if self.result_queued(&run_id) {
-                self.flush_appends().await;
+                let _ = self.flush_appends().await;
             }
             let rows = query(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx",
