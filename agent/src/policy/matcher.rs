@@ -333,6 +333,7 @@ fn resolve_in(root: &Path, relative: &str) -> Resolved {
 
 /// Whether the directory at `dir` has the casefold attribute (`chattr +F`): its names are looked up ignoring case.
 /// A file system without attributes has none.
+#[cfg(target_os = "linux")]
 fn folds_case(dir: &Path) -> std::io::Result<bool> {
     use std::os::fd::AsRawFd as _;
     use std::os::unix::fs::OpenOptionsExt as _;
@@ -352,6 +353,12 @@ fn folds_case(dir: &Path) -> std::io::Result<bool> {
         };
     }
     Ok(flags & FS_CASEFOLD_FL != 0)
+}
+
+/// Elsewhere, no directory is known to have it; a mount inside the workspace still counts.
+#[cfg(not(target_os = "linux"))]
+fn folds_case(_: &Path) -> std::io::Result<bool> {
+    Ok(false)
 }
 
 /// Makes an empty file of a lower-case name nobody could have foreseen, looks for it under the upper-case name, and

@@ -435,6 +435,7 @@ impl Rule {
                         || (path
                             && !strict_reading
                             && !case_insensitive
+                            && (could_fold(candidate) || could_fold(glob.pattern()))
                             && glob.is_match(candidate, true)
                             && call.paths.may_fold_case(candidate))
                 };
@@ -795,6 +796,14 @@ fn starts_with_argument_name(text: &str) -> bool {
 /// What a named argument stands for: a file tool's path as it resolves, each element of an array, a scalar as
 /// its text (a whole number also as an integer: `1e3` and `1000.0` are `1000`). A missing argument stands for
 /// nothing, so no glob matches it; an object, or an array inside an array, stands for what no glob can tell.
+/// Whether `text` may read differently ignoring case: it has an upper-case ASCII letter, or any letter outside ASCII
+/// (whose folding, `ſ` to `s` or the Kelvin sign to `k`, is not worth telling apart here). A path and a glob in
+/// lower-case ASCII match ignoring case exactly when they match as written, so most calls skip the second match.
+fn could_fold(text: &str) -> bool {
+    text.chars()
+        .any(|c| c.is_ascii_uppercase() || !c.is_ascii())
+}
+
 fn argument_readings(call: &CallFacts<'_>, name: &str) -> Readings {
     fn scalar(value: &Value, readings: &mut Readings) {
         match value {
