@@ -42,10 +42,14 @@ pub fn now_ms() -> u64 {
 
 fn at(origin: &Origin, elapsed: Duration, suspended: Duration) -> u64 {
     let slept = suspended.saturating_sub(origin.suspended).as_millis() as u64;
-    let counted = origin
-        .counted_ms
-        .fetch_max(slept, Ordering::Relaxed)
-        .max(slept);
+    // Read first: the count changes only after a suspension, and a write on every reading would contend.
+    let mut counted = origin.counted_ms.load(Ordering::Relaxed);
+    if slept > counted {
+        counted = origin
+            .counted_ms
+            .fetch_max(slept, Ordering::Relaxed)
+            .max(slept);
+    }
     origin
         .unix_ms
         .saturating_add(elapsed.as_millis() as u64)

@@ -294,7 +294,12 @@ impl Harness {
             } else {
                 None
             };
-            let wait = next.map(|at| Duration::from_millis(at.saturating_sub(now_ms())));
+            // At most a second at a time: the wait runs on a clock that stands still while the machine sleeps,
+            // and the deadlines on one that does not (crate::clock); after a suspension, what came due meanwhile
+            // times out within a second of the machine waking.
+            let wait = next.map(|at| {
+                Duration::from_millis(at.saturating_sub(now_ms())).min(Duration::from_secs(1))
+            });
             let wait = match left {
                 Some((_, deadline)) => {
                     let by = deadline.saturating_duration_since(tokio::time::Instant::now());
