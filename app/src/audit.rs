@@ -58,28 +58,34 @@ pub fn AuditView() -> impl IntoView {
     // the filters last asked.
     let loads = StoredValue::new(0_u64);
     let load = move || {
+        // Numbered first: an answer to an earlier load does not land under what this one says.
+        let this = loads.get_value() + 1;
+        loads.set_value(this);
         let text = |node: Option<String>| node.filter(|value| !value.trim().is_empty());
-        let session =
-            text(session.get().map(|s| s.value())).and_then(|id| SessionId::parse(id).ok());
+        let refused = |what: &str, id: &str, error: agent::ids::IdError| {
+            ui.error.set(Some(format!(
+                "“{}” is not a {what} id: it {error}.",
+                visible(id)
+            )));
+        };
+        let session = match text(session.get().map(|s| s.value())) {
+            None => None,
+            Some(id) => match SessionId::parse(&id) {
+                Ok(session) => Some(session),
+                Err(error) => return refused("conversation", &id, error),
+            },
+        };
         let run = match text(run.get().map(|r| r.value())) {
             None => None,
             Some(id) => match RunId::parse(id.trim()) {
                 Ok(run) => Some(run),
-                Err(error) => {
-                    ui.error.set(Some(format!(
-                        "“{}” is not a run id: it {error}.",
-                        visible(id.trim())
-                    )));
-                    return;
-                }
+                Err(error) => return refused("run", id.trim(), error),
             },
         };
         let tool = text(tool.get().map(|t| t.value()));
         let outcome = text(outcome.get().map(|o| o.value()));
         let since = since.get().and_then(|input| parse_local(&input.value()));
         let until = until.get().and_then(|input| parse_local(&input.value()));
-        let this = loads.get_value() + 1;
-        loads.set_value(this);
         spawn_local(async move {
             let found = audit_log(session, run, tool, outcome, since, until).await;
             if loads.get_value() != this {

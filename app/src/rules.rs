@@ -291,6 +291,10 @@ pub fn RulesPanel() -> impl IntoView {
     let hand_on_focus = StoredValue::new(None::<Vec<String>>);
     // The newest load: an older one that answers after it is not shown (it may predate a removal).
     let loads = StoredValue::new(0_u64);
+    // A removal or revocation on its way, until the list it changed is read again: every such button waits for it,
+    // so that a double click sends one request (the second would come back "not found"), and a click meant for a
+    // line that went never lands on the line that took its place.
+    let removing = RwSignal::new(false);
     let approvals = Memo::new(move |_| ui.session.with(session_approvals));
     // Another tab may have revoked a grant or removed a rule, which nothing in this tab's stream says: the panel
     // reads them again when it is opened, and when the window takes the focus back with the panel open.
@@ -322,18 +326,24 @@ pub fn RulesPanel() -> impl IntoView {
             if loads.get_value() != load {
                 return;
             }
+            // The buttons take clicks again once they stand for the lines shown (before the focus is handed on:
+            // a disabled button takes none).
             match loaded {
                 Ok(state) => {
                     panel.set(Some(state));
+                    removing.set(false);
                     if let Some(targets) = hand_on_focus.get_value() {
                         hand_on_focus.set_value(None);
                         crate::refocus_if_lost(None, targets);
                     }
                 }
-                Err(error) => ui.error.set(Some(format!(
-                    "The rules and grants could not be loaded: {}",
-                    server_said(&error)
-                ))),
+                Err(error) => {
+                    removing.set(false);
+                    ui.error.set(Some(format!(
+                        "The rules and grants could not be loaded: {}",
+                        server_said(&error)
+                    )));
+                }
             }
         });
     });
@@ -341,14 +351,10 @@ pub fn RulesPanel() -> impl IntoView {
     // (the last line went) to the line before, or else to the first button left in that list, or else to the panel's
     // summary. (A line that is not the last keeps its place: the redrawn list reuses it for the next one, focus
     // and all.)
-    // A removal or revocation on its way: every such button waits for it, so that a double click sends one request
-    // (and the second does not come back "not found").
-    let removing = RwSignal::new(false);
     let after = move |result: Result<(), ServerFnError>,
                       what: &'static str,
                       list: &'static str,
                       index: usize| {
-        removing.set(false);
         if let Err(error) = result {
             ui.error
                 .set(Some(format!("{what}: {}", server_said(&error))));
@@ -387,8 +393,9 @@ pub fn RulesPanel() -> impl IntoView {
                                 <span>{described.clone()}</span>
                                 " "
                                 <button type="button" class="link revoke-grant" aria-label=format!("Revoke: {described}")
-                                    disabled=move || removing.get() on:click=move |_| {
-                                    if removing.get_untracked() {
+                                    disabled=move || removing.get() on:click=move |event: leptos::ev::MouseEvent| {
+                                    // The second click of a double click is not meant for the line under it now.
+                                    if removing.get_untracked() || event.detail() > 1 {
                                         return;
                                     }
                                     removing.set(true);
@@ -415,8 +422,8 @@ pub fn RulesPanel() -> impl IntoView {
                                 {removable.then(|| view! {
                                     " "
                                     <button type="button" class="link remove-rule" aria-label=format!("Remove the rule {text}")
-                                        disabled=move || removing.get() on:click=move |_| {
-                                        if removing.get_untracked() {
+                                        disabled=move || removing.get() on:click=move |event: leptos::ev::MouseEvent| {
+                                        if removing.get_untracked() || event.detail() > 1 {
                                             return;
                                         }
                                         removing.set(true);
