@@ -231,8 +231,11 @@ pub struct StoredRuleBook {
     changing: tokio::sync::Mutex<()>,
     /// What a test has happen while a removal is between its read of the rules and its write.
     #[cfg(test)]
-    meanwhile: parking_lot::Mutex<Option<Box<dyn FnOnce(&Self) + Send>>>,
+    meanwhile: parking_lot::Mutex<Option<Meanwhile>>,
 }
+
+#[cfg(test)]
+type Meanwhile = Box<dyn FnOnce(&StoredRuleBook) + Send>;
 
 impl fmt::Debug for StoredRuleBook {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
