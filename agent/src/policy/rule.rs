@@ -368,6 +368,11 @@ impl Rule {
         self.tool.as_str()
     }
 
+    /// Whether the rule is about the tool named `name` (whatever its arguments).
+    pub fn covers_tool(&self, name: &str) -> bool {
+        self.tool.matches(name)
+    }
+
     /// True for a rule without an argument matcher.
     pub fn is_tool_wide(&self) -> bool {
         self.matcher.is_none()

@@ -605,3 +605,31 @@ async fn a_kept_rule_that_does_not_read_is_named_and_can_be_removed_by_its_id() 
     let listed = app.get("/api/rules").await;
     assert_eq!(listed.status(), 200);
 }
+
+/// A rule about a tool that does not exist is kept (an MCP server may add it later), and the answer says so: a typo
+/// in a tool's name does not pass unseen as a rule that protects nothing.
+#[tokio::test]
+async fn a_rule_about_no_tool_is_kept_with_a_warning() {
+    let app = spawn_app().await;
+    let typo = app
+        .post_json("/api/rules", &json!({"rule": "read_fle(**/.env*)=deny"}))
+        .await;
+    assert_eq!(typo.status(), 201);
+    let typo: Value = typo.json().await.unwrap();
+    let warning = typo["warnings"][0].as_str().unwrap_or_default().to_owned();
+    assert!(
+        warning.starts_with("No tool is named read_fle now") && warning.contains("read_file"),
+        "{typo}"
+    );
+    let meant = app
+        .post_json("/api/rules", &json!({"rule": "read_file(**/.env*)=deny"}))
+        .await;
+    assert_eq!(meant.status(), 201);
+    let meant: Value = meant.json().await.unwrap();
+    assert!(meant.get("warnings").is_none(), "{meant}");
+    let globbed = app
+        .post_json("/api/rules", &json!({"rule": "*_file(secrets/**)=deny"}))
+        .await;
+    let globbed: Value = globbed.json().await.unwrap();
+    assert!(globbed.get("warnings").is_none(), "{globbed}");
+}
