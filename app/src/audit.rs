@@ -151,7 +151,7 @@ pub fn AuditView() -> impl IntoView {
                     view! {
                         <tr data-outcome=entry.outcome.clone()>
                             <td><time>{date_time(entry.at)}</time></td>
-                            <td><code>{entry.tool.unwrap_or_default()}</code></td>
+                            <td class="tool"><code>{entry.tool.unwrap_or_default()}</code></td>
                             <td class="outcome">{outcome}</td>
                             <td class="scope">{entry.scope.unwrap_or_default()}</td>
                             <td>{entry.actor.or(entry.source).unwrap_or_default()}</td>
