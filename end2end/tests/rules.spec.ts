@@ -182,9 +182,11 @@ test("a rule's hidden characters are shown written out, a double click removes i
 
   // A double click whose second click comes once the list was read again (a fast server) would land on the line
   // that took the removed one's place: it is not a click on that line.
+  const more: string[] = [];
   for (const name of ["aa", "bb"]) {
-    const more = await page.request.post("/api/rules", { data: { rule: `read_file("${unique(name)}\u202E.txt")=deny` } });
-    expect(more.status()).toBe(201);
+    const added = await page.request.post("/api/rules", { data: { rule: `read_file("${unique(name)}\u202E.txt")=deny` } });
+    expect(added.status()).toBe(201);
+    more.push((await added.json()).rule.id);
   }
   await page.locator(".rules-panel summary").click();
   await page.locator(".rules-panel summary").click();
@@ -206,6 +208,8 @@ test("a rule's hidden characters are shown written out, a double click removes i
   await Promise.all(removals);
   expect(removals).toHaveLength(2);
   await expect(page.locator(`.rules-panel .rule[data-rule-id="${underneath}"]`)).toHaveCount(1);
+  // The rule that stayed goes, with this test.
+  expect((await page.request.delete(`/api/rules/${more[1]}`)).status()).toBe(200);
 
   // The audit view of a server without a token shows every browser the rule's changes (they belong to no
   // conversation, and the panel lists the rules for everybody anyway), hidden characters written out.

@@ -19,7 +19,9 @@ use crate::store::*;
 use crate::wire::{ApprovalMode, ApprovalRequest, Message};
 
 fn json<T: Serialize>(value: &T) -> String {
-    // Our own types always serialise; a failure would be a bug, and an empty object keeps the row readable.
+    // Our own types always serialise (their maps have text keys, and no value refuses). Were one to fail, a bug,
+    // its row holds `null`, which reads back as a row that does not read: loud where it is read, never taken for
+    // another value.
     serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
 }
 
