@@ -324,6 +324,20 @@ impl StoredRuleBook {
         let mut added = Vec::with_capacity(stored.len());
         let mut unreadable = None;
         for row in stored {
+            // A rule in force already, as the row says it, is not parsed again (its globs compiled again): on a
+            // shared database the book is read before every step.
+            if let Some(held) = before.iter().find(|held| {
+                held.origin == RuleOrigin::Added
+                    && held.id.as_str() == row.id
+                    && held.rule.to_string() == row.rule
+            }) {
+                added.push(BookRule {
+                    added_at: Some(row.created_at),
+                    added_by: row.created_by,
+                    ..held.clone()
+                });
+                continue;
+            }
             let parsed = Rule::parse(&row.rule).and_then(|rule| {
                 RuleId::parse(row.id.as_str())
                     .map(|id| (id, rule))
