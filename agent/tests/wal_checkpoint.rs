@@ -24,20 +24,8 @@ async fn under_a_steady_load_the_wal_starts_over_before_the_automatic_checkpoint
         tokio::time::sleep(Duration::from_millis(1)).await;
         store
             .audit(AuditEntry {
-                id: 0,
-                at: 1,
-                kind: AuditKind::RuleChanged,
-                session_id: None,
-                run_id: None,
-                tool_call_id: None,
-                tool: None,
-                arguments_digest: None,
-                edited_digest: None,
-                outcome: "added".to_owned(),
-                source: None,
-                scope: None,
                 reason: Some(reason.clone()),
-                actor: None,
+                ..AuditEntry::new(AuditKind::RuleChanged, "added")
             })
             .await
             .unwrap();

@@ -607,6 +607,29 @@ pub struct AuditEntry {
     pub actor: Option<String>,
 }
 
+impl AuditEntry {
+    /// An entry of `kind` with `outcome`, stamped now, that names nothing else yet: each field is set where it is
+    /// known.
+    pub fn new(kind: AuditKind, outcome: impl Into<String>) -> Self {
+        Self {
+            id: 0,
+            at: crate::clock::now_ms(),
+            kind,
+            session_id: None,
+            run_id: None,
+            tool_call_id: None,
+            tool: None,
+            arguments_digest: None,
+            edited_digest: None,
+            outcome: outcome.into(),
+            source: None,
+            scope: None,
+            reason: None,
+            actor: None,
+        }
+    }
+}
+
 /// What an audit entry is about.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AuditKind {

@@ -569,22 +569,7 @@ async fn a_kept_rule_that_does_not_read_is_named_and_can_be_removed_by_its_id() 
         created_at: 1,
         created_by: None,
     };
-    let audit = agent::store::AuditEntry {
-        id: 0,
-        at: 1,
-        kind: agent::store::AuditKind::RuleChanged,
-        session_id: None,
-        run_id: None,
-        tool_call_id: None,
-        tool: None,
-        arguments_digest: None,
-        edited_digest: None,
-        outcome: "added".into(),
-        source: None,
-        scope: None,
-        reason: None,
-        actor: None,
-    };
+    let audit = agent::store::AuditEntry::new(agent::store::AuditKind::RuleChanged, "added");
     app.harness.store().add_rule(newer, audit).await.unwrap();
 
     // The row's id and how to remove it go to the server's log, not to a client.
