@@ -145,9 +145,10 @@ pub trait RuleBook: Send + Sync + fmt::Debug {
 
     /// Reads the rules again where another process may have changed them (a store several instances share):
     /// before each step's calls are decided, as the session's grants are. A book nobody else writes has nothing to
-    /// read. When the store cannot say, the rules read last stay in force: dropping them would drop the denials too.
-    fn reread_shared(&self) -> futures::future::BoxFuture<'_, Result<(), RuleBookError>> {
-        Box::pin(async { Ok(()) })
+    /// read. When the store cannot say, the rules read last stay in force (dropping them would drop the denials
+    /// too), and the book logs why.
+    fn reread_shared(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async {})
     }
 }
 
@@ -251,24 +252,25 @@ impl RuleBook for StoredRuleBook {
         Arc::clone(&self.in_force.read().1)
     }
 
-    fn reread_shared(&self) -> futures::future::BoxFuture<'_, Result<(), RuleBookError>> {
+    fn reread_shared(&self) -> futures::future::BoxFuture<'_, ()> {
         Box::pin(async move {
-            if self.store.kind() == StoreKind::Postgres {
-                match self.refresh().await {
-                    // What reads is in force; the row that does not is said once, not at every step.
-                    Err(RuleBookError::Stored { id, error }) => {
-                        static UNREADABLE: std::sync::LazyLock<LoggedOnce<String>> =
-                            std::sync::LazyLock::new(LoggedOnce::default);
-                        if UNREADABLE.first(id.clone()) {
-                            tracing::error!("{}", RuleBookError::Stored { id, error });
-                        }
-                    }
-                    other => {
-                        other?;
+            if self.store.kind() != StoreKind::Postgres {
+                return;
+            }
+            match self.refresh().await {
+                Ok(_) => {}
+                // What reads is in force; the row that does not is said once, not at every step.
+                Err(RuleBookError::Stored { id, error }) => {
+                    static UNREADABLE: std::sync::LazyLock<LoggedOnce<String>> =
+                        std::sync::LazyLock::new(LoggedOnce::default);
+                    if UNREADABLE.first(id.clone()) {
+                        tracing::error!("{}", RuleBookError::Stored { id, error });
                     }
                 }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the rules people added; the rules read last stay in force");
+                }
             }
-            Ok(())
         })
     }
 }
@@ -324,18 +326,13 @@ impl StoredRuleBook {
         let mut added = Vec::with_capacity(stored.len());
         let mut unreadable = None;
         for row in stored {
+            let held = before
+                .iter()
+                .find(|held| held.origin == RuleOrigin::Added && held.id.as_str() == row.id);
             // A rule in force already, as the row says it, is not parsed again (its globs compiled again): on a
             // shared database the book is read before every step.
-            if let Some(held) = before.iter().find(|held| {
-                held.origin == RuleOrigin::Added
-                    && held.id.as_str() == row.id
-                    && held.rule.to_string() == row.rule
-            }) {
-                added.push(BookRule {
-                    added_at: Some(row.created_at),
-                    added_by: row.created_by,
-                    ..held.clone()
-                });
+            if let Some(held) = held.filter(|held| held.rule.to_string() == row.rule) {
+                added.push(kept(&row, held.id.clone(), held.rule.clone()));
                 continue;
             }
             let parsed = Rule::parse(&row.rule).and_then(|rule| {
@@ -347,13 +344,7 @@ impl StoredRuleBook {
                     })
             });
             match parsed {
-                Ok((id, rule)) => added.push(BookRule {
-                    id,
-                    origin: RuleOrigin::Added,
-                    added_at: Some(row.created_at),
-                    added_by: row.created_by,
-                    rule,
-                }),
+                Ok((id, rule)) => added.push(kept(&row, id, rule)),
                 // Added before such globs were refused: it allowed nothing, and passing it over changes no decision.
                 Err(RuleError {
                     problem: RuleProblem::AllowsNothing(_),
@@ -370,14 +361,7 @@ impl StoredRuleBook {
                     }
                 }
                 Err(error) => {
-                    added.extend(
-                        before
-                            .iter()
-                            .find(|rule| {
-                                rule.origin == RuleOrigin::Added && rule.id.as_str() == row.id
-                            })
-                            .cloned(),
-                    );
+                    added.extend(held.cloned());
                     unreadable.get_or_insert(RuleBookError::Stored { id: row.id, error });
                 }
             }
@@ -457,13 +441,7 @@ impl StoredRuleBook {
             .find(|row| row.id == id.as_str())
             .ok_or_else(|| RuleBookError::NotFound(id.clone()))?;
         let removed = match Rule::parse(&row.rule) {
-            Ok(rule) => Removed::Rule(Box::new(BookRule {
-                id: id.clone(),
-                origin: RuleOrigin::Added,
-                added_at: Some(row.created_at),
-                added_by: row.created_by.clone(),
-                rule,
-            })),
+            Ok(rule) => Removed::Rule(Box::new(kept(row, id.clone(), rule))),
             Err(_) => Removed::Unreadable {
                 id: id.clone(),
                 text: row.rule.clone(),
@@ -490,6 +468,17 @@ impl StoredRuleBook {
             // Another instance removed it between the read and the write.
             Err(RuleBookError::NotFound(id.clone()))
         }
+    }
+}
+
+/// The rule a person added, `rule` with its `id`, as its kept `row` says who added it and when.
+fn kept(row: &StoredRule, id: RuleId, rule: Rule) -> BookRule {
+    BookRule {
+        id,
+        origin: RuleOrigin::Added,
+        added_at: Some(row.created_at),
+        added_by: row.created_by.clone(),
+        rule,
     }
 }
 
@@ -537,22 +526,12 @@ fn rule_audit(rule: &BookRule, outcome: &str, actor: &str) -> AuditEntry {
     }
 }
 
+/// The audit entry of a change of the rules by `actor`, naming nothing yet.
 fn rule_audit_of(outcome: &str, actor: &str) -> AuditEntry {
     AuditEntry {
-        id: 0,
-        at: now_ms(),
-        kind: AuditKind::RuleChanged,
-        session_id: None,
-        run_id: None,
-        tool_call_id: None,
-        tool: None,
-        arguments_digest: None,
-        edited_digest: None,
-        outcome: outcome.to_owned(),
         source: Some("user".to_owned()),
-        scope: None,
-        reason: None,
         actor: Some(actor.to_owned()),
+        ..AuditEntry::new(AuditKind::RuleChanged, outcome)
     }
 }
 
@@ -807,6 +786,20 @@ mod tests {
         );
     }
 
+    /// Keeps a row in the rules table beside the book, as another version of toolgate (or an older one) wrote it.
+    async fn keep_row(store: &Arc<dyn Store>, id: &str, text: &str) {
+        let row = StoredRule {
+            id: id.into(),
+            rule: text.into(),
+            created_at: 1,
+            created_by: None,
+        };
+        store
+            .add_rule(row, rule_audit_of("added", "local"))
+            .await
+            .unwrap();
+    }
+
     #[tokio::test]
     async fn a_book_reads_the_rules_the_store_keeps_and_refuses_one_it_cannot_read() {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -823,14 +816,7 @@ mod tests {
         assert_eq!(second.list()[0].rule, "write_file(notes.txt)=allow");
         assert_eq!(second.list()[0].origin, RuleOrigin::Added);
 
-        let unreadable = StoredRule {
-            id: "rule_future".into(),
-            rule: "write_file(notes.txt)=maybe".into(),
-            created_at: 1,
-            created_by: None,
-        };
-        let audit = rule_audit(&second.rules()[0], "added", "local");
-        store.add_rule(unreadable, audit).await.unwrap();
+        keep_row(&store, "rule_future", "write_file(notes.txt)=maybe").await;
         let error = StoredRuleBook::open(configured, Arc::clone(&store))
             .await
             .unwrap_err();
@@ -841,7 +827,7 @@ mod tests {
             "{error}"
         );
         assert!(second.refresh().await.is_err());
-        assert_eq!(second.rules().len(), 1, "a failed refresh changes nothing");
+        assert_eq!(second.rules().len(), 1, "what reads stays in force");
     }
 
     /// An allow glob with `.` or `:` allowed nothing and is refused now; one a person added before (the rules API
@@ -854,14 +840,7 @@ mod tests {
             .add(rule("write_file(notes.txt)=allow"), "local")
             .await
             .unwrap();
-        let inert = StoredRule {
-            id: "rule_inert".into(),
-            rule: "mcp__fs__files.*=allow".into(),
-            created_at: 1,
-            created_by: None,
-        };
-        let audit = rule_audit(&first.rules()[0], "added", "local");
-        store.add_rule(inert, audit).await.unwrap();
+        keep_row(&store, "rule_inert", "mcp__fs__files.*=allow").await;
         let configured = ConfiguredRules::new(RuleSet::new(), Vec::new()).rules();
         let second = StoredRuleBook::open(configured, Arc::clone(&store))
             .await
@@ -895,16 +874,7 @@ mod tests {
             .add(rule("write_file(notes.txt)=deny"), "local")
             .await
             .unwrap();
-        let newer = StoredRule {
-            id: "rule_newer".into(),
-            rule: "write_file(notes.txt)=quarantine".into(),
-            created_at: 1,
-            created_by: None,
-        };
-        store
-            .add_rule(newer, rule_audit(&kept, "added", "local"))
-            .await
-            .unwrap();
+        keep_row(&store, "rule_newer", "write_file(notes.txt)=quarantine").await;
         let error = book.refresh().await.unwrap_err();
         assert!(
             error
