@@ -570,6 +570,21 @@ struct HeldSecondStep {
     release: tokio::sync::Semaphore,
 }
 
+impl HeldSecondStep {
+    /// Deletes a.txt, then (once let go) b.txt, then answers.
+    fn deleting_a_then_b() -> Arc<Self> {
+        Arc::new(Self {
+            steps: ReplayModel::new(vec![
+                tool_step(&[call("call-1", "delete_file", json!({"path": "a.txt"}))]),
+                tool_step(&[call("call-2", "delete_file", json!({"path": "b.txt"}))]),
+                text_step("done"),
+            ]),
+            asked: Default::default(),
+            release: tokio::sync::Semaphore::new(0),
+        })
+    }
+}
+
 impl agent::model::Model for HeldSecondStep {
     fn name(&self) -> &str {
         "held"
@@ -594,15 +609,7 @@ impl agent::model::Model for HeldSecondStep {
 
 #[tokio::test]
 async fn a_grant_revoked_while_the_run_goes_on_allows_none_of_its_later_calls() {
-    let model = Arc::new(HeldSecondStep {
-        steps: ReplayModel::new(vec![
-            tool_step(&[call("call-1", "delete_file", json!({"path": "a.txt"}))]),
-            tool_step(&[call("call-2", "delete_file", json!({"path": "b.txt"}))]),
-            text_step("done"),
-        ]),
-        asked: Default::default(),
-        release: tokio::sync::Semaphore::new(0),
-    });
+    let model = HeldSecondStep::deleting_a_then_b();
     let tools = counting_tools(
         Arc::clone(&model) as Arc<dyn agent::model::Model>,
         ApprovalPolicy::OnRequest,
@@ -648,15 +655,7 @@ async fn a_grant_revoked_while_the_run_goes_on_allows_none_of_its_later_calls() 
 async fn a_rule_removed_on_another_instance_allows_none_of_the_runs_later_calls() {
     use agent::store::sql::{DatabaseUrl, SqlStore};
     let url = DatabaseUrl::Postgres(postgres::database());
-    let model = Arc::new(HeldSecondStep {
-        steps: ReplayModel::new(vec![
-            tool_step(&[call("call-1", "delete_file", json!({"path": "a.txt"}))]),
-            tool_step(&[call("call-2", "delete_file", json!({"path": "b.txt"}))]),
-            text_step("done"),
-        ]),
-        asked: Default::default(),
-        release: tokio::sync::Semaphore::new(0),
-    });
+    let model = HeldSecondStep::deleting_a_then_b();
     let here = counting_tools_on(
         Arc::clone(&model) as Arc<dyn agent::model::Model>,
         SqlStore::open(&url).await.unwrap(),

@@ -92,6 +92,9 @@ pub enum Choice {
 pub const UNAVAILABLE: &str =
     "The server cannot reach its database right now; nothing was changed. Try again shortly.";
 
+/// What a client is told of a failure inside the server, on every route; the detail goes to the log.
+pub const INTERNAL: &str = "Internal server error.";
+
 #[cfg(feature = "ssr")]
 pub mod ssr {
     //! What server functions need from the server: the harness and the browser's session.
@@ -247,7 +250,7 @@ pub mod ssr {
         tracing::error!(%detail, "internal error");
         failed_with(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "Internal server error.".to_owned(),
+            super::INTERNAL.to_owned(),
         )
     }
 

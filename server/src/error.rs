@@ -228,7 +228,7 @@ impl IntoResponse for ApiError {
             }),
             Self::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
-                json!({"ok": false, "code": code, "error": "Internal server error."})
+                json!({"ok": false, "code": code, "error": app::api::INTERNAL})
             }
             Self::Unavailable(detail) | Self::Start(StartError::Unavailable(detail)) => {
                 tracing::error!(%detail, "the store is unavailable");

@@ -88,21 +88,18 @@ pub async fn add_rule(
     let rule = rule_from_body(&body)?;
     // Kept all the same (an MCP server may add the tool later), but a name with a typo is said at once.
     let names = state.harness.toolbox().names();
-    let warnings: Vec<String> = (!names.iter().any(|name| rule.covers_tool(name)))
-        .then(|| {
-            format!(
-                "No tool is named {} now: the rule applies to none until one is. The tools are: {}.",
-                rule.tool_pattern(),
-                names.join(", ")
-            )
-        })
-        .into_iter()
-        .collect();
+    let no_tool = (!names.iter().any(|name| rule.covers_tool(name))).then(|| {
+        format!(
+            "No tool is named {} now: the rule applies to none until one is. The tools are: {}.",
+            rule.tool_pattern(),
+            names.join(", ")
+        )
+    });
     let added = state.harness.add_rule(rule, &actor).await?;
     tracing::info!(rule = %added.rule, id = %added.id, %actor, "a rule was added");
     let mut answer = json!({"ok": true, "rule": rule_json(&added.listed())});
-    if !warnings.is_empty() {
-        answer["warnings"] = json!(warnings);
+    if let Some(warning) = no_tool {
+        answer["warnings"] = json!([warning]);
     }
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
