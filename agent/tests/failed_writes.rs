@@ -159,6 +159,65 @@ async fn a_flush_waits_for_a_calls_result_the_database_refuses() {
         .expect("the run goes on");
 }
 
+/// A call's result the database keeps refusing (here a trigger refuses its run's results; in life a damaged page
+/// of its own) holds up its own run only: another conversation's run, started, approved and ended meanwhile, goes on
+/// as usual, and the first run goes on once its result is taken. Before, every state change took the queued result
+/// into its transaction first, so each of them failed with it: the other run's approval could not even be asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_the_database_keeps_refusing_holds_up_its_own_run_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (harness, store, beside) = harness_on_sqlite(dir.path()).await;
+    std::fs::write(dir.path().join("ws/a.txt"), "x").unwrap();
+    std::fs::write(dir.path().join("ws/b.txt"), "x").unwrap();
+    let refused = harness.start(start_in("a", "delete a.txt")).await.unwrap();
+    let request = Events::of(&refused).next_approval().await;
+    beside
+        .execute_batch(&format!(
+            "CREATE TRIGGER refuse_results BEFORE UPDATE OF status ON calls \
+             WHEN NEW.status = 'settled' AND NEW.run_id = '{}' \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+            refused.run_id()
+        ))
+        .unwrap();
+    decide_pending(&harness, &request, Decision::approve()).await;
+    tokio::time::timeout(PATIENCE, async {
+        while dir.path().join("ws/a.txt").exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the tool runs");
+    // Past the first refusals of the result, by the group commit and by whatever took it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let other = harness.start(start_in("b", "delete b.txt")).await.unwrap();
+    let request = tokio::time::timeout(PATIENCE, Events::of(&other).next_approval())
+        .await
+        .expect("the other run asks");
+    decide_pending(&harness, &request, Decision::approve()).await;
+    tokio::time::timeout(PATIENCE, other.finished())
+        .await
+        .expect("and ends");
+    let view = other.view().await.unwrap().unwrap();
+    assert_eq!(view.status, RunStatus::Done, "{:?}", view.error);
+    assert_eq!(view.answer.as_deref(), Some("delete_file deleted b.txt."));
+    assert!(!refused.is_finished().await.unwrap());
+    let calls = store.calls(refused.run_id()).await.unwrap();
+    assert_eq!(
+        calls[0].status,
+        CallStatus::Executing,
+        "its result is not written"
+    );
+
+    beside.execute_batch("DROP TRIGGER refuse_results").unwrap();
+    tokio::time::timeout(PATIENCE, refused.finished())
+        .await
+        .expect("the first run goes on once its result is written");
+    let view = refused.view().await.unwrap().unwrap();
+    assert_eq!(view.status, RunStatus::Done, "{:?}", view.error);
+    assert_eq!(view.answer.as_deref(), Some("delete_file deleted a.txt."));
+}
+
 /// Approves a deletion while `refuse` has the database refuse calls' results, lets it go on refusing for `refused_for`
 /// after the tool ran, then has it take them again (`allow`): the run goes on from the result, to its answer.
 async fn result_refused_for_a_while(

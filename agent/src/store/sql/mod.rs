@@ -496,6 +496,131 @@ struct Appends {
     queue: Vec<Queued>,
     /// How many appends were ever queued.
     queued: u64,
+    /// The runs whose queued appends the database refused the last time they were written. They are set aside:
+    /// the appender tries each such run's alone, in a transaction of its own, and only a change of that run takes
+    /// them with its own, so that what the database keeps refusing (a damaged page, a trigger) fails its own run,
+    /// not every change and group commit of the others. Empty but after such a refusal.
+    refused: std::collections::HashMap<RunId, Refused>,
+}
+
+/// A run whose queued appends the database refused: when the appender tries them again.
+struct Refused {
+    /// How many times in a row they were refused.
+    times: u32,
+    retry_at: tokio::time::Instant,
+}
+
+/// Which queued appends a transaction takes ([`SqlStore::take_appends_in`]).
+#[derive(Clone, Copy)]
+enum Take<'a> {
+    /// The appender's group commit: all but the refused runs'.
+    Group,
+    /// A state change of `run` (with `finishing`, its end under that claim): all but the refused runs', and
+    /// `run`'s own even if refused, since the change must come after them in its run's log.
+    Change {
+        run: &'a RunId,
+        finishing: Option<super::Epoch>,
+    },
+    /// The appender again: only this refused run's.
+    Refused(&'a RunId),
+}
+
+impl Take<'_> {
+    fn takes(self, run_id: &RunId, refused: &std::collections::HashMap<RunId, Refused>) -> bool {
+        match self {
+            Self::Group => !refused.contains_key(run_id),
+            Self::Change { run, .. } => run == run_id || !refused.contains_key(run_id),
+            Self::Refused(run) => run == run_id,
+        }
+    }
+}
+
+/// How many times the appender tries again what the database refused before it gives the events up.
+const APPEND_TRIES: u32 = 5;
+
+/// How long the appender waits before it tries again what was refused `times` times in a row: 100 ms, doubling
+/// up to 1.6 s.
+fn retry_after(times: u32) -> Duration {
+    Duration::from_millis(50 << times.clamp(1, APPEND_TRIES))
+}
+
+/// What the appender has to do.
+enum Due {
+    Nothing,
+    Now,
+    /// Only refused runs' appends are queued, the first to be tried again then.
+    At(tokio::time::Instant),
+}
+
+impl Appends {
+    /// Takes the appends `take` takes out of the queue, in their order, leaving the rest in theirs. With them,
+    /// whether every append queued so far was taken.
+    fn take(&mut self, take: Take<'_>) -> (Vec<Queued>, bool) {
+        if self.refused.is_empty() {
+            return (std::mem::take(&mut self.queue), true);
+        }
+        let (taken, left): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
+            .into_iter()
+            .partition(|queued| take.takes(queued.run_id(), &self.refused));
+        self.queue = left;
+        (taken, self.queue.is_empty())
+    }
+
+    fn due(&self, now: tokio::time::Instant) -> Due {
+        let mut first = None;
+        for queued in &self.queue {
+            match self.refused.get(queued.run_id()) {
+                None => return Due::Now,
+                Some(refused) if refused.retry_at <= now => return Due::Now,
+                Some(refused) => {
+                    first = Some(first.map_or(refused.retry_at, |at: tokio::time::Instant| {
+                        at.min(refused.retry_at)
+                    }))
+                }
+            }
+        }
+        first.map_or(Due::Nothing, Due::At)
+    }
+
+    /// The refused runs due to be tried again, with appends still queued.
+    fn refused_due(&mut self, now: tokio::time::Instant) -> Vec<RunId> {
+        let queue = &self.queue;
+        self.refused
+            .retain(|run_id, _| queue.iter().any(|queued| queued.run_id() == run_id));
+        self.refused
+            .iter()
+            .filter(|(_, refused)| refused.retry_at <= now)
+            .map(|(run_id, _)| run_id.clone())
+            .collect()
+    }
+
+    /// The database refused `run_id`'s appends (once more).
+    fn mark_refused(&mut self, run_id: &RunId) -> u32 {
+        let refused = self.refused.entry(run_id.clone()).or_insert(Refused {
+            times: 0,
+            retry_at: tokio::time::Instant::now(),
+        });
+        refused.times += 1;
+        refused.retry_at = tokio::time::Instant::now() + retry_after(refused.times);
+        refused.times
+    }
+
+    /// What is left of `run_id`'s appends once their events were given up (results of calls) is tried again after
+    /// the longest wait, and as many times again before the next give-up.
+    fn tried_again_later(&mut self, run_id: &RunId) {
+        if let Some(refused) = self.refused.get_mut(run_id) {
+            refused.times = 0;
+            refused.retry_at = tokio::time::Instant::now() + retry_after(APPEND_TRIES);
+        }
+    }
+
+    /// Gives up the queued events that `gives_up` picks; results of calls stay. How many went.
+    fn give_up_events(&mut self, gives_up: impl Fn(&RunId) -> bool) -> usize {
+        let before = self.queue.len();
+        self.queue
+            .retain(|queued| matches!(queued, Queued::Settled(_)) || !gives_up(queued.run_id()));
+        before - self.queue.len()
+    }
 }
 
 /// A SQLite or PostgreSQL store.
@@ -1329,51 +1454,46 @@ async fn append_forever(
             return;
         };
         // Whoever takes appends marks them written once committed: a state change may hold some right now.
-        if strong.appends.lock().queue.is_empty() {
-            drop(strong);
-            // Woken by the next append, or by the store's end.
-            wake.notified().await;
-            tokio::select! {
-                () = tokio::time::sleep(GROUP_COMMIT_WINDOW) => {}
-                () = flush_now.notified() => {}
+        let due = strong.appends.lock().due(tokio::time::Instant::now());
+        match due {
+            Due::Now => {}
+            Due::Nothing => {
+                drop(strong);
+                // Woken by the next append, or by the store's end.
+                wake.notified().await;
+                tokio::select! {
+                    () = tokio::time::sleep(GROUP_COMMIT_WINDOW) => {}
+                    () = flush_now.notified() => {}
+                }
+                continue;
             }
-            continue;
+            Due::At(retry_at) => {
+                drop(strong);
+                tokio::select! {
+                    () = tokio::time::sleep_until(retry_at) => {}
+                    () = wake.notified() => {}
+                }
+                continue;
+            }
         }
         match strong.write_queued().await {
             Ok(_) => attempt = 0,
-            Err(error) if attempt < 5 => {
+            Err(error) if attempt < APPEND_TRIES => {
                 attempt += 1;
                 tracing::warn!(%error, attempt, "cannot write events; trying again");
                 drop(strong);
-                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                tokio::time::sleep(retry_after(attempt)).await;
             }
             Err(error) => {
                 attempt = 0;
                 // The events go: a run's log may lack some, and nothing waits for them any longer. The results of
                 // calls stay queued, for the next write or the run's next change to take (each is what a tool
                 // really did, and its run cannot go on without it), and are tried again after the longest wait.
-                let (lost, kept) = {
-                    let mut appends = strong.appends.lock();
-                    let (kept, lost): (Vec<_>, Vec<_>) = std::mem::take(&mut appends.queue)
-                        .into_iter()
-                        .partition(|queued| matches!(queued, Queued::Settled(_)));
-                    appends.queue = kept;
-                    // With nothing kept, all that was queued is gone; with a result kept, nothing is marked
-                    // written (the queue, joined by earlier attempts, no longer says which numbers came before
-                    // it). Either way a flush waiting now is told that the appends were given up.
-                    if appends.queue.is_empty() {
-                        strong.appends_written(queries::Taken::through(appends.queued));
-                    }
-                    strong
-                        .gave_up
-                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    strong.written.send_modify(|_| {});
-                    (lost.len(), appends.queue.len())
-                };
+                let (lost, kept) = strong.give_up_events(|_| true);
                 tracing::error!(%error, events = lost, results_kept = kept, "cannot write events; they are lost");
                 if kept > 0 {
                     drop(strong);
-                    tokio::time::sleep(Duration::from_millis(50 << 5)).await;
+                    tokio::time::sleep(retry_after(APPEND_TRIES)).await;
                 }
             }
         }

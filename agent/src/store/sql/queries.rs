@@ -636,8 +636,10 @@ pub(super) const UNFINISHED_RUNS: &str = concat!("SELECT id FROM runs WHERE ", u
 pub(super) struct Taken {
     /// Each run's newest sequence number, for its readers.
     touched: Vec<(RunId, u64)>,
-    /// How many appends were ever queued when these were taken.
+    /// How many appends were ever queued when these were taken, if all of them were.
     through: Option<u64>,
+    /// The runs the database had refused appends of, taken here: no longer refused once written.
+    cleared: Vec<RunId>,
 }
 
 impl Taken {
@@ -646,33 +648,70 @@ impl Taken {
         Self {
             touched: Vec::new(),
             through: Some(through),
+            cleared: Vec::new(),
+        }
+    }
+}
+
+/// Queued appends that could not be written: the database refused one of `run_id`'s, or (`None`) the transaction.
+pub(super) struct AppendFailed {
+    run_id: Option<RunId>,
+    error: StoreError,
+}
+
+impl AppendFailed {
+    fn of_tx(error: DbError) -> Self {
+        Self {
+            run_id: None,
+            error: unavailable(error),
         }
     }
 }
 
 impl SqlStore {
-    /// Takes every queued append into `tx`. Only a transaction holding the writer takes the queue (SQLite's one
-    /// writer connection; on PostgreSQL only the appender takes it), so each run's events keep the order they were
-    /// appended in, and come before what `tx` appends itself. If `tx` rolls back, they go back to the front of the
-    /// queue.
+    /// Takes the queued appends `take` picks into `tx`. Only a transaction holding the writer takes the queue
+    /// (SQLite's one writer connection; on PostgreSQL only the appender takes it), so each run's events keep the
+    /// order they were appended in, and come before what `tx` appends itself. If `tx` rolls back, they go back to
+    /// the front of the queue. `None` when there were none.
     ///
-    /// With `finishing`, the run whose end `tx` commits under that claim: its events queued last (after its last
+    /// When finishing (see [`Take::Change`](super::Take::Change)): the run's events queued last (after its last
     /// call result, if any) are not written here but returned, for the end to write before its own in the one
     /// update of the run's row it makes anyway. Its end checks the same claim their append would have.
     async fn take_appends_in(
         &self,
         tx: &mut Tx,
-        finishing: Option<(&RunId, Epoch)>,
-    ) -> StoreResult<(Taken, Vec<NewEvent>)> {
-        let (batch, through) = {
+        take: super::Take<'_>,
+    ) -> Result<Option<(Taken, Vec<NewEvent>)>, AppendFailed> {
+        let (batch, through, cleared) = {
             let mut appends = self.appends.lock();
             if appends.queue.is_empty() {
-                return Ok((Taken::default(), Vec::new()));
+                return Ok(None);
+            }
+            let (batch, all) = appends.take(take);
+            if batch.is_empty() {
+                return Ok(None);
+            }
+            let mut cleared: Vec<RunId> = Vec::new();
+            if !appends.refused.is_empty() {
+                for queued in &batch {
+                    let run_id = queued.run_id();
+                    if appends.refused.contains_key(run_id) && !cleared.contains(run_id) {
+                        cleared.push(run_id.clone());
+                    }
+                }
             }
             (
-                super::coalesce(std::mem::take(&mut appends.queue)),
-                appends.queued,
+                super::coalesce(batch),
+                all.then_some(appends.queued),
+                cleared,
             )
+        };
+        let finishing = match take {
+            super::Take::Change {
+                run,
+                finishing: Some(epoch),
+            } => Some((run, epoch)),
+            _ => None,
         };
         let held = finishing.and_then(|(run_id, epoch)| {
             let last = batch.iter().rposition(|queued| queued.run_id() == run_id)?;
@@ -709,7 +748,10 @@ impl SqlStore {
                 Ok(Some(seq)) => touched.push((queued.run_id().clone(), seq)),
                 Ok(None) => {}
                 Err(error) => {
-                    failed = Some(error);
+                    failed = Some(AppendFailed {
+                        run_id: Some(queued.run_id().clone()),
+                        error,
+                    });
                     break;
                 }
             }
@@ -723,14 +765,15 @@ impl SqlStore {
             wake.notify_one();
         });
         match failed {
-            Some(error) => Err(error),
-            None => Ok((
+            Some(failed) => Err(failed),
+            None => Ok(Some((
                 Taken {
                     touched,
-                    through: Some(through),
+                    through,
+                    cleared,
                 },
                 held.map(|(_, events)| events).unwrap_or_default(),
-            )),
+            ))),
         }
     }
 
@@ -780,6 +823,12 @@ impl SqlStore {
 
     /// The appends `taken` committed: their readers wake, and whoever waits for them to be written goes on.
     pub(super) fn appends_written(&self, taken: Taken) {
+        if !taken.cleared.is_empty() {
+            let mut appends = self.appends.lock();
+            for run_id in &taken.cleared {
+                appends.refused.remove(run_id);
+            }
+        }
         for (run_id, seq) in taken.touched {
             self.touched(&run_id, seq);
         }
@@ -792,36 +841,97 @@ impl SqlStore {
         }
     }
 
-    /// Writes what the queue holds in a transaction of its own (the appender's group commit). Whether anything was
-    /// there.
+    /// Writes what the queue holds (the appender's group commit): the appends of the runs the database refused
+    /// none of, in a transaction of their own, then each refused run's that are due to be tried again, alone. Whether
+    /// the first wrote anything; `Err` when it failed, and then the appender tries again after a while. A run's
+    /// appends refused once more after [`APPEND_TRIES`](super::APPEND_TRIES) tries again lose their events.
     pub(super) async fn write_queued(&self) -> StoreResult<bool> {
-        if self.appends.lock().queue.is_empty() {
-            return Ok(false);
+        let wrote = match self.write_taken(super::Take::Group).await {
+            Ok(wrote) => wrote,
+            Err(failed) => {
+                if let Some(run_id) = &failed.run_id {
+                    self.appends.lock().mark_refused(run_id);
+                }
+                return Err(failed.error);
+            }
+        };
+        let due = self.appends.lock().refused_due(tokio::time::Instant::now());
+        for run_id in due {
+            if let Err(failed) = self.write_taken(super::Take::Refused(&run_id)).await {
+                let times = self.appends.lock().mark_refused(&run_id);
+                if times <= super::APPEND_TRIES {
+                    tracing::warn!(%run_id, error = %failed.error, times, "cannot write a run's events; trying again");
+                } else {
+                    let (lost, _) = self.give_up_events(|queued| queued == &run_id);
+                    self.appends.lock().tried_again_later(&run_id);
+                    tracing::error!(%run_id, error = %failed.error, events = lost, "cannot write a run's events; they are lost");
+                }
+            }
         }
-        let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let (taken, _) = self.take_appends_in(&mut tx, None).await?;
-        if taken.through.is_none() {
+        Ok(wrote)
+    }
+
+    /// Writes the appends `take` picks in a transaction of its own. Whether there were any.
+    async fn write_taken(&self, take: super::Take<'_>) -> Result<bool, AppendFailed> {
+        {
+            let appends = self.appends.lock();
+            if !appends
+                .queue
+                .iter()
+                .any(|queued| take.takes(queued.run_id(), &appends.refused))
+            {
+                return Ok(false);
+            }
+        }
+        let mut tx = self.writer.begin().await.map_err(AppendFailed::of_tx)?;
+        let Some((taken, _)) = self.take_appends_in(&mut tx, take).await? else {
             // A state change took them first.
             return Ok(false);
-        }
-        self.commit_change(tx, taken, None).await?;
+        };
+        self.commit_change(tx, taken, None)
+            .await
+            .map_err(|error| AppendFailed {
+                run_id: None,
+                error,
+            })?;
         Ok(true)
     }
 
-    /// Begins a state change after the appends queued before it: on SQLite they are written in the same
+    /// Gives up the queued events of the runs `gives_up` picks; results of calls stay queued. A flush waiting now
+    /// is told so. How many events went, and how many appends are left.
+    pub(super) fn give_up_events(&self, gives_up: impl Fn(&RunId) -> bool) -> (usize, usize) {
+        let mut appends = self.appends.lock();
+        let lost = appends.give_up_events(gives_up);
+        // With nothing left, all that was queued is written or gone; with something left, nothing is marked written
+        // (the queue, joined by earlier attempts, no longer says which numbers came before it).
+        if appends.queue.is_empty() {
+            self.appends_written(Taken::through(appends.queued));
+        }
+        self.gave_up
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.written.send_modify(|_| {});
+        (lost, appends.queue.len())
+    }
+
+    /// Begins a state change of `run` after the appends queued before it: on SQLite they are written in the same
     /// transaction (one commit instead of two); on PostgreSQL, whose state changes run on several connections at
     /// once, the appender writes them first.
-    async fn begin_change(&self) -> StoreResult<(Tx, Taken)> {
-        let (tx, taken, _) = self.begin_finish(None).await?;
+    async fn begin_change(&self, run: &RunId) -> StoreResult<(Tx, Taken)> {
+        let (tx, taken, _) = self.begin_finish(run, None).await?;
         Ok((tx, taken))
     }
 
-    /// Begins the change that ends a run (`finishing`: the run and the claim its end is made under), like
-    /// [`Self::begin_change`]; on SQLite, also returns the run's events queued last, for the end to write first
-    /// (see [`Self::take_appends_in`]).
+    /// Begins the change that ends `run` (under the claim `finishing`, if any), like [`Self::begin_change`]; on
+    /// SQLite, also returns the run's events queued last, for the end to write first (see
+    /// [`Self::take_appends_in`]).
+    ///
+    /// An append of another run that the database refuses is set aside (see
+    /// [`Appends::refused`](super::Appends::refused)) and the change begun again without it; one of `run`'s own
+    /// fails the change, which cannot come before it.
     async fn begin_finish(
         &self,
-        finishing: Option<(&RunId, Epoch)>,
+        run: &RunId,
+        finishing: Option<Epoch>,
     ) -> StoreResult<(Tx, Taken, Vec<NewEvent>)> {
         if self.dialect == super::Dialect::Postgres {
             // What could not be written is the appender's to say; the end goes on.
@@ -829,17 +939,43 @@ impl SqlStore {
             let tx = self.writer.begin().await.map_err(unavailable)?;
             return Ok((tx, Taken::default(), Vec::new()));
         }
-        let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let (taken, held) = self.take_appends_in(&mut tx, finishing).await?;
-        Ok((tx, taken, held))
+        // A few tries: when the database refuses everything, this change's own statements fail as well.
+        let mut tries = 0;
+        loop {
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            match self
+                .take_appends_in(&mut tx, super::Take::Change { run, finishing })
+                .await
+            {
+                Ok(taken) => {
+                    let (taken, held) = taken.unwrap_or_default();
+                    return Ok((tx, taken, held));
+                }
+                Err(failed) => {
+                    // Rolled back: what it took goes back to the queue.
+                    drop(tx);
+                    tries += 1;
+                    match failed.run_id {
+                        Some(other) if &other != run && tries < 3 => {
+                            self.appends.lock().mark_refused(&other);
+                        }
+                        Some(run_id) => {
+                            self.appends.lock().mark_refused(&run_id);
+                            return Err(failed.error);
+                        }
+                        None => return Err(failed.error),
+                    }
+                }
+            }
+        }
     }
 
     /// Begins a state change that reads or changes calls: on SQLite after the results of calls queued before it
     /// (written in the same transaction), so that it finds each call as it stands; on PostgreSQL, whose results are
     /// written as they come, at once.
-    async fn begin_after_results(&self) -> StoreResult<(Tx, Taken)> {
+    async fn begin_after_results(&self, run: &RunId) -> StoreResult<(Tx, Taken)> {
         match self.dialect {
-            super::Dialect::Sqlite => self.begin_change().await,
+            super::Dialect::Sqlite => self.begin_change(run).await,
             super::Dialect::Postgres => Ok((
                 self.writer.begin().await.map_err(unavailable)?,
                 Taken::default(),
@@ -866,7 +1002,7 @@ impl SqlStore {
 
     /// Records a call's result in a change of its own: whether this instance still ran the call.
     async fn settle_now(&self, result: &CallResult) -> StoreResult<bool> {
-        let (mut tx, taken) = self.begin_change().await?;
+        let (mut tx, taken) = self.begin_change(&result.run_id).await?;
         let Some(seq) = self.settle_in(&mut tx, result).await? else {
             return Ok(false);
         };
@@ -1099,7 +1235,7 @@ impl SqlStore {
     }
 
     async fn open_batch_tx(&self, batch: OpenBatch) -> StoreResult<Result<(), Fenced>> {
-        let (mut tx, taken) = self.begin_change().await?;
+        let (mut tx, taken) = self.begin_change(&batch.run_id).await?;
         let row = query(sql!(
             self.dialect,
             |d| "SELECT state, owner, epoch, abort FROM runs WHERE id = $1{}",
@@ -1277,7 +1413,7 @@ impl SqlStore {
     ) -> StoreResult<Vec<CallRecord>> {
         let mut expired = Vec::new();
         // After the results queued before it, so that the run's log keeps the order things happened in.
-        let (mut tx, taken) = self.begin_after_results().await?;
+        let (mut tx, taken) = self.begin_after_results(run_id).await?;
         lock_run_in(self.dialect, &mut tx, run_id)
             .await
             .map_err(unavailable)?;
@@ -1391,7 +1527,7 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         let call_id = call_id.clone();
         async move {
-            let (mut tx, taken) = self.begin_after_results().await?;
+            let (mut tx, taken) = self.begin_after_results(&run_id).await?;
             lock_run_in(self.dialect, &mut tx, &run_id)
                 .await
                 .map_err(unavailable)?;
@@ -1504,7 +1640,7 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         let call_id = call_id.clone();
         async move {
-            let (mut tx, taken) = self.begin_after_results().await?;
+            let (mut tx, taken) = self.begin_after_results(&run_id).await?;
             if !self.alive_in(&mut tx).await? {
                 // This instance's lease ran out: another may be taking its work over. It starts nothing.
                 return Ok(None);
@@ -1639,7 +1775,7 @@ impl Store for SqlStore {
     ) -> StoreFuture<'_, Option<Claimed>> {
         let run_id = run_id.clone();
         async move {
-            let (mut tx, taken) = self.begin_after_results().await?;
+            let (mut tx, taken) = self.begin_after_results(&run_id).await?;
             let row = query(sql!(self.dialect, |d|
                 "SELECT {RUN_COLUMNS}, batch, epoch FROM runs WHERE id = $1{}",
                 d.for_update()
@@ -1757,10 +1893,10 @@ impl Store for SqlStore {
     fn finish_run(&self, mut finish: FinishRun) -> StoreFuture<'_, Result<(), Fenced>> {
         async move {
             let finishing = match finish.claim {
-                EndClaim::Held(epoch) => Some((&finish.run_id, epoch)),
+                EndClaim::Held(epoch) => Some(epoch),
                 EndClaim::Unended | EndClaim::Waiting | EndClaim::Abandoned { .. } => None,
             };
-            let (mut tx, taken, mut events) = self.begin_finish(finishing).await?;
+            let (mut tx, taken, mut events) = self.begin_finish(&finish.run_id, finishing).await?;
             // The run's calls go with its end. Those still pending are settled first: their events come after the
             // run's events queued last and before those of its end, all written by the one update of its row below.
             let mut audit = finish.audit;
@@ -1892,7 +2028,7 @@ impl Store for SqlStore {
     ) -> StoreFuture<'_, Option<Aborted>> {
         let run_id = run_id.clone();
         async move {
-            let (mut tx, taken) = self.begin_after_results().await?;
+            let (mut tx, taken) = self.begin_after_results(&run_id).await?;
             let row = query(sql!(self.dialect, |d|
                 "SELECT {RUN_COLUMNS}, owner FROM runs WHERE id = $1{}",
                 d.for_update()
@@ -3064,7 +3200,7 @@ mod tests {
         assert!(settled);
 
         // A change takes the queued result into its transaction and holds the connection.
-        let (change, taken) = store.begin_change().await.unwrap();
+        let (change, taken) = store.begin_change(&run).await.unwrap();
         let read = tokio::spawn({
             let store = Arc::clone(&store);
             let run = run.clone();
