@@ -31,6 +31,8 @@ use crate::state::{Ui, View};
 
 /// The HTML document around the app.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
+    #[cfg(feature = "ssr")]
+    restrict_the_page();
     view! {
         <!DOCTYPE html>
         <html lang="en">
@@ -47,6 +49,38 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <App/>
             </body>
         </html>
+    }
+}
+
+/// The page's Content-Security-Policy, for a response whose inline scripts (the hydration data Leptos writes) carry
+/// `nonce`: scripts only from this origin or with that nonce, WebAssembly compiled only from them, styles, fetches,
+/// streams and images only from this origin, no plugins, no `<base>`, forms posted only here, and no framing. So
+/// markup that a model or a tool smuggled into the page, were it ever rendered as markup rather than text, could
+/// neither run a script nor load anything from another origin. `reloads`: `cargo leptos watch`
+/// serves the page, whose reload script connects to its own WebSocket port.
+pub fn page_policy(nonce: &str, reloads: bool) -> String {
+    let reload = if reloads { " ws: wss:" } else { "" };
+    format!(
+        "default-src 'self'; script-src 'self' 'nonce-{nonce}' 'wasm-unsafe-eval'; style-src 'self'; \
+         connect-src 'self'{reload}; object-src 'none'; base-uri 'none'; form-action 'self'; \
+         frame-ancestors 'none'"
+    )
+}
+
+/// Answers the page with [`page_policy`] for the nonce of this response's inline scripts.
+#[cfg(feature = "ssr")]
+fn restrict_the_page() {
+    use axum::http::{HeaderValue, header};
+    let (Some(nonce), Some(response)) = (
+        leptos::nonce::use_nonce(),
+        use_context::<leptos_axum::ResponseOptions>(),
+    ) else {
+        return;
+    };
+    let reloads = std::env::var_os("LEPTOS_WATCH").is_some();
+    // A nonce is base64, which a header value always takes.
+    if let Ok(policy) = HeaderValue::from_str(&page_policy(&nonce, reloads)) {
+        response.insert_header(header::CONTENT_SECURITY_POLICY, policy);
     }
 }
 

@@ -4,6 +4,10 @@ import { openPage, screenshot } from "./helpers";
 test("the page served by the binary hydrates and responds to clicks", async ({ page }, testInfo) => {
   const errors: string[] = [];
   page.on("pageerror", (error) => errors.push(error.message));
+  // The page's Content-Security-Policy lets every script and style of its own run: the browser reports none refused.
+  page.on("console", (message) => {
+    if (message.text().includes("Content Security Policy")) errors.push(message.text());
+  });
   const wasm = page.waitForResponse((response) => response.url().endsWith("/pkg/toolgate.wasm"));
 
   await openPage(page);

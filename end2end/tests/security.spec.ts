@@ -258,3 +258,27 @@ test.describe("a server with an access token", () => {
     expect(listed.status()).toBe(200);
   });
 });
+
+test("markup smuggled into the page runs no script", async ({ page }) => {
+  const refused: string[] = [];
+  page.on("console", (message) => {
+    if (message.text().includes("Content Security Policy")) refused.push(message.text());
+  });
+  await openPage(page);
+  // Were a model's or a tool's text ever rendered as markup, its handlers and scripts would be inline or from
+  // elsewhere: the page's policy refuses both, and the browser says so.
+  await page.evaluate(() => {
+    const smuggled = document.createElement("div");
+    smuggled.innerHTML =
+      '<img src="/no-such-image" onerror="window.smuggled = (window.smuggled || 0) + 1">' +
+      '<iframe srcdoc="<script>parent.smuggled = 1</script>"></iframe>';
+    document.body.append(smuggled);
+    const script = document.createElement("script");
+    script.src = "http://127.0.0.1:9/evil.js";
+    document.body.append(script);
+  });
+  await expect.poll(() => refused.length).toBeGreaterThanOrEqual(2);
+  expect(await page.evaluate(() => (window as unknown as { smuggled?: number }).smuggled)).toBeUndefined();
+  // The page itself still works.
+  await expect(page.getByRole("button", { name: "Send" })).toBeEnabled();
+});

@@ -362,8 +362,59 @@ async fn no_page_of_another_origin_may_frame_or_embed_toolgate() {
     for response in [page, app.get("/api/agent/approvals").await, refused] {
         let headers = response.headers();
         assert_eq!(headers["x-frame-options"], "DENY");
-        assert_eq!(headers["content-security-policy"], "frame-ancestors 'none'");
+        let policy = headers["content-security-policy"].to_str().unwrap();
+        assert!(
+            policy == "frame-ancestors 'none'" || policy.ends_with("; frame-ancestors 'none'"),
+            "{policy}"
+        );
         assert_eq!(headers["x-content-type-options"], "nosniff");
         assert_eq!(headers["cross-origin-resource-policy"], "same-origin");
     }
+}
+
+/// The page runs only its own scripts: those served from its origin, and its inline ones (the hydration data), each
+/// with the nonce its response's Content-Security-Policy names, a new one each time. Markup a model or a tool got
+/// into the page could not run or load a script. Before, the policy only forbade framing.
+#[tokio::test]
+async fn the_page_runs_only_its_own_scripts() {
+    let app = spawn_app().await;
+    let mut nonces = Vec::new();
+    for _ in 0..2 {
+        let page = app.get("/").await;
+        assert_eq!(page.status(), 200);
+        let policy = page.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let body = page.text().await.unwrap();
+        let nonce = policy
+            .split("'nonce-")
+            .nth(1)
+            .and_then(|rest| rest.split('\'').next())
+            .unwrap_or_else(|| panic!("a nonce in {policy}"))
+            .to_owned();
+        assert_eq!(
+            policy,
+            format!(
+                "default-src 'self'; script-src 'self' 'nonce-{nonce}' 'wasm-unsafe-eval'; style-src 'self'; \
+                 connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; \
+                 frame-ancestors 'none'"
+            )
+        );
+        let scripts: Vec<&str> = body.split("<script").skip(1).collect();
+        assert!(!scripts.is_empty(), "{body}");
+        for script in scripts {
+            let tag = &script[..script.find('>').unwrap()];
+            assert!(
+                tag.contains(&format!("nonce=\"{nonce}\"")),
+                "every inline script carries the nonce: <script{tag}>"
+            );
+        }
+        assert!(
+            !body.contains(" style=\""),
+            "no inline style, which style-src 'self' refuses"
+        );
+        nonces.push(nonce);
+    }
+    assert_ne!(nonces[0], nonces[1], "a nonce is used once");
 }
