@@ -508,6 +508,61 @@ async fn appended_events_are_read_back_in_order_once_durable(kind: Kind) {
     }
 }
 
+/// A page of a run's log holds a few MiB at most ([`PAGE_BYTES`]): a run whose events are large (an MCP tool's
+/// result is kept up to 64 MiB) is read a few events at a time, and an event larger than a page comes alone; read
+/// on, the pages hold the whole log, in order, from what the store keeps in memory as from the database. Before, a
+/// page was bounded only by its count (512 a read), and a reader of such a run held hundreds of MiB at once.
+async fn a_page_of_large_events_holds_a_few_mib(kind: Kind) {
+    let backend = open(kind).await;
+    let large = |step: u32, bytes: usize| {
+        NewEvent::encode(&StreamEvent::AssistantDelta {
+            run_id: run_id("r"),
+            step,
+            delta: "x".repeat(bytes),
+        })
+        .unwrap()
+    };
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    for step in 2..=11 {
+        store.append(&run_id("r"), 1, vec![large(step, 1 << 20)]);
+    }
+    store.append(&run_id("r"), 1, vec![large(12, PAGE_BYTES + 1)]);
+    store.append(&run_id("r"), 1, vec![step_event("r", 13)]);
+    store.flush().await.unwrap();
+
+    let pages = |store: Arc<dyn Store>| async move {
+        let mut pages: Vec<Vec<u64>> = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = store.events_after(&run_id("r"), after, 512).await.unwrap();
+            let Some(last) = page.last() else {
+                return pages;
+            };
+            after = last.seq;
+            let bytes: usize = page.iter().map(|event| event.json.len()).sum();
+            assert!(
+                page.len() == 1 || bytes <= PAGE_BYTES,
+                "{} events, {bytes} bytes",
+                page.len()
+            );
+            pages.push(page.iter().map(|event| event.seq).collect());
+        }
+    };
+    let check = |pages: Vec<Vec<u64>>| {
+        assert_eq!(
+            pages.concat(),
+            (1..=13).collect::<Vec<u64>>(),
+            "the whole log, in order: {pages:?}"
+        );
+        assert!(pages.len() >= 5, "a few events a page: {pages:?}");
+        assert!(pages.contains(&vec![12]), "the largest alone: {pages:?}");
+    };
+    check(pages(Arc::clone(&backend.store)).await);
+    let backend = backend.reopened().await;
+    check(pages(Arc::clone(&backend.store)).await);
+}
+
 async fn a_reader_at_the_end_of_a_log_is_told_whether_more_may_come(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -1925,6 +1980,7 @@ macro_rules! conformance {
 conformance!(
     a_run_id_is_taken_once_and_a_session_runs_one_run_at_a_time,
     appended_events_are_read_back_in_order_once_durable,
+    a_page_of_large_events_holds_a_few_mib,
     a_reader_at_the_end_of_a_log_is_told_whether_more_may_come,
     a_runs_end_follows_the_events_it_queued,
     an_end_refused_for_a_claim_it_lacks_loses_no_events_queued_with_it,

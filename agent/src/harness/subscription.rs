@@ -189,6 +189,8 @@ pub(super) async fn all_events(
             return Ok(decoded);
         };
         cursor = last.seq;
+        // Nothing follows a run's end; a shorter page than asked for may be cut by its size, not by the log's end.
+        let ended = is_terminal(last.kind);
         decoded.extend(page.iter().filter_map(|encoded| {
             serde_json::from_str(&encoded.json)
                 .map(|event| RunEvent {
@@ -197,7 +199,7 @@ pub(super) async fn all_events(
                 })
                 .ok()
         }));
-        if page.len() < PAGE {
+        if ended {
             return Ok(decoded);
         }
     }
@@ -407,4 +409,52 @@ pub(super) fn follow_session(
         Some((item, follow))
     })
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{NewEvent, NewRun};
+    use crate::wire::StreamEvent;
+
+    /// A run's whole log is read, however many pages its size makes: a page shorter than asked for may be cut by
+    /// its bytes ([`crate::store::PAGE_BYTES`]), not by the log's end. Before, a short page ended the read, and a
+    /// view of a run with large events lacked all but its first few MiB.
+    #[tokio::test]
+    async fn every_event_of_a_log_larger_than_a_page_is_read() {
+        let store = MemoryStore::new();
+        let run_id = RunId::parse("r").unwrap();
+        let delta = |step: u32| {
+            NewEvent::encode(&StreamEvent::AssistantDelta {
+                run_id: run_id.clone(),
+                step,
+                delta: "x".repeat(1 << 20),
+            })
+            .unwrap()
+        };
+        let epoch = store
+            .start_run(NewRun {
+                run_id: run_id.clone(),
+                session_id: "s".parse().unwrap(),
+                parent_run_id: None,
+                mode: ApprovalMode::Interactive,
+                message: "hello".to_owned(),
+                events: vec![delta(1)],
+                audit: Vec::new(),
+                at: 1_000,
+                refused_while_interrupted: false,
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        for step in 2..=10 {
+            store.append(&run_id, epoch, vec![delta(step)]);
+        }
+        store.flush().await.unwrap();
+
+        let events = all_events(&store, &run_id).await.unwrap();
+        let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
+        assert_eq!(seqs, (1..=10).collect::<Vec<u64>>());
+    }
 }

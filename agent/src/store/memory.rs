@@ -673,8 +673,7 @@ impl Store for MemoryStore {
                 let start = usize::try_from(after)
                     .unwrap_or(usize::MAX)
                     .min(row.events.len());
-                let end = start.saturating_add(limit).min(row.events.len());
-                row.events[start..end].to_vec()
+                super::page_of(&row.events[start..], limit)
             })
             .unwrap_or_default();
         Self::ready(events)

@@ -799,6 +799,28 @@ pub enum StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// How many bytes of events' JSON one page of [`Store::events_after`] holds, past its first event: what one read of
+/// a run's log keeps in memory. A single event may be larger (an MCP tool's result is kept up to 64 MiB), and a page
+/// then is that event alone.
+pub const PAGE_BYTES: usize = 4 << 20;
+
+/// The page that `events`, in their order, make: at most `limit` of them, within [`PAGE_BYTES`] past the first.
+pub(crate) fn page_of<'e>(
+    events: impl IntoIterator<Item = &'e Arc<EncodedEvent>>,
+    limit: usize,
+) -> Vec<Arc<EncodedEvent>> {
+    let mut page: Vec<Arc<EncodedEvent>> = Vec::new();
+    let mut bytes = 0;
+    for event in events.into_iter().take(limit) {
+        bytes += event.json.len();
+        if bytes > PAGE_BYTES && !page.is_empty() {
+            break;
+        }
+        page.push(Arc::clone(event));
+    }
+    page
+}
 pub type StoreFuture<'a, T> = BoxFuture<'a, StoreResult<T>>;
 
 /// The store. Object-safe: the harness holds an `Arc<dyn Store>`.
@@ -913,7 +935,8 @@ pub trait Store: Send + Sync + 'static {
 
     fn run(&self, run_id: &RunId) -> StoreFuture<'_, Option<RunInfo>>;
 
-    /// Committed events after `after`, at most `limit`.
+    /// Committed events after `after`, at most `limit`, and no more than [`PAGE_BYTES`] of JSON past the first (a
+    /// page may end before the log does: read on from its last event until a page is empty).
     fn events_after(
         &self,
         run_id: &RunId,

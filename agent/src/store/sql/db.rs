@@ -908,6 +908,32 @@ impl<'q> Query<'q> {
         }
     }
 
+    /// The rows, in their order, until their values' text and bytes pass `bytes` (at least the first row): what
+    /// stays in memory at once when rows may be large. On a pool.
+    pub(super) async fn fetch_within(self, pool: &Pool, bytes: usize) -> Db<Vec<Row>> {
+        match pool {
+            Pool::Sqlite(pool) => {
+                self.sqlite_rows_within(pool.hold().await.connection(), usize::MAX, bytes)
+            }
+            Pool::Postgres(pool) => {
+                use futures::TryStreamExt as _;
+                let query = self.postgres();
+                let mut rows = query.fetch(pool);
+                let mut out = Vec::new();
+                let mut size = 0;
+                while let Some(row) = rows.try_next().await? {
+                    let row = Row::Postgres(row);
+                    size += row.size();
+                    if size > bytes && !out.is_empty() {
+                        break;
+                    }
+                    out.push(row);
+                }
+                Ok(out)
+            }
+        }
+    }
+
     pub(super) async fn fetch_optional<'e>(self, on: impl Into<On<'e>>) -> Db<Option<Row>> {
         match on.into() {
             On::Tx(Tx {
@@ -966,22 +992,40 @@ impl<'q> Query<'q> {
     }
 
     fn sqlite_rows(&self, connection: &Connection, limit: usize) -> Db<Vec<Row>> {
+        self.sqlite_rows_within(connection, limit, usize::MAX)
+    }
+
+    /// At most `limit` rows, until their values pass `bytes` (see [`Self::fetch_within`]).
+    fn sqlite_rows_within(
+        &self,
+        connection: &Connection,
+        limit: usize,
+        bytes: usize,
+    ) -> Db<Vec<Row>> {
         connection.with_statement(&self.sql, |prepared| {
             let names = prepared.names();
             let width = names.len();
             let statement = prepared.bind(&self.sql, &self.params)?;
             let mut rows = statement.raw_query();
             let mut out = Vec::new();
+            let mut size = 0;
             while out.len() < limit
                 && let Some(row) = rows.next()?
             {
                 let values = (0..width)
                     .map(|i| row.get::<_, rusqlite::types::Value>(i))
                     .collect::<Result<Vec<_>, _>>()?;
-                out.push(Row::Sqlite {
+                let row = Row::Sqlite {
                     names: Arc::clone(&names),
                     values,
-                });
+                };
+                if bytes != usize::MAX {
+                    size += row.size();
+                    if size > bytes && !out.is_empty() {
+                        break;
+                    }
+                }
+                out.push(row);
             }
             Ok(out)
         })
@@ -995,6 +1039,25 @@ pub(super) enum Row {
         values: Vec<rusqlite::types::Value>,
     },
     Postgres(PgRow),
+}
+
+impl Row {
+    /// The bytes of its values' text and blobs (numbers count for nothing).
+    fn size(&self) -> usize {
+        match self {
+            Self::Sqlite { values, .. } => values
+                .iter()
+                .map(|value| match value {
+                    rusqlite::types::Value::Text(text) => text.len(),
+                    rusqlite::types::Value::Blob(blob) => blob.len(),
+                    _ => 0,
+                })
+                .sum(),
+            Self::Postgres(row) => (0..row.len())
+                .filter_map(|i| row.try_get_raw(i).ok()?.as_bytes().ok().map(<[u8]>::len))
+                .sum(),
+        }
+    }
 }
 
 /// A column, by position or by name.

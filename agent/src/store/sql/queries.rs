@@ -2312,7 +2312,7 @@ impl Store for SqlStore {
                 .bind(run_id.as_str())
                 .bind(self.dialect.seq_after(after))
                 .bind(limit.min(i64::MAX as usize) as i64)
-                .fetch_all(self.by_key())
+                .fetch_within(self.by_key(), PAGE_BYTES)
                 .await
                 .map_err(unavailable)?;
             rows.iter()

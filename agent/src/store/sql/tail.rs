@@ -288,7 +288,7 @@ impl Tails {
             return None;
         }
         let skip = usize::try_from(after.saturating_add(1).saturating_sub(tail.from)).ok()?;
-        Some(tail.events.iter().skip(skip).take(limit).cloned().collect())
+        Some(crate::store::page_of(tail.events.iter().skip(skip), limit))
     }
 
     /// The run is gone from the database.
