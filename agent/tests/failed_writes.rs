@@ -218,6 +218,58 @@ async fn a_result_the_database_keeps_refusing_holds_up_its_own_run_only() {
     assert_eq!(view.answer.as_deref(), Some("delete_file deleted a.txt."));
 }
 
+/// The same on PostgreSQL, where state changes do not take the queue but wait for the appends queued before them:
+/// a change waits for its own run's only. A run whose events the database keeps refusing (a trigger, for one
+/// conversation's) does not hold up another conversation's run, which asks for approval at once. Before, every
+/// change on PostgreSQL waited for the whole queue to be written, so until the refused events were given up (3 s of
+/// retries) no other run could ask, decide or end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_a_run_whose_events_are_refused_holds_up_its_own_run_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = postgres::database();
+    let (harness, _store) = harness_on(DatabaseUrl::Postgres(url.clone()), dir.path()).await;
+    std::fs::write(dir.path().join("ws/a.txt"), "x").unwrap();
+    std::fs::write(dir.path().join("ws/b.txt"), "x").unwrap();
+    // The events a running run appends as it samples (each step's `step`), of conversation `a` only.
+    postgres::psql(
+        &url,
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF NEW.kind = 'step' AND EXISTS (SELECT 1 FROM runs WHERE id = NEW.run_id AND session_id = 'a') THEN \
+             RAISE EXCEPTION 'refused by the test'; \
+           END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_steps BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse();",
+    );
+    let refused = harness.start(start_in("a", "delete a.txt")).await.unwrap();
+    let started = std::time::Instant::now();
+    let other = harness.start(start_in("b", "delete b.txt")).await.unwrap();
+    let request = tokio::time::timeout(PATIENCE, Events::of(&other).next_approval())
+        .await
+        .expect("the other run asks");
+    // The refused events are retried for 3.1 s (0.1 + 0.2 + 0.4 + 0.8 + 1.6) before they are given up.
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the other run asked after {:?}",
+        started.elapsed()
+    );
+    decide_pending(&harness, &request, Decision::approve()).await;
+    tokio::time::timeout(PATIENCE, other.finished())
+        .await
+        .expect("and ends");
+    assert_eq!(
+        other.view().await.unwrap().unwrap().answer.as_deref(),
+        Some("delete_file deleted b.txt.")
+    );
+
+    // The first run goes on once its events are given up.
+    let request = tokio::time::timeout(PATIENCE, Events::of(&refused).next_approval())
+        .await
+        .expect("the first run asks too");
+    decide_pending(&harness, &request, Decision::approve()).await;
+    tokio::time::timeout(PATIENCE, refused.finished())
+        .await
+        .expect("and ends");
+}
+
 /// Approves a deletion while `refuse` has the database refuse calls' results, lets it go on refusing for `refused_for`
 /// after the tool ran, then has it take them again (`allow`): the run goes on from the result, to its answer.
 async fn result_refused_for_a_while(

@@ -2358,6 +2358,35 @@ fn recovery_events() -> RecoveryEvents {
     }
 }
 
+/// A flush that waited while the appender gave events up is told so, even when the give-up left nothing queued: a
+/// graceful shutdown must not say all is written when events are lost. Before, the give-up marked everything queued
+/// as written, and the flush that waited answered `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_is_told_when_the_events_it_waited_for_were_given_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    let store = SqlStore::open(&url).await.unwrap();
+    let epoch = store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    let beside = rusqlite::Connection::open(dir.path().join("toolgate.db")).unwrap();
+    beside
+        .execute_batch(
+            "CREATE TRIGGER refuse_steps BEFORE INSERT ON events WHEN NEW.kind = 'step' \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    store.append(&run_id("r"), epoch, vec![step_event("r", 2)]);
+    // Given up after 3.1 s of retries.
+    let flushed = tokio::time::timeout(std::time::Duration::from_secs(20), store.flush())
+        .await
+        .expect("the flush ends");
+    assert!(flushed.is_err(), "{flushed:?}");
+    assert_eq!(
+        kinds(&*store, "r").await,
+        vec![1],
+        "the step is not in the log"
+    );
+}
+
 /// A running run this version cannot read (written by a newer one, or damaged) is left as it is by the recovery at
 /// start, which recovers the others: before, it failed the start, and the server did not come up until the row was
 /// mended by hand.

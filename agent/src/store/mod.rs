@@ -800,12 +800,12 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// How many bytes of events' JSON one page of [`Store::events_after`] holds, past its first event: what one read of
-/// a run's log keeps in memory. A single event may be larger (an MCP tool's result is kept up to 64 MiB), and a page
-/// then is that event alone.
+/// How many bytes of events (their kinds and JSON) one page of [`Store::events_after`] holds at most: what one read
+/// of a run's log keeps in memory. A single event may be larger (an MCP tool's result is kept up to 64 MiB), and a
+/// page then is that event alone.
 pub const PAGE_BYTES: usize = 4 << 20;
 
-/// The page that `events`, in their order, make: at most `limit` of them, within [`PAGE_BYTES`] past the first.
+/// The page that `events`, in their order, make: at most `limit` of them, within [`PAGE_BYTES`], or the first alone.
 pub(crate) fn page_of<'e>(
     events: impl IntoIterator<Item = &'e Arc<EncodedEvent>>,
     limit: usize,
@@ -813,7 +813,7 @@ pub(crate) fn page_of<'e>(
     let mut page: Vec<Arc<EncodedEvent>> = Vec::new();
     let mut bytes = 0;
     for event in events.into_iter().take(limit) {
-        bytes += event.json.len();
+        bytes += event.kind.len() + event.json.len();
         if bytes > PAGE_BYTES && !page.is_empty() {
             break;
         }
@@ -935,7 +935,7 @@ pub trait Store: Send + Sync + 'static {
 
     fn run(&self, run_id: &RunId) -> StoreFuture<'_, Option<RunInfo>>;
 
-    /// Committed events after `after`, at most `limit`, and no more than [`PAGE_BYTES`] of JSON past the first (a
+    /// Committed events after `after`, at most `limit` and [`PAGE_BYTES`], or the first alone when it is larger (a
     /// page may end before the log does: read on from its last event until a page is empty).
     fn events_after(
         &self,

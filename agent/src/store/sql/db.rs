@@ -908,29 +908,16 @@ impl<'q> Query<'q> {
         }
     }
 
-    /// The rows, in their order, until their values' text and bytes pass `bytes` (at least the first row): what
-    /// stays in memory at once when rows may be large. On a pool.
+    /// The rows, in their order, while their values' text and blobs come to at most `bytes`, or the first alone:
+    /// what stays in memory at once when rows may be large. SQLite stops stepping there. PostgreSQL sends a query's
+    /// whole result whatever is read of it (and the connection reads the rest before its next use), so there the
+    /// query must stop itself, and all it returns is taken.
     pub(super) async fn fetch_within(self, pool: &Pool, bytes: usize) -> Db<Vec<Row>> {
         match pool {
             Pool::Sqlite(pool) => {
                 self.sqlite_rows_within(pool.hold().await.connection(), usize::MAX, bytes)
             }
-            Pool::Postgres(pool) => {
-                use futures::TryStreamExt as _;
-                let query = self.postgres();
-                let mut rows = query.fetch(pool);
-                let mut out = Vec::new();
-                let mut size = 0;
-                while let Some(row) = rows.try_next().await? {
-                    let row = Row::Postgres(row);
-                    size += row.size();
-                    if size > bytes && !out.is_empty() {
-                        break;
-                    }
-                    out.push(row);
-                }
-                Ok(out)
-            }
+            Pool::Postgres(_) => self.fetch_all(pool).await,
         }
     }
 
@@ -1015,17 +1002,23 @@ impl<'q> Query<'q> {
                 let values = (0..width)
                     .map(|i| row.get::<_, rusqlite::types::Value>(i))
                     .collect::<Result<Vec<_>, _>>()?;
-                let row = Row::Sqlite {
-                    names: Arc::clone(&names),
-                    values,
-                };
                 if bytes != usize::MAX {
-                    size += row.size();
+                    size += values
+                        .iter()
+                        .map(|value| match value {
+                            rusqlite::types::Value::Text(text) => text.len(),
+                            rusqlite::types::Value::Blob(blob) => blob.len(),
+                            _ => 0,
+                        })
+                        .sum::<usize>();
                     if size > bytes && !out.is_empty() {
                         break;
                     }
                 }
-                out.push(row);
+                out.push(Row::Sqlite {
+                    names: Arc::clone(&names),
+                    values,
+                });
             }
             Ok(out)
         })
@@ -1039,25 +1032,6 @@ pub(super) enum Row {
         values: Vec<rusqlite::types::Value>,
     },
     Postgres(PgRow),
-}
-
-impl Row {
-    /// The bytes of its values' text and blobs (numbers count for nothing).
-    fn size(&self) -> usize {
-        match self {
-            Self::Sqlite { values, .. } => values
-                .iter()
-                .map(|value| match value {
-                    rusqlite::types::Value::Text(text) => text.len(),
-                    rusqlite::types::Value::Blob(blob) => blob.len(),
-                    _ => 0,
-                })
-                .sum(),
-            Self::Postgres(row) => (0..row.len())
-                .filter_map(|i| row.try_get_raw(i).ok()?.as_bytes().ok().map(<[u8]>::len))
-                .sum(),
-        }
-    }
 }
 
 /// A column, by position or by name.

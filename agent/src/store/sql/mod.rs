@@ -159,7 +159,10 @@ impl Dialect {
 
     /// A run's events after the sequence number `$2`, at most `$3`, oldest first: each one's sequence number, kind
     /// and JSON. `$1` is the run's id. On SQLite, one range of row numbers: the run's number (found by its id)
-    /// times 2^32, plus `$2` (which [`Dialect::seq_after`] keeps below 2^32).
+    /// times 2^32, plus `$2` (which [`Dialect::seq_after`] keeps below 2^32); its reader stops stepping once the
+    /// page holds `$4` bytes ([`super::PAGE_BYTES`]). On PostgreSQL, which sends a query's whole result whatever is
+    /// read of it, the query itself stops there: the events while their kinds and JSON come to at most `$4` bytes,
+    /// or the first alone (counted without reading the values out of their TOAST).
     fn events_after(self) -> &'static str {
         match self {
             Self::Sqlite => concat!(
@@ -168,7 +171,12 @@ impl Dialect {
                 " ORDER BY run_seq LIMIT $3"
             ),
             Self::Postgres => {
-                "SELECT seq, kind, json FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+                "SELECT seq, kind, json FROM (\
+                     SELECT seq, kind, json, octet_length(kind) + octet_length(json) AS bytes, \
+                         sum(octet_length(kind) + octet_length(json)) \
+                             OVER (ORDER BY seq ROWS UNBOUNDED PRECEDING) AS through \
+                     FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3\
+                 ) page WHERE through <= $4 OR through = bytes ORDER BY seq"
             }
         }
     }
@@ -501,6 +509,10 @@ struct Appends {
     /// them with its own, so that what the database keeps refusing (a damaged page, a trigger) fails its own run,
     /// not every change and group commit of the others. Empty but after such a refusal.
     refused: std::collections::HashMap<RunId, Refused>,
+    /// On PostgreSQL, how many appends of each run a transaction took and has not ended: a change of the run waits
+    /// for them too, since the run's row may not be locked by their transaction yet. (SQLite's are in the writer's
+    /// open group.)
+    in_flight: std::collections::HashMap<RunId, usize>,
 }
 
 /// A run whose queued appends the database refused: when the appender tries them again.
@@ -606,11 +618,34 @@ impl Appends {
     }
 
     /// What is left of `run_id`'s appends once their events were given up (results of calls) is tried again after
-    /// the longest wait, and as many times again before the next give-up.
+    /// the longest wait, and as many times again before the next give-up. With nothing left, the run is refused no
+    /// longer: its next appends join the group commits.
     fn tried_again_later(&mut self, run_id: &RunId) {
-        if let Some(refused) = self.refused.get_mut(run_id) {
+        if !self.queue.iter().any(|queued| queued.run_id() == run_id) {
+            self.refused.remove(run_id);
+        } else if let Some(refused) = self.refused.get_mut(run_id) {
             refused.times = 0;
             refused.retry_at = tokio::time::Instant::now() + retry_after(APPEND_TRIES);
+        }
+    }
+
+    /// Whether an append of `run_id` is queued, or taken by a transaction not yet ended (PostgreSQL).
+    fn holds(&self, run_id: &RunId) -> bool {
+        self.in_flight.contains_key(run_id)
+            || self.queue.iter().any(|queued| queued.run_id() == run_id)
+    }
+
+    /// The appends of `runs` (one entry each) that a transaction took are written, or back in the queue.
+    fn landed(&mut self, runs: &[RunId]) {
+        for run_id in runs {
+            if let std::collections::hash_map::Entry::Occupied(mut flying) =
+                self.in_flight.entry(run_id.clone())
+            {
+                *flying.get_mut() -= 1;
+                if *flying.get() == 0 {
+                    flying.remove();
+                }
+            }
         }
     }
 
@@ -1532,6 +1567,35 @@ fn coalesce(queue: Vec<Queued>) -> Vec<Queued> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run whose events were all given up is refused no longer: its next appends join the group commits at once,
+    /// instead of waiting to be tried alone. One whose call's result is still queued stays set aside.
+    #[test]
+    fn a_run_with_nothing_left_after_a_give_up_is_refused_no_longer() {
+        let run = RunId::parse("r").unwrap();
+        let mut appends = Appends::default();
+        let event = NewEvent {
+            kind: "debug",
+            json: "{}".into(),
+        };
+        appends
+            .queue
+            .push(Queued::Events(run.clone(), 1, vec![event.clone()]));
+        appends.mark_refused(&run);
+        assert_eq!(appends.give_up_events(|refused| refused == &run), 1);
+        appends.tried_again_later(&run);
+        assert!(appends.refused.is_empty());
+
+        appends
+            .queue
+            .push(Queued::Events(run.clone(), 1, vec![event]));
+        let (taken, all) = appends.take(Take::Group);
+        assert_eq!(
+            (taken.len(), all),
+            (1, true),
+            "taken by the next group commit"
+        );
+    }
 
     /// The scans made while serving read the indexes that hold only unfinished runs and pending calls, not the
     /// tables: with 10,000 finished runs kept, a sweep for expired approvals reads what is pending.

@@ -640,15 +640,18 @@ pub(super) struct Taken {
     through: Option<u64>,
     /// The runs the database had refused appends of, taken here: no longer refused once written.
     cleared: Vec<RunId>,
+    /// Appends were left queued (a refused run's): those who wait for one run's look again once these are written.
+    left: bool,
+    /// On PostgreSQL, the run of each append taken (see [`Appends::in_flight`](super::Appends::in_flight)).
+    in_flight: Vec<RunId>,
 }
 
 impl Taken {
     /// Nothing taken, but everything queued through `through` is written or gone.
     pub(super) fn through(through: u64) -> Self {
         Self {
-            touched: Vec::new(),
             through: Some(through),
-            cleared: Vec::new(),
+            ..Self::default()
         }
     }
 }
@@ -682,7 +685,7 @@ impl SqlStore {
         tx: &mut Tx,
         take: super::Take<'_>,
     ) -> Result<Option<(Taken, Vec<NewEvent>)>, AppendFailed> {
-        let (batch, through, cleared) = {
+        let (batch, through, cleared, in_flight) = {
             let mut appends = self.appends.lock();
             if appends.queue.is_empty() {
                 return Ok(None);
@@ -700,10 +703,22 @@ impl SqlStore {
                     }
                 }
             }
+            let in_flight: Vec<RunId> = match self.dialect {
+                super::Dialect::Postgres => {
+                    let runs: Vec<RunId> =
+                        batch.iter().map(|queued| queued.run_id().clone()).collect();
+                    for run_id in &runs {
+                        *appends.in_flight.entry(run_id.clone()).or_default() += 1;
+                    }
+                    runs
+                }
+                super::Dialect::Sqlite => Vec::new(),
+            };
             (
                 super::coalesce(batch),
                 all.then_some(appends.queued),
                 cleared,
+                in_flight,
             )
         };
         let finishing = match take {
@@ -757,8 +772,10 @@ impl SqlStore {
             }
         }
         let (appends, wake) = (Arc::clone(&self.appends), Arc::clone(&self.appended));
+        let landed = in_flight.clone();
         tx.after_rollback(move || {
             let mut appends = appends.lock();
+            appends.landed(&landed);
             let later = std::mem::replace(&mut appends.queue, batch);
             appends.queue.extend(later);
             drop(appends);
@@ -769,8 +786,10 @@ impl SqlStore {
             None => Ok(Some((
                 Taken {
                     touched,
+                    left: through.is_none(),
                     through,
                     cleared,
+                    in_flight,
                 },
                 held.map(|(_, events)| events).unwrap_or_default(),
             ))),
@@ -823,21 +842,27 @@ impl SqlStore {
 
     /// The appends `taken` committed: their readers wake, and whoever waits for them to be written goes on.
     pub(super) fn appends_written(&self, taken: Taken) {
-        if !taken.cleared.is_empty() {
+        if !taken.cleared.is_empty() || !taken.in_flight.is_empty() {
             let mut appends = self.appends.lock();
             for run_id in &taken.cleared {
                 appends.refused.remove(run_id);
             }
+            appends.landed(&taken.in_flight);
         }
         for (run_id, seq) in taken.touched {
             self.touched(&run_id, seq);
         }
-        if let Some(through) = taken.through {
-            self.written.send_if_modified(|written| {
-                let before = *written;
-                *written = before.max(through);
-                *written != before
-            });
+        match taken.through {
+            Some(through) => {
+                self.written.send_if_modified(|written| {
+                    let before = *written;
+                    *written = before.max(through);
+                    *written != before
+                });
+            }
+            // Whoever waits for one run's appends looks again (see `flush_run`).
+            None if taken.left => self.written.send_modify(|_| {}),
+            None => {}
         }
     }
 
@@ -902,13 +927,14 @@ impl SqlStore {
     pub(super) fn give_up_events(&self, gives_up: impl Fn(&RunId) -> bool) -> (usize, usize) {
         let mut appends = self.appends.lock();
         let lost = appends.give_up_events(gives_up);
+        // Counted first: a flush that sees the appends marked written below sees this too.
+        self.gave_up
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // With nothing left, all that was queued is written or gone; with something left, nothing is marked written
         // (the queue, joined by earlier attempts, no longer says which numbers came before it).
         if appends.queue.is_empty() {
             self.appends_written(Taken::through(appends.queued));
         }
-        self.gave_up
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.written.send_modify(|_| {});
         (lost, appends.queue.len())
     }
@@ -934,8 +960,8 @@ impl SqlStore {
         finishing: Option<Epoch>,
     ) -> StoreResult<(Tx, Taken, Vec<NewEvent>)> {
         if self.dialect == super::Dialect::Postgres {
-            // What could not be written is the appender's to say; the end goes on.
-            let _ = self.flush_appends().await;
+            // Only this run's: another run's append the database refuses is no reason to wait.
+            self.flush_run(run).await;
             let tx = self.writer.begin().await.map_err(unavailable)?;
             return Ok((tx, Taken::default(), Vec::new()));
         }
@@ -1077,17 +1103,44 @@ impl SqlStore {
         }
         self.flush_now.notify_one();
         self.appended.notify_one();
-        while *written.borrow_and_update() < target {
-            if self.gave_up.load(Ordering::SeqCst) != gave_up {
-                return Err(StoreError::Unavailable(
+        let given_up = || {
+            (self.gave_up.load(Ordering::SeqCst) != gave_up).then(|| {
+                StoreError::Unavailable(
                     "the database refused what was queued for a few seconds; events were lost, and results of calls wait for a later write".into(),
-                ));
+                )
+            })
+        };
+        while *written.borrow_and_update() < target {
+            if let Some(error) = given_up() {
+                return Err(error);
             }
             if written.changed().await.is_err() {
                 return Ok(());
             }
         }
-        Ok(())
+        // A give-up that left nothing queued marks everything written: it was not.
+        given_up().map_or(Ok(()), Err)
+    }
+
+    /// Waits until none of `run`'s appends is queued or, on PostgreSQL, taken by a transaction not yet ended (each
+    /// is written), or until the appender gives up what the database keeps refusing (a result of a call it refuses
+    /// stays queued: the run's change or read then goes on with the database as it is, as it did before the run was
+    /// set aside). What a change or a read of that run needs, whatever another run's appends do. (On SQLite an
+    /// append taken is in the writer's open group, which a change joins and a read on the writer commits first.)
+    async fn flush_run(&self, run: &RunId) {
+        use std::sync::atomic::Ordering;
+        let gave_up = self.gave_up.load(Ordering::SeqCst);
+        loop {
+            let mut written = self.written.subscribe();
+            if !self.appends.lock().holds(run) || self.gave_up.load(Ordering::SeqCst) != gave_up {
+                return;
+            }
+            self.flush_now.notify_one();
+            self.appended.notify_one();
+            if written.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// The sessions that hold grants. (A stored id that no longer reads as one is left out, with a warning: no
@@ -2312,6 +2365,7 @@ impl Store for SqlStore {
                 .bind(run_id.as_str())
                 .bind(self.dialect.seq_after(after))
                 .bind(limit.min(i64::MAX as usize) as i64)
+                .bind(PAGE_BYTES as i64)
                 .fetch_within(self.by_key(), PAGE_BYTES)
                 .await
                 .map_err(unavailable)?;
@@ -2492,7 +2546,7 @@ impl Store for SqlStore {
             // A result of the run's calls still queued is written first: a call reads as it stands (as the
             // database holds it, when the database keeps refusing the result).
             if self.result_queued(&run_id) {
-                let _ = self.flush_appends().await;
+                self.flush_run(&run_id).await;
             }
             let row = query(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 AND call_id = $2",
@@ -2511,7 +2565,7 @@ impl Store for SqlStore {
         let run_id = run_id.clone();
         async move {
             if self.result_queued(&run_id) {
-                let _ = self.flush_appends().await;
+                self.flush_run(&run_id).await;
             }
             let rows = query(
                 "SELECT record, status, executing_on FROM calls WHERE run_id = $1 ORDER BY idx",
