@@ -148,6 +148,9 @@ pub fn AuditView() -> impl IntoView {
                     } else {
                         entry.outcome.clone()
                     };
+                    let run = entry.run_id.map(|run| run.to_string()).unwrap_or_default();
+                    let session = entry.session_id.map(|s| s.to_string()).unwrap_or_default();
+                    let (run_title, session_title) = (run.clone(), session.clone());
                     view! {
                         <tr data-outcome=entry.outcome.clone()>
                             <td><time>{date_time(entry.at)}</time></td>
@@ -156,8 +159,8 @@ pub fn AuditView() -> impl IntoView {
                             <td class="scope">{entry.scope.unwrap_or_default()}</td>
                             <td>{entry.actor.or(entry.source).unwrap_or_default()}</td>
                             <td class="reason">{visible(&entry.reason.unwrap_or_default())}</td>
-                            <td><code>{entry.run_id.map(|run| run.to_string()).unwrap_or_default()}</code></td>
-                            <td><code>{entry.session_id.map(|s| s.to_string()).unwrap_or_default()}</code></td>
+                            <td class="id run-id"><code title=run_title>{run}</code></td>
+                            <td class="id conversation-id"><code title=session_title>{session}</code></td>
                         </tr>
                     }
                 })

@@ -403,6 +403,19 @@ test("the audit log has its own view with filters", async ({ page }, testInfo) =
   await expect(denied.locator(".outcome")).toHaveText("denied");
   await expect(denied.locator("td").nth(1)).toHaveText("delete_file");
   await expect(rows.filter({ hasText: "requested" }).first()).toBeVisible();
+  // An id shows its beginning on one line (a row is not a column of id fragments); the whole id is its title, and
+  // its text to copy.
+  for (const cell of ["td.run-id code", "td.conversation-id code"]) {
+    const id = denied.locator(cell);
+    const whole = await id.getAttribute("title");
+    expect(whole, cell).toMatch(/^(run|session)_[0-9a-f]{32}$/);
+    await expect(id).toHaveText(whole!);
+    const [height, fontSize] = await id.evaluate((code) => [
+      code.getBoundingClientRect().height,
+      parseFloat(getComputedStyle(code).fontSize),
+    ]);
+    expect(height, cell).toBeLessThan(fontSize * 2);
+  }
   await screenshot(page, testInfo, "review-audit");
 
   await page.getByLabel("Outcome").selectOption("denied");
