@@ -9,7 +9,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::harness::{Harness, HarnessConfig};
+use agent::harness::{Harness, HarnessConfig, RunHandle};
 use agent::ids::SessionId;
 use agent::model::ScriptedModel;
 use agent::policy::PermissionPolicy;
@@ -50,6 +50,27 @@ async fn harness_on_sqlite(
     let file = dir.join("toolgate.db");
     let (harness, store) = harness_on(DatabaseUrl::Sqlite(file.clone()), dir).await;
     (harness, store, rusqlite::Connection::open(&file).unwrap())
+}
+
+/// Waits until the approved tool has deleted `file`.
+async fn until_deleted(file: &std::path::Path) {
+    tokio::time::timeout(PATIENCE, async {
+        while file.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the tool runs");
+}
+
+/// Waits for `run` to end (`waiting` says what for), and checks that it ended done, with `answer`.
+async fn ends_done(run: &RunHandle, waiting: &str, answer: &str) {
+    tokio::time::timeout(PATIENCE, run.finished())
+        .await
+        .expect(waiting);
+    let view = run.view().await.unwrap().unwrap();
+    assert_eq!(view.status, RunStatus::Done, "{:?}", view.error);
+    assert_eq!(view.answer.as_deref(), Some(answer));
 }
 
 /// The result of an approved call that the database refused for longer than the group commit retries (a few
@@ -120,13 +141,7 @@ async fn a_flush_waits_for_a_calls_result_the_database_refuses() {
         )
         .unwrap();
     decide_pending(&harness, &request, Decision::approve()).await;
-    tokio::time::timeout(PATIENCE, async {
-        while dir.path().join("ws/a.txt").exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the tool runs");
+    until_deleted(&dir.path().join("ws/a.txt")).await;
     let waiting = tokio::spawn({
         let store = Arc::clone(&store);
         async move { store.flush().await }
@@ -180,13 +195,7 @@ async fn a_result_the_database_keeps_refusing_holds_up_its_own_run_only() {
         ))
         .unwrap();
     decide_pending(&harness, &request, Decision::approve()).await;
-    tokio::time::timeout(PATIENCE, async {
-        while dir.path().join("ws/a.txt").exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the tool runs");
+    until_deleted(&dir.path().join("ws/a.txt")).await;
     // Past the first refusals of the result, by the group commit and by whatever took it.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -195,12 +204,7 @@ async fn a_result_the_database_keeps_refusing_holds_up_its_own_run_only() {
         .await
         .expect("the other run asks");
     decide_pending(&harness, &request, Decision::approve()).await;
-    tokio::time::timeout(PATIENCE, other.finished())
-        .await
-        .expect("and ends");
-    let view = other.view().await.unwrap().unwrap();
-    assert_eq!(view.status, RunStatus::Done, "{:?}", view.error);
-    assert_eq!(view.answer.as_deref(), Some("delete_file deleted b.txt."));
+    ends_done(&other, "and ends", "delete_file deleted b.txt.").await;
     assert!(!refused.is_finished().await.unwrap());
     let calls = store.calls(refused.run_id()).await.unwrap();
     assert_eq!(
@@ -210,12 +214,12 @@ async fn a_result_the_database_keeps_refusing_holds_up_its_own_run_only() {
     );
 
     beside.execute_batch("DROP TRIGGER refuse_results").unwrap();
-    tokio::time::timeout(PATIENCE, refused.finished())
-        .await
-        .expect("the first run goes on once its result is written");
-    let view = refused.view().await.unwrap().unwrap();
-    assert_eq!(view.status, RunStatus::Done, "{:?}", view.error);
-    assert_eq!(view.answer.as_deref(), Some("delete_file deleted a.txt."));
+    ends_done(
+        &refused,
+        "the first run goes on once its result is written",
+        "delete_file deleted a.txt.",
+    )
+    .await;
 }
 
 /// The same on PostgreSQL, where state changes do not take the queue but wait for the appends queued before them:
@@ -252,13 +256,7 @@ async fn on_postgresql_a_run_whose_events_are_refused_holds_up_its_own_run_only(
         started.elapsed()
     );
     decide_pending(&harness, &request, Decision::approve()).await;
-    tokio::time::timeout(PATIENCE, other.finished())
-        .await
-        .expect("and ends");
-    assert_eq!(
-        other.view().await.unwrap().unwrap().answer.as_deref(),
-        Some("delete_file deleted b.txt.")
-    );
+    ends_done(&other, "and ends", "delete_file deleted b.txt.").await;
 
     // The first run goes on once its events are given up.
     let request = tokio::time::timeout(PATIENCE, Events::of(&refused).next_approval())
@@ -285,23 +283,17 @@ async fn result_refused_for_a_while(
 
     refuse();
     decide_pending(harness, &request, Decision::approve()).await;
-    tokio::time::timeout(PATIENCE, async {
-        while dir.join("ws/a.txt").exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the tool runs");
+    until_deleted(&dir.join("ws/a.txt")).await;
     tokio::time::sleep(refused_for).await;
     assert!(!run.is_finished().await.unwrap());
 
     allow();
-    tokio::time::timeout(PATIENCE, run.finished())
-        .await
-        .expect("the run goes on once the result is written");
-    let view = run.view().await.unwrap().unwrap();
-    assert_eq!(view.status, RunStatus::Done, "{:?}", view.error);
-    assert_eq!(view.answer.as_deref(), Some("delete_file deleted a.txt."));
+    ends_done(
+        &run,
+        "the run goes on once the result is written",
+        "delete_file deleted a.txt.",
+    )
+    .await;
 }
 
 /// A run whose end the database refused stays running, with nothing left to end it, and its session refuses every
@@ -435,13 +427,10 @@ async fn a_batch_claimed_while_its_run_cannot_be_read_goes_on_once_it_can() {
         .execute_batch("ALTER TABLE runs RENAME COLUMN created_at_away TO created_at")
         .unwrap();
 
-    tokio::time::timeout(PATIENCE, run.finished())
-        .await
-        .expect("the run goes on once it reads");
-    let view = run.view().await.unwrap().unwrap();
-    assert_eq!(view.status, RunStatus::Done, "{:?}", view.error);
-    assert_eq!(
-        view.answer.as_deref(),
-        Some("run_command ran sleep (exit code 0) with no output.")
-    );
+    ends_done(
+        &run,
+        "the run goes on once it reads",
+        "run_command ran sleep (exit code 0) with no output.",
+    )
+    .await;
 }
