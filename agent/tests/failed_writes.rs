@@ -268,6 +268,58 @@ async fn on_postgresql_a_run_whose_events_are_refused_holds_up_its_own_run_only(
         .expect("and ends");
 }
 
+/// A change of a run whose events the database refuses for a while waits for them, even when another run's refused
+/// events are given up meanwhile: the run's log keeps the order things happened in. Before, a change went on at any
+/// give-up, whichever run's: the run's approval was logged before the steps that led to it, written later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_another_runs_give_up_does_not_put_a_runs_change_before_its_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = postgres::database();
+    let (harness, _store) = harness_on(DatabaseUrl::Postgres(url.clone()), dir.path()).await;
+    std::fs::write(dir.path().join("ws/r.txt"), "x").unwrap();
+    postgres::psql(
+        &url,
+        "CREATE TABLE refused_sessions (id TEXT PRIMARY KEY); \
+         INSERT INTO refused_sessions VALUES ('y'), ('r'); \
+         CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF NEW.kind = 'step' AND EXISTS (SELECT 1 FROM runs JOIN refused_sessions s ON s.id = runs.session_id \
+                                            WHERE runs.id = NEW.run_id) THEN \
+             RAISE EXCEPTION 'refused by the test'; \
+           END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_steps BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse();",
+    );
+    // Y's steps are refused for good: given up 3.1 s after their first refusal.
+    let _given_up = harness.start(start_in("y", "hello")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // R's steps are refused from about 1 s on, tried again at 1.1, 1.3, 1.7, 2.5 and 4.1 s; Y's give-up comes at
+    // about 3.1 s; from 2.6 s on R's are taken, at their next try.
+    let run = harness.start(start_in("r", "delete r.txt")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    postgres::psql(&url, "DELETE FROM refused_sessions WHERE id = 'r'");
+    let request = tokio::time::timeout(PATIENCE, Events::of(&run).next_approval())
+        .await
+        .expect("the run asks");
+    decide_pending(&harness, &request, Decision::approve()).await;
+    tokio::time::timeout(PATIENCE, run.finished())
+        .await
+        .expect("the run ends");
+    let kinds = postgres::psql(
+        &url,
+        &format!(
+            "SELECT string_agg(kind, ' ' ORDER BY seq) FROM events WHERE run_id = '{}'",
+            run.run_id()
+        ),
+    );
+    let kinds: Vec<&str> = kinds.split(' ').collect();
+    let asked = kinds.iter().position(|kind| *kind == "approvalRequired");
+    let first_step = kinds.iter().position(|kind| *kind == "step");
+    assert!(
+        first_step.is_some() && first_step < asked,
+        "R's first step, written once taken, comes before its approval: {kinds:?}"
+    );
+    ends_done(&run, "the run ends", "delete_file deleted r.txt.").await;
+}
+
 /// Approves a deletion while `refuse` has the database refuse calls' results, lets it go on refusing for `refused_for`
 /// after the tool ran, then has it take them again (`allow`): the run goes on from the result, to its answer.
 async fn result_refused_for_a_while(

@@ -635,6 +635,16 @@ impl Appends {
             || self.queue.iter().any(|queued| queued.run_id() == run_id)
     }
 
+    /// Whether an event of `run_id` is queued, or taken by a transaction not yet ended (PostgreSQL, where only
+    /// events are queued).
+    fn holds_events(&self, run_id: &RunId) -> bool {
+        self.in_flight.contains_key(run_id)
+            || self
+                .queue
+                .iter()
+                .any(|queued| matches!(queued, Queued::Events(run, ..) if run == run_id))
+    }
+
     /// The appends of `runs` (one entry each) that a transaction took are written, or back in the queue.
     fn landed(&mut self, runs: &[RunId]) {
         for run_id in runs {

@@ -728,6 +728,11 @@ impl SqlStore {
             } => Some((run, epoch)),
             _ => None,
         };
+        if !in_flight.is_empty() {
+            // Whatever ends the take early (a failed statement, a cancel, a panic), what it took lands.
+            let (appends, landed) = (Arc::clone(&self.appends), in_flight.clone());
+            tx.after_rollback(move || appends.lock().landed(&landed));
+        }
         let held = finishing.and_then(|(run_id, epoch)| {
             let last = batch.iter().rposition(|queued| queued.run_id() == run_id)?;
             match &batch[last] {
@@ -772,10 +777,8 @@ impl SqlStore {
             }
         }
         let (appends, wake) = (Arc::clone(&self.appends), Arc::clone(&self.appended));
-        let landed = in_flight.clone();
         tx.after_rollback(move || {
             let mut appends = appends.lock();
-            appends.landed(&landed);
             let later = std::mem::replace(&mut appends.queue, batch);
             appends.queue.extend(later);
             drop(appends);
@@ -1095,8 +1098,11 @@ impl SqlStore {
     /// (what the database kept refusing: events are lost, results of calls kept for a later write).
     async fn flush_appends(&self) -> StoreResult<()> {
         use std::sync::atomic::Ordering;
-        let target = self.appends.lock().queued;
-        let gave_up = self.gave_up.load(Ordering::SeqCst);
+        // Read together: a give-up counts itself before it marks what it gave up as written.
+        let (target, gave_up) = {
+            let appends = self.appends.lock();
+            (appends.queued, self.gave_up.load(Ordering::SeqCst))
+        };
         let mut written = self.written.subscribe();
         if *written.borrow_and_update() >= target {
             return Ok(());
@@ -1123,17 +1129,23 @@ impl SqlStore {
     }
 
     /// Waits until none of `run`'s appends is queued or, on PostgreSQL, taken by a transaction not yet ended (each
-    /// is written), or until the appender gives up what the database keeps refusing (a result of a call it refuses
-    /// stays queued: the run's change or read then goes on with the database as it is, as it did before the run was
-    /// set aside). What a change or a read of that run needs, whatever another run's appends do. (On SQLite an
-    /// append taken is in the writer's open group, which a change joins and a read on the writer commits first.)
+    /// is written, or its events given up), or until only results of its calls are left queued after a give-up
+    /// (results are kept for as long as the database refuses them: a read of the run's calls then goes on with the
+    /// database as it is). What a change or a read of that run needs, whatever another run's appends do. (On SQLite
+    /// an append taken is in the writer's open group, which a change joins and a read on the writer commits first.)
     async fn flush_run(&self, run: &RunId) {
         use std::sync::atomic::Ordering;
         let gave_up = self.gave_up.load(Ordering::SeqCst);
         loop {
             let mut written = self.written.subscribe();
-            if !self.appends.lock().holds(run) || self.gave_up.load(Ordering::SeqCst) != gave_up {
-                return;
+            {
+                let appends = self.appends.lock();
+                if !appends.holds(run)
+                    || (self.gave_up.load(Ordering::SeqCst) != gave_up
+                        && !appends.holds_events(run))
+                {
+                    return;
+                }
             }
             self.flush_now.notify_one();
             self.appended.notify_one();
