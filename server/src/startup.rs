@@ -356,7 +356,9 @@ impl Application {
             shutdown.await;
             tracing::info!("shutting down");
             if !harness.shutdown(SHUTDOWN_GRACE).await {
-                tracing::warn!("some runs did not end within the grace period");
+                tracing::warn!(
+                    "the shutdown was not clean: some runs did not end within the grace period, or the store did not write everything (see above)"
+                );
             }
             // Every MCP server, and whatever it started, stops with toolgate.
             mcp.shutdown().await;

@@ -409,6 +409,13 @@ impl Harness {
             .await
             .is_ok();
         let flushed = tokio::time::timeout(grace, self.inner.store.close()).await;
+        match &flushed {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::error!(%error, "the store did not write everything it held before closing")
+            }
+            Err(_) => tracing::error!("the store did not close within the grace period"),
+        }
         self.inner.closed.cancel();
         ended && matches!(flushed, Ok(Ok(()))) && self.inner.local.is_empty()
     }
