@@ -150,7 +150,9 @@ pub fn AuditView() -> impl IntoView {
                     };
                     let run = entry.run_id.map(|run| run.to_string()).unwrap_or_default();
                     let session = entry.session_id.map(|s| s.to_string()).unwrap_or_default();
-                    let (run_title, session_title) = (run.clone(), session.clone());
+                    // An entry that names no run (a rule's change) has no title either.
+                    let title = |id: &String| (!id.is_empty()).then(|| id.clone());
+                    let (run_title, session_title) = (title(&run), title(&session));
                     view! {
                         <tr data-outcome=entry.outcome.clone()>
                             <td><time>{date_time(entry.at)}</time></td>
