@@ -56,8 +56,8 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 /// `nonce`: scripts only from this origin or with that nonce, WebAssembly compiled only from them, styles, fetches,
 /// streams and images only from this origin, no plugins, no `<base>`, forms posted only here, and no framing. So
 /// markup that a model or a tool smuggled into the page, were it ever rendered as markup rather than text, could
-/// neither run a script nor load anything from another origin. `reloads`: `cargo leptos watch`
-/// serves the page, whose reload script connects to its own WebSocket port.
+/// neither run a script nor load anything from another origin. `reloads`: `cargo leptos watch` serves the page,
+/// whose reload script connects to its own WebSocket port.
 pub fn page_policy(nonce: &str, reloads: bool) -> String {
     let reload = if reloads { " ws: wss:" } else { "" };
     format!(

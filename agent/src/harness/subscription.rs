@@ -434,17 +434,12 @@ mod tests {
             .unwrap()
         };
         let epoch = store
-            .start_run(NewRun {
-                run_id: run_id.clone(),
-                session_id: "s".parse().unwrap(),
-                parent_run_id: None,
-                mode: ApprovalMode::Interactive,
-                message: "hello".to_owned(),
-                events: vec![delta(1)],
-                audit: Vec::new(),
-                at: 1_000,
-                refused_while_interrupted: false,
-            })
+            .start_run(NewRun::for_tests(
+                run_id.clone(),
+                "s".parse().unwrap(),
+                "hello",
+                vec![delta(1)],
+            ))
             .await
             .unwrap()
             .unwrap();

@@ -232,6 +232,30 @@ pub struct NewRun {
     pub refused_while_interrupted: bool,
 }
 
+#[cfg(test)]
+impl NewRun {
+    /// A run of `session_id` that asks a person for approvals, with `message` and first `events`, started at 1,000
+    /// ms and resuming nothing: what the crate's own tests start.
+    pub(crate) fn for_tests(
+        run_id: RunId,
+        session_id: SessionId,
+        message: &str,
+        events: Vec<NewEvent>,
+    ) -> Self {
+        Self {
+            run_id,
+            session_id,
+            parent_run_id: None,
+            mode: ApprovalMode::Interactive,
+            message: message.to_owned(),
+            events,
+            audit: Vec::new(),
+            at: 1_000,
+            refused_while_interrupted: false,
+        }
+    }
+}
+
 /// Why a run could not start. A start refused for more than one of these is refused for the first, in the order
 /// they are listed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -799,6 +823,7 @@ pub enum StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+pub type StoreFuture<'a, T> = BoxFuture<'a, StoreResult<T>>;
 
 /// How many bytes of events (their kinds and JSON) one page of [`Store::events_after`] holds at most: what one read
 /// of a run's log keeps in memory. A single event may be larger (an MCP tool's result is kept up to 64 MiB), and a
@@ -810,9 +835,11 @@ pub(crate) fn page_of<'e>(
     events: impl IntoIterator<Item = &'e Arc<EncodedEvent>>,
     limit: usize,
 ) -> Vec<Arc<EncodedEvent>> {
-    let mut page: Vec<Arc<EncodedEvent>> = Vec::new();
+    let events = events.into_iter().take(limit);
+    // As many as there are, as a collect would make it: a page is mostly small events, and all of them.
+    let mut page: Vec<Arc<EncodedEvent>> = Vec::with_capacity(events.size_hint().0);
     let mut bytes = 0;
-    for event in events.into_iter().take(limit) {
+    for event in events {
         bytes += event.kind.len() + event.json.len();
         if bytes > PAGE_BYTES && !page.is_empty() {
             break;
@@ -821,7 +848,6 @@ pub(crate) fn page_of<'e>(
     }
     page
 }
-pub type StoreFuture<'a, T> = BoxFuture<'a, StoreResult<T>>;
 
 /// The store. Object-safe: the harness holds an `Arc<dyn Store>`.
 pub trait Store: Send + Sync + 'static {

@@ -579,16 +579,13 @@ impl Appends {
     }
 
     fn due(&self, now: tokio::time::Instant) -> Due {
-        let mut first = None;
+        let mut first: Option<tokio::time::Instant> = None;
         for queued in &self.queue {
             match self.refused.get(queued.run_id()) {
-                None => return Due::Now,
-                Some(refused) if refused.retry_at <= now => return Due::Now,
-                Some(refused) => {
-                    first = Some(first.map_or(refused.retry_at, |at: tokio::time::Instant| {
-                        at.min(refused.retry_at)
-                    }))
+                Some(refused) if refused.retry_at > now => {
+                    first = Some(first.map_or(refused.retry_at, |at| at.min(refused.retry_at)));
                 }
+                _ => return Due::Now,
             }
         }
         first.map_or(Due::Nothing, Due::At)
@@ -1598,12 +1595,34 @@ mod tests {
 
         appends
             .queue
-            .push(Queued::Events(run.clone(), 1, vec![event]));
+            .push(Queued::Events(run.clone(), 1, vec![event.clone()]));
         let (taken, all) = appends.take(Take::Group);
         assert_eq!(
             (taken.len(), all),
             (1, true),
             "taken by the next group commit"
+        );
+
+        appends
+            .queue
+            .push(Queued::Events(run.clone(), 1, vec![event]));
+        appends
+            .queue
+            .push(Queued::Settled(crate::store::CallResult {
+                run_id: run.clone(),
+                call_id: crate::ids::ToolCallId::parse("call_1").unwrap(),
+                output: crate::wire::ToolOutput::Ok {
+                    content: serde_json::json!("done"),
+                },
+                events: Vec::new(),
+                audit: Vec::new(),
+            }));
+        appends.mark_refused(&run);
+        assert_eq!(appends.give_up_events(|refused| refused == &run), 1);
+        appends.tried_again_later(&run);
+        assert!(
+            appends.refused.contains_key(&run),
+            "its result is kept aside"
         );
     }
 
@@ -1774,24 +1793,18 @@ mod tests {
     async fn a_read_by_key_while_a_change_holds_the_writer_reads_what_is_committed_without_waiting()
     {
         use crate::store::{NewRun, Store};
-        use crate::wire::ApprovalMode;
         let dir = tempfile::tempdir().unwrap();
         let store = SqlStore::open(&DatabaseUrl::Sqlite(dir.path().join("toolgate.db")))
             .await
             .unwrap();
         let run = RunId::parse("run_1").unwrap();
         store
-            .start_run(NewRun {
-                run_id: run.clone(),
-                session_id: SessionId::parse("sess_1").unwrap(),
-                parent_run_id: None,
-                mode: ApprovalMode::Interactive,
-                message: "hello".into(),
-                events: Vec::new(),
-                audit: Vec::new(),
-                at: 1_000,
-                refused_while_interrupted: false,
-            })
+            .start_run(NewRun::for_tests(
+                run.clone(),
+                SessionId::parse("sess_1").unwrap(),
+                "hello",
+                Vec::new(),
+            ))
             .await
             .unwrap()
             .unwrap();

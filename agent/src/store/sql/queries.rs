@@ -3038,17 +3038,12 @@ mod tests {
     /// Starts the run `run_1` in the session `sess_1` with `message`; its claim's epoch.
     async fn start_run_1(store: &SqlStore, message: &str) -> Epoch {
         store
-            .start_run(NewRun {
-                run_id: RunId::parse("run_1").unwrap(),
-                session_id: SessionId::parse("sess_1").unwrap(),
-                parent_run_id: None,
-                mode: ApprovalMode::Interactive,
-                message: message.into(),
-                events: Vec::new(),
-                audit: Vec::new(),
-                at: 1_000,
-                refused_while_interrupted: false,
-            })
+            .start_run(NewRun::for_tests(
+                RunId::parse("run_1").unwrap(),
+                SessionId::parse("sess_1").unwrap(),
+                message,
+                Vec::new(),
+            ))
             .await
             .unwrap()
             .unwrap()
