@@ -889,3 +889,166 @@ async fn edited_arguments_cannot_widen_the_grant_the_card_offered() {
             .is_empty()
     );
 }
+
+/// The cards of a run waiting for a person, oldest first.
+async fn waiting_cards(harness: &Harness, run: &agent::harness::RunHandle) -> Vec<String> {
+    harness
+        .pending(Some(run.run_id()))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|request| format!("{} {}", request.tool_name, request.arguments))
+        .collect()
+}
+
+/// Approving a card for the session approves the cards of its batch that the grant covers as they were shown, and
+/// no other: the same command with the same arguments runs without a second click, another command still waits.
+/// Before, the covered card waited although the grant's note said the command "runs without asking".
+#[tokio::test]
+async fn an_approval_for_the_session_approves_the_waiting_cards_it_covers() {
+    let Setup {
+        harness,
+        dir: _workspace,
+    } = setup();
+    let run = harness
+        .start(start("run echo one and run echo one and run echo two"))
+        .await
+        .unwrap();
+    let mut events = run.subscribe(0);
+    let mut asked = Vec::new();
+    for _ in 0..3 {
+        asked.push(next_approval(&mut events).await.1);
+    }
+    harness
+        .decide(
+            &asked[0].run_id,
+            &asked[0].tool_call_id,
+            Decision::Approve {
+                scope: DecisionScope::Session,
+                reason: None,
+                arguments: None,
+            },
+            &Actor::new("ada"),
+        )
+        .await
+        .unwrap();
+
+    let (_, resolved) = tokio::time::timeout(
+        Duration::from_secs(5),
+        until(&mut events, |event| {
+            matches!(event, StreamEvent::ApprovalResolved { tool_call_id, .. } if *tool_call_id == asked[1].tool_call_id)
+        }),
+    )
+    .await
+    .expect("the card the grant covers is approved");
+    let StreamEvent::ApprovalResolved {
+        resolution:
+            agent::wire::Resolution::Approved {
+                source,
+                scope,
+                reason: Some(reason),
+                edited_arguments: None,
+            },
+        grant: None,
+        ..
+    } = resolved
+    else {
+        panic!("{resolved:?}")
+    };
+    assert_eq!(source, agent::wire::ApprovalSource::User);
+    assert_eq!(scope, DecisionScope::Session);
+    assert_eq!(
+        reason,
+        format!(
+            "Covered by the approval for the session given to call {} (run_command: exactly “echo one”).",
+            asked[0].tool_call_id
+        )
+    );
+    assert_eq!(
+        waiting_cards(&harness, &run).await,
+        [r#"run_command {"args":["two"],"command":"echo"}"#],
+        "another command still waits"
+    );
+    let audit = harness
+        .audit_log(agent::store::AuditQuery {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let by_grant = audit
+        .iter()
+        .find(|entry| {
+            entry.tool_call_id.as_ref() == Some(&asked[1].tool_call_id)
+                && entry.outcome == "approved"
+        })
+        .expect("the covered call's approval is in the audit log");
+    assert_eq!(by_grant.actor.as_deref(), Some("ada"));
+    assert_eq!(by_grant.reason.as_deref(), Some(reason.as_str()));
+
+    harness
+        .decide(
+            &asked[2].run_id,
+            &asked[2].tool_call_id,
+            Decision::approve(),
+            &Actor::new("ada"),
+        )
+        .await
+        .unwrap();
+    run.finished().await;
+    let view = run.view().await.unwrap().unwrap();
+    assert_eq!(view.status, RunStatus::Done);
+    assert!(
+        view.tool_calls()
+            .all(|call| call.output.as_ref().is_some_and(|output| output.is_ok())),
+        "all three ran"
+    );
+}
+
+/// A card the new grant would cover waits all the same when a rule added since it was shown denies its call: a
+/// deny rule beats every grant.
+#[tokio::test]
+async fn an_approval_for_the_session_leaves_a_card_a_newer_deny_rule_covers() {
+    let Setup { harness, dir } = setup();
+    for name in ["a.txt", "b.txt"] {
+        std::fs::write(dir.path().join(name), name).unwrap();
+    }
+    let run = harness
+        .start(start("delete a.txt and delete b.txt"))
+        .await
+        .unwrap();
+    let mut events = run.subscribe(0);
+    let (_, first) = next_approval(&mut events).await;
+    let (_, second) = next_approval(&mut events).await;
+    let rule = agent::policy::Rule::parse("delete_file(b.txt)=deny:Keep b.").unwrap();
+    harness.add_rule(rule, &Actor::local()).await.unwrap();
+    harness
+        .decide(
+            &first.run_id,
+            &first.tool_call_id,
+            Decision::Approve {
+                scope: DecisionScope::Session,
+                reason: None,
+                arguments: None,
+            },
+            &Actor::local(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        waiting_cards(&harness, &run).await,
+        [r#"delete_file {"path":"b.txt"}"#]
+    );
+    harness
+        .decide(
+            &second.run_id,
+            &second.tool_call_id,
+            Decision::Deny { reason: None },
+            &Actor::local(),
+        )
+        .await
+        .unwrap();
+    run.finished().await;
+    assert!(!dir.path().join("a.txt").exists());
+    assert!(dir.path().join("b.txt").exists());
+}

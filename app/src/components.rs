@@ -85,8 +85,16 @@ fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
         permission_label(&call.permission),
         call.permission.reason()
     );
+    // Why a denial denied, and why an approval that no click on its own card made approved (an approval for the
+    // session given to another card of the batch, which covers this one).
     let resolution_reason = match &call.resolution {
-        Some(agent::wire::Resolution::Denied { reason, .. }) => Some(reason.clone()),
+        Some(
+            agent::wire::Resolution::Denied { reason, .. }
+            | agent::wire::Resolution::Approved {
+                reason: Some(reason),
+                ..
+            },
+        ) => Some(reason.clone()),
         _ => None,
     };
     view! {

@@ -96,6 +96,33 @@ test("approving for the session lists the grant in the panel at once, and revoki
   await expect(card(page, "write_file")).toHaveCount(0);
 });
 
+test("approving one card for the session approves the other cards it covers, says why, and leaves the rest", async ({
+  page,
+}, testInfo) => {
+  await openPage(page);
+  const [first, second, kept] = [unique("batch-one"), unique("batch-two"), unique("batch-kept")];
+  await send(page, `write ${first}: one and write ${second}: two and delete ${kept}`);
+  const writes = card(page, "write_file");
+  await expect(writes).toHaveCount(2);
+  await expect(card(page, "delete_file")).toBeVisible();
+
+  await writes.filter({ hasText: first }).getByRole("button", { name: "Approve for session" }).click();
+  // The grant covers write_file on any path, as both cards said: the second leaves with the first, unclicked.
+  await expect(writes).toHaveCount(0);
+  await expect(card(page, "delete_file")).toBeVisible();
+  const covered = page.locator(".tool-call", { hasText: second });
+  await expect(covered.locator(".resolution")).toHaveText(
+    /^Covered by the approval for the session given to call \S+ \(write_file on any path in the workspace\)\.$/,
+  );
+  await screenshot(page, testInfo, "grant-covers-batch");
+
+  await card(page, "delete_file").getByRole("button", { name: "Deny" }).click();
+  const answer = page.locator(".turn.assistant").last();
+  await expect(answer).toContainText(`write_file wrote 3 bytes to ${first}.`);
+  await expect(answer).toContainText(`write_file wrote 3 bytes to ${second}.`);
+  await expect(answer).toContainText("delete_file was not run because it was denied");
+});
+
 test("a grant revoked in another tab is gone from this tab's panel when it is opened again", async ({ context }, testInfo) => {
   const first = await context.newPage();
   const second = await context.newPage();

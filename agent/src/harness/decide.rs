@@ -10,11 +10,13 @@ use crate::approvals::{
 };
 use crate::clock::now_ms;
 use crate::ids::{RunId, ToolCallId};
-use crate::permissions::Grant;
-use crate::policy::{grant, session_grant};
+use crate::permissions::{Grant, SessionGrant};
+use crate::policy::{RuleBook as _, SessionGrants, grant, session_grant};
 use crate::runtime::AbortReason;
 use crate::store::{Aborted, CallStatus, DecideFailure, Refused, RunInfo};
-use crate::wire::{Decision, DecisionScope, DenialSource, Resolution};
+use crate::wire::{
+    ApprovalSource, Decision, DecisionScope, DenialSource, PermissionDecision, Resolution,
+};
 
 /// Who decided, as the authentication layer knows them (never from a request body): the access token, a login,
 /// or `local` when the server has no token.
@@ -102,6 +104,7 @@ impl Harness {
             .session_scope(run_id, tool_call_id, &decision)
             .await?
             .map(|grant| session_grant(grant, run_id.clone(), tool_call_id.clone()));
+        let made = grant.clone();
         let settle = Box::new(move |record: &crate::store::CallRecord| {
             // Past its expiry a call is the sweep's, which times it out, even when no sweep has yet: a decision
             // that comes after the card's time ran out decides nothing.
@@ -150,6 +153,11 @@ impl Harness {
             }
         };
         // A grant the decision made was kept with it (`Settlement::grant`), before the run goes on.
+        if let (Some(made), Some(Resolution::Approved { scope, .. })) = (&made, &record.resolution)
+        {
+            self.approve_covered(run_id, tool_call_id, made, *scope, actor)
+                .await;
+        }
         self.spawn_advance(run_id.clone());
         let (Some(pending), Some(resolution)) = (record.approval, record.resolution) else {
             return Err(DecideError::Unavailable(Unavailable(
@@ -162,6 +170,99 @@ impl Harness {
             pending,
             resolution,
         })
+    }
+
+    /// Approves the other calls of the run still waiting that `made`, the grant the decision on `decided` just
+    /// made, covers as their cards showed them. The person approved the tool "for the session": a call asked
+    /// after the decision runs without a card, and one asked with it in the same batch should not wait for a
+    /// second click. A card is approved only when it offered this very grant (the same tool, definition and
+    /// reach: what the person was shown) and the rules in force now let the grant allow the call, so a rule that
+    /// denies or asks, added since, keeps it waiting. Each is a decision of its own by the same person, with its
+    /// `approvalResolved`, its audit entry and a reason that names the grant; one that cannot be read or decided
+    /// now waits for a person as before.
+    async fn approve_covered(
+        &self,
+        run_id: &RunId,
+        decided: &ToolCallId,
+        made: &SessionGrant,
+        scope: DecisionScope,
+        actor: &Actor,
+    ) {
+        let calls = match self.inner.store.calls(run_id).await {
+            Ok(calls) => calls,
+            Err(error) => {
+                tracing::warn!(%error, %run_id, "cannot read the run's other calls: those the new session grant covers wait for a person");
+                return;
+            }
+        };
+        let mut covered = calls.into_iter().filter(|record| {
+            record.call.id != *decided
+                && record.status == CallStatus::Pending
+                && record.approval.as_ref().is_some_and(|approval| {
+                    approval
+                        .choices
+                        .session
+                        .iter()
+                        .any(|offered| offered.grant == made.grant)
+                })
+        });
+        let Some(first) = covered.next() else {
+            return;
+        };
+        self.inner.rules.reread_shared().await;
+        let mut grants = SessionGrants::new();
+        grants.insert(made.clone());
+        for record in std::iter::once(first).chain(covered) {
+            let allowed = self
+                .inner
+                .toolbox
+                .lookup(&record.call.name)
+                .is_some_and(|tool| {
+                    matches!(
+                        self.inner
+                            .config
+                            .permissions
+                            .decide(tool.spec(), &record.input, &grants),
+                        PermissionDecision::Allow { .. }
+                    )
+                });
+            if !allowed {
+                continue;
+            }
+            let resolution = Resolution::Approved {
+                source: ApprovalSource::User,
+                scope,
+                reason: Some(format!(
+                    "Covered by the approval for the session given to call {decided} ({}).",
+                    made.grant.describe()
+                )),
+                edited_arguments: None,
+            };
+            let who = actor.as_str().to_owned();
+            let settle = Box::new(move |record: &crate::store::CallRecord| {
+                if record
+                    .approval
+                    .as_ref()
+                    .is_some_and(|approval| approval.expires_at <= now_ms())
+                {
+                    return Err(DecideFailure::Expired);
+                }
+                Ok(settlement(record, resolution, Some(&who)))
+            });
+            match self
+                .inner
+                .store
+                .decide(run_id, &record.call.id, settle)
+                .await
+            {
+                Ok(Ok(_)) => {}
+                // Decided meanwhile, by a person or the sweep: theirs stands.
+                Ok(Err(_)) => {}
+                Err(error) => {
+                    tracing::warn!(%error, %run_id, tool_call_id = %record.call.id, "cannot approve a call the new session grant covers: it waits for a person");
+                }
+            }
+        }
     }
 
     /// The grant approving with a session scope makes, checked against what the card offered: `None` for `once`
