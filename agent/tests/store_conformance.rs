@@ -1963,6 +1963,47 @@ async fn pending_approvals_are_listed_by_session_or_run(kind: Kind) {
     );
 }
 
+/// A logout is kept, and read back by a store opened anew (another instance, or after a restart), until its
+/// cookie expires anyway; then the next logout takes it away, so what is kept stays bounded by the logins of a week.
+async fn a_logout_is_kept_until_its_cookie_expires(kind: Kind) {
+    let backend = open(kind).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    backend
+        .store
+        .log_out("login-a", now + 60_000)
+        .await
+        .unwrap();
+    backend
+        .store
+        .log_out("login-a", now + 60_000)
+        .await
+        .unwrap();
+    backend
+        .store
+        .log_out("login-expired", now - 1)
+        .await
+        .unwrap();
+    assert!(backend.store.logged_out("login-a").await.unwrap());
+    assert!(!backend.store.logged_out("login-b").await.unwrap());
+
+    let backend = backend.reopened().await;
+    assert!(backend.store.logged_out("login-a").await.unwrap());
+    backend
+        .store
+        .log_out("login-b", now + 60_000)
+        .await
+        .unwrap();
+    assert!(backend.store.logged_out("login-b").await.unwrap());
+    assert!(
+        !backend.store.logged_out("login-expired").await.unwrap(),
+        "a logout past its cookie's expiry goes"
+    );
+    assert!(backend.store.logged_out("login-a").await.unwrap());
+}
+
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
         mod memory {
@@ -2006,6 +2047,7 @@ conformance!(
     sessions_are_read_by_their_ids,
     pending_approvals_are_listed_by_session_or_run,
     the_audit_log_reads_newest_first_before_an_id,
+    a_logout_is_kept_until_its_cookie_expires,
 );
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -43,8 +43,9 @@ pub use token::AccessToken;
 use crate::client::ClientAddr;
 use crate::error::ApiError;
 use agent::harness::Actor;
+use agent::store::{Store, StoreError};
 use origin::{Authority, FetchSite};
-use token::{AUTH_COOKIE, Credentials, RandomUnavailable};
+use token::{AUTH_COOKIE, Credentials, Login, RandomUnavailable};
 
 /// Why the server refuses to start.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +97,17 @@ enum Refusal {
     NoCredentials {
         page: bool,
     },
+    /// The request's login cookie is valid, but whether it was logged out cannot be read now.
+    LoginUnchecked,
+}
+
+impl Refusal {
+    /// What a request without valid credentials gets: a page is sent to the login form, anything else a 401.
+    fn no_credentials(method: &Method, path: &str) -> Self {
+        Self::NoCredentials {
+            page: matches!(*method, Method::GET | Method::HEAD) && !is_api(path),
+        }
+    }
 }
 
 impl fmt::Display for Refusal {
@@ -138,6 +150,9 @@ impl fmt::Display for Refusal {
             Self::NoCredentials { .. } => f.write_str(
                 "This server needs its access token: send Authorization: Bearer <token>, or log in at /login.",
             ),
+            Self::LoginUnchecked => f.write_str(
+                "The server cannot tell now whether this login was logged out (its database does not answer). Try again shortly, or send Authorization: Bearer <token>.",
+            ),
         }
     }
 }
@@ -163,6 +178,7 @@ impl IntoResponse for Refusal {
                     .insert(header::RETRY_AFTER, HeaderValue::from(wait_secs));
                 response
             }
+            Self::LoginUnchecked => ApiError::Unavailable(self.to_string()).into_response(),
             other => ApiError::Forbidden(other.to_string()).into_response(),
         }
     }
@@ -193,6 +209,16 @@ struct Policy {
 #[derive(Clone)]
 pub struct Security {
     policy: Arc<Policy>,
+    /// Where logouts are kept, shared by every instance on the same database: a logged-out login's cookie is
+    /// refused. `None` before the store is open (and in unit tests of the checks), where nobody has logged out.
+    logouts: Option<Arc<dyn Store>>,
+}
+
+/// A request let through, and the login its cookie names when the cookie was its credential (whether that login
+/// was logged out is read from the store next).
+struct Admitted {
+    actor: Actor,
+    login: Option<Login>,
 }
 
 impl fmt::Debug for Security {
@@ -276,6 +302,7 @@ impl Security {
         let secure_cookies =
             !public_origins.is_empty() && public_origins.iter().all(PublicOrigin::is_https);
         Ok(Self {
+            logouts: None,
             policy: Arc::new(Policy {
                 origins: public_origins,
                 credentials,
@@ -321,15 +348,43 @@ impl Security {
         self.policy.credentials.as_ref()
     }
 
-    /// Whether the request carries a login cookie that is valid now.
-    fn has_login_cookie(&self, headers: &HeaderMap) -> bool {
-        self.credentials().is_some_and(|credentials| {
-            CookieJar::from_headers(headers)
-                .get(AUTH_COOKIE)
-                .is_some_and(|cookie| {
-                    credentials.is_login_cookie(cookie.value(), SystemTime::now())
-                })
-        })
+    /// Keeps logouts in `store`, and refuses the cookies of the logins logged out there.
+    pub fn with_logouts(mut self, store: Arc<dyn Store>) -> Self {
+        self.logouts = Some(store);
+        self
+    }
+
+    /// The login the request's cookie names, when it is a login cookie this token signed that has not expired
+    /// (logged out or not: see [`Self::logged_in`]).
+    fn login_cookie(&self, headers: &HeaderMap) -> Option<Login> {
+        let credentials = self.credentials()?;
+        CookieJar::from_headers(headers)
+            .get(AUTH_COOKIE)
+            .and_then(|cookie| credentials.login_of(cookie.value(), SystemTime::now()))
+    }
+
+    /// Whether `login` was logged out, on this instance or any other that shares the store.
+    async fn logged_out(&self, login: &Login) -> Result<bool, StoreError> {
+        match &self.logouts {
+            Some(store) => store.logged_out(&login.id).await,
+            None => Ok(false),
+        }
+    }
+
+    /// The login of the request's cookie, when it is valid and not logged out.
+    async fn logged_in(&self, headers: &HeaderMap) -> Result<Option<Login>, StoreError> {
+        match self.login_cookie(headers) {
+            Some(login) if !self.logged_out(&login).await? => Ok(Some(login)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Keeps that `login` was logged out, until its cookie expires.
+    async fn log_out(&self, login: &Login) -> Result<(), StoreError> {
+        match &self.logouts {
+            Some(store) => store.log_out(&login.id, login.expires_at_ms).await,
+            None => Ok(()),
+        }
     }
 
     /// The login and logout routes, when a token is set.
@@ -344,7 +399,7 @@ impl Security {
         path: &str,
         headers: &HeaderMap,
         client: Option<IpAddr>,
-    ) -> Result<Actor, Refusal> {
+    ) -> Result<Admitted, Refusal> {
         let host = match single(headers, &header::HOST, "Host")? {
             Some(value) => Some(
                 value
@@ -363,12 +418,13 @@ impl Security {
         } else {
             Provenance::Unmarked
         };
+        let actor = |actor| Admitted { actor, login: None };
         match self.credentials() {
             Some(credentials) if !is_open(method, path) => {
                 self.check_credentials(credentials, method, path, headers, provenance, client)
             }
-            Some(_) => Ok(Actor::new("anonymous")),
-            None => Ok(Actor::local()),
+            Some(_) => Ok(actor(Actor::new("anonymous"))),
+            None => Ok(actor(Actor::local())),
         }
     }
 
@@ -439,7 +495,7 @@ impl Security {
         headers: &HeaderMap,
         provenance: Provenance,
         client: Option<IpAddr>,
-    ) -> Result<Actor, Refusal> {
+    ) -> Result<Admitted, Refusal> {
         if let Some(value) = single(headers, &header::AUTHORIZATION, "Authorization")? {
             let wrong_tokens = &self.policy.wrong_tokens;
             let now = Instant::now();
@@ -452,7 +508,10 @@ impl Security {
             }
             // A wrong token is wrong even with a good cookie: a script should learn its token is stale.
             return match bearer(value) {
-                Some(token) if credentials.is_token(token) => Ok(Actor::new("token")),
+                Some(token) if credentials.is_token(token) => Ok(Admitted {
+                    actor: Actor::new("token"),
+                    login: None,
+                }),
                 _ => {
                     if let Some(client) = client {
                         wrong_tokens.failed(client, now);
@@ -461,15 +520,16 @@ impl Security {
                 }
             };
         }
-        if self.has_login_cookie(headers) {
+        if let Some(login) = self.login_cookie(headers) {
             if changes_state(method) && provenance == Provenance::Unmarked {
                 return Err(Refusal::CookieWithoutOrigin);
             }
-            return Ok(Actor::new("login"));
+            return Ok(Admitted {
+                actor: Actor::new("login"),
+                login: Some(login),
+            });
         }
-        Err(Refusal::NoCredentials {
-            page: matches!(*method, Method::GET | Method::HEAD) && !is_api(path),
-        })
+        Err(Refusal::no_credentials(method, path))
     }
 }
 
@@ -504,12 +564,30 @@ pub(crate) async fn guard(
     next: Next,
 ) -> Response {
     let client = ClientAddr::of(request.extensions()).map(|client| client.0);
-    let verdict = security.admit(
+    let verdict = match security.admit(
         request.method(),
         request.uri().path(),
         request.headers(),
         client,
-    );
+    ) {
+        Ok(Admitted { actor, login: None }) => Ok(actor),
+        // A login cookie is valid until its expiry unless its login was logged out, here or on another instance.
+        Ok(Admitted {
+            actor,
+            login: Some(login),
+        }) => match security.logged_out(&login).await {
+            Ok(false) => Ok(actor),
+            Ok(true) => Err(Refusal::no_credentials(
+                request.method(),
+                request.uri().path(),
+            )),
+            Err(error) => {
+                tracing::warn!(%error, "cannot read whether a login was logged out");
+                Err(Refusal::LoginUnchecked)
+            }
+        },
+        Err(refusal) => Err(refusal),
+    };
     let mut response = match verdict {
         Ok(actor) => {
             // Who is acting comes from here, never from a request body.
@@ -686,7 +764,8 @@ mod tests {
             ("origin", "http://evil.example"),
         ]);
         assert_eq!(
-            open.admit(&Method::GET, "/api/agent/approvals", &evil, None),
+            open.admit(&Method::GET, "/api/agent/approvals", &evil, None)
+                .map(|admitted| admitted.actor),
             Ok(Actor::local())
         );
         assert!(matches!(
@@ -708,7 +787,8 @@ mod tests {
             ("origin", "http://evil.example"),
         ]);
         assert_eq!(
-            open.admit(&Method::POST, "/api/agent/runs", &twice, None),
+            open.admit(&Method::POST, "/api/agent/runs", &twice, None)
+                .map(|admitted| admitted.actor),
             Err(Refusal::MalformedHeader { name: "Origin" })
         );
     }

@@ -193,6 +193,8 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
             return Err(error);
         }
     };
+    // Logouts are kept with the rest of the state, where every instance on the database reads them.
+    let security = security.with_logouts(Arc::clone(harness.store()));
     let addr = listener.local_addr().map_err(|source| StartupError::Bind {
         addr: config.addr,
         source,

@@ -92,6 +92,8 @@ struct Tables {
     unfinished: u64,
     audit: Vec<AuditEntry>,
     rules: Vec<StoredRule>,
+    /// Logins logged out, with when their cookies expire.
+    logged_out: HashMap<String, u64>,
 }
 
 impl Tables {
@@ -889,6 +891,18 @@ impl Store for MemoryStore {
 
     fn rules(&self) -> StoreFuture<'_, Vec<StoredRule>> {
         Self::ready(self.tables.lock().rules.clone())
+    }
+
+    fn log_out(&self, login: &str, expires_at: u64) -> StoreFuture<'_, ()> {
+        let now = now_ms();
+        let mut tables = self.tables.lock();
+        tables.logged_out.retain(|_, expires| *expires > now);
+        tables.logged_out.insert(login.to_owned(), expires_at);
+        Self::ready(())
+    }
+
+    fn logged_out(&self, login: &str) -> StoreFuture<'_, bool> {
+        Self::ready(self.tables.lock().logged_out.contains_key(login))
     }
 
     fn add_rule(&self, rule: StoredRule, audit: AuditEntry) -> StoreFuture<'_, ()> {

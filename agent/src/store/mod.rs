@@ -1045,6 +1045,15 @@ pub trait Store: Send + Sync + 'static {
     fn audit(&self, entry: AuditEntry) -> StoreFuture<'_, ()>;
     fn audit_log(&self, query: AuditQuery) -> StoreFuture<'_, Vec<AuditEntry>>;
 
+    // ---- logins
+
+    /// Keeps that a browser's login (its login cookie's id) was logged out, until `expires_at` (milliseconds since
+    /// the Unix epoch), when its cookie is refused anyway: every instance that shares the store refuses it from
+    /// now on. Logouts past their expiry go.
+    fn log_out(&self, login: &str, expires_at: u64) -> StoreFuture<'_, ()>;
+    /// Whether a login was logged out.
+    fn logged_out(&self, login: &str) -> StoreFuture<'_, bool>;
+
     /// Forgets finished runs past the limits. Returns how many went.
     fn prune(&self, limits: RetentionLimits, now_ms: u64) -> StoreFuture<'_, usize>;
 }

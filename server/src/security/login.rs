@@ -117,7 +117,11 @@ enum Problem {
     WrongToken,
     NotAForm,
     TooLarge,
-    TooManyAttempts { wait_secs: u64 },
+    TooManyAttempts {
+        wait_secs: u64,
+    },
+    /// A logout the store could not keep.
+    LogoutNotKept,
 }
 
 impl Problem {
@@ -127,6 +131,7 @@ impl Problem {
             Self::NotAForm => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::TooManyAttempts { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::LogoutNotKept => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -138,6 +143,10 @@ impl Problem {
             Self::TooManyAttempts { wait_secs } => {
                 format!("Too many attempts from your address. Wait {wait_secs} s and try again.")
             }
+            Self::LogoutNotKept => format!(
+                "This browser is logged out, but the server could not record the logout (its database does not answer): a copy of this browser's login cookie would still work until it expires, in at most {} days. Log in and out again once the server works, or change the token to log every browser out.",
+                LOGIN_LIFETIME.as_secs() / 86_400
+            ),
         }
     }
 }
@@ -201,9 +210,10 @@ fn to_login() -> Response {
     (StatusCode::SEE_OTHER, [(header::LOCATION, "/login")]).into_response()
 }
 
-/// `GET /login`: the form, or home for a browser that is logged in already.
+/// `GET /login`: the form, or home for a browser that is logged in already (with a login not logged out: home
+/// would send a logged-out cookie back here).
 async fn show(State(security): State<Security>, headers: HeaderMap) -> Response {
-    if security.has_login_cookie(&headers) {
+    if let Ok(Some(_)) = security.logged_in(&headers).await {
         return to_home();
     }
     page(None)
@@ -248,20 +258,30 @@ async fn submit(
         tracing::warn!("a login attempt with a wrong token");
         return page(Some(Problem::WrongToken));
     }
-    let cookie = security.cookie_policy().cookie(
-        AUTH_COOKIE,
-        credentials.login_cookie(SystemTime::now()),
-        LOGIN_LIFETIME,
-        FromOtherSites::Never,
-    );
+    let login = match credentials.login_cookie(SystemTime::now()) {
+        Ok(login) => login,
+        Err(error) => return ApiError::Internal(error.to_string()).into_response(),
+    };
+    let cookie =
+        security
+            .cookie_policy()
+            .cookie(AUTH_COOKIE, login, LOGIN_LIFETIME, FromOtherSites::Never);
     (CookieJar::new().add(cookie), to_home()).into_response()
 }
 
-/// `POST /logout`: the browser drops its login cookie and goes to the form. The origin check has run before this,
-/// so another site's page cannot log a browser out either.
-async fn logout(State(security): State<Security>) -> Response {
-    let removal = security.cookie_policy().removal(AUTH_COOKIE);
-    (CookieJar::new().add(removal), to_login()).into_response()
+/// `POST /logout`: the login is kept as logged out until its cookie expires, so that no copy of the cookie works on
+/// any instance, and the browser drops the cookie and goes to the form. The origin check has run before this, so
+/// another site's page cannot log a browser out either. When the logout cannot be kept, the browser is logged out
+/// all the same, and told that a copy of its cookie is not.
+async fn logout(State(security): State<Security>, headers: HeaderMap) -> Response {
+    let removal = CookieJar::new().add(security.cookie_policy().removal(AUTH_COOKIE));
+    if let Some(login) = security.login_cookie(&headers)
+        && let Err(error) = security.log_out(&login).await
+    {
+        tracing::error!(%error, "cannot keep a logout: a copy of the login's cookie works until it expires");
+        return (removal, page(Some(Problem::LogoutNotKept))).into_response();
+    }
+    (removal, to_login()).into_response()
 }
 
 #[cfg(test)]

@@ -401,3 +401,58 @@ async fn round_trips_never_fail_on_locks() {
     server.signal(libc::SIGTERM);
     server.exit(EXIT_WITHIN).await;
 }
+
+/// A logout on one instance ends the login on every instance: a copy of its cookie is refused by the others, and
+/// another browser's login goes on working everywhere.
+#[tokio::test]
+async fn a_logout_on_one_instance_holds_on_every_instance() {
+    const TOKEN: &str = "a-token-the-cluster-shares";
+    let mut cluster = Cluster::new();
+    let a = cluster.start(&["--token", TOKEN]).await;
+    let b = cluster.start(&["--token", TOKEN]).await;
+    let browser = crate::security::no_redirects();
+    let log_in = async |server: &Server| {
+        let response =
+            crate::security::post_form(&browser, server.url("/login"), &[("token", TOKEN)])
+                .header("origin", server.url(""))
+                .send()
+                .await
+                .unwrap();
+        assert_eq!(response.status(), 303);
+        let set = response.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        set.split(';').next().unwrap().to_owned()
+    };
+    let page = async |server: &Server, cookie: &str| {
+        browser
+            .get(server.url("/"))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    let kept = log_in(&a).await;
+    let other = log_in(&b).await;
+    assert_eq!(page(&b, &kept).await, 200, "any instance honours a login");
+
+    let out = browser
+        .post(a.url("/logout"))
+        .header("cookie", &kept)
+        .header("origin", a.url(""))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 303);
+    assert_eq!(
+        page(&b, &kept).await,
+        303,
+        "the other instance sends it to the login form"
+    );
+    assert_eq!(page(&a, &kept).await, 303);
+    assert_eq!(page(&a, &other).await, 200);
+    assert_eq!(page(&b, &other).await, 200);
+}

@@ -443,6 +443,11 @@ fn migrations(dialect: Dialect) -> Vec<Migration> {
                 "instance leases",
                 include_str!("migrations/both/instance_leases.sql"),
             ),
+            (
+                9,
+                "logged out",
+                include_str!("migrations/both/logged_out.sql"),
+            ),
         ],
         Dialect::Postgres => &[
             (1, "init", include_str!("migrations/postgres/0001_init.sql")),
@@ -455,6 +460,11 @@ fn migrations(dialect: Dialect) -> Vec<Migration> {
                 3,
                 "instance leases",
                 include_str!("migrations/both/instance_leases.sql"),
+            ),
+            (
+                4,
+                "logged out",
+                include_str!("migrations/both/logged_out.sql"),
             ),
         ],
     };

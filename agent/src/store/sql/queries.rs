@@ -2754,6 +2754,42 @@ impl Store for SqlStore {
         .boxed()
     }
 
+    fn log_out(&self, login: &str, expires_at: u64) -> StoreFuture<'_, ()> {
+        let login = login.to_owned();
+        async move {
+            let mut tx = self.writer.begin().await.map_err(unavailable)?;
+            query("DELETE FROM logged_out WHERE expires_at <= $1")
+                .bind(now_ms() as i64)
+                .execute(&mut tx)
+                .await
+                .map_err(unavailable)?;
+            query(
+                "INSERT INTO logged_out (login, expires_at) VALUES ($1, $2) ON CONFLICT (login) DO NOTHING",
+            )
+            .bind(login)
+            .bind(i64::try_from(expires_at).unwrap_or(i64::MAX))
+            .execute(&mut tx)
+            .await
+            .map_err(unavailable)?;
+            tx.commit().await.map_err(unavailable)?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn logged_out(&self, login: &str) -> StoreFuture<'_, bool> {
+        let login = login.to_owned();
+        async move {
+            let row = query("SELECT 1 FROM logged_out WHERE login = $1")
+                .bind(login)
+                .fetch_optional(&self.reader)
+                .await
+                .map_err(unavailable)?;
+            Ok(row.is_some())
+        }
+        .boxed()
+    }
+
     fn rules(&self) -> StoreFuture<'_, Vec<StoredRule>> {
         async move {
             let rows =

@@ -162,7 +162,10 @@ async fn logging_in_sets_an_http_only_strict_cookie_that_is_not_the_token() {
     let attributes: Vec<&str> = set_cookie.split("; ").collect();
     let (name, value) = attributes[0].split_once('=').unwrap();
     assert_eq!(name, "toolgate_auth");
-    let (expires, mac) = value.split_once('.').unwrap();
+    let [expires, login, mac] = value.split('.').collect::<Vec<_>>()[..] else {
+        panic!("{value}")
+    };
+    assert_eq!(login.len(), 32, "the login's random id, in hex");
     assert_eq!(mac.len(), 64, "an HMAC-SHA256 in hex");
     let expires: u64 = expires.parse().unwrap();
     let week = unix_now() + LOGIN_LIFETIME.as_secs();
@@ -413,16 +416,20 @@ async fn a_login_expires_on_the_server_and_a_tampered_cookie_is_refused() {
     // server accepts: the expiry and its MAC are all there is to check.
     let elsewhere = Credentials::new(&AccessToken::parse(TOKEN).unwrap()).unwrap();
     let now = SystemTime::now();
-    let valid = elsewhere.login_cookie(now);
+    let valid = elsewhere.login_cookie(now).unwrap();
     assert_eq!(
         page_status(&app, &format!("toolgate_auth={valid}")).await,
         200
     );
 
-    let expired = elsewhere.login_cookie_expiring(now - Duration::from_secs(1));
-    let (expires, mac) = valid.split_once('.').unwrap();
-    let extended = format!("{}.{mac}", expires.parse::<u64>().unwrap() + 86_400);
-    let other_mac = format!("{expires}.{}", "0".repeat(64));
+    let expired = elsewhere
+        .login_cookie_expiring(now - Duration::from_secs(1))
+        .unwrap();
+    let [expires, login, mac] = valid.split('.').collect::<Vec<_>>()[..] else {
+        panic!("{valid}")
+    };
+    let extended = format!("{}.{login}.{mac}", expires.parse::<u64>().unwrap() + 86_400);
+    let other_mac = format!("{expires}.{login}.{}", "0".repeat(64));
     for value in [expired, extended, other_mac] {
         let cookie = format!("toolgate_auth={value}");
         assert_eq!(page_status(&app, &cookie).await, 303, "{cookie}");
@@ -554,6 +561,92 @@ async fn logging_out_takes_the_cookie_back_and_the_page_offers_it() {
     let page = open.get("/").await.text().await.unwrap();
     assert!(page.contains("<title>toolgate</title>"));
     assert!(!page.contains("/logout"), "{page}");
+}
+
+/// A logout ends the login, not only the browser's copy of its cookie: a copy kept elsewhere (stolen, or another
+/// tab's before the logout) is refused by the page, the API and the login form, which shows itself instead of
+/// sending it home. Another browser's login goes on. Before, the cookie worked for its whole week after a logout.
+#[tokio::test]
+async fn a_logged_out_cookie_is_refused_even_where_it_was_kept() {
+    let app = protected().await;
+    let kept = log_in(&app, TOKEN).await;
+    let other = log_in(&app, TOKEN).await;
+    assert_ne!(kept, other, "each login has a cookie of its own");
+    assert_eq!(page_status(&app, &kept).await, 200);
+
+    let out = no_redirects()
+        .post(app.url("/logout"))
+        .header("cookie", &kept)
+        .header("origin", own_origin(&app))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 303);
+    assert_eq!(out.headers()["location"], "/login");
+
+    assert_eq!(page_status(&app, &kept).await, 303);
+    let api = app
+        .client
+        .get(app.url("/api/agent/approvals"))
+        .header("cookie", &kept)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(api.status(), 401);
+    let form = no_redirects()
+        .get(app.url("/login"))
+        .header("cookie", &kept)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        form.status(),
+        200,
+        "the form, not a loop between / and /login"
+    );
+    assert_eq!(
+        page_status(&app, &other).await,
+        200,
+        "another login goes on"
+    );
+}
+
+/// A logout the database refuses still logs this browser out, and says plainly that a copy of the cookie is not: a
+/// 503 page, not a redirect as if all were done.
+#[tokio::test]
+async fn a_logout_the_database_refuses_says_a_copy_of_the_cookie_still_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("toolgate.db");
+    let database = agent::store::sql::DatabaseUrl::Sqlite(file.clone());
+    let app = spawn_app_with(|config| {
+        config.token = Some(AccessToken::parse(TOKEN).unwrap());
+        config.database_url = server::config::Database::Sql(database);
+    })
+    .await;
+    let cookie = log_in(&app, TOKEN).await;
+    rusqlite::Connection::open(&file)
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER refuse_logouts BEFORE INSERT ON logged_out \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    let out = no_redirects()
+        .post(app.url("/logout"))
+        .header("cookie", &cookie)
+        .header("origin", own_origin(&app))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 503);
+    let removal = out.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(removal.starts_with("toolgate_auth=;"), "{removal}");
+    let page = out.text().await.unwrap();
+    assert!(
+        page.contains("a copy of this browser's login cookie would still work until it expires, in at most 7 days"),
+        "{page}"
+    );
+    assert_eq!(page_status(&app, &cookie).await, 200, "as the page says");
 }
 
 #[tokio::test]
