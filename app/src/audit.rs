@@ -7,7 +7,7 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 
 use crate::api::{AuditLine, audit_log};
-use crate::format::{date_time, server_said, visible};
+use crate::format::{date_time, server_said, visible, visible_prose};
 use crate::state::{Ui, View};
 
 /// Outcomes the log records, for the filter.
@@ -115,7 +115,7 @@ pub fn AuditView() -> impl IntoView {
             let label = if conversation.title.is_empty() {
                 format!("New conversation ({})", conversation.session_id)
             } else {
-                conversation.title.clone()
+                visible_prose(&conversation.title)
             };
             view! { <option value=conversation.session_id.to_string()>{label}</option> }
         })

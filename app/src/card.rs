@@ -743,7 +743,7 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
                     {trust.map(|trust| format!(", {trust}"))}
                 </p>
             })}
-            <p class="reason" id=reason_text_id>{request.reason.clone()}</p>
+            <p class="reason" id=reason_text_id>{visible(&request.reason)}</p>
             {hidden.then(|| view! {
                 <p class="hidden-characters" role="note">
                     "This call holds characters that would hide themselves or turn text around; they are shown as "

@@ -10,6 +10,7 @@ use leptos::task::spawn_local;
 use crate::api::{cancel_run, start_run};
 use crate::format::{
     byte_size, call_status, clock, output_text, permission_label, server_said, shown_json,
+    visible_prose,
 };
 use crate::state::{Connection, Ui, key_of};
 
@@ -83,7 +84,7 @@ fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
     let permission = format!(
         "{}: {}",
         permission_label(&call.permission),
-        call.permission.reason()
+        visible_prose(call.permission.reason())
     );
     // Why a denial denied, and why an approval that no click on its own card made approved (an approval for the
     // session given to another card of the batch, which covers this one).
@@ -94,7 +95,7 @@ fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
                 reason: Some(reason),
                 ..
             },
-        ) => Some(reason.clone()),
+        ) => Some(visible_prose(reason)),
         _ => None,
     };
     view! {
@@ -132,7 +133,7 @@ fn RunEntry(run: RunView) -> impl IntoView {
         .into_iter()
         .map(|step| {
             let text = (!step.text.is_empty()).then(|| {
-                view! { <div class="turn assistant"><p>{step.text}</p></div> }
+                view! { <div class="turn assistant"><p>{visible_prose(&step.text)}</p></div> }
             });
             let calls = step
                 .tool_calls
@@ -149,13 +150,13 @@ fn RunEntry(run: RunView) -> impl IntoView {
     });
     view! {
         <li class="run" data-run-id=run.run_id.to_string()>
-            <div class="turn user"><p>{run.message}</p></div>
+            <div class="turn user"><p>{visible_prose(&run.message)}</p></div>
             {omitted.map(|note| view! { <p class="note context-note" role="note">{note}</p> })}
             {steps}
             {thinking.then(|| view! { <p class="thinking" role="status">"Working…"</p> })}
             {failure.map(|failure| view! {
                 <div class="turn failed" role="status">
-                    <p><strong>"The run failed: "</strong>{failure.message}</p>
+                    <p><strong>"The run failed: "</strong>{visible_prose(&failure.message)}</p>
                 </div>
             })}
         </li>

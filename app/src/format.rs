@@ -33,6 +33,49 @@ pub fn visible(text: &str) -> String {
     shown
 }
 
+/// Whether a character of prose (a message, the model's text, a tool's text result) would change how the text
+/// around it reads without being seen: the controls that reorder text (embeddings, overrides, isolates) and the
+/// tag characters, which can carry text nobody sees to the model. Prose keeps what cards write out only because a
+/// card must show every character: the marks right-to-left writing needs (`U+200E`, `U+200F`, `U+061C`), the
+/// zero-width space some scripts separate words with, joiners, the soft hyphen; and the tags of a flag's emoji.
+fn reorders_or_hides(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{E0000}'..='\u{E007F}')
+}
+
+/// Prose as the page shows it: each character that would reorder the text around it or hide text (see
+/// [`reorders_or_hides`]) written out as `\u{…}`, so that `important\u{202E}txt.kcab` does not read as
+/// `importantback.txt`. A flag's emoji sequence (a black flag, the tags of a region's code of at most six letters
+/// and digits, a cancel tag: the flags of England, Scotland and Wales) stays as it is; longer runs of tags are
+/// written out, since they can spell what no one sees.
+pub fn visible_prose(text: &str) -> String {
+    if !text.contains(reorders_or_hides) {
+        return text.to_owned();
+    }
+    let mut shown = String::with_capacity(text.len() + 16);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        shown.push(c);
+        if c == '\u{1F3F4}' {
+            let flag: String = chars.clone().take(8).collect();
+            let tags = flag
+                .chars()
+                .take_while(
+                    |tag| matches!(tag, '\u{E0030}'..='\u{E0039}' | '\u{E0061}'..='\u{E007A}'),
+                )
+                .count();
+            if (1..=6).contains(&tags) && flag.chars().nth(tags) == Some('\u{E007F}') {
+                shown.extend(chars.by_ref().take(tags + 1));
+            }
+            continue;
+        }
+        if reorders_or_hides(c) {
+            shown.pop();
+            shown.push_str(&format!("\\u{{{:04X}}}", u32::from(c)));
+        }
+    }
+    shown
+}
+
 /// Whether `text` holds a character [`visible`] writes out.
 pub fn has_hidden(text: &str) -> bool {
     text.contains(hides_itself)
@@ -137,9 +180,11 @@ pub fn output_text(output: &ToolOutput) -> String {
     let text = match output {
         ToolOutput::Ok {
             content: Value::String(text),
-        } => text.clone(),
+        } => visible_prose(text),
         ToolOutput::Ok { content } => shown_json(content),
-        ToolOutput::Error { code, message } => format!("{}: {message}", code.as_str()),
+        ToolOutput::Error { code, message } => {
+            format!("{}: {}", code.as_str(), visible_prose(message))
+        }
     };
     if text.len() <= OUTPUT_SHOWN {
         return text;
@@ -216,6 +261,47 @@ mod tests {
         );
         let unreadable = ServerFnError::Deserialization("expected value at line 1".into());
         assert_eq!(server_said(&unreadable), unreadable.to_string());
+    }
+
+    #[test]
+    fn prose_writes_out_what_turns_it_around_or_hides_in_it_and_keeps_what_scripts_need() {
+        assert_eq!(
+            visible_prose("delete important\u{202E}txt.kcab"),
+            "delete important\\u{202E}txt.kcab"
+        );
+        assert_eq!(
+            visible_prose("a\u{2067}b\u{2069}c\u{202A}d\u{202C}"),
+            "a\\u{2067}b\\u{2069}c\\u{202A}d\\u{202C}"
+        );
+        // Tags that spell a hidden "hi" are written out, alone or after a black flag.
+        assert_eq!(
+            visible_prose("ok\u{E0068}\u{E0069}"),
+            "ok\\u{E0068}\\u{E0069}"
+        );
+        let smuggled: String = std::iter::once('\u{1F3F4}')
+            .chain(
+                "ignoreall"
+                    .chars()
+                    .map(|c| char::from_u32(0xE0000 + u32::from(c)).unwrap()),
+            )
+            .chain(['\u{E007F}'])
+            .collect();
+        assert!(visible_prose(&smuggled).starts_with("\u{1F3F4}\\u{E0069}\\u{E0067}"));
+        // The marks and spaces of right-to-left and Thai writing, joiners and the flags of the nations of Britain stay.
+        let scotland = "\u{1F3F4}\u{E0067}\u{E0062}\u{E0073}\u{E0063}\u{E0074}\u{E007F}";
+        for plain in [
+            "שלום\u{200F} world",
+            "ภาษา\u{200B}ไทย",
+            "👩\u{200D}💻 co\u{00AD}operate",
+            scotland,
+            "🏴 a black flag alone",
+        ] {
+            assert_eq!(visible_prose(plain), plain);
+        }
+        assert_eq!(
+            visible_prose(&format!("{scotland}\u{202E}")),
+            format!("{scotland}\\u{{202E}}")
+        );
     }
 
     #[test]

@@ -205,7 +205,12 @@ mod browser {
             return;
         }
         let options = NotificationOptions::new();
-        options.set_body(&format!("{}: {}", request.tool_name, request.reason));
+        // Written out as the card writes them: a notification is read before the card is.
+        options.set_body(&format!(
+            "{}: {}",
+            crate::format::visible(&request.tool_name),
+            crate::format::visible(&request.reason)
+        ));
         let dom_id = card_dom_id(&key_of(request));
         options.set_tag(&dom_id);
         let Ok(notification) =

@@ -9,7 +9,7 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 
 use crate::api::list_sessions;
-use crate::format::date_time;
+use crate::format::{date_time, visible_prose};
 use crate::state::Ui;
 
 #[component]
@@ -39,7 +39,7 @@ pub fn Sidebar() -> impl IntoView {
                 let title = if conversation.title.is_empty() {
                     "New conversation".to_owned()
                 } else {
-                    conversation.title.clone()
+                    visible_prose(&conversation.title)
                 };
                 let detail = match conversation.runs {
                     0 => "no messages yet".to_owned(),

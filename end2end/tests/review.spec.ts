@@ -496,3 +496,21 @@ test("characters that hide themselves or turn text around are written out on the
   await command.getByRole("button", { name: "Deny" }).click();
   await expect(page.locator(".approval-card")).toHaveCount(0);
 });
+
+test("the transcript writes out what would turn a message or an answer around", async ({ page }, testInfo) => {
+  await openPage(page);
+  // Sent as typed: unescaped, the name reads as `important-…back.txt` in the message, the answer and the title.
+  const name = `important-${unique("rlo").replace(/\.txt$/, "")}\u202Etxt.kcab`;
+  const shown = name.replace("\u202E", "\\u{202E}");
+  await send(page, `write ${name}: hi`);
+  await card(page, "write_file").getByRole("button", { name: "Approve", exact: true }).click();
+  const answer = page.locator(".turn.assistant").last();
+  await expect(answer).toHaveText(`write_file wrote 2 bytes to ${shown}.`);
+  await expect(page.locator(".turn.user").last()).toHaveText(`write ${shown}: hi`);
+  await expect(page.locator(".tool-call .output pre")).toContainText(shown);
+  await expect(page.locator(".sidebar [aria-current=page] .conversation-title")).toHaveText(`write ${shown}: hi`);
+  for (const text of await page.locator(".transcript, .sidebar").allTextContents()) {
+    expect(text).not.toContain("\u202E");
+  }
+  await screenshot(page, testInfo, "review-hidden-characters-in-prose");
+});
