@@ -257,6 +257,40 @@ test.describe("a server with an access token", () => {
     const listed = await request.get("/api/agent/approvals", { headers: { authorization: `Bearer ${E2E_TOKEN}` } });
     expect(listed.status()).toBe(200);
   });
+
+  test("Log out ends the login: a copy of its cookie taken before opens nothing, another login goes on", async ({ browser }, testInfo) => {
+    const logIn = async () => {
+      const context = await browser.newContext({ baseURL: WITH_TOKEN });
+      const page = await context.newPage();
+      await page.goto("/login");
+      await page.getByLabel("Access token").fill(E2E_TOKEN);
+      await page.getByRole("button", { name: "Log in" }).click();
+      await expect(page).toHaveURL(`${WITH_TOKEN}/`);
+      return { context, page };
+    };
+    const mine = await logIn();
+    const theirs = await logIn();
+    // A copy of the cookie, as another tab kept it or as it was taken off the machine.
+    const copied = (await mine.context.cookies(WITH_TOKEN)).filter((cookie) => cookie.name === "toolgate_auth");
+    expect(copied).toHaveLength(1);
+
+    await mine.page.getByRole("button", { name: "Log out" }).click();
+    await expect(mine.page).toHaveURL(`${WITH_TOKEN}/login`);
+    await screenshot(mine.page, testInfo, "logged-out");
+
+    const thief = await browser.newContext({ baseURL: WITH_TOKEN });
+    await thief.addCookies(copied);
+    const stolen = await thief.newPage();
+    await stolen.goto("/");
+    await expect(stolen).toHaveURL(`${WITH_TOKEN}/login`);
+    await expect(stolen.getByLabel("Access token")).toBeVisible();
+    expect((await thief.request.get("/api/agent/approvals")).status()).toBe(401);
+
+    await theirs.page.reload();
+    await expect(theirs.page).toHaveURL(`${WITH_TOKEN}/`);
+    expect((await theirs.context.request.get("/api/agent/approvals")).status()).toBe(200);
+    for (const context of [mine.context, theirs.context, thief]) await context.close();
+  });
 });
 
 test("markup smuggled into the page runs no script", async ({ page }) => {
