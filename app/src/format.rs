@@ -16,69 +16,107 @@ fn hides_itself(c: char) -> bool {
         | '\u{FEFF}' | '\u{E0000}'..='\u{E007F}')
 }
 
-/// `text` with each character that would hide itself (see [`hides_itself`]) written out as `\u{…}`, so that a card
-/// shows exactly what would run.
-pub fn visible(text: &str) -> String {
-    if !text.contains(hides_itself) {
-        return text.to_owned();
+/// Whether `c`, a variation selector after `previous`, would carry something nobody sees rather than choose how
+/// `previous` looks: a selector chooses a glyph of the one character before it, so one after another selector (or
+/// at the start) is data, as is a selector of the supplementary range (`U+E0100`…, the ideographic variations)
+/// after anything but a CJK ideograph. Runs of selectors can spell whole hidden messages after an emoji.
+fn smuggled_selector(previous: Option<char>, c: char) -> bool {
+    let is_selector = |c: char| matches!(c, '\u{FE00}'..='\u{FE0F}' | '\u{E0100}'..='\u{E01EF}');
+    let is_ideograph = |c: char| {
+        matches!(c, '\u{3400}'..='\u{4DBF}' | '\u{4E00}'..='\u{9FFF}' | '\u{F900}'..='\u{FAFF}'
+            | '\u{20000}'..='\u{3134F}')
+    };
+    match c {
+        '\u{FE00}'..='\u{FE0F}' => previous.is_none_or(is_selector),
+        '\u{E0100}'..='\u{E01EF}' => !previous.is_some_and(is_ideograph),
+        _ => false,
     }
+}
+
+/// `text` with each character written out as `\u{…}` that `hidden(previous, c)` says would hide itself.
+fn written_out(text: &str, mut hidden: impl FnMut(Option<char>, char) -> bool) -> String {
     let mut shown = String::with_capacity(text.len() + 16);
+    let mut previous = None;
     for c in text.chars() {
-        if hides_itself(c) {
+        if hidden(previous, c) {
             shown.push_str(&format!("\\u{{{:04X}}}", u32::from(c)));
         } else {
             shown.push(c);
         }
+        previous = Some(c);
     }
     shown
+}
+
+/// `text` with each character that would hide itself (see [`hides_itself`]), and each variation selector that
+/// chooses no glyph ([`smuggled_selector`]), written out as `\u{…}`, so that a card shows exactly what would run.
+pub fn visible(text: &str) -> String {
+    written_out(text, |previous, c| {
+        hides_itself(c) || smuggled_selector(previous, c)
+    })
 }
 
 /// Whether a character of prose (a message, the model's text, a tool's text result) would change how the text
 /// around it reads without being seen: the controls that reorder text (embeddings, overrides, isolates) and the
 /// tag characters, which can carry text nobody sees to the model. Prose keeps what cards write out only because a
 /// card must show every character: the marks right-to-left writing needs (`U+200E`, `U+200F`, `U+061C`), the
-/// zero-width space some scripts separate words with, joiners, the soft hyphen; and the tags of a flag's emoji.
+/// zero-width space some scripts separate words with, joiners, the soft hyphen; and the tags of the three flags
+/// that are emoji.
 fn reorders_or_hides(c: char) -> bool {
     matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{E0000}'..='\u{E007F}')
 }
 
+/// The flags written with tags, the emoji of England, Scotland and Wales: a black flag, the region's code in tag
+/// letters, a cancel tag. No other tag sequence is an emoji.
+const TAG_FLAGS: [&str; 3] = [
+    "\u{1F3F4}\u{E0067}\u{E0062}\u{E0065}\u{E006E}\u{E0067}\u{E007F}",
+    "\u{1F3F4}\u{E0067}\u{E0062}\u{E0073}\u{E0063}\u{E0074}\u{E007F}",
+    "\u{1F3F4}\u{E0067}\u{E0062}\u{E0077}\u{E006C}\u{E0073}\u{E007F}",
+];
+
 /// Prose as the page shows it: each character that would reorder the text around it or hide text (see
-/// [`reorders_or_hides`]) written out as `\u{…}`, so that `important\u{202E}txt.kcab` does not read as
-/// `importantback.txt`. A flag's emoji sequence (a black flag, the tags of a region's code of at most six letters
-/// and digits, a cancel tag: the flags of England, Scotland and Wales) stays as it is; longer runs of tags are
-/// written out, since they can spell what no one sees.
+/// [`reorders_or_hides`]), and each variation selector that chooses no glyph, written out as `\u{…}`, so that
+/// `important\u{202E}txt.kcab` does not read as `importantback.txt`. The flags of England, Scotland and Wales stay
+/// as they are; every other tag is written out, since tags can spell what no one sees.
 pub fn visible_prose(text: &str) -> String {
-    if !text.contains(reorders_or_hides) {
-        return text.to_owned();
-    }
     let mut shown = String::with_capacity(text.len() + 16);
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        shown.push(c);
-        if c == '\u{1F3F4}' {
-            let flag: String = chars.clone().take(8).collect();
-            let tags = flag
-                .chars()
-                .take_while(
-                    |tag| matches!(tag, '\u{E0030}'..='\u{E0039}' | '\u{E0061}'..='\u{E007A}'),
-                )
-                .count();
-            if (1..=6).contains(&tags) && flag.chars().nth(tags) == Some('\u{E007F}') {
-                shown.extend(chars.by_ref().take(tags + 1));
-            }
-            continue;
-        }
-        if reorders_or_hides(c) {
-            shown.pop();
-            shown.push_str(&format!("\\u{{{:04X}}}", u32::from(c)));
-        }
+    let mut rest = text;
+    let mut previous = None;
+    // Between flags, what is written out is decided a character at a time.
+    while let Some(at) = rest.find('\u{1F3F4}') {
+        let (before, from) = rest.split_at(at);
+        shown.push_str(&prose_part(before, previous));
+        let flag = TAG_FLAGS.iter().find(|flag| from.starts_with(*flag));
+        let taken = flag.map_or('\u{1F3F4}'.len_utf8(), |flag| flag.len());
+        shown.push_str(&from[..taken]);
+        previous = from[..taken].chars().next_back();
+        rest = &from[taken..];
     }
+    shown.push_str(&prose_part(rest, previous));
     shown
+}
+
+/// A part of prose with no flag in it, after `previous`.
+fn prose_part(text: &str, previous: Option<char>) -> String {
+    let mut first = true;
+    written_out(text, |before, c| {
+        let before = if std::mem::take(&mut first) {
+            previous
+        } else {
+            before
+        };
+        reorders_or_hides(c) || smuggled_selector(before, c)
+    })
 }
 
 /// Whether `text` holds a character [`visible`] writes out.
 pub fn has_hidden(text: &str) -> bool {
-    text.contains(hides_itself)
+    let mut previous = None;
+    text.chars().any(|c| {
+        let hidden = hides_itself(c) || smuggled_selector(previous, c);
+        previous = Some(c);
+        hidden
+    })
 }
 
 /// JSON indented for reading, as the page shows a call's arguments or output: with its hidden characters written
@@ -177,17 +215,19 @@ pub const OUTPUT_SHOWN: usize = 64 * 1024;
 
 /// What a tool gave back, for the transcript: a long result's head and tail.
 pub fn output_text(output: &ToolOutput) -> String {
-    let text = match output {
+    // Cut first, then write out what hides (a cut through `\u{202E}` would leave half of it, one through a flag
+    // its tags).
+    let (text, shown): (String, fn(&str) -> String) = match output {
         ToolOutput::Ok {
             content: Value::String(text),
-        } => visible_prose(text),
-        ToolOutput::Ok { content } => shown_json(content),
+        } => (text.clone(), visible_prose),
+        ToolOutput::Ok { content } => (pretty_json(content), visible),
         ToolOutput::Error { code, message } => {
-            format!("{}: {}", code.as_str(), visible_prose(message))
+            (format!("{}: {message}", code.as_str()), visible_prose)
         }
     };
     if text.len() <= OUTPUT_SHOWN {
-        return text;
+        return shown(&text);
     }
     let mut head = OUTPUT_SHOWN / 2;
     while !text.is_char_boundary(head) {
@@ -199,10 +239,10 @@ pub fn output_text(output: &ToolOutput) -> String {
     }
     format!(
         "{}\n[... {} of {} bytes not shown; the run's events have all of it ...]\n{}",
-        &text[..head],
+        shown(&text[..head]),
         tail - head,
         text.len(),
-        &text[tail..]
+        shown(&text[tail..])
     )
 }
 
@@ -302,6 +342,54 @@ mod tests {
             visible_prose(&format!("{scotland}\u{202E}")),
             format!("{scotland}\\u{{202E}}")
         );
+        for flag in TAG_FLAGS {
+            assert_eq!(
+                visible_prose(&format!("{flag}{flag}!")),
+                format!("{flag}{flag}!")
+            );
+        }
+        // Short runs of tags behind black flags, one after another, are not flags: they spell "ignore previous".
+        let tags = |word: &str| -> String {
+            word.chars()
+                .map(|c| char::from_u32(0xE0000 + u32::from(c)).unwrap())
+                .collect()
+        };
+        let chained = format!(
+            "\u{1F3F4}{}\u{E007F}\u{1F3F4}{}\u{E007F}",
+            tags("ignore"),
+            tags("previo")
+        );
+        let shown = visible_prose(&chained);
+        assert!(
+            shown
+                .chars()
+                .all(|c| !('\u{E0000}'..='\u{E007F}').contains(&c)),
+            "{shown}"
+        );
+        assert!(
+            shown.starts_with("\u{1F3F4}\\u{E0069}\\u{E0067}"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn a_variation_selector_is_kept_where_it_chooses_a_glyph_and_written_out_where_it_carries_data()
+    {
+        for kept in ["❤\u{FE0F} ok", "☺\u{FE0E}", "葛\u{E0100}城市"] {
+            assert_eq!(visible(kept), kept);
+            assert_eq!(visible_prose(kept), kept);
+            assert!(!has_hidden(kept), "{kept}");
+        }
+        // Bytes hidden as selectors: a run after an emoji, a supplementary one after a letter, one at the start.
+        for (hidden, shown) in [
+            ("😀\u{FE0F}\u{FE01}\u{FE02}", "😀\u{FE0F}\\u{FE01}\\u{FE02}"),
+            ("a\u{E0101}b", "a\\u{E0101}b"),
+            ("\u{FE00}x", "\\u{FE00}x"),
+        ] {
+            assert_eq!(visible(hidden), shown);
+            assert_eq!(visible_prose(hidden), shown);
+            assert!(has_hidden(hidden), "{hidden}");
+        }
     }
 
     #[test]
