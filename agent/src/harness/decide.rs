@@ -11,7 +11,7 @@ use crate::approvals::{
 use crate::clock::now_ms;
 use crate::ids::{RunId, ToolCallId};
 use crate::permissions::{Grant, SessionGrant};
-use crate::policy::{RuleBook as _, SessionGrants, grant, session_grant};
+use crate::policy::{RuleBook as _, grant, session_grant};
 use crate::runtime::AbortReason;
 use crate::store::{Aborted, CallStatus, DecideFailure, Refused, RunInfo};
 use crate::wire::{
@@ -209,9 +209,22 @@ impl Harness {
         let Some(first) = covered.next() else {
             return;
         };
+        // The rules and the session's grants as they are now: a grant revoked meanwhile (another tab, another
+        // instance) approves nothing more.
         self.inner.rules.reread_shared().await;
-        let mut grants = SessionGrants::new();
-        grants.insert(made.clone());
+        let grants = match self.inner.store.run(run_id).await {
+            Ok(Some(run)) => self.grants(&run.session_id).await,
+            Ok(None) => return,
+            Err(error) => Err(Unavailable(error)),
+        };
+        let grants = match grants {
+            Ok(grants) if grants.list().iter().any(|held| held.id == made.id) => grants,
+            Ok(_) => return,
+            Err(error) => {
+                tracing::warn!(%error, %run_id, "cannot read the session's grants: the calls the new grant covers wait for a person");
+                return;
+            }
+        };
         for record in std::iter::once(first).chain(covered) {
             let allowed = self
                 .inner
@@ -256,6 +269,8 @@ impl Harness {
                 .await
             {
                 Ok(Ok(_)) => {}
+                // Past its expiry: the sweep's, which times it out.
+                Ok(Err(DecideFailure::Expired)) => self.inner.sweeper.notify_one(),
                 // Decided meanwhile, by a person or the sweep: theirs stands.
                 Ok(Err(_)) => {}
                 Err(error) => {
