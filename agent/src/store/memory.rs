@@ -894,9 +894,11 @@ impl Store for MemoryStore {
     }
 
     fn log_out(&self, login: &str, expires_at: u64) -> StoreFuture<'_, ()> {
-        let now = now_ms();
+        let gone_before = now_ms().saturating_sub(LOGOUT_KEPT_PAST_EXPIRY_MS);
         let mut tables = self.tables.lock();
-        tables.logged_out.retain(|_, expires| *expires > now);
+        tables
+            .logged_out
+            .retain(|_, expires| *expires > gone_before);
         tables.logged_out.insert(login.to_owned(), expires_at);
         Self::ready(())
     }

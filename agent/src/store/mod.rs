@@ -278,6 +278,10 @@ pub enum StartConflict {
     },
 }
 
+/// How long a logout is kept past its cookie's expiry, in milliseconds: a day, for the instances whose clocks are
+/// behind (see [`Store::log_out`]).
+pub const LOGOUT_KEPT_PAST_EXPIRY_MS: u64 = 24 * 60 * 60 * 1000;
+
 /// What the repeated-call guard has counted in a run, kept across the run's batches.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RepeatCounts {
@@ -1049,7 +1053,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Keeps that a browser's login (its login cookie's id) was logged out, until `expires_at` (milliseconds since
     /// the Unix epoch), when its cookie is refused anyway: every instance that shares the store refuses it from
-    /// now on. Logouts past their expiry go.
+    /// now on. Logouts a day past their expiry go (a day: an instance whose clock is behind still honours the
+    /// cookie a while).
     fn log_out(&self, login: &str, expires_at: u64) -> StoreFuture<'_, ()>;
     /// Whether a login was logged out.
     fn logged_out(&self, login: &str) -> StoreFuture<'_, bool>;

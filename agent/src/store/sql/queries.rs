@@ -2759,7 +2759,7 @@ impl Store for SqlStore {
         async move {
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
             query("DELETE FROM logged_out WHERE expires_at <= $1")
-                .bind(now_ms() as i64)
+                .bind(now_ms().saturating_sub(LOGOUT_KEPT_PAST_EXPIRY_MS) as i64)
                 .execute(&mut tx)
                 .await
                 .map_err(unavailable)?;
