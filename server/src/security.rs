@@ -27,9 +27,10 @@ pub mod token;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
@@ -42,8 +43,10 @@ pub use token::AccessToken;
 
 use crate::client::ClientAddr;
 use crate::error::ApiError;
+use agent::clock::now_ms;
 use agent::harness::Actor;
 use agent::store::{Store, StoreError};
+use futures::StreamExt as _;
 use origin::{Authority, FetchSite};
 use token::{AUTH_COOKIE, Credentials, Login, RandomUnavailable};
 
@@ -212,7 +215,14 @@ pub struct Security {
     /// Where logouts are kept, shared by every instance on the same database: a logged-out login's cookie is
     /// refused. `None` before the store is open (and in unit tests of the checks), where nobody has logged out.
     logouts: Option<Arc<dyn Store>>,
+    /// Counts the logouts kept by this instance: each wakes the event streams opened with a login cookie here, to
+    /// see whether theirs was the one.
+    logged_out_here: Arc<tokio::sync::watch::Sender<u64>>,
 }
+
+/// How often an event stream opened with a login cookie looks whether its login was logged out on another instance
+/// (a logout on this one ends it at once) or its cookie expired.
+const LOGOUT_CHECK_EVERY: Duration = Duration::from_secs(10);
 
 /// A request let through, and the login its cookie names when the cookie was its credential (whether that login
 /// was logged out is read from the store next).
@@ -303,6 +313,7 @@ impl Security {
             !public_origins.is_empty() && public_origins.iter().all(PublicOrigin::is_https);
         Ok(Self {
             logouts: None,
+            logged_out_here: Arc::new(tokio::sync::watch::Sender::new(0)),
             policy: Arc::new(Policy {
                 origins: public_origins,
                 credentials,
@@ -379,12 +390,47 @@ impl Security {
         }
     }
 
-    /// Keeps that `login` was logged out, until its cookie expires.
+    /// Keeps that `login` was logged out, until its cookie expires; the event streams opened with it here end.
     async fn log_out(&self, login: &Login) -> Result<(), StoreError> {
-        match &self.logouts {
-            Some(store) => store.log_out(&login.id, login.expires_at_ms).await,
-            None => Ok(()),
+        if let Some(store) = &self.logouts {
+            store.log_out(&login.id, login.expires_at_ms).await?;
         }
+        self.logged_out_here.send_modify(|count| *count += 1);
+        Ok(())
+    }
+
+    /// `response`, an event stream opened with `login`'s cookie, ending when the login is logged out (at once for a
+    /// logout on this instance, within [`LOGOUT_CHECK_EVERY`] for one on another) or its cookie expires: a stream
+    /// must not go on telling a browser that can no longer open it what the runs do.
+    fn ending_with(&self, login: Login, response: Response) -> Response {
+        let store = self.logouts.clone();
+        let mut here = self.logged_out_here.subscribe();
+        let ended = async move {
+            loop {
+                let expired = Duration::from_millis(login.expires_at_ms.saturating_sub(now_ms()));
+                tokio::select! {
+                    () = tokio::time::sleep(LOGOUT_CHECK_EVERY.min(expired)) => {}
+                    // The sender lives as long as the server's routes: a closed channel is never seen here.
+                    _ = here.changed() => {}
+                }
+                if now_ms() >= login.expires_at_ms {
+                    return;
+                }
+                if let Some(store) = &store {
+                    match store.logged_out(&login.id).await {
+                        Ok(true) => return,
+                        Ok(false) => {}
+                        // What cannot be read now is read at the next look; the stream's own reads fail too.
+                        Err(error) => {
+                            tracing::warn!(%error, "cannot read whether an event stream's login was logged out");
+                        }
+                    }
+                }
+            }
+        };
+        let (parts, body) = response.into_parts();
+        let body = Body::from_stream(body.into_data_stream().take_until(ended));
+        Response::from_parts(parts, body)
     }
 
     /// The login and logout routes, when a token is set.
@@ -535,6 +581,20 @@ impl Security {
 
 const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
 
+/// Whether a response is an event stream (`text/event-stream`), which goes on as long as the client listens.
+fn is_event_stream(response: &Response) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            value
+                .split(';')
+                .next()
+                .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
+        })
+}
+
 /// Headers every response carries: no framing by other pages (clickjacking the Approve button), no MIME sniffing,
 /// no embedding of our responses by other origins, and no copy kept by a cache (the page and the API carry
 /// conversations, tool arguments and outputs; a browser's Back after logging out, or a shared proxy, would show
@@ -570,13 +630,13 @@ pub(crate) async fn guard(
         request.headers(),
         client,
     ) {
-        Ok(Admitted { actor, login: None }) => Ok(actor),
+        Ok(Admitted { actor, login: None }) => Ok((actor, None)),
         // A login cookie is valid until its expiry unless its login was logged out, here or on another instance.
         Ok(Admitted {
             actor,
             login: Some(login),
         }) => match security.logged_out(&login).await {
-            Ok(false) => Ok(actor),
+            Ok(false) => Ok((actor, Some(login))),
             Ok(true) => Err(Refusal::no_credentials(
                 request.method(),
                 request.uri().path(),
@@ -589,10 +649,14 @@ pub(crate) async fn guard(
         Err(refusal) => Err(refusal),
     };
     let mut response = match verdict {
-        Ok(actor) => {
+        Ok((actor, login)) => {
             // Who is acting comes from here, never from a request body.
             request.extensions_mut().insert(actor);
-            next.run(request).await
+            let response = next.run(request).await;
+            match login {
+                Some(login) if is_event_stream(&response) => security.ending_with(login, response),
+                _ => response,
+            }
         }
         Err(refusal) => {
             if !matches!(refusal, Refusal::NoCredentials { page: true }) {

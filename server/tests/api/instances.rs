@@ -402,8 +402,9 @@ async fn round_trips_never_fail_on_locks() {
     server.exit(EXIT_WITHIN).await;
 }
 
-/// A logout on one instance ends the login on every instance: a copy of its cookie is refused by the others, and
-/// another browser's login goes on working everywhere.
+/// A logout on one instance ends the login on every instance: a copy of its cookie is refused by the others, an
+/// event stream it opened on another instance ends within that instance's check (10 s), and another browser's
+/// login goes on working everywhere.
 #[tokio::test]
 async fn a_logout_on_one_instance_holds_on_every_instance() {
     const TOKEN: &str = "a-token-the-cluster-shares";
@@ -438,6 +439,27 @@ async fn a_logout_on_one_instance_holds_on_every_instance() {
     let kept = log_in(&a).await;
     let other = log_in(&b).await;
     assert_eq!(page(&b, &kept).await, 200, "any instance honours a login");
+    let created = client()
+        .post(a.url("/api/agent/runs"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .json(&json!({"message": "write secret.txt: top secret"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let run_id = created.json::<serde_json::Value>().await.unwrap()["runId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let on_b = client()
+        .get(b.url(&format!("/api/agent/runs/{run_id}/events")))
+        .header("cookie", &kept)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(on_b.status(), 200);
+    let mut on_b = SseStream::new(on_b);
+    on_b.until("approvalRequired").await;
 
     let out = browser
         .post(a.url("/logout"))
@@ -451,6 +473,11 @@ async fn a_logout_on_one_instance_holds_on_every_instance() {
         page(&b, &kept).await,
         303,
         "the other instance sends it to the login form"
+    );
+    // Within the stream's patience (15 s): the other instance looks every 10 s.
+    assert!(
+        on_b.next().await.is_none(),
+        "the stream the login opened on the other instance ends"
     );
     assert_eq!(page(&a, &kept).await, 303);
     assert_eq!(page(&a, &other).await, 200);

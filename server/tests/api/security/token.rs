@@ -611,6 +611,63 @@ async fn a_logged_out_cookie_is_refused_even_where_it_was_kept() {
     );
 }
 
+/// An event stream a browser opened with its login ends when that login is logged out: it must not go on telling
+/// what the runs do (their cards, their previews of files) to a page that can no longer open it. Another login's
+/// stream goes on. Before, a stream opened before the logout ran until it closed.
+#[tokio::test]
+async fn a_logout_ends_the_event_streams_opened_with_its_login() {
+    let app = protected().await;
+    let created = app
+        .client
+        .post(app.url("/api/agent/runs"))
+        .header("authorization", bearer())
+        .json(&json!({"message": "write secret.txt: top secret"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let run_id = created.json::<Value>().await.unwrap()["runId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let follow = async |cookie: &str| {
+        let response = app
+            .client
+            .get(app.url(&format!("/api/agent/runs/{run_id}/events")))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let mut stream = crate::helpers::SseStream::new(response);
+        stream.until("approvalRequired").await;
+        stream
+    };
+    let leaving = log_in(&app, TOKEN).await;
+    let staying = log_in(&app, TOKEN).await;
+    let mut ended = follow(&leaving).await;
+    let mut going_on = follow(&staying).await;
+
+    let out = no_redirects()
+        .post(app.url("/logout"))
+        .header("cookie", &leaving)
+        .header("origin", own_origin(&app))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 303);
+    assert!(
+        ended.next().await.is_none(),
+        "the logged-out login's stream ends"
+    );
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(300), going_on.next())
+            .await
+            .is_err(),
+        "another login's stream stays open, waiting for the run's news"
+    );
+}
+
 /// A logout the database refuses still logs this browser out, and says plainly that a copy of the cookie is not: a
 /// 503 page, not a redirect as if all were done.
 #[tokio::test]
