@@ -1052,3 +1052,52 @@ async fn an_approval_for_the_session_leaves_a_card_a_newer_deny_rule_covers() {
     assert!(!dir.path().join("a.txt").exists());
     assert!(dir.path().join("b.txt").exists());
 }
+
+/// A card the deciding page keeps waiting (the person is editing it, or writing a reason on it) is left out of
+/// the cards an approval for the session approves: the edit is not overtaken by the model's arguments.
+#[tokio::test]
+async fn an_approval_for_the_session_leaves_the_cards_the_page_keeps_waiting() {
+    let Setup {
+        harness,
+        dir: _workspace,
+    } = setup();
+    let run = harness
+        .start(start("run echo one and run echo one"))
+        .await
+        .unwrap();
+    let mut events = run.subscribe(0);
+    let (_, first) = next_approval(&mut events).await;
+    let (_, edited) = next_approval(&mut events).await;
+    harness
+        .decide_keeping(
+            &first.run_id,
+            &first.tool_call_id,
+            Decision::Approve {
+                scope: DecisionScope::Session,
+                reason: None,
+                arguments: None,
+            },
+            &Actor::local(),
+            std::slice::from_ref(&edited.tool_call_id),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        waiting_cards(&harness, &run).await,
+        [r#"run_command {"args":["one"],"command":"echo"}"#]
+    );
+    assert_eq!(
+        harness.pending(Some(run.run_id())).await.unwrap()[0].tool_call_id,
+        edited.tool_call_id
+    );
+    harness
+        .decide(
+            &edited.run_id,
+            &edited.tool_call_id,
+            Decision::Deny { reason: None },
+            &Actor::local(),
+        )
+        .await
+        .unwrap();
+    run.finished().await;
+}

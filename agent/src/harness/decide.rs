@@ -98,6 +98,20 @@ impl Harness {
         decision: Decision,
         actor: &Actor,
     ) -> Result<ResolvedApproval, DecideError> {
+        self.decide_keeping(run_id, tool_call_id, decision, actor, &[])
+            .await
+    }
+
+    /// [`Self::decide`], leaving waiting the calls of `kept` that an approval for the session would otherwise
+    /// approve with it: the cards the person is editing, or writing a reason on, in the page that decides.
+    pub async fn decide_keeping(
+        &self,
+        run_id: &RunId,
+        tool_call_id: &ToolCallId,
+        decision: Decision,
+        actor: &Actor,
+        kept: &[ToolCallId],
+    ) -> Result<ResolvedApproval, DecideError> {
         let toolbox = std::sync::Arc::clone(&self.inner.toolbox);
         let who = actor.as_str().to_owned();
         let grant = self
@@ -155,7 +169,7 @@ impl Harness {
         // A grant the decision made was kept with it (`Settlement::grant`), before the run goes on.
         if let (Some(made), Some(Resolution::Approved { scope, .. })) = (&made, &record.resolution)
         {
-            self.approve_covered(run_id, tool_call_id, made, *scope, actor)
+            self.approve_covered(run_id, tool_call_id, made, *scope, actor, kept)
                 .await;
         }
         self.spawn_advance(run_id.clone());
@@ -179,7 +193,7 @@ impl Harness {
     /// reach: what the person was shown) and the rules in force now let the grant allow the call, so a rule that
     /// denies or asks, added since, keeps it waiting. Each is a decision of its own by the same person, with its
     /// `approvalResolved`, its audit entry and a reason that names the grant; one that cannot be read or decided
-    /// now waits for a person as before.
+    /// now waits for a person as before, and so does one of `kept`.
     async fn approve_covered(
         &self,
         run_id: &RunId,
@@ -187,6 +201,7 @@ impl Harness {
         made: &SessionGrant,
         scope: DecisionScope,
         actor: &Actor,
+        kept: &[ToolCallId],
     ) {
         let calls = match self.inner.store.calls(run_id).await {
             Ok(calls) => calls,
@@ -197,6 +212,7 @@ impl Harness {
         };
         let mut covered = calls.into_iter().filter(|record| {
             record.call.id != *decided
+                && !kept.contains(&record.call.id)
                 && record.status == CallStatus::Pending
                 && record.approval.as_ref().is_some_and(|approval| {
                     approval
