@@ -404,6 +404,7 @@ pub async fn decide_approval(
     reason: Option<String>,
     arguments: Option<String>,
     session: Option<SessionId>,
+    keep_waiting: Option<String>,
 ) -> Result<(), ServerFnError> {
     use agent::wire::Decision;
 
@@ -427,8 +428,18 @@ pub async fn decide_approval(
         body["arguments"] = edited;
     }
     let decision = Decision::from_json(&body).map_err(|errors| ssr::invalid(errors.to_string()))?;
+    // The cards of the run this page keeps waiting (being edited, a reason being written): an approval for the
+    // session approves the others it covers, not these.
+    let kept: Vec<agent::ids::ToolCallId> = match keep_waiting {
+        Some(ids) => serde_json::from_str(&ids).map_err(|error| {
+            ssr::invalid(format!(
+                "keep_waiting is not a list of tool call ids: {error}"
+            ))
+        })?,
+        None => Vec::new(),
+    };
     harness
-        .decide(&run_id, &tool_call_id, decision, &ssr::actor()?)
+        .decide_keeping(&run_id, &tool_call_id, decision, &ssr::actor()?, &kept)
         .await
         .map(|_| ())
         .map_err(|error| ssr::decide_refused(&error))

@@ -8,7 +8,7 @@ use leptos::task::spawn_local;
 
 use crate::api::{AuditLine, audit_log};
 use crate::format::{date_time, server_said, visible, visible_prose};
-use crate::state::{Ui, View};
+use crate::state::{Ui, View, left_for_login};
 
 /// Outcomes the log records, for the filter.
 const OUTCOMES: [&str; 10] = [
@@ -93,6 +93,7 @@ pub fn AuditView() -> impl IntoView {
             }
             match found {
                 Ok(found) => entries.set(Some(found)),
+                Err(error) if left_for_login(&error) => {}
                 Err(error) => ui.error.set(Some(format!(
                     "The audit log could not be read: {}",
                     server_said(&error)
@@ -153,6 +154,13 @@ pub fn AuditView() -> impl IntoView {
                     // An entry that names no run (a rule's change) has no title either.
                     let title = |id: &String| (!id.is_empty()).then(|| id.clone());
                     let (run_title, session_title) = (title(&run), title(&session));
+                    // A rule's text and what a grant covered name commands and paths: every character written out,
+                    // as a card does; other reasons are prose.
+                    let reason = entry.reason.unwrap_or_default();
+                    let reason = match entry.kind.as_str() {
+                        "rule_changed" | "grant_revoked" => visible(&reason),
+                        _ => visible_prose(&reason),
+                    };
                     view! {
                         <tr data-outcome=entry.outcome.clone()>
                             <td><time>{date_time(entry.at)}</time></td>
@@ -160,7 +168,7 @@ pub fn AuditView() -> impl IntoView {
                             <td class="outcome">{outcome}</td>
                             <td class="scope">{entry.scope.unwrap_or_default()}</td>
                             <td>{entry.actor.or(entry.source).unwrap_or_default()}</td>
-                            <td class="reason">{visible(&entry.reason.unwrap_or_default())}</td>
+                            <td class="reason">{reason}</td>
                             <td class="id run-id"><code title=run_title>{run}</code></td>
                             <td class="id conversation-id"><code title=session_title>{session}</code></td>
                         </tr>

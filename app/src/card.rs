@@ -17,7 +17,7 @@ use crate::format::{
 };
 use crate::rules::{AlwaysAllow, scope_notes, session_buttons};
 use crate::schema;
-use crate::state::{ApprovalKey, Ui, card_dom_id, key_of};
+use crate::state::{ApprovalKey, Ui, card_dom_id, key_of, left_for_login};
 
 fn ui() -> Ui {
     expect_context::<Ui>()
@@ -38,6 +38,27 @@ pub fn send_decision(
         return;
     }
     let session = ui.session_id();
+    // An approval for the session approves the run's other cards that it covers; the ones the person is editing or
+    // writing a reason on stay, for what they are doing.
+    let keep_waiting = matches!(
+        choice,
+        Choice::ApproveForSession | Choice::ApproveProgramForSession
+    )
+    .then(|| {
+        let busy: Vec<_> = ui.session.with_untracked(|session| {
+            session
+                .pending_approvals()
+                .map(key_of)
+                .filter(|other| other.0 == key.0 && other.1 != key.1)
+                .filter(|other| {
+                    ui.editing.with_untracked(|editing| editing.contains(other))
+                        || card_reason(other).is_some()
+                })
+                .map(|other| other.1)
+                .collect()
+        });
+        serde_json::to_string(&busy).unwrap_or_default()
+    });
     spawn_local(async move {
         let arguments = arguments.map(|value| value.to_string());
         let sent = decide_approval(
@@ -47,9 +68,12 @@ pub fn send_decision(
             reason,
             arguments,
             Some(session),
+            keep_waiting,
         )
         .await;
-        if let Err(error) = sent {
+        if let Err(error) = sent
+            && !left_for_login(&error)
+        {
             ui.error.set(Some(match &error {
                 // The request or its answer was lost: the server may have decided the call all the same.
                 ServerFnError::Request(why) => format!(

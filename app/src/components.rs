@@ -12,7 +12,7 @@ use crate::format::{
     byte_size, call_status, clock, output_text, permission_label, server_said, shown_json,
     visible_prose,
 };
-use crate::state::{Connection, Ui, key_of};
+use crate::state::{Connection, Ui, key_of, left_for_login};
 
 fn ui() -> Ui {
     expect_context::<Ui>()
@@ -330,6 +330,7 @@ pub fn Composer() -> impl IntoView {
                         area.set_value("");
                     }
                 }
+                Err(error) if left_for_login(&error) => {}
                 Err(error) => ui.error.set(Some(format!(
                     "The message was not sent: {}",
                     server_said(&error)
@@ -352,7 +353,9 @@ pub fn Composer() -> impl IntoView {
         if let Some(run_id) = active_run.get_untracked() {
             let session = ui.session_id();
             spawn_local(async move {
-                if let Err(error) = cancel_run(run_id, Some(session)).await {
+                if let Err(error) = cancel_run(run_id, Some(session)).await
+                    && !left_for_login(&error)
+                {
                     ui.error.set(Some(format!(
                         "The run could not be cancelled: {}",
                         server_said(&error)

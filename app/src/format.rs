@@ -221,7 +221,9 @@ pub fn output_text(output: &ToolOutput) -> String {
         ToolOutput::Ok {
             content: Value::String(text),
         } => (text.clone(), visible_prose),
-        ToolOutput::Ok { content } => (pretty_json(content), visible),
+        // A result is what a tool said, prose in JSON: what writing needs stays (the call's arguments, which ran,
+        // are written out as a card writes them).
+        ToolOutput::Ok { content } => (pretty_json(content), visible_prose),
         ToolOutput::Error { code, message } => {
             (format!("{}: {message}", code.as_str()), visible_prose)
         }
@@ -254,16 +256,23 @@ pub fn server_said(error: &ServerFnError) -> String {
     match error {
         ServerFnError::ServerError(message) => message.clone(),
         ServerFnError::Request(message) => format!("the server could not be reached ({message})"),
-        ServerFnError::Deserialization(text) => {
-            api_error_in(text).unwrap_or_else(|| error.to_string())
-        }
+        ServerFnError::Deserialization(text) => api_body_in(text)
+            .and_then(|body| body.get("error")?.as_str().map(str::to_owned))
+            .unwrap_or_else(|| error.to_string()),
         other => other.to_string(),
     }
 }
 
-/// The `error` of an API error body quoted in `text` (as the client quotes it: a Rust string literal, which reads
-/// as a JSON string when it holds no `\u{…}` escapes) or written in it as it is.
-fn api_error_in(text: &str) -> Option<String> {
+/// Whether a server function was refused for want of a login (the API's `UNAUTHORIZED`): the page's login was
+/// logged out, in this tab or another, or its cookie expired.
+pub fn needs_login(error: &ServerFnError) -> bool {
+    matches!(error, ServerFnError::Deserialization(text)
+        if api_body_in(text).is_some_and(|body| body.get("code").and_then(Value::as_str) == Some("UNAUTHORIZED")))
+}
+
+/// An API error body quoted in `text` (as the client quotes it: a Rust string literal, which reads as a JSON string
+/// when it holds no `\u{…}` escapes) or written in it as it is.
+fn api_body_in(text: &str) -> Option<Value> {
     let quoted = text.find("\"{").and_then(|start| {
         let end = text.rfind("}\"")?;
         serde_json::from_str::<String>(text.get(start..end + 2)?).ok()
@@ -272,8 +281,7 @@ fn api_error_in(text: &str) -> Option<String> {
         Some(body) => body,
         None => text.get(text.find('{')?..=text.rfind('}')?)?.to_owned(),
     };
-    let body: Value = serde_json::from_str(&body).ok()?;
-    body.get("error")?.as_str().map(str::to_owned)
+    serde_json::from_str(&body).ok()
 }
 
 #[cfg(test)]
@@ -291,6 +299,12 @@ mod tests {
             server_said(&refused),
             "The request body is larger than 65536 bytes."
         );
+        assert!(!needs_login(&refused));
+        let logged_out = ServerFnError::Deserialization(
+            r#"Invalid format: missing delimiter in "{\"code\":\"UNAUTHORIZED\",\"error\":\"This server needs its access token: send Authorization: Bearer <token>, or log in at /login.\",\"ok\":false}""#
+                .into(),
+        );
+        assert!(needs_login(&logged_out));
         assert_eq!(
             server_said(&ServerFnError::new("No pending approval call_1 in run r.")),
             "No pending approval call_1 in run r."

@@ -28,6 +28,7 @@ mod browser {
 
     use crate::api::list_pending;
     use crate::format::server_said;
+    use crate::state::left_for_login;
     use crate::state::{Connection, Ui, card_dom_id, key_of};
 
     /// The longest pause between attempts to open the stream again.
@@ -126,7 +127,15 @@ mod browser {
                 ui.connection.set(Connection::Reconnecting);
                 return;
             }
-            // EventSource gave up: open the stream again, later each time, from the last event shown.
+            // EventSource gave up. Its login may have ended (logged out elsewhere, or expired), which a stream
+            // refused with a 401 does not say: a server function does, and then the page goes to the login form.
+            let session = ui.session_id();
+            spawn_local(async move {
+                if let Err(error) = list_pending(None, Some(session)).await {
+                    left_for_login(&error);
+                }
+            });
+            // Otherwise open the stream again, later each time, from the last event shown.
             let attempt = ATTEMPTS.get() + 1;
             ATTEMPTS.set(attempt);
             let pause = 1u32
@@ -165,6 +174,7 @@ mod browser {
                         gone.extend(asked_about.difference(&held).cloned());
                     });
                 }
+                Err(error) if left_for_login(&error) => {}
                 Err(error) => ui.error.set(Some(format!(
                     "Could not ask the server which approvals are pending: {}",
                     server_said(&error)

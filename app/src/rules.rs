@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::Choice;
 use crate::format::{server_said, visible};
-use crate::state::{ApprovalKey, Ui};
+use crate::state::{ApprovalKey, Ui, left_for_login};
 
 /// What the panel shows.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -224,6 +224,7 @@ pub fn AlwaysAllow(key: ApprovalKey, rule: String, in_flight: Memo<bool>) -> imp
                         deciding.remove(&key);
                     });
                 }
+                Err(error) if left_for_login(&error) => {}
                 Err(error) => {
                     ui.error.set(Some(format!(
                         "The rule was not added: {}",
@@ -337,6 +338,7 @@ pub fn RulesPanel() -> impl IntoView {
                         crate::refocus_if_lost(None, targets);
                     }
                 }
+                Err(error) if left_for_login(&error) => {}
                 Err(error) => {
                     removing.set(false);
                     ui.error.set(Some(format!(
@@ -355,7 +357,9 @@ pub fn RulesPanel() -> impl IntoView {
                       what: &'static str,
                       list: &'static str,
                       index: usize| {
-        if let Err(error) = result {
+        if let Err(error) = result
+            && !left_for_login(&error)
+        {
             ui.error
                 .set(Some(format!("{what}: {}", server_said(&error))));
         }

@@ -179,3 +179,17 @@ impl Ui {
         browser_now_ms.saturating_add_signed(self.clock_offset_ms.get_value())
     }
 }
+
+/// Sends the page to the login form when a server function's `error` says its login ended (logged out in another
+/// tab or on another machine, or its cookie expired), as a reload of the page would; whether it did. The page then
+/// has nothing to say of the refused action: the form is where the person can go on.
+pub fn left_for_login(error: &leptos::prelude::ServerFnError) -> bool {
+    if !crate::format::needs_login(error) {
+        return false;
+    }
+    #[cfg(feature = "hydrate")]
+    if let Some(window) = web_sys::window() {
+        let _ = window.location().assign("/login");
+    }
+    true
+}

@@ -123,6 +123,33 @@ test("approving one card for the session approves the other cards it covers, say
   await expect(answer).toContainText("delete_file was not run because it was denied");
 });
 
+test("approving for the session leaves the cards this page is editing or writing a reason on", async ({ page }, testInfo) => {
+  await openPage(page);
+  const [first, edited, reasoned] = [unique("keep-one"), unique("keep-edited"), unique("keep-reasoned")];
+  await send(page, `write ${first}: one and write ${edited}: model and write ${reasoned}: three`);
+  const writes = card(page, "write_file");
+  await expect(writes).toHaveCount(3);
+  const editing = writes.filter({ hasText: edited });
+  await editing.getByRole("button", { name: "Edit" }).click();
+  await editing.getByLabel("content", { exact: true }).fill("person");
+  const reasoning = writes.filter({ hasText: reasoned });
+  await reasoning.getByLabel("Reason (optional)").fill("not this one");
+
+  await writes.filter({ hasText: first }).getByRole("button", { name: "Approve for session" }).click();
+  await expect(writes.filter({ hasText: first })).toHaveCount(0);
+  // The grant covers both others as their cards showed them, but the person is busy with them: they stay, as left.
+  await expect(writes).toHaveCount(2);
+  await expect(editing.getByLabel("content", { exact: true })).toHaveValue("person");
+  await expect(reasoning.getByLabel("Reason (optional)")).toHaveValue("not this one");
+  await screenshot(page, testInfo, "grant-leaves-busy-cards");
+
+  await editing.getByRole("button", { name: "Approve edited" }).click();
+  await reasoning.getByRole("button", { name: "Deny" }).click();
+  const answer = page.locator(".turn.assistant").last();
+  await expect(answer).toContainText(`write_file wrote 6 bytes to ${edited}.`);
+  await expect(answer).toContainText("write_file was not run because it was denied: The user denied this tool call: not this one");
+});
+
 test("a grant revoked in another tab is gone from this tab's panel when it is opened again", async ({ context }, testInfo) => {
   const first = await context.newPage();
   const second = await context.newPage();

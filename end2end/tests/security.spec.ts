@@ -291,6 +291,32 @@ test.describe("a server with an access token", () => {
     expect((await theirs.context.request.get("/api/agent/approvals")).status()).toBe(200);
     for (const context of [mine.context, theirs.context, thief]) await context.close();
   });
+
+  test("a page open when its login ends goes to the login form: another tab's, and one with a copy of the cookie", async ({ browser }) => {
+    const context = await browser.newContext({ baseURL: WITH_TOKEN });
+    const first = await context.newPage();
+    await first.goto("/login");
+    await first.getByLabel("Access token").fill(E2E_TOKEN);
+    await first.getByRole("button", { name: "Log in" }).click();
+    await expect(first).toHaveURL(`${WITH_TOKEN}/`);
+    const second = await context.newPage();
+    await second.goto("/");
+    await expect(second.locator(".page")).toHaveAttribute("data-hydrated", "true");
+    const elsewhere = await browser.newContext({ baseURL: WITH_TOKEN });
+    await elsewhere.addCookies((await context.cookies(WITH_TOKEN)).filter((cookie) => cookie.name === "toolgate_auth"));
+    const copy = await elsewhere.newPage();
+    await copy.goto("/");
+    await expect(copy.locator(".page")).toHaveAttribute("data-hydrated", "true");
+
+    await first.getByRole("button", { name: "Log out" }).click();
+    await expect(first).toHaveURL(`${WITH_TOKEN}/login`);
+    // Their event streams end with the login; the pages find out why and go where they can go on.
+    await expect(second).toHaveURL(`${WITH_TOKEN}/login`, { timeout: 15_000 });
+    await expect(copy).toHaveURL(`${WITH_TOKEN}/login`, { timeout: 15_000 });
+    await expect(copy.getByLabel("Access token")).toBeVisible();
+    await context.close();
+    await elsewhere.close();
+  });
 });
 
 test("markup smuggled into the page runs no script", async ({ page }) => {
