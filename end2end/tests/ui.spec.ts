@@ -197,6 +197,22 @@ test("at 400 px an error leaves the card's buttons usable, and a long grant wrap
   await expect(grant).toHaveCount(0);
 });
 
+test("at 400 px a batch of cards leaves part of the conversation in view", async ({ page }, testInfo) => {
+  await page.setViewportSize({ width: 400, height: 800 });
+  await openPage(page);
+  const n = Math.random().toString(36).slice(2, 8);
+  await send(page, `write phone-a-${n}.txt: one and write phone-b-${n}.txt: two and delete phone-c-${n}.txt`);
+  await expect(page.locator(".approval-card")).toHaveCount(3);
+  // The cards, their batch buttons and the message box below them: under three quarters of the window (they took
+  // 757 px of 800, and the conversation could not be seen).
+  const dock = await page.locator(".dock").boundingBox();
+  expect(dock!.height).toBeLessThanOrEqual(600);
+  await expect(page.getByRole("button", { name: "Approve all" })).toBeInViewport();
+  await screenshot(page, testInfo, "narrow-batch");
+  await page.getByRole("button", { name: "Deny all" }).click();
+  await expect(page.locator(".approval-card")).toHaveCount(0);
+});
+
 test("a message that does not reach the server says so", async ({ page }, testInfo) => {
   await openPage(page);
   await page.route("**/api/fn/start_run", (route) => route.abort("connectionrefused"));
