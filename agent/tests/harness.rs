@@ -186,11 +186,7 @@ async fn a_session_remembers_earlier_turns_and_its_grants() {
         .decide(
             &request.run_id,
             &request.tool_call_id,
-            Decision::Approve {
-                scope: DecisionScope::Session,
-                reason: None,
-                arguments: None,
-            },
+            for_the_session(),
             &Actor::local(),
         )
         .await
@@ -890,6 +886,15 @@ async fn edited_arguments_cannot_widen_the_grant_the_card_offered() {
     );
 }
 
+/// Approving a card "for the session", as it showed the call.
+fn for_the_session() -> Decision {
+    Decision::Approve {
+        scope: DecisionScope::Session,
+        reason: None,
+        arguments: None,
+    }
+}
+
 /// The cards of a run waiting for a person, oldest first.
 async fn waiting_cards(harness: &Harness, run: &agent::harness::RunHandle) -> Vec<String> {
     harness
@@ -923,11 +928,7 @@ async fn an_approval_for_the_session_approves_the_waiting_cards_it_covers() {
         .decide(
             &asked[0].run_id,
             &asked[0].tool_call_id,
-            Decision::Approve {
-                scope: DecisionScope::Session,
-                reason: None,
-                arguments: None,
-            },
+            for_the_session(),
             &Actor::new("ada"),
         )
         .await
@@ -1026,11 +1027,7 @@ async fn an_approval_for_the_session_leaves_a_card_a_newer_deny_rule_covers() {
         .decide(
             &first.run_id,
             &first.tool_call_id,
-            Decision::Approve {
-                scope: DecisionScope::Session,
-                reason: None,
-                arguments: None,
-            },
+            for_the_session(),
             &Actor::local(),
         )
         .await
@@ -1072,11 +1069,7 @@ async fn an_approval_for_the_session_leaves_the_cards_the_page_keeps_waiting() {
         .decide_keeping(
             &first.run_id,
             &first.tool_call_id,
-            Decision::Approve {
-                scope: DecisionScope::Session,
-                reason: None,
-                arguments: None,
-            },
+            for_the_session(),
             &Actor::local(),
             std::slice::from_ref(&edited.tool_call_id),
         )

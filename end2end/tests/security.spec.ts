@@ -1,4 +1,4 @@
-import { expect, type APIRequestContext, type Page, type Request, type Response, test } from "@playwright/test";
+import { type APIRequestContext, type Browser, expect, type Page, type Request, type Response, test } from "@playwright/test";
 import { E2E_TOKEN, MAIN, WITH_TOKEN } from "../playwright.config";
 import * as http from "node:http";
 import type { AddressInfo } from "node:net";
@@ -258,18 +258,20 @@ test.describe("a server with an access token", () => {
     expect(listed.status()).toBe(200);
   });
 
+  /** A browser of its own, logged in through the form. */
+  async function loggedIn(browser: Browser) {
+    const context = await browser.newContext({ baseURL: WITH_TOKEN });
+    const page = await context.newPage();
+    await page.goto("/login");
+    await page.getByLabel("Access token").fill(E2E_TOKEN);
+    await page.getByRole("button", { name: "Log in" }).click();
+    await expect(page).toHaveURL(`${WITH_TOKEN}/`);
+    return { context, page };
+  }
+
   test("Log out ends the login: a copy of its cookie taken before opens nothing, another login goes on", async ({ browser }, testInfo) => {
-    const logIn = async () => {
-      const context = await browser.newContext({ baseURL: WITH_TOKEN });
-      const page = await context.newPage();
-      await page.goto("/login");
-      await page.getByLabel("Access token").fill(E2E_TOKEN);
-      await page.getByRole("button", { name: "Log in" }).click();
-      await expect(page).toHaveURL(`${WITH_TOKEN}/`);
-      return { context, page };
-    };
-    const mine = await logIn();
-    const theirs = await logIn();
+    const mine = await loggedIn(browser);
+    const theirs = await loggedIn(browser);
     // A copy of the cookie, as another tab kept it or as it was taken off the machine.
     const copied = (await mine.context.cookies(WITH_TOKEN)).filter((cookie) => cookie.name === "toolgate_auth");
     expect(copied).toHaveLength(1);
@@ -293,12 +295,7 @@ test.describe("a server with an access token", () => {
   });
 
   test("a page open when its login ends goes to the login form: another tab's, and one with a copy of the cookie", async ({ browser }) => {
-    const context = await browser.newContext({ baseURL: WITH_TOKEN });
-    const first = await context.newPage();
-    await first.goto("/login");
-    await first.getByLabel("Access token").fill(E2E_TOKEN);
-    await first.getByRole("button", { name: "Log in" }).click();
-    await expect(first).toHaveURL(`${WITH_TOKEN}/`);
+    const { context, page: first } = await loggedIn(browser);
     const second = await context.newPage();
     await second.goto("/");
     await expect(second.locator(".page")).toHaveAttribute("data-hydrated", "true");

@@ -120,15 +120,7 @@ impl Harness {
             .map(|grant| session_grant(grant, run_id.clone(), tool_call_id.clone()));
         let made = grant.clone();
         let settle = Box::new(move |record: &crate::store::CallRecord| {
-            // Past its expiry a call is the sweep's, which times it out, even when no sweep has yet: a decision
-            // that comes after the card's time ran out decides nothing.
-            if record
-                .approval
-                .as_ref()
-                .is_some_and(|approval| approval.expires_at <= now_ms())
-            {
-                return Err(DecideFailure::Expired);
-            }
+            still_open(record)?;
             if let Decision::Approve {
                 arguments: Some(arguments),
                 ..
@@ -269,13 +261,7 @@ impl Harness {
             };
             let who = actor.as_str().to_owned();
             let settle = Box::new(move |record: &crate::store::CallRecord| {
-                if record
-                    .approval
-                    .as_ref()
-                    .is_some_and(|approval| approval.expires_at <= now_ms())
-                {
-                    return Err(DecideFailure::Expired);
-                }
+                still_open(record)?;
                 Ok(settlement(record, resolution, Some(&who)))
             });
             match self
@@ -477,6 +463,19 @@ impl Harness {
             }
         }
     }
+}
+
+/// Refuses a decision on a call past its expiry: it is the sweep's, which times it out, even when no sweep has yet;
+/// a decision that comes after the card's time ran out decides nothing.
+fn still_open(record: &crate::store::CallRecord) -> Result<(), DecideFailure> {
+    if record
+        .approval
+        .as_ref()
+        .is_some_and(|approval| approval.expires_at <= now_ms())
+    {
+        return Err(DecideFailure::Expired);
+    }
+    Ok(())
 }
 
 async fn sleep_or_forever(wait: Option<Duration>) {

@@ -20,6 +20,17 @@ async fn protected() -> TestApp {
     spawn_app_with(|config| config.token = Some(AccessToken::parse(TOKEN).unwrap())).await
 }
 
+/// Logs out the login of `cookie` as the page's own form does (with the page's origin).
+async fn log_out(app: &TestApp, cookie: &str) -> reqwest::Response {
+    no_redirects()
+        .post(app.url("/logout"))
+        .header("cookie", cookie)
+        .header("origin", own_origin(app))
+        .send()
+        .await
+        .unwrap()
+}
+
 fn bearer() -> String {
     format!("Bearer {TOKEN}")
 }
@@ -534,13 +545,7 @@ async fn logging_out_takes_the_cookie_back_and_the_page_offers_it() {
             .starts_with("Cross-site request refused")
     );
 
-    let out = client
-        .post(app.url("/logout"))
-        .header("cookie", &cookie)
-        .header("origin", own_origin(&app))
-        .send()
-        .await
-        .unwrap();
+    let out = log_out(&app, &cookie).await;
     assert_eq!(out.status(), 303);
     assert_eq!(out.headers()["location"], "/login");
     let removal = out.headers()["set-cookie"].to_str().unwrap().to_owned();
@@ -574,13 +579,7 @@ async fn a_logged_out_cookie_is_refused_even_where_it_was_kept() {
     assert_ne!(kept, other, "each login has a cookie of its own");
     assert_eq!(page_status(&app, &kept).await, 200);
 
-    let out = no_redirects()
-        .post(app.url("/logout"))
-        .header("cookie", &kept)
-        .header("origin", own_origin(&app))
-        .send()
-        .await
-        .unwrap();
+    let out = log_out(&app, &kept).await;
     assert_eq!(out.status(), 303);
     assert_eq!(out.headers()["location"], "/login");
 
@@ -648,13 +647,7 @@ async fn a_logout_ends_the_event_streams_opened_with_its_login() {
     let mut ended = follow(&leaving).await;
     let mut going_on = follow(&staying).await;
 
-    let out = no_redirects()
-        .post(app.url("/logout"))
-        .header("cookie", &leaving)
-        .header("origin", own_origin(&app))
-        .send()
-        .await
-        .unwrap();
+    let out = log_out(&app, &leaving).await;
     assert_eq!(out.status(), 303);
     assert!(
         ended.next().await.is_none(),
@@ -688,13 +681,7 @@ async fn a_logout_the_database_refuses_says_a_copy_of_the_cookie_still_works() {
              BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
         )
         .unwrap();
-    let out = no_redirects()
-        .post(app.url("/logout"))
-        .header("cookie", &cookie)
-        .header("origin", own_origin(&app))
-        .send()
-        .await
-        .unwrap();
+    let out = log_out(&app, &cookie).await;
     assert_eq!(out.status(), 503);
     let removal = out.headers()["set-cookie"].to_str().unwrap().to_owned();
     assert!(removal.starts_with("toolgate_auth=;"), "{removal}");
