@@ -154,13 +154,9 @@ pub fn AuditView() -> impl IntoView {
                     // An entry that names no run (a rule's change) has no title either.
                     let title = |id: &String| (!id.is_empty()).then(|| id.clone());
                     let (run_title, session_title) = (title(&run), title(&session));
-                    // A rule's text and what a grant covered name commands and paths: every character written out,
-                    // as a card does; other reasons are prose.
-                    let reason = entry.reason.unwrap_or_default();
-                    let reason = match entry.kind.as_str() {
-                        "rule_changed" | "grant_revoked" => visible(&reason),
-                        _ => visible_prose(&reason),
-                    };
+                    // Reasons name commands, paths, rules and grants (the policy's, a grant's, a rule's text): every
+                    // character written out, as a card does.
+                    let reason = visible(&entry.reason.unwrap_or_default());
                     view! {
                         <tr data-outcome=entry.outcome.clone()>
                             <td><time>{date_time(entry.at)}</time></td>

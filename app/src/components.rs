@@ -9,7 +9,7 @@ use leptos::task::spawn_local;
 
 use crate::api::{cancel_run, start_run};
 use crate::format::{
-    byte_size, call_status, clock, output_text, permission_label, server_said, shown_json,
+    byte_size, call_status, clock, output_text, permission_label, server_said, shown_json, visible,
     visible_prose,
 };
 use crate::state::{Connection, Ui, key_of, left_for_login};
@@ -84,18 +84,18 @@ fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
     let permission = format!(
         "{}: {}",
         permission_label(&call.permission),
-        visible_prose(call.permission.reason())
+        visible(call.permission.reason())
     );
     // Why a denial denied, and why an approval that no click on its own card made approved (an approval for the
     // session given to another card of the batch, which covers this one).
+    // A denial's reason is a person's words (or a timeout's); an approval's may name what a grant covers, a command
+    // or a path, which is written out as a card writes it.
     let resolution_reason = match &call.resolution {
-        Some(
-            agent::wire::Resolution::Denied { reason, .. }
-            | agent::wire::Resolution::Approved {
-                reason: Some(reason),
-                ..
-            },
-        ) => Some(visible_prose(reason)),
+        Some(agent::wire::Resolution::Denied { reason, .. }) => Some(visible_prose(reason)),
+        Some(agent::wire::Resolution::Approved {
+            reason: Some(reason),
+            ..
+        }) => Some(visible(reason)),
         _ => None,
     };
     view! {

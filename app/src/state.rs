@@ -189,7 +189,8 @@ pub fn left_for_login(error: &leptos::prelude::ServerFnError) -> bool {
     }
     #[cfg(feature = "hydrate")]
     if let Some(window) = web_sys::window() {
-        let _ = window.location().assign("/login");
+        // `?ended`: the form whatever the cookie, so an instance that still honours it does not send the page back.
+        let _ = window.location().assign("/login?ended");
     }
     true
 }

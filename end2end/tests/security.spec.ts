@@ -308,8 +308,8 @@ test.describe("a server with an access token", () => {
     await first.getByRole("button", { name: "Log out" }).click();
     await expect(first).toHaveURL(`${WITH_TOKEN}/login`);
     // Their event streams end with the login; the pages find out why and go where they can go on.
-    await expect(second).toHaveURL(`${WITH_TOKEN}/login`, { timeout: 15_000 });
-    await expect(copy).toHaveURL(`${WITH_TOKEN}/login`, { timeout: 15_000 });
+    await expect(second).toHaveURL(`${WITH_TOKEN}/login?ended`, { timeout: 15_000 });
+    await expect(copy).toHaveURL(`${WITH_TOKEN}/login?ended`, { timeout: 15_000 });
     await expect(copy.getByLabel("Access token")).toBeVisible();
     await context.close();
     await elsewhere.close();

@@ -43,7 +43,6 @@ pub use token::AccessToken;
 
 use crate::client::ClientAddr;
 use crate::error::ApiError;
-use agent::clock::now_ms;
 use agent::harness::Actor;
 use agent::store::{Store, StoreError};
 use futures::StreamExt as _;
@@ -224,6 +223,17 @@ pub struct Security {
 /// (a logout on this one ends it at once) or its cookie expired.
 const LOGOUT_CHECK_EVERY: Duration = Duration::from_secs(10);
 
+/// How many looks in a row at whether a stream's login was logged out may fail before the stream ends.
+const UNREAD_LOOKS: u32 = 3;
+
+/// Milliseconds since the Unix epoch.
+fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
 /// A request let through, and the login its cookie names when the cookie was its credential (whether that login
 /// was logged out is read from the store next).
 struct Admitted {
@@ -390,7 +400,8 @@ impl Security {
         }
     }
 
-    /// Keeps that `login` was logged out, until its cookie expires; the event streams opened with it here end.
+    /// Keeps that `login` was logged out, until a day after its cookie expires; the event streams opened with it here
+    /// end.
     async fn log_out(&self, login: &Login) -> Result<(), StoreError> {
         if let Some(store) = &self.logouts {
             store.log_out(&login.id, login.expires_at_ms).await?;
@@ -399,30 +410,43 @@ impl Security {
         Ok(())
     }
 
-    /// `response`, an event stream opened with `login`'s cookie, ending when the login is logged out (at once for a
-    /// logout on this instance, within [`LOGOUT_CHECK_EVERY`] for one on another) or its cookie expires: a stream
-    /// must not go on telling a browser that can no longer open it what the runs do.
+    /// `response`, an event stream a browser opened (`GET`) with `login`'s cookie, ending when the login is logged
+    /// out (at once for a logout on this instance, within [`LOGOUT_CHECK_EVERY`] for one on another), when its cookie
+    /// expires, or when whether it was logged out cannot be read [`UNREAD_LOOKS`] times in a row (its reconnection
+    /// then gets the `503` every request with the cookie gets meanwhile): a stream must not go on telling a browser
+    /// that can no longer open it what the runs do.
     fn ending_with(&self, login: Login, response: Response) -> Response {
         let store = self.logouts.clone();
         let mut here = self.logged_out_here.subscribe();
+        // The cookie's expiry is read by the clock that `login_of` reads it by.
+        let now = || unix_ms(SystemTime::now());
         let ended = async move {
+            let mut unread = 0;
             loop {
-                let expired = Duration::from_millis(login.expires_at_ms.saturating_sub(now_ms()));
+                let expired = Duration::from_millis(login.expires_at_ms.saturating_sub(now()));
                 tokio::select! {
                     () = tokio::time::sleep(LOGOUT_CHECK_EVERY.min(expired)) => {}
-                    // The sender lives as long as the server's routes: a closed channel is never seen here.
-                    _ = here.changed() => {}
+                    changed = here.changed() => {
+                        // The sender lives as long as the server's routes; were it gone, only the timer would wake.
+                        if changed.is_err() {
+                            here = tokio::sync::watch::Sender::new(0).subscribe();
+                        }
+                    }
                 }
-                if now_ms() >= login.expires_at_ms {
+                if now() >= login.expires_at_ms {
                     return;
                 }
-                if let Some(store) = &store {
-                    match store.logged_out(&login.id).await {
-                        Ok(true) => return,
-                        Ok(false) => {}
-                        // What cannot be read now is read at the next look; the stream's own reads fail too.
-                        Err(error) => {
-                            tracing::warn!(%error, "cannot read whether an event stream's login was logged out");
+                let Some(store) = &store else {
+                    continue;
+                };
+                match store.logged_out(&login.id).await {
+                    Ok(true) => return,
+                    Ok(false) => unread = 0,
+                    Err(error) => {
+                        unread += 1;
+                        tracing::warn!(%error, unread, "cannot read whether an event stream's login was logged out");
+                        if unread >= UNREAD_LOOKS {
+                            return;
                         }
                     }
                 }
@@ -624,6 +648,7 @@ pub(crate) async fn guard(
     next: Next,
 ) -> Response {
     let client = ClientAddr::of(request.extensions()).map(|client| client.0);
+    let is_get = request.method() == Method::GET;
     let verdict = match security.admit(
         request.method(),
         request.uri().path(),
@@ -654,7 +679,11 @@ pub(crate) async fn guard(
             request.extensions_mut().insert(actor);
             let response = next.run(request).await;
             match login {
-                Some(login) if is_event_stream(&response) => security.ending_with(login, response),
+                // A browser's own streams (`GET`); a stream a POST opened is its run, which the client asked for, and
+                // ending it would abort the run.
+                Some(login) if is_get && is_event_stream(&response) => {
+                    security.ending_with(login, response)
+                }
                 _ => response,
             }
         }

@@ -211,9 +211,18 @@ fn to_login() -> Response {
 }
 
 /// `GET /login`: the form, or home for a browser that is logged in already (with a login not logged out: home
-/// would send a logged-out cookie back here).
-async fn show(State(security): State<Security>, headers: HeaderMap) -> Response {
-    if let Ok(Some(_)) = security.logged_in(&headers).await {
+/// would send a logged-out cookie back here). `GET /login?ended`, where a page goes when the server refused its
+/// login, is always the form: an instance that honours a cookie another refuses (a rolling upgrade, clocks apart)
+/// would otherwise send the page home, to be sent back here, again and again.
+async fn show(
+    State(security): State<Security>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+) -> Response {
+    let ended = uri.query().is_some_and(|query| {
+        form_urlencoded::parse(query.as_bytes()).any(|(key, _)| key == "ended")
+    });
+    if !ended && let Ok(Some(_)) = security.logged_in(&headers).await {
         return to_home();
     }
     page(None)

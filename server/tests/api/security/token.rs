@@ -578,6 +578,21 @@ async fn a_logged_out_cookie_is_refused_even_where_it_was_kept() {
     let other = log_in(&app, TOKEN).await;
     assert_ne!(kept, other, "each login has a cookie of its own");
     assert_eq!(page_status(&app, &kept).await, 200);
+    let form = async |path: &str| {
+        no_redirects()
+            .get(app.url(path))
+            .header("cookie", &kept)
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(form("/login").await, 303, "a logged-in browser goes home");
+    assert_eq!(
+        form("/login?ended").await,
+        200,
+        "where a page whose login was refused goes: the form whatever the cookie, so no instance sends it back"
+    );
 
     let out = log_out(&app, &kept).await;
     assert_eq!(out.status(), 303);
@@ -658,6 +673,43 @@ async fn a_logout_ends_the_event_streams_opened_with_its_login() {
             .await
             .is_err(),
         "another login's stream stays open, waiting for the run's news"
+    );
+}
+
+/// A stream a POST opened is its run, which the client asked for: a logout of the login that opened it does not end
+/// it (which would abort the run); the run goes on to its end once approved.
+#[tokio::test]
+async fn a_logout_leaves_the_run_a_post_streams() {
+    let app = protected().await;
+    let cookie = log_in(&app, TOKEN).await;
+    let response = app
+        .client
+        .post(app.url("/api/agent/stream"))
+        .header("cookie", &cookie)
+        .header("origin", own_origin(&app))
+        .json(&json!({"message": "write posted.txt: kept"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut stream = crate::helpers::SseStream::new(response);
+    let required = stream.until("approvalRequired").await;
+    assert_eq!(log_out(&app, &cookie).await.status(), 303);
+    let run_id = required.data["request"]["runId"].as_str().unwrap();
+    let call_id = required.data["request"]["toolCallId"].as_str().unwrap();
+    let decided = app
+        .client
+        .post(app.url(&format!("/api/agent/approvals/{run_id}/{call_id}")))
+        .header("authorization", bearer())
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(decided.status(), 200);
+    assert_eq!(stream.until("done").await.name, "done");
+    assert_eq!(
+        std::fs::read_to_string(app.file("posted.txt")).unwrap(),
+        "kept"
     );
 }
 
