@@ -234,6 +234,16 @@ fn unix_ms(time: SystemTime) -> u64 {
         })
 }
 
+/// Waits for this instance's next logout; never, once the sender is known to be gone.
+async fn logout_here(
+    here: &mut Option<tokio::sync::watch::Receiver<u64>>,
+) -> Result<(), tokio::sync::watch::error::RecvError> {
+    match here {
+        Some(here) => here.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// A request let through, and the login its cookie names when the cookie was its credential (whether that login
 /// was logged out is read from the store next).
 struct Admitted {
@@ -417,21 +427,20 @@ impl Security {
     /// that can no longer open it what the runs do.
     fn ending_with(&self, login: Login, response: Response) -> Response {
         let store = self.logouts.clone();
-        let mut here = self.logged_out_here.subscribe();
+        let mut here = Some(self.logged_out_here.subscribe());
         // The cookie's expiry is read by the clock that `login_of` reads it by.
         let now = || unix_ms(SystemTime::now());
         let ended = async move {
             let mut unread = 0;
             loop {
                 let expired = Duration::from_millis(login.expires_at_ms.saturating_sub(now()));
-                tokio::select! {
-                    () = tokio::time::sleep(LOGOUT_CHECK_EVERY.min(expired)) => {}
-                    changed = here.changed() => {
-                        // The sender lives as long as the server's routes; were it gone, only the timer would wake.
-                        if changed.is_err() {
-                            here = tokio::sync::watch::Sender::new(0).subscribe();
-                        }
-                    }
+                let sender_gone = tokio::select! {
+                    () = tokio::time::sleep(LOGOUT_CHECK_EVERY.min(expired)) => false,
+                    changed = logout_here(&mut here) => changed.is_err(),
+                };
+                // The sender lives as long as the server's routes; were it gone, only the timer would wake.
+                if sender_gone {
+                    here = None;
                 }
                 if now() >= login.expires_at_ms {
                     return;
