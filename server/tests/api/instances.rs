@@ -412,20 +412,7 @@ async fn a_logout_on_one_instance_holds_on_every_instance() {
     let a = cluster.start(&["--token", TOKEN]).await;
     let b = cluster.start(&["--token", TOKEN]).await;
     let browser = crate::security::no_redirects();
-    let log_in = async |server: &Server| {
-        let response =
-            crate::security::post_form(&browser, server.url("/login"), &[("token", TOKEN)])
-                .header("origin", server.url(""))
-                .send()
-                .await
-                .unwrap();
-        assert_eq!(response.status(), 303);
-        let set = response.headers()["set-cookie"]
-            .to_str()
-            .unwrap()
-            .to_owned();
-        set.split(';').next().unwrap().to_owned()
-    };
+    let log_in = async |server: &Server| crate::security::log_in_at(&server.url(""), TOKEN).await;
     let page = async |server: &Server, cookie: &str| {
         browser
             .get(server.url("/"))

@@ -64,6 +64,27 @@ pub async fn pending(app: &TestApp) -> Vec<Value> {
     body["pending"].as_array().expect("a list").clone()
 }
 
+/// Logs in through the form of the server at `origin` (`http://host:port`), as its own page does, and returns the
+/// cookie pair (`name=value`) the server set.
+pub async fn log_in_at(origin: &str, token: &str) -> String {
+    let response = post_form(
+        &no_redirects(),
+        format!("{origin}/login"),
+        &[("token", token)],
+    )
+    .header("origin", origin)
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 303);
+    assert_eq!(response.headers()["location"], "/");
+    let cookie = response.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    cookie.split(';').next().unwrap().to_owned()
+}
+
 /// A POST of an HTML form's fields, `application/x-www-form-urlencoded`.
 pub fn post_form(
     client: &reqwest::Client,

@@ -145,12 +145,21 @@ async fn server_functions_act_only_on_the_callers_own_session() {
 /// An app on a SQLite file in a directory of its own (kept while the returned guard lives), and the file, to change
 /// it beside the server as a failing disk would.
 async fn on_sqlite() -> (TestApp, std::path::PathBuf, tempfile::TempDir) {
+    on_sqlite_with(|_| {}).await
+}
+
+/// The same, with the rest of the configuration as `configure` sets it.
+pub(super) async fn on_sqlite_with(
+    configure: impl FnOnce(&mut server::config::Config),
+) -> (TestApp, std::path::PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("toolgate.db");
     let database = agent::store::sql::DatabaseUrl::Sqlite(file.clone());
-    let app =
-        spawn_app_with(|config| config.database_url = server::config::Database::Sql(database))
-            .await;
+    let app = spawn_app_with(|config| {
+        configure(config);
+        config.database_url = server::config::Database::Sql(database);
+    })
+    .await;
     (app, file, dir)
 }
 

@@ -11,7 +11,7 @@ use server::security::token::{Credentials, LOGIN_LIFETIME};
 use server::security::{AccessToken, PublicOrigin};
 use server::startup::{StartupError, build};
 
-use super::{EVIL, headers, no_redirects, own_origin, post_form, refusal};
+use super::{EVIL, headers, log_in_at, no_redirects, own_origin, post_form, refusal};
 use crate::helpers::{TestApp, spawn_app_with};
 
 const TOKEN: &str = "tg-7c1f0e9a4b2d48e6a1f3c5d7e9b0a2c4";
@@ -37,18 +37,7 @@ fn bearer() -> String {
 
 /// Logs in through the form and returns the cookie pair (`name=value`) the server set.
 async fn log_in(app: &TestApp, token: &str) -> String {
-    let response = post_form(&no_redirects(), app.url("/login"), &[("token", token)])
-        .header("origin", own_origin(app))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 303);
-    assert_eq!(response.headers()["location"], "/");
-    let cookie = response.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    cookie.split(';').next().unwrap().to_owned()
+    log_in_at(&own_origin(app), token).await
 }
 
 #[tokio::test]
@@ -717,12 +706,8 @@ async fn a_logout_leaves_the_run_a_post_streams() {
 /// 503 page, not a redirect as if all were done.
 #[tokio::test]
 async fn a_logout_the_database_refuses_says_a_copy_of_the_cookie_still_works() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("toolgate.db");
-    let database = agent::store::sql::DatabaseUrl::Sqlite(file.clone());
-    let app = spawn_app_with(|config| {
+    let (app, file, _dir) = super::sessions::on_sqlite_with(|config| {
         config.token = Some(AccessToken::parse(TOKEN).unwrap());
-        config.database_url = server::config::Database::Sql(database);
     })
     .await;
     let cookie = log_in(&app, TOKEN).await;
