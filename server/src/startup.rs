@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use agent::harness::{Harness, HarnessConfig, Retention};
@@ -18,7 +18,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{any, delete, get, post};
 use leptos::config::{Env, LeptosOptions};
 use leptos::prelude::provide_context;
-use leptos_axum::{LeptosRoutes, generate_route_list};
+use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tokio::net::TcpListener;
 
 use crate::agui;
@@ -118,6 +118,15 @@ fn leptos_options(addr: SocketAddr) -> LeptosOptions {
         .site_addr(addr)
         .reload_port(env("LEPTOS_RELOAD_PORT", "3001").parse().unwrap_or(3001))
         .build()
+}
+
+/// The page's routes, listed once a process. Listing them runs the app with its resources held back, by a flag that
+/// leptos keeps for the whole process (leptos-rs/leptos#4773): a page that another server of the same process
+/// rendered meanwhile would wait forever for its first resource. One server never renders before its routes are
+/// listed, but a process may build several (the tests do).
+fn page_routes() -> Vec<AxumRouteListing> {
+    static ROUTES: OnceLock<Vec<AxumRouteListing>> = OnceLock::new();
+    ROUTES.get_or_init(|| generate_route_list(app::App)).clone()
 }
 
 async fn api_not_found() -> ApiError {
@@ -293,7 +302,7 @@ fn router(state: AppState, security: &Security, body_deadline: Duration) -> Rout
     let pages = Router::new()
         .leptos_routes_with_context(
             &state,
-            generate_route_list(app::App),
+            page_routes(),
             move || {
                 provide_context(harness.clone());
                 provide_context(login_required);

@@ -11,6 +11,7 @@ mod bodies;
 mod durable;
 mod instances;
 mod mcp;
+mod pages;
 mod rules;
 mod runs;
 mod security;
