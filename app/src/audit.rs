@@ -149,11 +149,15 @@ pub fn AuditView() -> impl IntoView {
                     } else {
                         entry.outcome.clone()
                     };
+                    // A call's id is the model's, written out as a card writes it: it is what a covered approval's
+                    // reason names.
+                    let call = entry.tool_call_id.as_deref().map(visible).unwrap_or_default();
                     let run = entry.run_id.map(|run| run.to_string()).unwrap_or_default();
                     let session = entry.session_id.map(|s| s.to_string()).unwrap_or_default();
-                    // An entry that names no run (a rule's change) has no title either.
+                    // An entry that names no call or run (a rule's change) has no title either.
                     let title = |id: &String| (!id.is_empty()).then(|| id.clone());
-                    let (run_title, session_title) = (title(&run), title(&session));
+                    let (call_title, run_title, session_title) =
+                        (title(&call), title(&run), title(&session));
                     // Reasons name commands, paths, rules and grants (the policy's, a grant's, a rule's text): every
                     // character written out, as a card does.
                     let reason = visible(&entry.reason.unwrap_or_default());
@@ -165,6 +169,7 @@ pub fn AuditView() -> impl IntoView {
                             <td class="scope">{entry.scope.unwrap_or_default()}</td>
                             <td>{entry.actor.or(entry.source).unwrap_or_default()}</td>
                             <td class="reason">{reason}</td>
+                            <td class="id call-id"><code title=call_title>{call}</code></td>
                             <td class="id run-id"><code title=run_title>{run}</code></td>
                             <td class="id conversation-id"><code title=session_title>{session}</code></td>
                         </tr>
@@ -183,6 +188,7 @@ pub fn AuditView() -> impl IntoView {
                                 <th scope="col">"Scope"</th>
                                 <th scope="col">"Who"</th>
                                 <th scope="col">"Reason"</th>
+                                <th scope="col">"Call"</th>
                                 <th scope="col">"Run"</th>
                                 <th scope="col">"Conversation"</th>
                             </tr>

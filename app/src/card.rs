@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use agent::wire::{ApprovalPreview, ApprovalRequest, DiffLine, FileDiff};
+use agent::wire::{ApprovalPreview, ApprovalRequest, DecisionScope, DiffLine, FileDiff};
 use leptos::html;
 use leptos::prelude::*;
 use leptos::task::spawn_local;
@@ -420,6 +420,8 @@ fn Editor(
     dom_id: String,
     problems: RwSignal<Vec<String>>,
     edited: Memo<Vec<String>>,
+    /// The card offers approvals for the session, which are off while it is edited: the editor says why.
+    session_offered: bool,
 ) -> impl IntoView {
     let errors_id = format!("{dom_id}-edit-errors");
     let described = errors_id.clone();
@@ -485,6 +487,13 @@ fn Editor(
     };
     view! {
         <div class="editor" role="group" aria-label="Edit the arguments">
+            // First, next to the buttons it explains.
+            {session_offered.then(|| view! {
+                <p class="edit-note" role="note">
+                    "Approving for the session is off while you edit: a grant covers calls as the card showed them, "
+                    "not as edited. Approve edited runs this call once."
+                </p>
+            })}
             {inputs}
             <p class="edited-fields" role="status">
                 {move || {
@@ -697,6 +706,11 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
         let key = key.clone();
         view! { <AlwaysAllow key rule in_flight/> }
     });
+    let session_offered = request
+        .choices
+        .session
+        .iter()
+        .any(|choice| choice.scope != DecisionScope::Once);
     let notes = scope_notes(&request.choices);
     let deny = move |_| decide(Choice::Deny);
     let toggle_edit = {
@@ -798,7 +812,7 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
             </div>
             <div class="detail" id=detail_id hidden=move || !expanded.get()>
                 {move || editing.get().map(|draft| view! {
-                    <Editor draft dom_id=editor_id.clone() problems edited/>
+                    <Editor draft dom_id=editor_id.clone() problems edited session_offered/>
                 })}
                 <div hidden=move || editing.with(Option::is_some)>
                     {preview.map(|preview| view! { <Preview preview/> })}

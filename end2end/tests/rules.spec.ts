@@ -121,6 +121,18 @@ test("approving one card for the session approves the other cards it covers, say
   await expect(answer).toContainText(`write_file wrote 3 bytes to ${first}.`);
   await expect(answer).toContainText(`write_file wrote 3 bytes to ${second}.`);
   await expect(answer).toContainText("delete_file was not run because it was denied");
+
+  // The audit log has each approval on a line of its own, and the call the covered one names is there to find.
+  const given = (await covered.locator(".resolution").textContent())!.match(/given to call (\S+) /)![1];
+  await page.getByRole("button", { name: "Audit log" }).click();
+  const rows = page.locator(".audit tbody tr");
+  const coveredRow = rows.filter({ hasText: `given to call ${given} ` });
+  await expect(coveredRow).toHaveCount(1);
+  await expect(coveredRow.locator(".outcome")).toHaveText("approved");
+  const grantingRow = rows.filter({ has: page.locator("td.call-id code", { hasText: new RegExp(`^${given}$`) }) });
+  await expect(grantingRow.filter({ hasText: "approved" }).locator(".scope")).toHaveText("session");
+  await expect(grantingRow.filter({ hasText: "approved" }).locator("td.call-id code")).toHaveAttribute("title", given);
+  await screenshot(page, testInfo, "grant-covers-batch-audit");
 });
 
 test("approving for the session leaves the cards this page is editing or writing a reason on", async ({ page }, testInfo) => {
@@ -132,6 +144,11 @@ test("approving for the session leaves the cards this page is editing or writing
   const editing = writes.filter({ hasText: edited });
   await editing.getByRole("button", { name: "Edit" }).click();
   await editing.getByLabel("content", { exact: true }).fill("person");
+  // An edited card offers no approval for the session, and says why where the person edits.
+  await expect(editing.getByRole("button", { name: "Approve for session" })).toBeDisabled();
+  await expect(editing.getByRole("note").filter({ hasText: "while you edit" })).toHaveText(
+    "Approving for the session is off while you edit: a grant covers calls as the card showed them, not as edited. Approve edited runs this call once.",
+  );
   const reasoning = writes.filter({ hasText: reasoned });
   await reasoning.getByLabel("Reason (optional)").fill("not this one");
 
