@@ -1719,8 +1719,23 @@ async fn grants_rules_and_the_audit_log_are_kept_and_filtered(kind: Kind) {
         at: 20,
         ..request_audit("r", "c")
     };
-    store.add_rule(rule.clone(), changed.clone()).await.unwrap();
-    assert_eq!(store.rules().await.unwrap(), vec![rule]);
+    assert!(store.add_rule(rule.clone(), changed.clone()).await.unwrap());
+    // The same rule again, as a second instance adding it at once would: one rule, one audit line.
+    assert!(!store.add_rule(rule.clone(), changed.clone()).await.unwrap());
+    assert_eq!(store.rules().await.unwrap(), vec![rule.clone()]);
+    // A row of its id with another text (one that another version wrote) is replaced.
+    let rewritten = StoredRule {
+        rule: "run_command(git status)=ask".into(),
+        created_at: 21,
+        ..rule
+    };
+    assert!(
+        store
+            .add_rule(rewritten.clone(), changed.clone())
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.rules().await.unwrap(), vec![rewritten]);
     assert!(store.remove_rule("rule-1", changed.clone()).await.unwrap());
     assert!(!store.remove_rule("rule-1", changed).await.unwrap());
 
@@ -1741,8 +1756,8 @@ async fn grants_rules_and_the_audit_log_are_kept_and_filtered(kind: Kind) {
         })
         .await
         .unwrap();
-    // The revoked grant, the added and the removed rule, and the three entries just written.
-    assert_eq!(all.len(), 6);
+    // The revoked grant, the rule added, replaced and removed, and the three entries just written.
+    assert_eq!(all.len(), 7);
     assert!(all.windows(2).all(|w| w[0].id < w[1].id), "oldest first");
     let window = store
         .audit_log(AuditQuery {
@@ -1800,7 +1815,7 @@ async fn grants_rules_and_the_audit_log_are_kept_and_filtered(kind: Kind) {
             after_id: Some(huge),
             ..Default::default()
         });
-        assert_eq!([since.await, until.await, after.await], [0, 6, 0], "{huge}");
+        assert_eq!([since.await, until.await, after.await], [0, 7, 0], "{huge}");
     }
 }
 

@@ -414,9 +414,18 @@ impl StoredRuleBook {
             created_at: entry.added_at.unwrap_or_default(),
             created_by: entry.added_by.clone(),
         };
-        self.store
+        if !self
+            .store
             .add_rule(stored, rule_audit(&entry, "added", actor))
-            .await?;
+            .await?
+        {
+            // Another instance added it since this book read the store: it is in force there, and here once read.
+            self.refresh().await?;
+            return Err(RuleBookError::AlreadyPresent {
+                id: entry.id,
+                rule: entry.rule.to_string(),
+            });
+        }
         let mut added = Self::added(&in_force);
         added.push(entry.clone());
         self.put_in_force(self.next_number(), added);

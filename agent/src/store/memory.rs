@@ -907,12 +907,19 @@ impl Store for MemoryStore {
         Self::ready(self.tables.lock().logged_out.contains_key(login))
     }
 
-    fn add_rule(&self, rule: StoredRule, audit: AuditEntry) -> StoreFuture<'_, ()> {
+    fn add_rule(&self, rule: StoredRule, audit: AuditEntry) -> StoreFuture<'_, bool> {
         let mut tables = self.tables.lock();
+        if tables
+            .rules
+            .iter()
+            .any(|kept| kept.id == rule.id && kept.rule == rule.rule)
+        {
+            return Self::ready(false);
+        }
         tables.rules.retain(|kept| kept.id != rule.id);
         tables.rules.push(rule);
         tables.audit(vec![audit]);
-        Self::ready(())
+        Self::ready(true)
     }
 
     fn remove_rule(&self, rule_id: &str, audit: AuditEntry) -> StoreFuture<'_, bool> {

@@ -1042,7 +1042,10 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreFuture<'_, bool>;
 
     fn rules(&self) -> StoreFuture<'_, Vec<StoredRule>>;
-    fn add_rule(&self, rule: StoredRule, audit: AuditEntry) -> StoreFuture<'_, ()>;
+    /// Keeps `rule` and its audit line, unless a rule of its id is kept with the same text already: then neither,
+    /// and `false` (two instances that add the same rule at once keep one rule and one audit line). A row of its id
+    /// with another text (one that did not read as a rule) is replaced.
+    fn add_rule(&self, rule: StoredRule, audit: AuditEntry) -> StoreFuture<'_, bool>;
     /// Whether it existed.
     fn remove_rule(&self, rule_id: &str, audit: AuditEntry) -> StoreFuture<'_, bool>;
 

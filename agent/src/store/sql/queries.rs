@@ -2811,25 +2811,29 @@ impl Store for SqlStore {
         .boxed()
     }
 
-    fn add_rule(&self, rule: StoredRule, audit: AuditEntry) -> StoreFuture<'_, ()> {
+    fn add_rule(&self, rule: StoredRule, audit: AuditEntry) -> StoreFuture<'_, bool> {
         async move {
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
-            query("DELETE FROM rules WHERE id = $1")
-                .bind(rule.id.clone())
-                .execute(&mut tx)
-                .await
-                .map_err(unavailable)?;
-            query("INSERT INTO rules (id, rule, created_at, created_by) VALUES ($1, $2, $3, $4)")
-                .bind(rule.id.clone())
-                .bind(rule.rule.clone())
-                .bind(rule.created_at as i64)
-                .bind(rule.created_by.clone())
-                .execute(&mut tx)
-                .await
-                .map_err(unavailable)?;
-            audit_in(&mut tx, &[audit]).await.map_err(unavailable)?;
+            // The row is written unless the same rule is kept already; PostgreSQL's unique key makes a second
+            // instance's insert of it wait for the first's commit, then find it there.
+            let kept = query(
+                "INSERT INTO rules (id, rule, created_at, created_by) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (id) DO UPDATE SET rule = excluded.rule, created_at = excluded.created_at, \
+                 created_by = excluded.created_by WHERE rules.rule <> excluded.rule",
+            )
+            .bind(rule.id.clone())
+            .bind(rule.rule.clone())
+            .bind(rule.created_at as i64)
+            .bind(rule.created_by.clone())
+            .execute(&mut tx)
+            .await
+            .map_err(unavailable)?;
+            let added = kept.rows_affected() > 0;
+            if added {
+                audit_in(&mut tx, &[audit]).await.map_err(unavailable)?;
+            }
             tx.commit().await.map_err(unavailable)?;
-            Ok(())
+            Ok(added)
         }
         .boxed()
     }
