@@ -265,6 +265,10 @@ impl SqlStore {
             query.execute(&mut *connection).await?;
         }
         if let Some(tails) = &self.tails {
+            // The tail answers for the log only once it holds these events too. Once the commit is made, a reader
+            // on another connection sees them (and the run's row) before the hook below has put them in the tail:
+            // until it has, the tail does not cover the log, and such a reader reads the database.
+            tails.touched(run_id, last as u64);
             let (tails, run_id, events) = (Arc::clone(tails), run_id.clone(), events.to_vec());
             connection.after_commit(move || tails.committed(&run_id, first as u64, events));
         }

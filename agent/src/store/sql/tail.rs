@@ -195,7 +195,8 @@ impl Tails {
         inner.evict();
     }
 
-    /// The run's log is committed through `seq`: a tail that does not reach it is not whole.
+    /// The run's log is committed through `seq`, or is being committed through it: a tail that does not reach it is
+    /// not whole (its readers read the database).
     pub(super) fn touched(&self, run_id: &RunId, seq: u64) {
         if let Some(tail) = self.inner.lock().runs.get_mut(run_id) {
             tail.known = tail.known.max(seq);
