@@ -420,8 +420,9 @@ fn Editor(
     dom_id: String,
     problems: RwSignal<Vec<String>>,
     edited: Memo<Vec<String>>,
-    /// The card offers approvals for the session, which are off while it is edited: the editor says why.
-    session_offered: bool,
+    /// When the card offers approvals for the session, which are off while it is edited: the id of the note in which
+    /// the editor says why (the buttons are described by it meanwhile).
+    session_note: Option<String>,
 ) -> impl IntoView {
     let errors_id = format!("{dom_id}-edit-errors");
     let described = errors_id.clone();
@@ -488,8 +489,8 @@ fn Editor(
     view! {
         <div class="editor" role="group" aria-label="Edit the arguments">
             // First, next to the buttons it explains.
-            {session_offered.then(|| view! {
-                <p class="edit-note" role="note">
+            {session_note.map(|id| view! {
+                <p class="edit-note" id=id role="note">
                     "Approving for the session is off while you edit: a grant covers calls as the card showed them, "
                     "not as edited. Approve edited runs this call once."
                 </p>
@@ -699,18 +700,29 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
         move |_| decide(Choice::Approve)
     };
     // A session scope covers what the card showed: not offered while the arguments are being edited.
-    let session_choices = session_buttons(&request.choices, decide.clone(), move || {
-        in_flight.get() || editing.with(Option::is_some)
-    });
-    let always_allow = request.choices.always_allow.clone().map(|rule| {
-        let key = key.clone();
-        view! { <AlwaysAllow key rule in_flight/> }
-    });
     let session_offered = request
         .choices
         .session
         .iter()
         .any(|choice| choice.scope != DecisionScope::Once);
+    let session_note = session_offered.then(|| format!("{dom_id}-session-note"));
+    let session_choices = session_buttons(
+        &request.choices,
+        decide.clone(),
+        move || in_flight.get() || editing.with(Option::is_some),
+        {
+            let session_note = session_note.clone();
+            move || {
+                session_note
+                    .clone()
+                    .filter(|_| editing.with(Option::is_some))
+            }
+        },
+    );
+    let always_allow = request.choices.always_allow.clone().map(|rule| {
+        let key = key.clone();
+        view! { <AlwaysAllow key rule in_flight/> }
+    });
     let notes = scope_notes(&request.choices);
     let deny = move |_| decide(Choice::Deny);
     let toggle_edit = {
@@ -812,7 +824,7 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
             </div>
             <div class="detail" id=detail_id hidden=move || !expanded.get()>
                 {move || editing.get().map(|draft| view! {
-                    <Editor draft dom_id=editor_id.clone() problems edited session_offered/>
+                    <Editor draft dom_id=editor_id.clone() problems edited session_note=session_note.clone()/>
                 })}
                 <div hidden=move || editing.with(Option::is_some)>
                     {preview.map(|preview| view! { <Preview preview/> })}

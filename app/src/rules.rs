@@ -148,11 +148,13 @@ pub async fn revoke_grant(
 }
 
 /// One button per session scope the server offers, with what it covers as its title: the card never promises
-/// more than the grant. `decide` sends the choice.
+/// more than the grant. `decide` sends the choice; `described_by` names what says why the buttons are off, when
+/// something does.
 pub fn session_buttons(
     choices: &ApprovalChoices,
     decide: impl Fn(Choice) + Clone + Send + Sync + 'static,
     disabled: impl Fn() -> bool + Clone + Send + Sync + 'static,
+    described_by: impl Fn() -> Option<String> + Clone + Send + Sync + 'static,
 ) -> impl IntoView {
     choices
         .session
@@ -167,6 +169,7 @@ pub fn session_buttons(
             };
             let decide = decide.clone();
             let disabled = disabled.clone();
+            let described_by = described_by.clone();
             Some(view! {
                 <button
                     type="button"
@@ -174,6 +177,7 @@ pub fn session_buttons(
                     title=visible(&choice.covers)
                     on:click=move |_| decide(pick)
                     disabled=disabled
+                    aria-describedby=described_by
                 >
                     {visible(&choice.label)}
                 </button>

@@ -146,6 +146,9 @@ test("approving for the session leaves the cards this page is editing or writing
   await editing.getByLabel("content", { exact: true }).fill("person");
   // An edited card offers no approval for the session, and says why where the person edits.
   await expect(editing.getByRole("button", { name: "Approve for session" })).toBeDisabled();
+  await expect(editing.getByRole("button", { name: "Approve for session" })).toHaveAccessibleDescription(
+    /^Approving for the session is off while you edit/,
+  );
   await expect(editing.getByRole("note").filter({ hasText: "while you edit" })).toHaveText(
     "Approving for the session is off while you edit: a grant covers calls as the card showed them, not as edited. Approve edited runs this call once.",
   );

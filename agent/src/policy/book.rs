@@ -420,7 +420,10 @@ impl StoredRuleBook {
             .await?
         {
             // Another instance added it since this book read the store: it is in force there, and here once read.
-            self.refresh().await?;
+            // The answer is the same whether or not that read works now.
+            if let Err(error) = self.refresh().await {
+                tracing::warn!(%error, "cannot read the rules again after another instance added one");
+            }
             return Err(RuleBookError::AlreadyPresent {
                 id: entry.id,
                 rule: entry.rule.to_string(),

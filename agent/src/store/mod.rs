@@ -1043,8 +1043,9 @@ pub trait Store: Send + Sync + 'static {
 
     fn rules(&self) -> StoreFuture<'_, Vec<StoredRule>>;
     /// Keeps `rule` and its audit line, unless a rule of its id is kept with the same text already: then neither,
-    /// and `false` (two instances that add the same rule at once keep one rule and one audit line). A row of its id
-    /// with another text (one that did not read as a rule) is replaced.
+    /// and `false` (two instances that add the same rule at once keep one rule and one audit line, once every
+    /// instance runs a version that adds so). A row of its id with another text (one that did not read as a rule) is
+    /// replaced.
     fn add_rule(&self, rule: StoredRule, audit: AuditEntry) -> StoreFuture<'_, bool>;
     /// Whether it existed.
     fn remove_rule(&self, rule_id: &str, audit: AuditEntry) -> StoreFuture<'_, bool>;
