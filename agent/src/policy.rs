@@ -7,7 +7,7 @@
 //! | --- | --- | --- |
 //! | 1 | a matching `deny` rule | deny: nothing overrides it, not a grant, not a person's edited arguments |
 //! | 2 | a matching `ask` rule | ask |
-//! | 3 | a shell, interpreter or wrapper while a `deny` rule restricts `run_command` | ask (what it runs cannot be read from its argv) |
+//! | 3 | a program that runs other programs (a shell, an interpreter, `find`, `git`, a build tool) while a `deny` rule restricts `run_command` | ask (what it runs cannot be read from its argv) |
 //! | 4 | a matching `allow` rule | allow |
 //! | 5 | a session grant covering the call (never in a `strict` run) | allow |
 //! | 6 | the policy, reading the tool's annotations | `on_request`: read-only runs, destructive or incompletely annotated asks; `strict`: ask; `trusted`: allow |
@@ -52,7 +52,7 @@ pub enum DecidedBy {
         rule: String,
         origin: RuleOrigin,
     },
-    /// A shell, interpreter or wrapper met a `deny` rule on `run_command`: it asks.
+    /// A program that runs other programs met a `deny` rule on `run_command`: it asks.
     ProgramRunner { program: String, deny_rule: String },
     /// A session grant.
     Grant(SessionGrant),
@@ -239,7 +239,7 @@ impl PermissionPolicy {
             .max()
     }
 
-    /// A shell, interpreter or wrapper can run a program a `deny` rule forbids without naming it in its argv:
+    /// A program that runs others (a shell, `find -exec`) can run one a `deny` rule forbids without naming it:
     /// while such a rule exists, calls of one ask.
     fn opaque_program(
         &self,

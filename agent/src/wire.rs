@@ -200,6 +200,12 @@ pub struct McpToolOrigin {
     /// The tool's own name on that server (the model sees `mcp__server__tool`, made safe).
     pub tool: String,
     pub trust: McpTrust,
+    /// How the server is reached, as a digest (SHA-256, hex) of its command and arguments or of its URL: part of
+    /// the tool's definition, so that a session grant for a tool does not cover it once the server's name leads
+    /// somewhere else (a staging URL changed to production's, another program). Its environment and headers are
+    /// left out, as a rotated token is the same server. Empty in a definition an older version wrote.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub endpoint: String,
 }
 
 /// How an MCP server is reached.

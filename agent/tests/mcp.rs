@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use agent::harness::{Harness, RunHandle, RunSource, StartRun};
 use agent::ids::{RunId, ToolCallId};
-use agent::mcp::{McpConfig, McpServers, RequiredServerFailed};
+use agent::mcp::{McpConfig, McpServers, McpTransport, RequiredServerFailed};
 use agent::policy::{PermissionPolicy, RuleSet, SessionGrants, grant, session_grant};
 use agent::tools::Toolbox;
 use agent::wire::DecisionScope;
@@ -314,6 +314,16 @@ async fn server_filesystem_writes_and_reads_in_the_workspace_behind_the_policy()
     );
     assert_eq!(spec.mcp.as_ref().unwrap().tool, "write_file");
     assert_eq!(spec.mcp.as_ref().unwrap().trust, McpTrust::Untrusted);
+    // Where the server is belongs to the tool's definition, so that a grant for it covers this server only.
+    let transport = McpTransport::Stdio {
+        command: "node".into(),
+        args: vec![npm_server("server-filesystem"), ".".into()],
+        env: Default::default(),
+    };
+    assert_eq!(
+        spec.mcp.as_ref().unwrap().endpoint,
+        transport.endpoint_digest()
+    );
 
     // Untrusted: even its read-only tools ask under the default policy.
     let run = started.context(ApprovalPolicy::OnRequest);

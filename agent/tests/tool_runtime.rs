@@ -712,6 +712,7 @@ impl ServerTool {
                     server: "srv".into(),
                     tool: "x".into(),
                     trust: agent::wire::McpTrust::Untrusted,
+                    endpoint: String::new(),
                 }),
             },
             runs: Arc::clone(runs),

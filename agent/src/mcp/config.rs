@@ -95,6 +95,30 @@ pub enum McpTransport {
     },
 }
 
+impl McpTransport {
+    /// A digest (SHA-256, hex) of where the server is: its command and arguments, or its URL. The environment and
+    /// the headers are left out: they hold the tokens, which are rotated without the server becoming another.
+    pub fn endpoint_digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        match self {
+            Self::Stdio { command, args, .. } => {
+                hasher.update(b"stdio\0");
+                // Each word with its length before it, so that no two argvs read the same.
+                for word in std::iter::once(command).chain(args) {
+                    hasher.update((word.len() as u64).to_be_bytes());
+                    hasher.update(word.as_bytes());
+                }
+            }
+            Self::Http { url, .. } => {
+                hasher.update(b"http\0");
+                hasher.update(url.as_bytes());
+            }
+        }
+        hex::encode(hasher.finalize())
+    }
+}
+
 // Expanded values may hold secrets (tokens in headers, keys in the environment): never print them.
 impl fmt::Debug for McpTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -761,6 +785,40 @@ mod tests {
 
     fn parse(file: &str, text: &str) -> Result<McpConfig, ConfigError> {
         McpConfig::parse(Path::new(file), text, &env)
+    }
+
+    /// A grant for a server's tool holds while the server is reached the same way: its command and arguments, or
+    /// its URL. A rotated token (the environment, a header) is the same server.
+    #[test]
+    fn a_server_is_known_by_where_it_is_not_by_its_secrets() {
+        let stdio = |command: &str, args: &[&str], token: &str| McpTransport::Stdio {
+            command: command.into(),
+            args: args.iter().map(|&arg| arg.into()).collect(),
+            env: BTreeMap::from([("TOKEN".to_owned(), token.to_owned())]),
+        };
+        let http = |url: &str, token: &str| McpTransport::Http {
+            url: url.into(),
+            headers: BTreeMap::from([("Authorization".to_owned(), format!("Bearer {token}"))]),
+        };
+        let digest = McpTransport::endpoint_digest;
+        assert_eq!(
+            digest(&stdio("mcp-fs", &["--root", "a"], "old")),
+            digest(&stdio("mcp-fs", &["--root", "a"], "new"))
+        );
+        assert_eq!(
+            digest(&http("https://mcp.example/v1", "old")),
+            digest(&http("https://mcp.example/v1", "new"))
+        );
+        let distinct = [
+            digest(&stdio("mcp-fs", &["--root", "a"], "t")),
+            digest(&stdio("mcp-fs", &["--root", "b"], "t")),
+            digest(&stdio("mcp-fs", &["--root a"], "t")),
+            digest(&stdio("mcp-fs-2", &["--root", "a"], "t")),
+            digest(&http("https://staging.mcp.example/v1", "t")),
+            digest(&http("https://mcp.example/v1", "t")),
+        ];
+        let unique: BTreeSet<&String> = distinct.iter().collect();
+        assert_eq!(unique.len(), distinct.len(), "{distinct:?}");
     }
 
     #[test]

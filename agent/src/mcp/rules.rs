@@ -59,6 +59,7 @@ mod tests {
                 server: "fs".into(),
                 tool: name.rsplit("__").next().unwrap_or(name).into(),
                 trust: McpTrust::Untrusted,
+                endpoint: String::new(),
             }),
         }
     }

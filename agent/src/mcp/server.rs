@@ -356,6 +356,7 @@ impl McpServer {
                             server: self.config.name.clone(),
                             tool: real,
                             trust: self.config.trust,
+                            endpoint: self.config.transport.endpoint_digest(),
                         }),
                     },
                     Arc::downgrade(self),

@@ -2,7 +2,7 @@
 //!
 //! | tool | `session` covers | `session_program` covers |
 //! | --- | --- | --- |
-//! | `run_command` | the same program with the same arguments | the same program with any arguments (not offered for shells, interpreters and wrappers) |
+//! | `run_command` | the same program with the same arguments | the same program with any arguments (not offered for programs that run other programs, [`PROGRAM_RUNNERS`](super::matcher::PROGRAM_RUNNERS)) |
 //! | a file tool | the tool on any path in the workspace | not offered |
 //! | any other tool (MCP tools) | the tool with any arguments | not offered |
 //!
@@ -351,8 +351,8 @@ mod tests {
     #[test]
     fn the_program_scope_is_explicit_and_never_for_shells() {
         let tool = spec("run_command", "runs");
-        let git = json!({"command": "git", "args": ["status"]});
-        let (choices, note) = grant_choices(&tool, &git);
+        let ls = json!({"command": "ls", "args": ["-l"]});
+        let (choices, note) = grant_choices(&tool, &ls);
         let scopes: Vec<DecisionScope> = choices.iter().map(|c| c.scope).collect();
         assert_eq!(
             scopes,
@@ -364,23 +364,30 @@ mod tests {
         grants.insert(session_grant(choices[1].grant.clone(), run, call));
         assert!(
             grants
-                .covering(&tool, &json!({"command": "git", "args": ["push"]}))
+                .covering(&tool, &json!({"command": "ls", "args": ["-la", "/etc"]}))
                 .is_some()
         );
         assert!(
             grants
-                .covering(&tool, &json!({"command": "gitk"}))
+                .covering(&tool, &json!({"command": "lsof"}))
                 .is_none()
         );
 
-        let shell = json!({"command": "sh", "args": ["-c", "ls"]});
-        assert_eq!(
-            grant_for(&tool, &shell, DecisionScope::SessionProgram),
-            None
-        );
-        let (choices, note) = grant_choices(&tool, &shell);
-        assert_eq!(choices.len(), 1);
-        assert!(note.unwrap().contains("runs other programs"));
+        // A shell, and a program whose options run others (`find . -exec rm -rf {} +`), never with any arguments.
+        for runner in [
+            json!({"command": "sh", "args": ["-c", "ls"]}),
+            json!({"command": "find", "args": [".", "-name", "*.rs"]}),
+            json!({"command": "/usr/bin/git", "args": ["status"]}),
+        ] {
+            assert_eq!(
+                grant_for(&tool, &runner, DecisionScope::SessionProgram),
+                None,
+                "{runner}"
+            );
+            let (choices, note) = grant_choices(&tool, &runner);
+            assert_eq!(choices.len(), 1, "{runner}");
+            assert!(note.unwrap().contains("runs other programs"), "{runner}");
+        }
     }
 
     #[test]

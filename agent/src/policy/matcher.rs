@@ -19,10 +19,12 @@ pub const COMMAND_TOOL: &str = "run_command";
 /// The built-in tools whose `path` argument names a file or directory in the workspace.
 pub const FILE_TOOLS: [&str; 4] = ["list_files", "read_file", "write_file", "delete_file"];
 
-/// Programs that run other programs: shells, interpreters and wrappers. A prefix rule that does not name one
-/// never matches a call of it (the argv's first word must equal the rule's), a session grant never covers one
-/// with "any arguments", and while a `deny` rule restricts `run_command`, a call of one of these asks, because
-/// what it runs cannot be read from its argv.
+/// Programs that run other programs: shells, wrappers, interpreters, programs with an option or a command that runs
+/// one, and build tools and package managers, which run a project's own scripts. A prefix rule that does not name
+/// one never matches a call of it (the argv's first word must equal the rule's), a session grant never covers one
+/// with "any arguments", and while a `deny` rule restricts `run_command`, a call of one asks, because what it runs
+/// cannot be read from its argv. Names are compared in lower case, and without a version
+/// ([`is_program_runner`]).
 pub const PROGRAM_RUNNERS: &[&str] = &[
     // Shells.
     "sh",
@@ -31,11 +33,20 @@ pub const PROGRAM_RUNNERS: &[&str] = &[
     "zsh",
     "ksh",
     "mksh",
+    "lksh",
+    "oksh",
+    "pdksh",
     "ash",
+    "yash",
+    "posh",
     "fish",
     "csh",
     "tcsh",
+    "nu",
+    "xonsh",
+    "elvish",
     "busybox",
+    "toybox",
     "rbash",
     // Wrappers that run the rest of their argv.
     "env",
@@ -47,17 +58,28 @@ pub const PROGRAM_RUNNERS: &[&str] = &[
     "sudo",
     "doas",
     "su",
+    "runuser",
+    "pkexec",
+    "sg",
+    "newgrp",
     "setsid",
     "chroot",
     "unshare",
     "nsenter",
+    "bwrap",
+    "proot",
+    "fakeroot",
+    "faketime",
     "flock",
     "ionice",
     "chrt",
     "taskset",
     "time",
     "watch",
+    "entr",
     "script",
+    "screen",
+    "tmux",
     "exec",
     "command",
     "builtin",
@@ -66,24 +88,130 @@ pub const PROGRAM_RUNNERS: &[&str] = &[
     "strace",
     "ltrace",
     "gdb",
+    "valgrind",
+    "perf",
+    "catchsegv",
     "firejail",
-    // Interpreters that run code given as an argument.
+    "systemd-run",
+    "start-stop-daemon",
+    "daemonize",
+    "dbus-launch",
+    "ssh-agent",
+    "torsocks",
+    "proxychains",
+    "at",
+    "batch",
+    "crontab",
+    "xterm",
+    // Programs with an option or a command that runs a program: `find -exec`, git's aliases, hooks and `-c`
+    // settings, GNU sed's `e`, ed's and the editors' `!`, `tar --to-command`, `rsync -e`, `rg --pre`, `sort
+    // --compress-program`, `zip -TT`, `wget --use-askpass`, `man -P`, less's `+!`, the database shells' `.shell`
+    // and `\!`, a container's command, a remote shell's command.
+    "find",
+    "git",
+    "sed",
+    "ed",
+    "patch",
+    "vi",
+    "vim",
+    "nvim",
+    "view",
+    "ex",
+    "emacs",
+    "less",
+    "more",
+    "man",
+    "tar",
+    "rsync",
+    "rg",
+    "sort",
+    "zip",
+    "wget",
+    "ssh",
+    "scp",
+    "sftp",
+    "nc",
+    "ncat",
+    "socat",
+    "expect",
+    "sqlite3",
+    "psql",
+    "mysql",
+    "docker",
+    "podman",
+    "kubectl",
+    // Build tools and package managers: they run the project's build scripts, tasks and hooks.
+    "make",
+    "cmake",
+    "ninja",
+    "meson",
+    "cargo",
+    "go",
+    "npm",
+    "npx",
+    "pnpm",
+    "yarn",
+    "pip",
+    "pipx",
+    "uv",
+    "uvx",
+    "poetry",
+    "tox",
+    "nox",
+    "gem",
+    "bundle",
+    "rake",
+    "composer",
+    "mvn",
+    "gradle",
+    "ant",
+    "bazel",
+    "dotnet",
+    // Interpreters that run code given as an argument or a file.
     "python",
-    "python2",
-    "python3",
+    "pypy",
+    "ipython",
     "perl",
     "ruby",
+    "irb",
     "node",
     "nodejs",
+    "ts-node",
+    "tsx",
     "deno",
     "bun",
     "php",
     "lua",
+    "luajit",
     "tclsh",
+    "wish",
     "awk",
     "gawk",
     "mawk",
     "nawk",
+    "java",
+    "jshell",
+    "groovy",
+    "scala",
+    "kotlin",
+    "swift",
+    "julia",
+    "r",
+    "rscript",
+    "octave",
+    "gnuplot",
+    "ghci",
+    "runghc",
+    "runhaskell",
+    "erl",
+    "escript",
+    "elixir",
+    "iex",
+    "guile",
+    "racket",
+    "sbcl",
+    "clisp",
+    "ocaml",
     "osascript",
     "pwsh",
     "powershell",
@@ -117,12 +245,17 @@ pub fn basename(program: &str) -> &str {
     program.rsplit('/').next().unwrap_or(program)
 }
 
-/// True when `program` (by its name, whatever its directory) runs other programs.
+/// True when `program` (by its name, whatever its directory) runs other programs. The name is read in lower case
+/// (`SH` is `sh` where the file system ignores case) and also without a version: whatever follows its first digit,
+/// so `python3.12`, `python3.7m`, `pip3`, `pypy3`, `node-20` and Debian's `perl5.36-x86_64-linux-gnu` are what they
+/// run. Either reading can only make a call stricter.
 pub fn is_program_runner(program: &str) -> bool {
-    let name = basename(program);
-    // `python3.12`, `perl5.36`: versioned interpreters are interpreters too.
-    let unversioned = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
-    PROGRAM_RUNNERS.contains(&name) || PROGRAM_RUNNERS.contains(&unversioned)
+    let name = basename(program).to_lowercase();
+    let unversioned = name
+        .find(|c: char| c.is_ascii_digit())
+        .map_or(name.as_str(), |digit| &name[..digit])
+        .trim_end_matches(['-', '.', '_']);
+    PROGRAM_RUNNERS.contains(&name.as_str()) || PROGRAM_RUNNERS.contains(&unversioned)
 }
 
 /// The argv of a `run_command` input: the program, then its arguments. `None` when the input does not have that
@@ -623,10 +756,36 @@ pub(crate) mod tests {
             "python3",
             "python3.12",
             "/usr/bin/xargs",
+            // A program with an option that runs another: `find . -exec rm -rf {} +`.
+            "find",
+            // git's aliases (`-c alias.x='!rm -rf x' x`), hooks and `-c core.sshCommand=...`.
+            "/usr/bin/git",
+            "sed",
+            "cargo",
+            "npm",
+            // Versions that are not only trailing digits, and a name in another case.
+            "python3.7m",
+            "perl5.36-x86_64-linux-gnu",
+            "pip3",
+            "pypy3",
+            "node-20",
+            "SH",
+            "/bin/Bash",
         ] {
             assert!(is_program_runner(program), "{program}");
         }
-        for program in ["git", "ls", "rm", "shred", "environment"] {
+        for program in [
+            "ls",
+            "rm",
+            "shred",
+            "environment",
+            "echo",
+            "cat",
+            "sha256sum",
+            "7z",
+            "gitk",
+            "finder",
+        ] {
             assert!(!is_program_runner(program), "{program}");
         }
     }

@@ -378,11 +378,10 @@ impl Rule {
         self.matcher.is_none()
     }
 
-    /// True for a `deny` with a command prefix: it restricts what `run_command` may run.
+    /// True for a `deny` on some of `run_command`'s calls: a command prefix, or globs on its named arguments
+    /// (`run_command(command=rm)=deny`). It restricts what `run_command` may run.
     pub fn denies_commands(&self) -> bool {
-        self.action == RuleAction::Deny
-            && self.tool.matches(COMMAND_TOOL)
-            && matches!(self.matcher, Some(ArgumentMatcher::Command(_)))
+        self.action == RuleAction::Deny && self.tool.matches(COMMAND_TOOL) && self.matcher.is_some()
     }
 
     pub fn specificity(&self) -> Specificity {
@@ -432,11 +431,16 @@ impl Rule {
                 // glob as text, `*` crossing `/` (`command=rm *` catches `rm -rf /`); an `allow` keeps to the
                 // narrower reading, where `*` stays between slashes.
                 let as_text = !path && !strict_reading;
+                // `run_command`'s program, named by a glob on `command`, is also caught by its name from any
+                // directory, as the prefix form catches it: `command=rm` catches `/bin/rm`.
+                let program =
+                    !strict_reading && call.tool_name == COMMAND_TOOL && argument.name == "command";
                 // A `deny` or `ask` rule also sees a path through a directory that may ignore case where the
                 // workspace does not (a mount inside it, a casefold directory) as every spelling of it.
                 let hit = |candidate: &String| {
                     glob.is_match(candidate, case_insensitive)
                         || (as_text && glob.is_text_match(candidate))
+                        || (program && glob.is_match(basename(candidate), false))
                         || (path
                             && !strict_reading
                             && !case_insensitive

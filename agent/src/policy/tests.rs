@@ -218,6 +218,7 @@ fn from_mcp(mut spec: ToolSpec, trust: McpTrust) -> ToolSpec {
         server: "fs".into(),
         tool: spec.name.clone(),
         trust,
+        endpoint: "stdio-digest".into(),
     });
     spec
 }
@@ -354,7 +355,17 @@ fn a_session_grant_covers_the_tool_as_it_was_approved() {
         server: "other".into(),
         tool: "delete".into(),
         trust: McpTrust::Annotations,
+        endpoint: "stdio-digest".into(),
     });
+    assert_eq!(
+        verdict_kind(&on_request.decide(&changed, &input, &grants)),
+        "ask"
+    );
+    // The same server name, tool and definition, reached another way (its URL or command changed): another tool.
+    let mut changed = before.clone();
+    if let Some(origin) = changed.mcp.as_mut() {
+        origin.endpoint = "another-digest".into();
+    }
     assert_eq!(
         verdict_kind(&on_request.decide(&changed, &input, &grants)),
         "ask"
@@ -472,21 +483,37 @@ fn a_deny_naming_a_program_by_its_path_catches_it_by_name() {
 #[test]
 fn a_shell_asks_while_a_deny_rule_restricts_commands() {
     let none = SessionGrants::new();
-    let rules = "run_command(rm)=deny,run_command(sh)=allow,run_command(git status)=allow";
+    let rules = "run_command(rm)=deny,run_command(sh)=allow,run_command(find)=allow,run_command(git status)=allow,run_command(ls)=allow";
     let policy = policy(ApprovalPolicy::OnRequest, rules);
     // (command, expected)
     let table: &[(&str, &str)] = &[
         ("rm -rf x", "deny"),
         ("/bin/rm -rf x", "deny"),
         ("sh -c 'rm -rf x'", "ask"),
+        ("SH -c 'rm -rf x'", "ask"),
         ("env rm -rf x", "ask"),
         ("python3 -c 'import shutil'", "ask"),
-        ("git status", "allow"),
-        ("git statusx", "ask"),
+        ("perl5.36-x86_64-linux-gnu -e 'unlink q(x)'", "ask"),
+        // Allowed by name, but its options run programs: the `rm` it runs is not in its argv's first word.
+        ("find . -exec rm -rf {} +", "ask"),
+        // So do git's (`git -c alias.x='!rm -rf x' x`): a rule that allows `git status` waits for the deny rule to go.
+        ("git -c alias.x=!rm x", "ask"),
+        ("git status", "ask"),
+        ("ls -la", "allow"),
     ];
     for (line, expected) in table {
         let decision = policy.decide(&run_command(), &command(line), &none);
         assert_eq!(verdict_kind(&decision), *expected, "{line}: {decision:?}");
+    }
+    // A deny rule written as a glob on the `command` argument restricts `run_command` as its prefix form does: it
+    // catches the program from any directory, and a shell asks while it is there.
+    let named = super::tests::policy(
+        ApprovalPolicy::OnRequest,
+        "run_command(command=rm)=deny,run_command(sh)=allow",
+    );
+    for (line, expected) in [("/bin/rm -rf x", "deny"), ("sh -c 'rm -rf x'", "ask")] {
+        let decision = named.decide(&run_command(), &command(line), &none);
+        assert_eq!(verdict_kind(&decision), expected, "{line}: {decision:?}");
     }
     // Without a deny rule on commands, a shell the person allowed by name runs.
     let relaxed = super::tests::policy(ApprovalPolicy::OnRequest, "run_command(sh)=allow");
