@@ -452,9 +452,17 @@ pub async fn audit_log(
             })
             .transpose()
     };
-    let limit = number("limit")?
-        .map_or(100, |limit| limit as usize)
-        .clamp(1, AUDIT_PAGE_MAX);
+    // A page of none, or of more than a page holds, is a mistake worth saying, not a page of another size.
+    let limit = match number("limit")? {
+        None => 100,
+        Some(limit) if (1..=AUDIT_PAGE_MAX as u64).contains(&limit) => limit as usize,
+        Some(_) => {
+            return Err(ApiError::field(
+                "limit",
+                format!("Expected 1 to {AUDIT_PAGE_MAX} entries a page"),
+            ));
+        }
+    };
     let filter = agent::store::AuditQuery {
         session_id: query
             .get("sessionId")

@@ -32,6 +32,60 @@ async fn raw_post(
     request.send().await.unwrap()
 }
 
+/// The audit log's filters: a filter it does not have, a time it cannot read, or a page of none or of more than a
+/// page holds is a 400 that names the field, rather than a page of another size or of nothing.
+#[tokio::test]
+async fn an_audit_query_it_cannot_answer_as_asked_is_400() {
+    let app = spawn_app().await;
+    let cases = [
+        ("limit=0", "limit", "Expected 1 to 1000 entries a page"),
+        ("limit=1001", "limit", "Expected 1 to 1000 entries a page"),
+        ("limit=-1", "limit", "Expected a non-negative integer"),
+        ("after=x", "after", "Expected a non-negative integer"),
+    ];
+    for (query, field, message) in cases {
+        let response = app
+            .client
+            .get(app.url(&format!("/api/audit?{query}")))
+            .send()
+            .await
+            .unwrap();
+        let body = field_errors(response).await;
+        assert_eq!(body["fieldErrors"][field], json!([message]), "{query}");
+    }
+    let response = app
+        .client
+        .get(app.url("/api/audit?outcomes=approved"))
+        .send()
+        .await
+        .unwrap();
+    let body = field_errors(response).await;
+    assert!(
+        body["fieldErrors"]["outcomes"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("Unknown filter"),
+        "{body}"
+    );
+    let response = app
+        .client
+        .get(app.url("/api/audit?since=yesterday"))
+        .send()
+        .await
+        .unwrap();
+    assert!(field_errors(response).await["fieldErrors"]["since"].is_array());
+    // The bounds themselves are pages.
+    for query in ["limit=1", "limit=1000"] {
+        let response = app
+            .client
+            .get(app.url(&format!("/api/audit?{query}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{query}");
+    }
+}
+
 #[tokio::test]
 async fn a_last_event_id_that_is_not_an_event_id_is_400() {
     let app = spawn_app().await;
