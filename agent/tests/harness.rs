@@ -427,6 +427,41 @@ async fn an_approved_call_does_not_touch_a_file_that_changed_after_its_card() {
         std::fs::read_to_string(&file).unwrap(),
         "a day of real work"
     );
+    // The audit log has the approval, and beside it a line that says the call was not run, and why: without it a
+    // reader of the log would take the delete for done.
+    let audit = setup
+        .harness
+        .audit_log(agent::store::AuditQuery {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let lines: Vec<(&str, &str)> = audit
+        .iter()
+        .map(|entry| (entry.kind.as_str(), entry.outcome.as_str()))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ("approval_requested", "requested"),
+            ("approval_resolved", "approved"),
+            ("call_refused", "not_run")
+        ]
+    );
+    let not_run = &audit[2];
+    assert_eq!(not_run.tool.as_deref(), Some("delete_file"));
+    assert_eq!(not_run.tool_call_id, audit[1].tool_call_id);
+    assert_eq!(not_run.run_id, audit[1].run_id);
+    assert!(not_run.session_id.is_some());
+    assert_eq!(not_run.arguments_digest, audit[1].arguments_digest);
+    assert!(
+        not_run
+            .reason
+            .as_deref()
+            .is_some_and(|reason| reason.contains("changed after approval was asked")),
+        "{not_run:?}"
+    );
 
     // A new file's card: the file appeared meanwhile, and is not overwritten.
     let fresh = setup.dir.path().join("fresh.txt");

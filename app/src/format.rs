@@ -183,6 +183,16 @@ pub fn call_status(call: &ToolCallView) -> (&'static str, String) {
                 DenialSource::Timeout => ("denied", "timed out".to_owned()),
                 DenialSource::Abort => ("denied", "aborted".to_owned()),
             },
+            // Approved, then refused when its turn came: its file or its tool changed since the card, or a deny rule
+            // was added meanwhile (the result says which). The person's approval stands in the record; the call
+            // did not run.
+            (
+                _,
+                Some(ToolOutput::Error {
+                    code: ToolErrorCode::PermissionDenied,
+                    ..
+                }),
+            ) if approved => ("denied", "approved · not run".to_owned()),
             (
                 _,
                 Some(ToolOutput::Error {
@@ -502,6 +512,12 @@ mod tests {
         assert_eq!(call_status(&approved).1, "approved · done");
         approved.output = Some(ToolOutput::error(ToolErrorCode::NotFound, "gone"));
         assert_eq!(call_status(&approved).1, "approved · failed · NOT_FOUND");
+        // Approved, then refused when it came to run (its file changed since the card): not a denial of the policy's.
+        approved.output = Some(ToolOutput::error(
+            ToolErrorCode::PermissionDenied,
+            "write_file was not run: what it acts on changed after approval was asked for it",
+        ));
+        assert_eq!(call_status(&approved).1, "approved · not run");
 
         let mut policy = call();
         policy.output = Some(ToolOutput::error(ToolErrorCode::PermissionDenied, "no"));

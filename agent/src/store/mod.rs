@@ -667,6 +667,9 @@ pub enum AuditKind {
     ApprovalResolved,
     /// A call that was running when its process died: its effect is unknown.
     CallInterrupted,
+    /// A call a decision let run that was not run when its turn came: its file or its tool changed since, or a
+    /// `deny` rule added meanwhile forbids it.
+    CallRefused,
     /// An AG-UI resume was refused.
     ResumeRefused,
     /// A session grant was revoked.
@@ -684,6 +687,7 @@ impl AuditKind {
             Self::ApprovalRequested => "approval_requested",
             Self::ApprovalResolved => "approval_resolved",
             Self::CallInterrupted => "call_interrupted",
+            Self::CallRefused => "call_refused",
             Self::ResumeRefused => "resume_refused",
             Self::GrantRevoked => "grant_revoked",
             Self::RuleChanged => "rule_changed",
@@ -697,6 +701,7 @@ impl AuditKind {
             "approval_requested" => Self::ApprovalRequested,
             "approval_resolved" => Self::ApprovalResolved,
             "call_interrupted" => Self::CallInterrupted,
+            "call_refused" => Self::CallRefused,
             "resume_refused" => Self::ResumeRefused,
             "grant_revoked" => Self::GrantRevoked,
             "rule_changed" => Self::RuleChanged,

@@ -180,7 +180,14 @@ async fn one_approval_interrupts_the_run_and_the_resume_runs_the_tool() {
 /// before the resume is kept, and the model is told why. Before, the resume deleted whatever the file held by then.
 #[tokio::test]
 async fn a_resume_does_not_touch_a_file_that_changed_after_its_interrupt() {
-    let app = spawn_app().await;
+    // On the durable store, whose audit log is the one kept.
+    let database = tempfile::tempdir().unwrap();
+    let file = database.path().join("toolgate.db");
+    let app = spawn_app_with(|config| {
+        config.database_url =
+            server::config::Database::Sql(agent::store::sql::DatabaseUrl::Sqlite(file));
+    })
+    .await;
     std::fs::write(app.file("a.txt"), "scratch").unwrap();
     let first = agui(&app, start("thread-changed", "run-1", "delete a.txt")).await;
     let interrupt = first.interrupts()[0].clone();
@@ -210,6 +217,37 @@ async fn a_resume_does_not_touch_a_file_that_changed_after_its_interrupt() {
     assert_eq!(
         std::fs::read_to_string(app.file("a.txt")).unwrap(),
         "a day of real work"
+    );
+    // The log has the approval, then a line that says its call was not run, and why.
+    let audit = app.audit("").await;
+    let lines: Vec<(&str, &str)> = audit
+        .iter()
+        .map(|entry| {
+            (
+                entry["kind"].as_str().unwrap(),
+                entry["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ("approval_requested", "requested"),
+            ("approval_resolved", "approved"),
+            ("call_refused", "not_run")
+        ],
+        "{audit:?}"
+    );
+    assert!(audit[2]["toolCallId"].is_string(), "{}", audit[2]);
+    assert_eq!(audit[2]["toolCallId"], audit[1]["toolCallId"]);
+    assert_eq!(audit[2]["tool"], "delete_file");
+    assert!(
+        audit[2]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("changed after approval was asked"),
+        "{}",
+        audit[2]
     );
 }
 
