@@ -11,7 +11,7 @@ use crate::format::{date_time, server_said, visible, visible_prose};
 use crate::state::{Ui, View, left_for_login};
 
 /// Outcomes the log records, for the filter.
-const OUTCOMES: [&str; 10] = [
+const OUTCOMES: [&str; 11] = [
     "requested",
     "approved",
     "approved_with_edits",
@@ -19,6 +19,7 @@ const OUTCOMES: [&str; 10] = [
     "timed_out",
     "aborted",
     "interrupted",
+    "not_run",
     "revoked",
     "added",
     "removed",
@@ -161,9 +162,14 @@ pub fn AuditView() -> impl IntoView {
                     // Reasons name commands, paths, rules and grants (the policy's, a grant's, a rule's text): every
                     // character written out, as a card does.
                     let reason = visible(&entry.reason.unwrap_or_default());
+                    // The date and the time each on one line, the time under its date when the column is narrow
+                    // (a date alone would break at its hyphens).
+                    let at = date_time(entry.at);
+                    let (day, clock) = at.split_once(' ').unwrap_or((at.as_str(), ""));
+                    let (day, clock) = (day.to_owned(), clock.to_owned());
                     view! {
                         <tr data-outcome=entry.outcome.clone()>
-                            <td><time>{date_time(entry.at)}</time></td>
+                            <td><time><span>{day}</span>" "<span>{clock}</span></time></td>
                             <td class="tool"><code>{entry.tool.unwrap_or_default()}</code></td>
                             <td class="outcome">{outcome}</td>
                             <td class="scope">{entry.scope.unwrap_or_default()}</td>

@@ -90,12 +90,15 @@ pub fn send_decision(
     });
 }
 
-/// The path or program a call is about, for the card's title.
+/// The path or command a call is about, for the card's title. A command is written whole, its arguments too: a
+/// compact card, among others, shows its title and not its details, and `rm` is not `rm -rf notes.txt`.
 fn target(request: &ApprovalRequest) -> Option<String> {
     match &request.preview {
         Some(ApprovalPreview::FileWrite { path, .. }) => Some(path.clone()),
         Some(ApprovalPreview::FileDelete { path, .. }) => Some(path.clone()),
-        Some(ApprovalPreview::Command { program, .. }) => Some(program.clone()),
+        Some(ApprovalPreview::Command { program, args, .. }) => {
+            Some(agent::permissions::shell_words(program, args))
+        }
         _ => request
             .arguments
             .get("path")
@@ -419,12 +422,21 @@ fn Editor(
     draft: Draft,
     dom_id: String,
     problems: RwSignal<Vec<String>>,
-    edited: Memo<Vec<String>>,
+    /// The fields the draft changes, or `None` while its JSON does not read.
+    edited: Memo<Option<Vec<String>>>,
     /// When the card offers approvals for the session, which are off while it is edited: the id of the note in which
     /// the editor says why (the buttons are described by it meanwhile).
     session_note: Option<String>,
 ) -> impl IntoView {
     let errors_id = format!("{dom_id}-edit-errors");
+    // The problems are those of the arguments as they were sent: once the person types again they are gone, and
+    // the next Approve edited checks the new text.
+    let retype = move |text: RwSignal<String>, typed: String| {
+        text.set(typed);
+        if problems.with_untracked(|problems| !problems.is_empty()) {
+            problems.set(Vec::new());
+        }
+    };
     let described = errors_id.clone();
     // A field is marked invalid when a problem names it (or the whole arguments).
     let invalid = move |field: Option<String>| {
@@ -454,13 +466,13 @@ fn Editor(
                 let input = if multiline {
                     view! {
                         <textarea id=id.clone() rows="6" spellcheck="false" aria-invalid=invalid aria-describedby=described
-                            prop:value=move || text.get() on:input=move |event| text.set(event_target_value(&event))></textarea>
+                            prop:value=move || text.get() on:input=move |event| retype(text, event_target_value(&event))></textarea>
                     }
                     .into_any()
                 } else {
                     view! {
                         <input type="text" id=id.clone() spellcheck="false" aria-invalid=invalid aria-describedby=described
-                            prop:value=move || text.get() on:input=move |event| text.set(event_target_value(&event))/>
+                            prop:value=move || text.get() on:input=move |event| retype(text, event_target_value(&event))/>
                     }
                     .into_any()
                 };
@@ -480,7 +492,7 @@ fn Editor(
                 <div class="field">
                     <label for=id.clone()>"Arguments (JSON)"</label>
                     <textarea id=id rows="8" spellcheck="false" aria-invalid=invalid(None) aria-describedby=described
-                        prop:value=move || text.get() on:input=move |event| text.set(event_target_value(&event))></textarea>
+                        prop:value=move || text.get() on:input=move |event| retype(text, event_target_value(&event))></textarea>
                 </div>
             }
             .into_any()
@@ -498,11 +510,10 @@ fn Editor(
             {inputs}
             <p class="edited-fields" role="status">
                 {move || {
-                    let edited = edited.get();
-                    if edited.is_empty() {
-                        "Nothing edited yet.".to_owned()
-                    } else {
-                        format!("Edited: {}", edited.join(", "))
+                    match edited.get() {
+                        None => "The arguments are not valid JSON yet.".to_owned(),
+                        Some(edited) if edited.is_empty() => "Nothing edited yet.".to_owned(),
+                        Some(edited) => format!("Edited: {}", edited.join(", ")),
                     }
                 }}
             </p>
@@ -575,12 +586,12 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
     let editing = RwSignal::new(None::<Draft>);
     let problems = RwSignal::new(Vec::<String>::new());
     let edited = Memo::new(move |_| {
-        editing.with(|draft| {
-            draft
-                .as_ref()
-                .and_then(|draft| draft.value(&original.get_value()).ok())
-                .map(|value| edited_fields(&original.get_value(), &value))
-                .unwrap_or_default()
+        editing.with(|draft| match draft {
+            None => Some(Vec::new()),
+            Some(draft) => draft
+                .value(&original.get_value())
+                .ok()
+                .map(|value| edited_fields(&original.get_value(), &value)),
         })
     });
 
@@ -873,11 +884,29 @@ fn BatchActions(pending: Memo<Vec<ApprovalRequest>>) -> impl IntoView {
                 .any(|request| editing.contains(&key_of(request)))
         })
     };
+    // A card with a reason written on it is one the person means to decide on its own (a reason goes with a denial
+    // more often than not): Approve all leaves it, as an approval for the session does, and says so.
+    let left_with_reason = RwSignal::new(Vec::<ApprovalKey>::new());
+    // Of those, the ones still waiting: the note goes with them.
+    let still_left = move || {
+        left_with_reason.with(|left| {
+            pending.with(|pending| {
+                pending
+                    .iter()
+                    .filter(|request| left.contains(&key_of(request)))
+                    .count()
+            })
+        })
+    };
     let approve_all = move |_| {
         if edit_open() {
             return;
         }
-        for key in undecided() {
+        let (reasoned, approved): (Vec<_>, Vec<_>) = undecided()
+            .into_iter()
+            .partition(|key| card_reason(key).is_some());
+        left_with_reason.set(reasoned);
+        for key in approved {
             send_decision(ui, key, Choice::Approve, None, None);
         }
     };
@@ -910,6 +939,12 @@ fn BatchActions(pending: Memo<Vec<ApprovalRequest>>) -> impl IntoView {
             </button>
             <p id="approve-all-held" class="note" hidden=move || !edit_open()>
                 "A card is being edited: approve it on its own, or cancel the edit, before approving all."
+            </p>
+            <p class="note approve-all-left" role="status" hidden=move || still_left() == 0>
+                {move || match still_left() {
+                    1 => "Approve all left the card with a reason written on it: decide it with its own buttons.".to_owned(),
+                    left => format!("Approve all left the {left} cards with a reason written on them: decide each with its own buttons."),
+                }}
             </p>
         </div>
     }

@@ -2,7 +2,7 @@
 
 use agent::request_body::MAX_MESSAGE_BYTES;
 use agent::view::{RunStatus, RunView, ToolCallView};
-use agent::wire::{McpServerState, McpServerStatus, McpTrust};
+use agent::wire::{McpServerState, McpServerStatus, McpTrust, RunErrorCode};
 use leptos::html;
 use leptos::prelude::*;
 use leptos::task::spawn_local;
@@ -154,10 +154,21 @@ fn RunEntry(run: RunView) -> impl IntoView {
             {omitted.map(|note| view! { <p class="note context-note" role="note">{note}</p> })}
             {steps}
             {thinking.then(|| view! { <p class="thinking" role="status">"Working…"</p> })}
-            {failure.map(|failure| view! {
-                <div class="turn failed" role="status">
-                    <p><strong>"The run failed: "</strong>{visible_prose(&failure.message)}</p>
-                </div>
+            {failure.map(|failure| if failure.code == RunErrorCode::Aborted {
+                // Cancelled on purpose (here, in another tab, on the API): an end a person chose, not a failure.
+                view! {
+                    <div class="turn cancelled" role="status">
+                        <p>{visible_prose(&failure.message)}</p>
+                    </div>
+                }
+                .into_any()
+            } else {
+                view! {
+                    <div class="turn failed" role="status">
+                        <p><strong>"The run failed: "</strong>{visible_prose(&failure.message)}</p>
+                    </div>
+                }
+                .into_any()
             })}
         </li>
     }

@@ -168,6 +168,60 @@ test("Approve all waits while a card shows an edit, and Deny all keeps the reaso
   ]);
 });
 
+test("Approve all leaves the cards with a reason written on them and says so, and a compact command card names its whole command", async ({
+  page,
+}, testInfo) => {
+  await openPage(page);
+  const [a, b] = [unique("reasoned-a"), unique("reasoned-b")];
+  await send(page, `write ${a}: A and run rm -rf ${a} and delete ${b}`);
+  await expect(page.locator(".approval-card")).toHaveCount(3);
+  // Among others a card is compact: its title is what it shows of the call, so a command is written whole.
+  const command = card(page, "run_command");
+  await expect(command.locator(".detail")).toBeHidden();
+  await expect(command.locator("h2 .target")).toHaveText(`rm -rf ${a}`);
+
+  // Reasons written on two cards: the person means to decide those on their own.
+  await command.getByLabel("Reason (optional)").fill("not this one");
+  await card(page, "delete_file").getByLabel("Reason (optional)").fill("keep that file");
+  await page.getByRole("button", { name: "Approve all" }).click();
+  await expect(card(page, "write_file")).toHaveCount(0);
+  await expect(page.locator(".approval-card")).toHaveCount(2);
+  await expect(page.locator(".approve-all-left")).toHaveText(
+    "Approve all left the 2 cards with a reason written on them: decide each with its own buttons.",
+  );
+  await screenshot(page, testInfo, "review-batch-reasons-left");
+  await command.getByRole("button", { name: "Deny" }).click();
+  await card(page, "delete_file").getByRole("button", { name: "Deny" }).click();
+  await expect(page.locator(".approval-card")).toHaveCount(0);
+  await expect(page.locator(".tool-call .badge")).toHaveText(["approved · done", "denied by you", "denied by you"]);
+  await expect(page.locator(".tool-call .resolution")).toHaveText([
+    "The user denied this tool call: not this one",
+    "The user denied this tool call: keep that file",
+  ]);
+});
+
+test("an edit in JSON says when its text does not read, and a problem goes once the text is typed again", async ({ page }) => {
+  await openPage(page);
+  await send(page, "run ls -la");
+  const pending = card(page, "run_command");
+  await pending.getByRole("button", { name: "Edit" }).click();
+  const json = pending.getByLabel("Arguments (JSON)");
+  await json.fill('{"command": "ls", "args": [');
+  await expect(pending.locator(".edited-fields")).toHaveText("The arguments are not valid JSON yet.");
+  await json.fill('{"command": "ls", "args": [1]}');
+  await pending.getByRole("button", { name: "Approve edited" }).click();
+  await expect(pending.locator(".edit-errors")).toHaveText("/args/0: must be a string, not a number");
+  await expect(json).toHaveAttribute("aria-invalid", "true");
+  // Typed again: the problem was the text that was sent, not this one.
+  await json.fill('{"command": "ls", "args": ["-l"]}');
+  await expect(pending.locator(".edit-errors")).toBeHidden();
+  await expect(json).toHaveAttribute("aria-invalid", "false");
+  await expect(pending.locator(".edited-fields")).toHaveText("Edited: args");
+  await pending.getByRole("button", { name: "Cancel edit" }).click();
+  await pending.getByRole("button", { name: "Deny" }).click();
+  await expect(pending).toHaveCount(0);
+});
+
 test("a text with carriage returns is edited as JSON, and runs with its line breaks as they were", async ({ page }) => {
   await openPage(page);
   const file = unique("crlf");

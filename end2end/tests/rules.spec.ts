@@ -133,6 +133,10 @@ test("approving one card for the session approves the other cards it covers, say
   await expect(grantingRow.filter({ hasText: "approved" }).locator(".scope")).toHaveText("session");
   await expect(grantingRow.filter({ hasText: "approved" }).locator("td.call-id code")).toHaveAttribute("title", given);
   await screenshot(page, testInfo, "grant-covers-batch-audit");
+  // In a laptop's window (1280 px) every column is in view, and a reason reads as prose, not a word or two a line.
+  const region = page.locator(".audit-scroll");
+  expect(await region.evaluate((scroll) => scroll.scrollWidth - scroll.clientWidth)).toBeLessThanOrEqual(0);
+  expect((await coveredRow.locator("td.reason").boundingBox())!.width).toBeGreaterThanOrEqual(200);
 });
 
 test("approving for the session leaves the cards this page is editing or writing a reason on", async ({ page }, testInfo) => {

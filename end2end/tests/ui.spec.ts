@@ -238,17 +238,18 @@ test("dismissing an error with the keyboard leaves the focus where the person ac
   await expect(page.getByLabel("Message", { exact: true })).toBeFocused();
 });
 
-test("a run that fails shows why", async ({ page }, testInfo) => {
+test("a cancelled run says so, as an end a person chose rather than a failure", async ({ page }, testInfo) => {
   await openPage(page);
   await send(page, `delete ${unique("cancelled")}`);
   await expect(card(page, "delete_file")).toBeVisible();
   await page.getByRole("button", { name: "Cancel the run" }).click();
   await expect(card(page, "delete_file")).toHaveCount(0);
-  await expect(page.locator(".turn.failed")).toHaveText("The run failed: The run was cancelled.");
+  await expect(page.locator(".turn.cancelled")).toHaveText("The run was cancelled.");
+  await expect(page.locator(".turn.failed")).toHaveCount(0);
   await expect(page.locator(".tool-call .badge")).toHaveText("aborted");
   // The run's `error` event is news about the run, not about the connection, which stays up.
   await expect(page.locator(".connection")).toHaveCount(0);
-  await screenshot(page, testInfo, "run-failed");
+  await screenshot(page, testInfo, "run-cancelled");
 });
 
 test("the debug console shows each debug event with its time", async ({ page }) => {
