@@ -137,6 +137,47 @@ async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
 }
 
+/// How leptos writes the errors of a server function's arguments that do not read (`server_fn`'s
+/// `ServerFnErrorEncoding`: the variant, `|`, the message).
+const SERVER_FN_INPUT_ERRORS: [&[u8]; 3] = [b"Args|", b"MissingArg|", b"Deserialization|"];
+
+/// The most of an error's text this reads to tell its kind; leptos's are a line.
+const SERVER_FN_ERROR_READ: usize = 64 * 1024;
+
+/// A server function's arguments that do not read are the client's mistake, which the API answers `400`; leptos
+/// answers them `500`, as it does the server's own failures, before the function runs. This gives them `400`, and
+/// keeps leptos's text, which the page's client reads back as the same error. (leptos decides the status of an
+/// error it makes itself; a function's own refusals set theirs, and are left alone.)
+async fn server_fn_input_errors(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::StatusCode;
+
+    let server_fn = request.uri().path().starts_with("/api/fn/");
+    let response = next.run(request).await;
+    if !server_fn || response.status() != StatusCode::INTERNAL_SERVER_ERROR {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = match axum::body::to_bytes(body, SERVER_FN_ERROR_READ).await {
+        Ok(text) => text,
+        Err(error) => {
+            tracing::warn!(%error, "a server function's error could not be read");
+            return axum::response::IntoResponse::into_response(ApiError::Internal(
+                "the server function failed".into(),
+            ));
+        }
+    };
+    if SERVER_FN_INPUT_ERRORS
+        .iter()
+        .any(|kind| text.starts_with(kind))
+    {
+        parts.status = StatusCode::BAD_REQUEST;
+    }
+    axum::response::Response::from_parts(parts, axum::body::Body::from(text))
+}
+
 /// Builds the harness and the router, and binds the listener (port 0 picks a free port).
 pub async fn build(config: Config) -> Result<Application, StartupError> {
     // First: a server that must not start should not create a workspace or bind a port either.
@@ -312,6 +353,7 @@ fn router(state: AppState, security: &Security, body_deadline: Duration) -> Rout
                 move || app::shell(options.clone())
             },
         )
+        .layer(axum::middleware::from_fn(server_fn_input_errors))
         .layer(axum::middleware::from_fn_with_state(
             SessionCookies {
                 cookies: security.cookie_policy(),

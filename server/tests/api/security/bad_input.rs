@@ -32,6 +32,39 @@ async fn raw_post(
     request.send().await.unwrap()
 }
 
+/// A server function's arguments that do not read are the client's mistake, answered `400` as the API answers a
+/// body that does not read, with leptos's text (the page's client reads it back as before). Before, leptos answered
+/// them `500`, as for a failure of the server's own.
+#[tokio::test]
+async fn a_server_function_whose_arguments_do_not_read_is_400() {
+    let app = spawn_app().await;
+    const FORM: &str = "application/x-www-form-urlencoded";
+    let cases: [(&str, &[u8], &str); 3] = [
+        ("/api/fn/decide", b"x=1", "Args|"),
+        (
+            "/api/fn/decide",
+            b"run_id=run_1&tool_call_id=call_1&choice=maybe",
+            "Args|",
+        ),
+        ("/api/fn/cancel", b"", "Args|"),
+    ];
+    for (path, form, encoded) in cases {
+        let response = raw_post(&app, path, Some(FORM), form.to_vec()).await;
+        assert_eq!(response.status(), 400, "{path} {form:?}");
+        let text = response.text().await.unwrap();
+        assert!(text.starts_with(encoded), "{path}: {text}");
+    }
+    // A refusal of the server function itself keeps the status it chose.
+    let response = raw_post(
+        &app,
+        "/api/fn/cancel",
+        Some(FORM),
+        b"run_id=run_00000000000000000000000000000000".to_vec(),
+    )
+    .await;
+    assert_eq!(response.status(), 404);
+}
+
 /// The audit log's filters: a filter it does not have, a time it cannot read, or a page of none or of more than a
 /// page holds is a 400 that names the field, rather than a page of another size or of nothing.
 #[tokio::test]
