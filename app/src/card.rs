@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use crate::api::{Choice, decide_approval};
 use crate::components::mcp_trust_label;
 use crate::format::{
-    byte_size, countdown, has_hidden, pretty_json, server_said, shown_json, visible,
+    byte_size, countdown, counted, has_hidden, pretty_json, server_said, shown_json, visible,
 };
 use crate::rules::{AlwaysAllow, scope_notes, session_buttons};
 use crate::schema;
@@ -168,9 +168,9 @@ fn shown(preview: ApprovalPreview) -> ApprovalPreview {
 fn DiffView(diff: FileDiff) -> impl IntoView {
     let summary = if diff.new_file {
         format!(
-            "New file, {} · {} lines",
+            "New file, {} · {}",
             byte_size(diff.new_bytes),
-            diff.added
+            counted(diff.added.into(), "line", "lines")
         )
     } else {
         format!(
@@ -194,11 +194,7 @@ fn DiffView(diff: FileDiff) -> impl IntoView {
                     ("removed", old.to_string(), String::new(), "−", text)
                 }
                 DiffLine::Folded { count, .. } => {
-                    let text = if count == 1 {
-                        "1 unchanged line".to_owned()
-                    } else {
-                        format!("{count} unchanged lines")
-                    };
+                    let text = counted(count.into(), "unchanged line", "unchanged lines");
                     return view! {
                         <tr class="folded"><td colspan="4">{text}</td></tr>
                     }
@@ -217,7 +213,7 @@ fn DiffView(diff: FileDiff) -> impl IntoView {
         })
         .collect_view();
     let omitted = (diff.omitted > 0).then(|| {
-        view! { <p class="note">{format!("{} more lines not shown.", diff.omitted)}</p> }
+        view! { <p class="note">{format!("{} not shown.", counted(diff.omitted.into(), "more line", "more lines"))}</p> }
     });
     let note = diff.note.map(|note| view! { <p class="note">{note}</p> });
     view! {

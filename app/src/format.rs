@@ -133,10 +133,16 @@ pub fn pretty_json(value: &Value) -> String {
 /// A size a person reads: bytes, KiB or MiB.
 pub fn byte_size(bytes: u64) -> String {
     match bytes {
+        1 => "1 byte".to_owned(),
         0..1024 => format!("{bytes} bytes"),
         1024..1_048_576 => format!("{:.1} KiB", bytes as f64 / 1024.0),
         _ => format!("{:.1} MiB", bytes as f64 / 1_048_576.0),
     }
+}
+
+/// `1 line`, `2 lines`.
+pub fn counted(count: u64, one: &str, many: &str) -> String {
+    format!("{count} {}", if count == 1 { one } else { many })
 }
 
 /// `YYYY-MM-DD HH:MM:SS` in UTC, from milliseconds since the Unix epoch.
@@ -452,6 +458,10 @@ mod tests {
     #[test]
     fn sizes_and_dates() {
         assert_eq!(byte_size(5), "5 bytes");
+        assert_eq!(byte_size(1), "1 byte");
+        assert_eq!(byte_size(0), "0 bytes");
+        assert_eq!(counted(1, "line", "lines"), "1 line");
+        assert_eq!(counted(3, "line", "lines"), "3 lines");
         assert_eq!(byte_size(2048), "2.0 KiB");
         assert_eq!(byte_size(3 * 1_048_576), "3.0 MiB");
         assert_eq!(date_time(0), "1970-01-01 00:00:00");

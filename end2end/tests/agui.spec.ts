@@ -74,5 +74,5 @@ test("a resume naming a made-up parent run is refused, and the interrupt stays o
   await expect(liar.runAgent(approve)).rejects.toThrow(/404|UNKNOWN_PARENT_RUN/);
 
   await agent.runAgent(approve);
-  expect(agent.messages.at(-1)!.content).toBe(`write_file wrote 1 bytes to ${file}.`);
+  expect(agent.messages.at(-1)!.content).toBe(`write_file wrote 1 byte to ${file}.`);
 });

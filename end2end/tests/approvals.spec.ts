@@ -68,7 +68,7 @@ test("two parallel approvals get two cards, each resolved on its own", async ({ 
   await write.getByRole("button", { name: "Approve", exact: true }).click();
   await expect(page.locator(".approval-card")).toHaveCount(0);
   const answer = page.locator(".turn.assistant").last();
-  await expect(answer).toContainText(`write_file wrote 1 bytes to ${a}.`);
+  await expect(answer).toContainText(`write_file wrote 1 byte to ${a}.`);
   await expect(answer).toContainText("delete_file was not run because it was denied: The user denied this tool call.");
   await screenshot(page, testInfo, "parallel-done");
 });

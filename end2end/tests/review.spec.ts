@@ -46,7 +46,7 @@ test("an overwrite shows its line diff against the file as it is, and a new file
   const created = card(page, "write_file").filter({ hasText: fresh });
   await expect(created.locator(".detail")).toBeHidden();
   await created.getByRole("button", { name: "Show details" }).click();
-  await expect(created.locator(".diff-summary")).toHaveText("New file, 5 bytes · 1 lines");
+  await expect(created.locator(".diff-summary")).toHaveText("New file, 5 bytes · 1 line");
   await expect(created.locator("tr.added .text")).toHaveText("added: hello");
   await screenshot(page, testInfo, "review-diff");
 

@@ -76,7 +76,20 @@ pub async fn check(config: &Config, tool: &str, arguments: &str) -> Result<Strin
                 .to_owned(),
         );
     }
-    let workspace = Workspace::open(&config.workspace).map_err(|error| {
+    // A check reads; it creates nothing. A workspace not made yet is read as the empty directory it will be made as.
+    let _empty;
+    let root = if config.workspace.exists() {
+        config.workspace.clone()
+    } else {
+        notes.push(format!(
+            "the workspace {} does not exist yet: paths were read as in an empty one",
+            config.workspace.display()
+        ));
+        _empty = tempfile::tempdir()
+            .map_err(|error| format!("cannot make an empty directory to read paths in: {error}"))?;
+        _empty.path().to_owned()
+    };
+    let workspace = Workspace::open(&root).map_err(|error| {
         format!(
             "cannot open the workspace {}: {error}",
             config.workspace.display()

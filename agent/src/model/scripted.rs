@@ -339,6 +339,11 @@ fn describe(call: Option<&ToolCall>, tool_name: &str, output: &ToolOutput) -> St
     }
 }
 
+/// `1 byte`, `2 bytes`.
+fn counted(count: u64, one: &str, many: &str) -> String {
+    format!("{count} {}", if count == 1 { one } else { many })
+}
+
 /// One line about a successful call that ran with `args`.
 fn describe_ok(tool_name: &str, args: &Value, content: &Value) -> String {
     let arg = |field: &str| {
@@ -353,7 +358,10 @@ fn describe_ok(tool_name: &str, args: &Value, content: &Value) -> String {
                 .as_array()
                 .map(|entries| entries.iter().filter_map(|e| e["name"].as_str()).collect())
                 .unwrap_or_default();
-            let place = content["path"].as_str().unwrap_or(".");
+            let place = match content["path"].as_str().unwrap_or(".") {
+                "." | "" => "the workspace".to_owned(),
+                place => place.to_owned(),
+            };
             if names.is_empty() {
                 format!("list_files found nothing in {place}.")
             } else {
@@ -366,7 +374,7 @@ fn describe_ok(tool_name: &str, args: &Value, content: &Value) -> String {
                 };
                 format!(
                     "list_files found {} in {place}: {}{more}.",
-                    names.len(),
+                    counted(names.len() as u64, "entry", "entries"),
                     shown.join(", ")
                 )
             }
@@ -377,8 +385,12 @@ fn describe_ok(tool_name: &str, args: &Value, content: &Value) -> String {
             shorten(content["content"].as_str().unwrap_or(""), 400)
         ),
         "write_file" => format!(
-            "write_file wrote {} bytes to {}.",
-            content["bytes"],
+            "write_file wrote {} to {}.",
+            counted(
+                content["bytes"].as_u64().unwrap_or_default(),
+                "byte",
+                "bytes"
+            ),
             content["path"].as_str().unwrap_or("the file")
         ),
         "delete_file" => format!("delete_file deleted {}.", arg("path")),
@@ -559,6 +571,39 @@ mod tests {
             assert_eq!(text(&step), HELP);
             assert!(step.len() > 3, "streamed in several deltas");
         }
+    }
+
+    #[test]
+    fn a_result_is_told_in_words_that_count_right() {
+        let listed = |path: &str, names: &[&str]| {
+            let entries: Vec<Value> = names.iter().map(|name| json!({"name": name})).collect();
+            describe_ok(
+                "list_files",
+                &json!({}),
+                &json!({"path": path, "entries": entries}),
+            )
+        };
+        assert_eq!(
+            listed(".", &[]),
+            "list_files found nothing in the workspace."
+        );
+        assert_eq!(
+            listed(".", &["a.txt"]),
+            "list_files found 1 entry in the workspace: a.txt."
+        );
+        assert_eq!(
+            listed("src", &["a.rs", "b.rs"]),
+            "list_files found 2 entries in src: a.rs, b.rs."
+        );
+        let wrote = |bytes: u64| {
+            describe_ok(
+                "write_file",
+                &json!({}),
+                &json!({"path": "a.txt", "bytes": bytes}),
+            )
+        };
+        assert_eq!(wrote(1), "write_file wrote 1 byte to a.txt.");
+        assert_eq!(wrote(0), "write_file wrote 0 bytes to a.txt.");
     }
 
     #[test]

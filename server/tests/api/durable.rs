@@ -505,7 +505,7 @@ async fn a_session_grant_and_an_added_rule_survive_a_restart_and_still_cover_onl
     assert!(
         stdout.starts_with(
             "allow: The rule write_file(kept.txt)=allow allows this call.\ndecided by: the rule write_file(kept.txt)=allow (rule_"
-        ) && stdout.ends_with(", from added by a person)\n"),
+        ) && stdout.ends_with(", added by a person)\n"),
         "{stdout}"
     );
 }

@@ -525,7 +525,9 @@ async fn rules_check_prints_the_decision_and_the_rule_that_made_it() {
     )
     .await;
     assert_eq!(code, Some(0));
-    let no_database = "note: no rules people added were read (no database yet, or --database-url memory): only the configured rules were checked\n";
+    // Nothing was made in this directory: no database, and no workspace, which checking does not make either.
+    let no_database = "note: no rules people added were read (no database yet, or --database-url memory): only the configured rules were checked\n\
+        note: the workspace ./workspace does not exist yet: paths were read as in an empty one\n";
     assert_eq!(
         stdout,
         format!(
@@ -556,6 +558,19 @@ async fn rules_check_prints_the_decision_and_the_rule_that_made_it() {
         !home.path().join("toolgate.db").exists(),
         "checking creates no database"
     );
+    assert!(
+        !home.path().join("workspace").exists(),
+        "checking creates no workspace"
+    );
+    // Reading the audit log where nothing was recorded says so, rather than that it could not create the file.
+    let (code, stdout, stderr) = rules_check(home.path(), &["audit"]).await;
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stderr.starts_with("toolgate: no database at ")
+            && stderr.contains("toolgate.db: toolgate creates it at its first start"),
+        "{stderr}"
+    );
+    assert!(!home.path().join("toolgate.db").exists());
 }
 
 /// A kept rule this version cannot read (a newer instance's, on a shared database) makes the rules unreadable (the

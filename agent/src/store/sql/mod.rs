@@ -287,6 +287,11 @@ pub enum OpenError {
         path: String,
         source: std::io::Error,
     },
+    /// A database to read (`toolgate audit`, `toolgate rules check`) that is not there: nothing was recorded yet.
+    #[error(
+        "no database at {path}: toolgate creates it at its first start, and nothing was recorded there yet"
+    )]
+    Missing { path: String },
 }
 
 /// Holds the lock that keeps a second toolgate off a SQLite file: a POSIX record lock on `<file>.lock`, with the
@@ -862,12 +867,8 @@ impl SqlStore {
             match url {
                 DatabaseUrl::Sqlite(path) => {
                     if !path.exists() {
-                        return Err(OpenError::Io {
+                        return Err(OpenError::Missing {
                             path: path.display().to_string(),
-                            source: std::io::Error::new(
-                                std::io::ErrorKind::NotFound,
-                                "no database there (toolgate creates it at its first start)",
-                            ),
                         });
                     }
                     let connection =
