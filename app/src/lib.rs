@@ -107,6 +107,16 @@ pub fn App() -> impl IntoView {
     }
 }
 
+/// Puts `address` in the address bar in place of the page's own, without a reload or a step in the history.
+fn replace_address(address: &str) {
+    #[cfg(feature = "hydrate")]
+    if let Some(history) = web_sys::window().and_then(|window| window.history().ok()) {
+        let _ = history.replace_state_with_url(&wasm_bindgen::JsValue::NULL, "", Some(address));
+    }
+    #[cfg(not(feature = "hydrate"))]
+    let _ = address;
+}
+
 /// The document's title: the number of approvals waiting, so a person sees it from another tab.
 fn title(pending: usize) -> String {
     if pending == 0 {
@@ -121,10 +131,19 @@ fn Chat(state: PageState) -> impl IntoView {
     let ui = Ui::new(&state);
     provide_context(ui);
     let server_clock_at_render = state.now_ms;
+    // A `?session=` the server refused (not this browser's) shows the browser's current conversation: the address
+    // says that one, so that a reload or a copied link is what the page shows.
+    let shown_instead = state
+        .notice
+        .is_some()
+        .then(|| format!("/?session={}", state.session.session_id));
 
     // In the browser only: follow the session from the last event shown, and start the clock. Countdowns read the
     // server's clock, estimated from its reading at render time, never the browser's own (which may be off).
     Effect::new(move |_| {
+        if let Some(address) = &shown_instead {
+            replace_address(address);
+        }
         ui.hydrated.set(true);
         ui.notifications.set(live::notification_permission());
         live::follow(ui);

@@ -439,6 +439,11 @@ test("conversations: a new one, switching back, and a second tab on another one"
   await other.goto("/?session=somebody-elses");
   await expect(other.getByRole("alert")).toContainText("not one of this browser's");
   await expect(other.locator(".turn.user")).toHaveText("list files");
+  // The address says the conversation shown, not the one refused: a reload shows the same.
+  await expect(other).toHaveURL(new RegExp(`/\\?session=${firstSession}$`));
+  await other.reload();
+  await expect(other.locator(".turn.user")).toHaveText("list files");
+  await expect(other.getByRole("alert")).toHaveCount(0);
 });
 
 test("the audit log has its own view with filters", async ({ page }, testInfo) => {
