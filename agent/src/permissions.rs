@@ -25,8 +25,9 @@ pub enum GrantScope {
 #[serde(rename_all = "camelCase")]
 pub struct Grant {
     pub tool_name: String,
-    /// SHA-256 (hex) of the tool's spec (name, description, input schema, annotations) when the grant was made.
-    /// A tool whose definition changed no longer has the grant.
+    /// SHA-256 (hex) of the tool's spec (name, description, input schema, annotations, and for an MCP tool its
+    /// server's name, trust and endpoint) when the grant was made. A tool whose definition changed no longer has the
+    /// grant.
     pub spec_digest: String,
     pub scope: GrantScope,
 }
@@ -157,6 +158,14 @@ impl RuleOrigin {
             Self::File => "the rules file",
             Self::Mcp => "the MCP configuration",
             Self::Added => "added by a person",
+        }
+    }
+
+    /// Where the rule comes from, said of it: `from --rules`, `added by a person`.
+    pub fn said(self) -> String {
+        match self {
+            Self::Added => self.describe().to_owned(),
+            _ => format!("from {}", self.describe()),
         }
     }
 }

@@ -63,10 +63,9 @@ pub enum DecidedBy {
 impl fmt::Display for DecidedBy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Rule { id, rule, origin } => match origin {
-                RuleOrigin::Added => write!(f, "the rule {rule} ({id}, {})", origin.describe()),
-                _ => write!(f, "the rule {rule} ({id}, from {})", origin.describe()),
-            },
+            Self::Rule { id, rule, origin } => {
+                write!(f, "the rule {rule} ({id}, {})", origin.said())
+            }
             Self::ProgramRunner { program, deny_rule } => write!(
                 f,
                 "{} runs other programs while the rule {deny_rule} restricts run_command",

@@ -390,15 +390,12 @@ pub async fn execute(
     // Looked up once: the definition checked is the one that runs and bounds what the model reads, whatever the
     // tool's server changes meanwhile.
     let tool = context.toolbox.lookup(&call.name);
-    // `Overruled`: what let the call run (an approval, a rule, the policy) no longer holds for it now.
     let output = match (&tool, &edited) {
-        _ if let Some(refused) = changed_since_decided(tool.as_deref(), &record) => {
-            Err(Refused::Overruled(refused))
-        }
-        (None, _) => Err(Refused::Failed(ToolOutput::error(
+        _ if let Some(refused) = changed_since_decided(tool.as_deref(), &record) => Err(refused),
+        (None, _) => Err(ToolOutput::error(
             ToolErrorCode::UnknownTool,
             unknown_tool_message(&call.name, &context.toolbox),
-        ))),
+        )),
         // An edit that acts on what the card showed (the same file) was made looking at it as it was: if it changed
         // since, the edit was for something else too.
         (Some(tool), Some(edited))
@@ -406,38 +403,41 @@ pub async fn execute(
                 .then(|| changed_since_shown(tool, &record))
                 .flatten() =>
         {
-            Err(Refused::Overruled(refused))
+            Err(refused)
         }
         (Some(tool), Some(edited)) => match tool.validate(edited) {
-            Err(error) => Err(Refused::Failed(ToolOutput::from(error))),
+            Err(error) => Err(ToolOutput::from(error)),
             Ok(()) => match denied_by_rule(context, tool, edited) {
-                Some(refused) => Err(Refused::Overruled(refused)),
+                Some(refused) => Err(refused),
                 None => Ok((tool, edited.clone())),
             },
         },
         (Some(tool), None) => match changed_since_shown(tool, &record) {
-            Some(refused) => Err(Refused::Overruled(refused)),
+            Some(refused) => Err(refused),
             // A call decided earlier may have waited for hours: a deny rule added meanwhile beats its approval, or
             // the rule that allowed it, as it would have beaten the call.
             None => match (decided_earlier || record.resolution.is_some())
                 .then(|| denied_by_rule(context, tool, &record.input))
                 .flatten()
             {
-                Some(refused) => Err(Refused::Overruled(refused)),
+                Some(refused) => Err(refused),
                 None => Ok((tool, record.input.clone())),
             },
         },
     };
-    let (output, audit) = match output {
-        Err(Refused::Failed(failed)) => (failed, Vec::new()),
-        Err(Refused::Overruled(refused)) => {
-            let entry = not_run_entry(&record, &refused);
-            (refused, vec![entry])
-        }
-        Ok((tool, input)) => (
-            run_tool(context, tool.tool(), call, input, edited.is_some()).await,
-            Vec::new(),
-        ),
+    let output = match output {
+        Err(refused) => refused,
+        Ok((tool, input)) => run_tool(context, tool.tool(), call, input, edited.is_some()).await,
+    };
+    // A call refused for what let it run no longer holding (its file or its tool changed since it was decided, a
+    // deny rule added meanwhile), here or by its tool itself (an MCP tool its restarted server defines otherwise):
+    // the audit log says so, beside the approval it overrules.
+    let audit = match &output {
+        ToolOutput::Error {
+            code: ToolErrorCode::PermissionDenied,
+            message,
+        } => vec![not_run_entry(&record, edited.as_ref(), message)],
+        _ => Vec::new(),
     };
     // The run's log (its `toolResult` event) keeps the whole output; the model may read less of it.
     let for_model = match tool
@@ -465,29 +465,18 @@ pub async fn execute(
     Ok(Some(for_model))
 }
 
-/// Why a decided call is not run after all.
-enum Refused {
-    /// What let it run no longer holds: its file or its tool changed since it was decided, or a `deny` rule added
-    /// meanwhile forbids it. The audit log says so, beside the approval it overrules.
-    Overruled(ToolOutput),
-    /// It cannot run as it is: its tool is gone, or its edited arguments do not fit the tool.
-    Failed(ToolOutput),
-}
-
 /// The audit log's line for a call a decision let run that was not run when its turn came: without it the log would
-/// hold an approval, and nothing to say its call never ran.
-fn not_run_entry(record: &CallRecord, refused: &ToolOutput) -> AuditEntry {
-    let reason = match refused {
-        ToolOutput::Error { message, .. } => message.clone(),
-        ToolOutput::Ok { .. } => String::new(),
-    };
+/// hold an approval, and nothing to say its call never ran. Its digests are the approval's: the arguments asked
+/// about, and the ones a person edited.
+fn not_run_entry(record: &CallRecord, edited: Option<&Value>, reason: &str) -> AuditEntry {
     AuditEntry {
         run_id: Some(record.run_id.clone()),
         tool_call_id: Some(record.call.id.clone()),
         tool: Some(record.call.name.clone()),
-        arguments_digest: Some(arguments_digest(record.arguments_to_run())),
+        arguments_digest: Some(arguments_digest(&record.input)),
+        edited_digest: edited.map(arguments_digest),
         source: Some("policy".to_owned()),
-        reason: Some(reason),
+        reason: Some(reason.to_owned()),
         ..AuditEntry::new(AuditKind::CallRefused, "not_run")
     }
 }

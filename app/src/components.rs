@@ -155,9 +155,10 @@ fn RunEntry(run: RunView) -> impl IntoView {
             {steps}
             {thinking.then(|| view! { <p class="thinking" role="status">"Working…"</p> })}
             {failure.map(|failure| if failure.code == RunErrorCode::Aborted {
-                // Cancelled on purpose (here, in another tab, on the API): an end a person chose, not a failure.
+                // Aborted: cancelled (here, in another tab, on the API), or its client went away. An end the run was
+                // told to make, which its message names, not a failure of its own.
                 view! {
-                    <div class="turn cancelled" role="status">
+                    <div class="turn aborted" role="status">
                         <p>{visible_prose(&failure.message)}</p>
                     </div>
                 }

@@ -244,7 +244,7 @@ test("a cancelled run says so, as an end a person chose rather than a failure", 
   await expect(card(page, "delete_file")).toBeVisible();
   await page.getByRole("button", { name: "Cancel the run" }).click();
   await expect(card(page, "delete_file")).toHaveCount(0);
-  await expect(page.locator(".turn.cancelled")).toHaveText("The run was cancelled.");
+  await expect(page.locator(".turn.aborted")).toHaveText("The run was cancelled.");
   await expect(page.locator(".turn.failed")).toHaveCount(0);
   await expect(page.locator(".tool-call .badge")).toHaveText("aborted");
   // The run's `error` event is news about the run, not about the connection, which stays up.

@@ -644,16 +644,16 @@ impl RulesFile {
 
 /// How many rules come from where, for a compact log line.
 pub fn summary(rules: &[BookRule]) -> String {
-    let mut by_origin: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut by_origin: BTreeMap<String, usize> = BTreeMap::new();
     for rule in rules {
-        *by_origin.entry(rule.origin.describe()).or_default() += 1;
+        *by_origin.entry(rule.origin.said()).or_default() += 1;
     }
     if by_origin.is_empty() {
         return "none".to_owned();
     }
     by_origin
         .iter()
-        .map(|(origin, count)| format!("{count} from {origin}"))
+        .map(|(origin, count)| format!("{count} {origin}"))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -691,6 +691,26 @@ mod tests {
             error.to_string(),
             "rule \"b=maybe\": unknown action \"maybe\": expected allow, ask or deny"
         );
+    }
+
+    #[test]
+    fn the_summary_counts_rules_by_where_they_come_from_in_words() {
+        let rules: Vec<BookRule> = [
+            ("flag-1", RuleOrigin::Flag),
+            ("flag-2", RuleOrigin::Flag),
+            ("rule_1", RuleOrigin::Added),
+        ]
+        .into_iter()
+        .map(|(id, origin)| BookRule {
+            id: RuleId::parse(id).unwrap(),
+            origin,
+            added_at: None,
+            added_by: None,
+            rule: rule("read_file=allow"),
+        })
+        .collect();
+        assert_eq!(summary(&rules), "1 added by a person, 2 from --rules");
+        assert_eq!(summary(&[]), "none");
     }
 
     fn book(flags: &str, store: &Arc<dyn Store>) -> StoredRuleBook {

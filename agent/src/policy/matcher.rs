@@ -63,6 +63,19 @@ pub const PROGRAM_RUNNERS: &[&str] = &[
     "sg",
     "newgrp",
     "setsid",
+    "setpriv",
+    "prlimit",
+    "numactl",
+    "setarch",
+    "linux32",
+    "linux64",
+    "capsh",
+    "runcon",
+    "cgexec",
+    "chpst",
+    "unbuffer",
+    "xvfb-run",
+    "systemd-nspawn",
     "chroot",
     "unshare",
     "nsenter",
@@ -108,7 +121,14 @@ pub const PROGRAM_RUNNERS: &[&str] = &[
     // --compress-program`, `zip -TT`, `wget --use-askpass`, `man -P`, less's `+!`, the database shells' `.shell`
     // and `\!`, a container's command, a remote shell's command.
     "find",
+    "fd",
+    "fdfind",
     "git",
+    "gh",
+    "hg",
+    "m4",
+    "dc",
+    "lldb",
     "sed",
     "ed",
     "patch",
@@ -142,6 +162,7 @@ pub const PROGRAM_RUNNERS: &[&str] = &[
     "kubectl",
     // Build tools and package managers: they run the project's build scripts, tasks and hooks.
     "make",
+    "just",
     "cmake",
     "ninja",
     "meson",
@@ -150,9 +171,22 @@ pub const PROGRAM_RUNNERS: &[&str] = &[
     "npm",
     "npx",
     "pnpm",
+    "pnpx",
     "yarn",
+    "yarnpkg",
+    "corepack",
+    "bunx",
     "pip",
     "pipx",
+    "pipenv",
+    "pdm",
+    "hatch",
+    "conda",
+    "mamba",
+    "nix",
+    "apt",
+    "apt-get",
+    "dpkg",
     "uv",
     "uvx",
     "poetry",
@@ -163,16 +197,21 @@ pub const PROGRAM_RUNNERS: &[&str] = &[
     "rake",
     "composer",
     "mvn",
+    "mvnw",
     "gradle",
+    "gradlew",
     "ant",
     "bazel",
     "dotnet",
     // Interpreters that run code given as an argument or a file.
     "python",
     "pypy",
+    "micropython",
+    "jython",
     "ipython",
     "perl",
     "ruby",
+    "jruby",
     "irb",
     "node",
     "nodejs",
@@ -181,6 +220,7 @@ pub const PROGRAM_RUNNERS: &[&str] = &[
     "deno",
     "bun",
     "php",
+    "php-cgi",
     "lua",
     "luajit",
     "tclsh",
@@ -246,16 +286,49 @@ pub fn basename(program: &str) -> &str {
 }
 
 /// True when `program` (by its name, whatever its directory) runs other programs. The name is read in lower case
-/// (`SH` is `sh` where the file system ignores case) and also without a version: whatever follows its first digit,
-/// so `python3.12`, `python3.7m`, `pip3`, `pypy3`, `node-20` and Debian's `perl5.36-x86_64-linux-gnu` are what they
-/// run. Either reading can only make a call stricter.
+/// (`SH` is `sh` where file names ignore case) and also without a version at its end ([`unversioned`]), so
+/// `python3.12`, `python3.7m`, `pip3`, `pypy3`, `node-20` and Debian's `perl5.36-x86_64-linux-gnu` are what they
+/// run, while `man2html` or `zip2john` are not `man` or `zip`. Either reading can only make a call stricter.
 pub fn is_program_runner(program: &str) -> bool {
     let name = basename(program).to_lowercase();
-    let unversioned = name
-        .find(|c: char| c.is_ascii_digit())
-        .map_or(name.as_str(), |digit| &name[..digit])
-        .trim_end_matches(['-', '.', '_']);
-    PROGRAM_RUNNERS.contains(&name.as_str()) || PROGRAM_RUNNERS.contains(&unversioned)
+    PROGRAM_RUNNERS.contains(&name.as_str()) || PROGRAM_RUNNERS.contains(&unversioned(&name))
+}
+
+/// `name` without a version at its end: digits in dot- or underscore-separated groups after an optional `-`, `_`
+/// or `.`, then at most one letter (`3.7m`), then at most a platform (`-x86_64-linux-gnu`). The name itself when
+/// it ends otherwise.
+fn unversioned(name: &str) -> &str {
+    let bytes = name.as_bytes();
+    // The first digit that starts a version reaching the end is where the version begins.
+    for (start, &byte) in bytes.iter().enumerate() {
+        if start > 0
+            && byte.is_ascii_digit()
+            && !bytes[start - 1].is_ascii_digit()
+            && is_version(&name[start..])
+        {
+            return name[..start].trim_end_matches(['-', '_', '.']);
+        }
+    }
+    name
+}
+
+/// Whether `tail` (which starts with a digit) is a version and nothing else: `3`, `3.12`, `3.7m`, `5.36-x86_64-linux-gnu`.
+fn is_version(tail: &str) -> bool {
+    let (version, platform) = match tail.split_once('-') {
+        Some((version, platform)) => (version, Some(platform)),
+        None => (tail, None),
+    };
+    let numbers = version
+        .strip_suffix(|c: char| c.is_ascii_lowercase())
+        .unwrap_or(version);
+    let numeric = !numbers.is_empty()
+        && numbers
+            .split(['.', '_'])
+            .all(|group| !group.is_empty() && group.bytes().all(|b| b.is_ascii_digit()));
+    numeric
+        && platform.is_none_or(|platform| {
+            platform.contains("linux") || platform.contains("gnu") || platform.contains("darwin")
+        })
 }
 
 /// The argv of a `run_command` input: the program, then its arguments. `None` when the input does not have that
@@ -769,8 +842,12 @@ pub(crate) mod tests {
             "pip3",
             "pypy3",
             "node-20",
+            "lua5.4",
+            "go1.21",
             "SH",
             "/bin/Bash",
+            "./gradlew",
+            "linux64",
         ] {
             assert!(is_program_runner(program), "{program}");
         }
@@ -785,6 +862,12 @@ pub(crate) mod tests {
             "7z",
             "gitk",
             "finder",
+            // A digit inside a name is not a version: a converter is not the program it converts from.
+            "man2html",
+            "zip2john",
+            "gem2deb",
+            "go2rtc",
+            "python3-config",
         ] {
             assert!(!is_program_runner(program), "{program}");
         }

@@ -167,8 +167,9 @@ struct CommandPrefix {
 
 impl CommandPrefix {
     /// Whether the call's argv starts with (or, exact, is) these words. The program is compared by its exact
-    /// text, except that a `deny` or `ask` rule also catches it by name from any directory (`rm` catches
-    /// `/bin/rm`, and `/bin/rm` catches `rm` and `/usr/bin/rm`): that reading can only make a call stricter.
+    /// text, except that a `deny` or `ask` rule also catches it by name from any directory and in any case (`rm`
+    /// catches `/bin/rm`, `/bin/rm` catches `rm` and `/usr/bin/rm`, and `RM`, which is `rm` where file names ignore
+    /// case): that reading can only make a call stricter.
     fn matches(&self, argv: &[&str], lenient_program: bool) -> bool {
         if argv.len() < self.words.len() || (self.exact && argv.len() != self.words.len()) {
             return false;
@@ -178,8 +179,7 @@ impl CommandPrefix {
             .zip(argv)
             .enumerate()
             .all(|(i, (word, arg))| {
-                word.as_str() == *arg
-                    || (i == 0 && lenient_program && basename(arg) == basename(word))
+                word.as_str() == *arg || (i == 0 && lenient_program && same_program(arg, word))
             })
     }
 }
@@ -378,10 +378,19 @@ impl Rule {
         self.matcher.is_none()
     }
 
-    /// True for a `deny` on some of `run_command`'s calls: a command prefix, or globs on its named arguments
-    /// (`run_command(command=rm)=deny`). It restricts what `run_command` may run.
+    /// True for a `deny` on what `run_command` runs: a command prefix, or a glob on its `command` or `args`
+    /// (`run_command(command=rm)=deny`). A glob on another argument (`*(**/.env*)=deny`, whose `path` a command does
+    /// not have) restricts no command.
     pub fn denies_commands(&self) -> bool {
-        self.action == RuleAction::Deny && self.tool.matches(COMMAND_TOOL) && self.matcher.is_some()
+        self.action == RuleAction::Deny
+            && self.tool.matches(COMMAND_TOOL)
+            && match &self.matcher {
+                Some(ArgumentMatcher::Command(_)) => true,
+                Some(ArgumentMatcher::Named(globs)) => globs
+                    .iter()
+                    .any(|glob| glob.name == "command" || glob.name == "args"),
+                None => false,
+            }
     }
 
     pub fn specificity(&self) -> Specificity {
@@ -440,7 +449,7 @@ impl Rule {
                 let hit = |candidate: &String| {
                     glob.is_match(candidate, case_insensitive)
                         || (as_text && glob.is_text_match(candidate))
-                        || (program && glob.is_match(basename(candidate), false))
+                        || (program && glob.is_match(basename(candidate), true))
                         || (path
                             && !strict_reading
                             && !case_insensitive
@@ -642,6 +651,11 @@ pub struct RuleEntry {
 pub enum CommandWords {
     Line(String),
     Words(Vec<String>),
+}
+
+/// Whether two programs are the same by name, wherever they are and in whichever case.
+fn same_program(one: &str, other: &str) -> bool {
+    basename(one).to_lowercase() == basename(other).to_lowercase()
 }
 
 fn parse_matcher(tool: &ToolPattern, text: &str) -> Result<ArgumentMatcher, RuleProblem> {

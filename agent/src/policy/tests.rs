@@ -489,6 +489,9 @@ fn a_shell_asks_while_a_deny_rule_restricts_commands() {
     let table: &[(&str, &str)] = &[
         ("rm -rf x", "deny"),
         ("/bin/rm -rf x", "deny"),
+        // `rm` where file names ignore case (macOS): the same program to a deny.
+        ("RM -rf x", "deny"),
+        ("/BIN/Rm -rf x", "deny"),
         ("sh -c 'rm -rf x'", "ask"),
         ("SH -c 'rm -rf x'", "ask"),
         ("env rm -rf x", "ask"),
@@ -511,9 +514,22 @@ fn a_shell_asks_while_a_deny_rule_restricts_commands() {
         ApprovalPolicy::OnRequest,
         "run_command(command=rm)=deny,run_command(sh)=allow",
     );
-    for (line, expected) in [("/bin/rm -rf x", "deny"), ("sh -c 'rm -rf x'", "ask")] {
+    for (line, expected) in [
+        ("/bin/rm -rf x", "deny"),
+        ("/bin/RM -rf x", "deny"),
+        ("sh -c 'rm -rf x'", "ask"),
+    ] {
         let decision = named.decide(&run_command(), &command(line), &none);
         assert_eq!(verdict_kind(&decision), expected, "{line}: {decision:?}");
+    }
+    // A deny on another argument, which no command has, restricts no command: a program allowed by name runs.
+    let paths = super::tests::policy(
+        ApprovalPolicy::OnRequest,
+        "*(**/.env*)=deny,run_command(git)=allow,run_command(sh)=allow",
+    );
+    for line in ["git status", "sh -c ls"] {
+        let decision = paths.decide(&run_command(), &command(line), &none);
+        assert_eq!(verdict_kind(&decision), "allow", "{line}: {decision:?}");
     }
     // Without a deny rule on commands, a shell the person allowed by name runs.
     let relaxed = super::tests::policy(ApprovalPolicy::OnRequest, "run_command(sh)=allow");
