@@ -672,18 +672,22 @@ impl RuleGlob {
         &self.pattern
     }
 
+    /// Whether the glob fits `candidate`, ignoring case in every script when `case_insensitive` (globset's own
+    /// ignores ASCII case only: `É` and `é`, or the Kelvin sign and `k`, are one name on a case-insensitive file
+    /// system too), both folded by [`fold_case`].
     pub fn is_match(&self, candidate: &str, case_insensitive: bool) -> bool {
         match (&self.compiled, case_insensitive) {
             (None, false) => candidate == self.pattern,
-            (None, true) => candidate.to_lowercase() == self.pattern.to_lowercase(),
+            (None, true) => fold_case(candidate) == fold_case(&self.pattern),
             (Some(compiled), false) => compiled.exact_case.is_match(candidate),
             (Some(compiled), true) => compiled
                 .any_case
                 .get_or_init(|| {
-                    // The same pattern compiled once already; ignoring case cannot make it invalid.
-                    build_glob(&self.pattern, true).unwrap_or_else(|_| compiled.exact_case.clone())
+                    // The same pattern compiled once already; folding its letters cannot make it invalid.
+                    build_glob(&fold_case(&self.pattern), true)
+                        .unwrap_or_else(|_| compiled.exact_case.clone())
                 })
-                .is_match(candidate),
+                .is_match(fold_case(candidate)),
         }
     }
 
@@ -707,6 +711,20 @@ impl RuleGlob {
     pub fn literal_len(&self) -> usize {
         literal_len(&self.pattern)
     }
+}
+
+/// A name as a case-insensitive file system compares it: every letter in lower case, in every script, and the long
+/// s as `s` (Unicode folds it so; its lower case is itself). A glob's wildcards, classes and escapes are ASCII and
+/// keep their meaning.
+fn fold_case(text: &str) -> String {
+    let mut folded = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\u{17F}' => folded.push('s'),
+            c => folded.extend(c.to_lowercase()),
+        }
+    }
+    folded
 }
 
 /// A glob over tool names, where `*` matches any run of characters: `mcp__github__*`.

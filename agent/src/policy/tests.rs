@@ -725,6 +725,32 @@ fn case_counts_only_where_the_file_system_counts_it() {
         verdict_kind(&insensitive.decide(&read, &input, &none)),
         "deny"
     );
+    // Case in every script, not only ASCII's: on a case-insensitive file system `DONNÉES` is `données`, the Kelvin
+    // sign is `k`, and the long s is `s`. Before, the globs ignored ASCII case only, and these were allowed.
+    let rules = "read_file(**/données/**)=deny,read_file(**/.ssh/**)=deny,read_file(keys.txt)=deny";
+    let insensitive = policy(ApprovalPolicy::OnRequest, rules)
+        .with_paths(PathContext::with_root(dir.path(), true).unwrap());
+    let sensitive = policy(ApprovalPolicy::OnRequest, rules)
+        .with_paths(PathContext::with_root(dir.path(), false).unwrap());
+    for path in [
+        "DONNÉES/x",
+        "Données/x",
+        ".\u{17F}sh/id_rsa",
+        "\u{212A}eys.txt",
+        "KEYS.TXT",
+    ] {
+        let input = json!({"path": path});
+        assert_eq!(
+            verdict_kind(&insensitive.decide(&read, &input, &none)),
+            "deny",
+            "{path}"
+        );
+        assert_eq!(
+            verdict_kind(&sensitive.decide(&read, &input, &none)),
+            "allow",
+            "{path} where case counts"
+        );
+    }
     // This machine's temporary directory is probed, not assumed.
     let probed = PathContext::for_workspace(dir.path()).unwrap();
     assert_eq!(
