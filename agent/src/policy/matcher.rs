@@ -295,11 +295,12 @@ pub fn is_program_runner(program: &str) -> bool {
 }
 
 /// `name` without a version at its end: digits in dot- or underscore-separated groups after an optional `-`, `_`
-/// or `.`, then at most one letter (`3.7m`), then at most a platform (`-x86_64-linux-gnu`). The name itself when
-/// it ends otherwise.
+/// or `.`, then at most a pre-release tag (`3.7m`, `1.21rc2`, `2.1.0-beta3`) and a platform (`-x86_64-linux-gnu`).
+/// The name itself when it ends otherwise (`man2html`: `html` is no tag).
 fn unversioned(name: &str) -> &str {
     let bytes = name.as_bytes();
-    // The first digit that starts a version reaching the end is where the version begins.
+    // The first digit that starts a version reaching the end is where the version begins. (A digit is one byte of
+    // its own in UTF-8, so the slices fall between characters.)
     for (start, &byte) in bytes.iter().enumerate() {
         if start > 0
             && byte.is_ascii_digit()
@@ -312,23 +313,38 @@ fn unversioned(name: &str) -> &str {
     name
 }
 
-/// Whether `tail` (which starts with a digit) is a version and nothing else: `3`, `3.12`, `3.7m`, `5.36-x86_64-linux-gnu`.
+/// Whether `tail` (which starts with a digit) is a version and nothing else: `3`, `3.12`, `3.7m`, `1.21rc2`,
+/// `2.1.0-beta3`, `5.36-x86_64-linux-gnu`.
 fn is_version(tail: &str) -> bool {
-    let (version, platform) = match tail.split_once('-') {
-        Some((version, platform)) => (version, Some(platform)),
+    let (version, rest) = match tail.split_once('-') {
+        Some((version, rest)) => (version, Some(rest)),
         None => (tail, None),
     };
-    let numbers = version
-        .strip_suffix(|c: char| c.is_ascii_lowercase())
-        .unwrap_or(version);
+    let end = version
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(version.len());
+    let (numbers, tag) = version.split_at(end);
     let numeric = !numbers.is_empty()
         && numbers
             .split(['.', '_'])
             .all(|group| !group.is_empty() && group.bytes().all(|b| b.is_ascii_digit()));
     numeric
-        && platform.is_none_or(|platform| {
-            platform.contains("linux") || platform.contains("gnu") || platform.contains("darwin")
+        && (tag.is_empty() || is_prerelease(tag))
+        && rest.is_none_or(|rest| {
+            rest.split('-').all(is_prerelease)
+                || rest.contains("linux")
+                || rest.contains("gnu")
+                || rest.contains("darwin")
         })
+}
+
+/// A pre-release tag: `m`, `a1`, `b2`, `rc2`, `beta3`, `alpha`, `pre`, `dev`.
+fn is_prerelease(tag: &str) -> bool {
+    let word = tag.trim_end_matches(|c: char| c.is_ascii_digit());
+    matches!(
+        word,
+        "a" | "b" | "m" | "rc" | "alpha" | "beta" | "pre" | "dev"
+    )
 }
 
 /// The argv of a `run_command` input: the program, then its arguments. `None` when the input does not have that
@@ -619,6 +635,8 @@ pub struct RuleGlob {
 struct CompiledGlob {
     exact_case: GlobMatcher,
     any_case: OnceLock<GlobMatcher>,
+    /// The glob with its letters folded ([`fold_glob`]), when that still reads as a glob.
+    folded: OnceLock<Option<GlobMatcher>>,
     /// The glob read as text, `*` crossing `/` too.
     as_text: OnceLock<GlobMatcher>,
 }
@@ -659,6 +677,7 @@ impl RuleGlob {
             Some(CompiledGlob {
                 exact_case: build_glob(pattern, false)?,
                 any_case: OnceLock::new(),
+                folded: OnceLock::new(),
                 as_text: OnceLock::new(),
             })
         };
@@ -672,22 +691,36 @@ impl RuleGlob {
         &self.pattern
     }
 
-    /// Whether the glob fits `candidate`, ignoring case in every script when `case_insensitive` (globset's own
-    /// ignores ASCII case only: `É` and `é`, or the Kelvin sign and `k`, are one name on a case-insensitive file
-    /// system too), both folded by [`fold_case`].
+    /// Whether the glob fits `candidate`; with `case_insensitive`, ignoring the case of ASCII letters (globset's
+    /// reading; [`RuleGlob::is_folded_match`] is the wider one a `deny` or `ask` adds).
     pub fn is_match(&self, candidate: &str, case_insensitive: bool) -> bool {
         match (&self.compiled, case_insensitive) {
             (None, false) => candidate == self.pattern,
-            (None, true) => fold_case(candidate) == fold_case(&self.pattern),
+            (None, true) => candidate.to_lowercase() == self.pattern.to_lowercase(),
             (Some(compiled), false) => compiled.exact_case.is_match(candidate),
             (Some(compiled), true) => compiled
                 .any_case
                 .get_or_init(|| {
-                    // The same pattern compiled once already; folding its letters cannot make it invalid.
-                    build_glob(&fold_case(&self.pattern), true)
-                        .unwrap_or_else(|_| compiled.exact_case.clone())
+                    // The same pattern compiled once already; ignoring case cannot make it invalid.
+                    build_glob(&self.pattern, true).unwrap_or_else(|_| compiled.exact_case.clone())
                 })
-                .is_match(fold_case(candidate)),
+                .is_match(candidate),
+        }
+    }
+
+    /// Whether the glob fits `candidate` with the letters of both folded in every script ([`fold_case`]): on a
+    /// case-insensitive file system `DONNÉES` is `données`, `ΟΔΟΣ` is `οδος` and the Kelvin sign is `k`, which
+    /// globset, folding ASCII only, does not see. Only a `deny` or `ask` reads a call this way, beside
+    /// [`RuleGlob::is_match`]: a file system may fold fewer letters than Unicode does, so the reading can only make a
+    /// call stricter. A character class is left as written (folding `[A-_]` would move or break its range).
+    pub fn is_folded_match(&self, candidate: &str) -> bool {
+        match &self.compiled {
+            None => fold_case(candidate) == fold_case(&self.pattern),
+            Some(compiled) => compiled
+                .folded
+                .get_or_init(|| build_glob(&fold_glob(&self.pattern), true).ok())
+                .as_ref()
+                .is_some_and(|folded| folded.is_match(fold_case(candidate))),
         }
     }
 
@@ -713,15 +746,68 @@ impl RuleGlob {
     }
 }
 
-/// A name as a case-insensitive file system compares it: every letter in lower case, in every script, and the long
-/// s as `s` (Unicode folds it so; its lower case is itself). A glob's wildcards, classes and escapes are ASCII and
-/// keep their meaning.
+/// A name with its letters folded as Unicode's simple case folding does, one letter for one: each in lower case,
+/// and the letters whose lower case is not their folding (a final sigma, the long s, the micro sign, the Greek
+/// symbol forms) as their folding. A letter whose lower case is several stays as it is.
 fn fold_case(text: &str) -> String {
-    let mut folded = String::with_capacity(text.len());
-    for c in text.chars() {
+    text.chars().map(fold_char).collect()
+}
+
+fn fold_char(c: char) -> char {
+    match c {
+        'ς' => 'σ',
+        '\u{17F}' => 's',
+        'µ' => 'μ',
+        'ϐ' => 'β',
+        'ϑ' => 'θ',
+        'ϕ' => 'φ',
+        'ϖ' => 'π',
+        'ϰ' => 'κ',
+        'ϱ' => 'ρ',
+        'ϵ' => 'ε',
+        'ẛ' => 'ṡ',
+        c => {
+            let mut lower = c.to_lowercase();
+            match (lower.next(), lower.next()) {
+                (Some(one), None) => one,
+                _ => c,
+            }
+        }
+    }
+}
+
+/// A glob with its letters folded ([`fold_char`]) outside its character classes, which keep their letters and
+/// ranges; an escaped letter is folded as the letter it stands for.
+fn fold_glob(pattern: &str) -> String {
+    let mut folded = String::with_capacity(pattern.len());
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
         match c {
-            '\u{17F}' => folded.push('s'),
-            c => folded.extend(c.to_lowercase()),
+            '\\' => {
+                folded.push(c);
+                if let Some(escaped) = chars.next() {
+                    folded.push(fold_char(escaped));
+                }
+            }
+            '[' => {
+                // The class as written, up to its closing `]`; a `]` first (after a `!` or `^`) is one of its members.
+                folded.push(c);
+                if let Some(&negation @ ('!' | '^')) = chars.peek() {
+                    folded.push(negation);
+                    chars.next();
+                }
+                if chars.peek() == Some(&']') {
+                    folded.push(']');
+                    chars.next();
+                }
+                for member in chars.by_ref() {
+                    folded.push(member);
+                    if member == ']' {
+                        break;
+                    }
+                }
+            }
+            c => folded.push(fold_char(c)),
         }
     }
     folded
@@ -862,6 +948,8 @@ pub(crate) mod tests {
             "node-20",
             "lua5.4",
             "go1.21",
+            "go1.21rc2",
+            "luajit-2.1.0-beta3",
             "SH",
             "/bin/Bash",
             "./gradlew",
@@ -889,6 +977,22 @@ pub(crate) mod tests {
         ] {
             assert!(!is_program_runner(program), "{program}");
         }
+    }
+
+    /// The folded reading folds letters outside character classes only: a class keeps its range as written.
+    #[test]
+    fn the_folded_reading_folds_letters_and_leaves_classes_as_written() {
+        let glob = |pattern: &str| RuleGlob::new(pattern).unwrap();
+        assert!(glob("**/données/**").is_folded_match("DONNÉES/x"));
+        assert!(glob("**/οδος/*").is_folded_match("ΟΔΟΣ/x"));
+        assert!(glob("\\Été*").is_folded_match("ÉTÉ 2026"));
+        assert!(glob("données").is_folded_match("DONNÉES"));
+        // `[0-Z]` folded would be `[0-z]`, which takes `_`: the class is kept, and `_` is still outside it.
+        assert!(!glob("[0-Z]*").is_folded_match("_x"));
+        // `[A-_]` folded would be no range at all: kept, it still reads.
+        assert!(glob("[A-_]*").is_folded_match("Bx"));
+        assert!(glob("[]a]*").is_folded_match("]x"));
+        assert!(!glob("**/données/**").is_folded_match("donnees/x"));
     }
 
     #[test]

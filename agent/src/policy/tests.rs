@@ -725,9 +725,10 @@ fn case_counts_only_where_the_file_system_counts_it() {
         verdict_kind(&insensitive.decide(&read, &input, &none)),
         "deny"
     );
-    // Case in every script, not only ASCII's: on a case-insensitive file system `DONNÉES` is `données`, the Kelvin
-    // sign is `k`, and the long s is `s`. Before, the globs ignored ASCII case only, and these were allowed.
-    let rules = "read_file(**/données/**)=deny,read_file(**/.ssh/**)=deny,read_file(keys.txt)=deny";
+    // Case in every script, not only ASCII's: on a case-insensitive file system `DONNÉES` is `données`, `ΟΔΟΣ` is
+    // `οδος`, the Kelvin sign is `k`, and the long s is `s`. Before, the globs ignored ASCII case only, and these
+    // were allowed.
+    let rules = "read_file(**/données/**)=deny,read_file(**/.ssh/**)=deny,read_file(keys.txt)=deny,read_file(**/οδος/*)=deny";
     let insensitive = policy(ApprovalPolicy::OnRequest, rules)
         .with_paths(PathContext::with_root(dir.path(), true).unwrap());
     let sensitive = policy(ApprovalPolicy::OnRequest, rules)
@@ -738,6 +739,7 @@ fn case_counts_only_where_the_file_system_counts_it() {
         ".\u{17F}sh/id_rsa",
         "\u{212A}eys.txt",
         "KEYS.TXT",
+        "ΟΔΟΣ/x",
     ] {
         let input = json!({"path": path});
         assert_eq!(
@@ -749,6 +751,18 @@ fn case_counts_only_where_the_file_system_counts_it() {
             verdict_kind(&sensitive.decide(&read, &input, &none)),
             "allow",
             "{path} where case counts"
+        );
+    }
+    // An `allow` keeps to ASCII's case, as the probe tested it: a file system may fold fewer letters than Unicode.
+    let allowed = policy(ApprovalPolicy::OnRequest, "write_file(données/*)=allow")
+        .with_paths(PathContext::with_root(dir.path(), true).unwrap());
+    let write = tool("write_file", DESTRUCTIVE);
+    for (path, expected) in [("DONNées/a", "allow"), ("DONNÉES/a", "ask")] {
+        let input = json!({"path": path, "content": ""});
+        assert_eq!(
+            verdict_kind(&allowed.decide(&write, &input, &none)),
+            expected,
+            "{path}"
         );
     }
     // This machine's temporary directory is probed, not assumed.
