@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use agent::harness::{Actor, Harness, RunSource, StartRun};
 use agent::interrupts::arguments_digest;
-use agent::store::{AuditEntry, AuditKind, AuditQuery};
+use agent::store::AuditKind;
 use agent::wire::{ApprovalMode, Decision, DecisionScope};
 use serde_json::json;
 use support::{Events, sqlite_harness};
@@ -23,16 +23,6 @@ async fn start(harness: &Harness, message: &str) -> agent::harness::RunHandle {
             run_id: None,
             source: RunSource::Session,
             refused_while_interrupted: false,
-        })
-        .await
-        .unwrap()
-}
-
-async fn log(harness: &Harness) -> Vec<AuditEntry> {
-    harness
-        .audit_log(AuditQuery {
-            limit: 100,
-            ..Default::default()
         })
         .await
         .unwrap()
@@ -89,7 +79,7 @@ async fn every_way_an_approval_ends_is_in_the_audit_log_with_who_and_what() {
     let run = start(&harness, "delete d.txt").await;
     run.finished().await;
 
-    let entries = log(&harness).await;
+    let entries = support::audit_entries(&harness).await;
     /// What an entry says: its kind, outcome, source, scope and actor.
     type Said<'a> = (
         AuditKind,

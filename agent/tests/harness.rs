@@ -1,6 +1,8 @@
 //! The harness as the server uses it: runs as resources with replayable event logs, sessions, decisions, policy
 //! limits, cancellation, retention and shutdown.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -429,14 +431,7 @@ async fn an_approved_call_does_not_touch_a_file_that_changed_after_its_card() {
     );
     // The audit log has the approval, and beside it a line that says the call was not run, and why: without it a
     // reader of the log would take the delete for done.
-    let audit = setup
-        .harness
-        .audit_log(agent::store::AuditQuery {
-            limit: 100,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let audit = support::audit_entries(&setup.harness).await;
     let lines: Vec<(&str, &str)> = audit
         .iter()
         .map(|entry| (entry.kind.as_str(), entry.outcome.as_str()))
@@ -1005,13 +1000,7 @@ async fn an_approval_for_the_session_approves_the_waiting_cards_it_covers() {
         [r#"run_command {"args":["two"],"command":"echo"}"#],
         "another command still waits"
     );
-    let audit = harness
-        .audit_log(agent::store::AuditQuery {
-            limit: 100,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let audit = support::audit_entries(&harness).await;
     let by_grant = audit
         .iter()
         .find(|entry| {

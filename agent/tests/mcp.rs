@@ -686,13 +686,7 @@ async fn a_call_approved_for_a_tool_is_not_made_when_the_restarted_server_define
         "{message}"
     );
     // The audit log has the approval, then the line that says its call was not made, and why.
-    let audit = harness
-        .audit_log(agent::store::AuditQuery {
-            limit: 100,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let audit = support::audit_entries(&harness).await;
     let outcomes: Vec<&str> = audit.iter().map(|entry| entry.outcome.as_str()).collect();
     assert_eq!(outcomes, ["requested", "approved", "not_run"]);
     assert_eq!(audit[2].kind.as_str(), "call_refused");

@@ -444,23 +444,19 @@ impl Rule {
                 // directory, as the prefix form catches it: `command=rm` catches `/bin/rm`.
                 let program =
                     !strict_reading && call.tool_name == COMMAND_TOOL && argument.name == "command";
-                // A `deny` or `ask` rule also sees a path through a directory that may ignore case where the
-                // workspace does not (a mount inside it, a casefold directory) as every spelling of it.
-                // Where case may not count, a `deny` or `ask` also folds letters beyond ASCII.
-                let any_case = |candidate: &String| {
-                    glob.is_match(candidate, true)
-                        || (!strict_reading && glob.is_folded_match(candidate))
-                };
+                // Where case may not count, a `deny` or `ask` rule also folds letters beyond ASCII; and it sees a path
+                // through a directory that may ignore case where the workspace does not (a mount inside it, a
+                // casefold directory) as every spelling of it.
                 let hit = |candidate: &String| {
                     glob.is_match(candidate, case_insensitive)
-                        || (path && case_insensitive && any_case(candidate))
+                        || (case_insensitive && !strict_reading && glob.is_folded_match(candidate))
                         || (as_text && glob.is_text_match(candidate))
                         || (program && glob.is_match(basename(candidate), true))
                         || (path
                             && !strict_reading
                             && !case_insensitive
                             && (could_fold(candidate) || could_fold(glob.pattern()))
-                            && any_case(candidate)
+                            && (glob.is_match(candidate, true) || glob.is_folded_match(candidate))
                             && call.paths.may_fold_case(candidate))
                 };
                 if strict_reading {

@@ -263,6 +263,17 @@ pub fn on_request(steps: Vec<Vec<ModelChunk>>) -> Fixture {
     fixture(ApprovalPolicy::OnRequest, RuleSet::new(), steps)
 }
 
+/// The audit log, oldest first (the first hundred entries: more than a test writes).
+pub async fn audit_entries(harness: &Harness) -> Vec<agent::store::AuditEntry> {
+    harness
+        .audit_log(agent::store::AuditQuery {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+}
+
 /// Starts a run of `message` in a session of its own.
 pub async fn start_run(harness: &Harness, mode: ApprovalMode, message: &str) -> RunHandle {
     harness

@@ -77,21 +77,11 @@ async fn an_audit_query_it_cannot_answer_as_asked_is_400() {
         ("after=x", "after", "Expected a non-negative integer"),
     ];
     for (query, field, message) in cases {
-        let response = app
-            .client
-            .get(app.url(&format!("/api/audit?{query}")))
-            .send()
-            .await
-            .unwrap();
+        let response = app.get(&format!("/api/audit?{query}")).await;
         let body = field_errors(response).await;
         assert_eq!(body["fieldErrors"][field], json!([message]), "{query}");
     }
-    let response = app
-        .client
-        .get(app.url("/api/audit?outcomes=approved"))
-        .send()
-        .await
-        .unwrap();
+    let response = app.get("/api/audit?outcomes=approved").await;
     let body = field_errors(response).await;
     assert!(
         body["fieldErrors"]["outcomes"][0]
@@ -100,21 +90,11 @@ async fn an_audit_query_it_cannot_answer_as_asked_is_400() {
             .starts_with("Unknown filter"),
         "{body}"
     );
-    let response = app
-        .client
-        .get(app.url("/api/audit?since=yesterday"))
-        .send()
-        .await
-        .unwrap();
+    let response = app.get("/api/audit?since=yesterday").await;
     assert!(field_errors(response).await["fieldErrors"]["since"].is_array());
     // The bounds themselves are pages.
     for query in ["limit=1", "limit=1000"] {
-        let response = app
-            .client
-            .get(app.url(&format!("/api/audit?{query}")))
-            .send()
-            .await
-            .unwrap();
+        let response = app.get(&format!("/api/audit?{query}")).await;
         assert_eq!(response.status(), 200, "{query}");
     }
 }
