@@ -170,6 +170,7 @@ pub fn granting_settlement(
         events,
         audit,
         grant: kept,
+        under_grant: None,
     }
 }
 

@@ -260,6 +260,7 @@ fn approve(record: &CallRecord) -> Settlement {
             ..request_audit(record.run_id.as_str(), record.call.id.as_str())
         }],
         grant: None,
+        under_grant: None,
     }
 }
 
@@ -275,6 +276,7 @@ fn deny(record: &CallRecord, source: DenialSource) -> Settlement {
         events: vec![step_event(record.run_id.as_str(), 98)],
         audit: vec![],
         grant: None,
+        under_grant: None,
     }
 }
 
@@ -1676,6 +1678,80 @@ async fn a_decisions_grant_is_kept_with_it(kind: Kind) {
     );
 }
 
+/// An approval that stands on a session grant (a card the grant another decision made covers) is settled only while
+/// the session holds the grant: a revoke that lands first leaves the card waiting for a person.
+async fn an_approval_under_a_revoked_grant_is_refused(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(store, "r", &[("a", u64::MAX), ("b", u64::MAX)], &[]).await;
+    let grant = StoredGrant {
+        id: "g1".into(),
+        grant: json!({"tool": "delete_file"}),
+        created_at: 5,
+    };
+    let under = |grant_id: &str| -> agent::store::Settle {
+        let grant_id = grant_id.to_owned();
+        Box::new(move |record| {
+            Ok(Settlement {
+                under_grant: Some(grant_id),
+                ..approve(record)
+            })
+        })
+    };
+    store.add_grant(&session("s"), grant.clone()).await.unwrap();
+    store
+        .decide(&run_id("r"), &call_id("a"), under("g1"))
+        .await
+        .unwrap()
+        .expect("a card under a grant the session holds is approved");
+    let revoke = AuditEntry {
+        kind: AuditKind::GrantRevoked,
+        outcome: "revoked".into(),
+        ..request_audit("r", "a")
+    };
+    assert!(
+        store
+            .revoke_grant(&session("s"), "g1", revoke)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store
+            .decide(&run_id("r"), &call_id("b"), under("g1"))
+            .await
+            .unwrap(),
+        Err(DecideFailure::GrantRevoked)
+    );
+    let backend = backend.reopened().await;
+    let store = &*backend.store;
+    assert_eq!(
+        listed(store, PendingOf::Run(&run_id("r"))).await,
+        vec![("r".to_owned(), "b".to_owned())],
+        "the card the revoked grant no longer covers waits for a person"
+    );
+    assert_eq!(
+        audit_of(store, "r")
+            .await
+            .iter()
+            .filter(|entry| entry.kind == AuditKind::ApprovalResolved)
+            .count(),
+        1,
+        "only the approval that stood on a held grant is in the log"
+    );
+    // Another session's grant of the same id is not this session's.
+    store.start_run(new_run("r2", "s2")).await.unwrap().unwrap();
+    open_waiting(store, "r2", &[("c", u64::MAX)], &[]).await;
+    store.add_grant(&session("s"), grant).await.unwrap();
+    assert_eq!(
+        store
+            .decide(&run_id("r2"), &call_id("c"), under("g1"))
+            .await
+            .unwrap(),
+        Err(DecideFailure::GrantRevoked)
+    );
+}
+
 async fn grants_rules_and_the_audit_log_are_kept_and_filtered(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -2071,6 +2147,7 @@ conformance!(
     a_run_reads_back_the_conversation_its_end_recorded,
     a_sessions_grants_are_its_own_and_outlive_the_process,
     a_decisions_grant_is_kept_with_it,
+    an_approval_under_a_revoked_grant_is_refused,
     grants_rules_and_the_audit_log_are_kept_and_filtered,
     a_decision_and_a_claim_at_once_never_fail_on_locks,
     sessions_are_read_by_their_ids,

@@ -13,7 +13,7 @@ use crate::ids::{RunId, ToolCallId};
 use crate::permissions::{Grant, SessionGrant};
 use crate::policy::{RuleBook as _, grant, session_grant};
 use crate::runtime::AbortReason;
-use crate::store::{Aborted, CallStatus, DecideFailure, Refused, RunInfo};
+use crate::store::{Aborted, CallStatus, DecideFailure, Refused, RunInfo, Settlement};
 use crate::wire::{
     ApprovalSource, Decision, DecisionScope, DenialSource, PermissionDecision, Resolution,
 };
@@ -145,7 +145,13 @@ impl Harness {
             .map_err(Unavailable)?;
         let record = match decided {
             Ok(record) => record,
-            Err(failure @ (DecideFailure::NotPending | DecideFailure::Expired)) => {
+            // A person's own decision stands on no grant, so `GrantRevoked` is not its failure; were it, the card
+            // would still be pending, as for a lost race.
+            Err(
+                failure @ (DecideFailure::NotPending
+                | DecideFailure::Expired
+                | DecideFailure::GrantRevoked),
+            ) => {
                 if failure == DecideFailure::Expired {
                     self.inner.sweeper.notify_one();
                 }
@@ -260,9 +266,13 @@ impl Harness {
                 edited_arguments: None,
             };
             let who = actor.as_str().to_owned();
+            let grant_id = made.id.as_str().to_owned();
             let settle = Box::new(move |record: &crate::store::CallRecord| {
                 still_open(record)?;
-                Ok(settlement(record, resolution, Some(&who)))
+                Ok(Settlement {
+                    under_grant: Some(grant_id),
+                    ..settlement(record, resolution, Some(&who))
+                })
             });
             match self
                 .inner
@@ -273,6 +283,8 @@ impl Harness {
                 Ok(Ok(_)) => {}
                 // Past its expiry: the sweep's, which times it out.
                 Ok(Err(DecideFailure::Expired)) => self.inner.sweeper.notify_one(),
+                // Revoked since the grants were read above: the rest wait for a person too.
+                Ok(Err(DecideFailure::GrantRevoked)) => return,
                 // Decided meanwhile, by a person or the sweep: theirs stands.
                 Ok(Err(_)) => {}
                 Err(error) => {

@@ -165,6 +165,7 @@ pub(super) fn recovery_events() -> RecoveryEvents {
                     actor: None,
                 }],
                 grant: None,
+                under_grant: None,
             }
         }),
     }

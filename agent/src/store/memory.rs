@@ -339,17 +339,28 @@ impl Store for MemoryStore {
         settle: Settle,
     ) -> StoreFuture<'_, Result<CallRecord, DecideFailure>> {
         let result = {
-            let mut tables = self.tables.lock();
+            let mut guard = self.tables.lock();
+            let tables = &mut *guard;
+            let sessions = &tables.sessions;
             let decided = tables
                 .runs
                 .get_mut(run_id)
                 .ok_or(DecideFailure::NotPending)
                 .and_then(|row| {
+                    let session_id = row.info.session_id.clone();
                     let record = row
                         .call_mut(call_id)
                         .filter(|record| record.status == CallStatus::Pending)
                         .ok_or(DecideFailure::NotPending)?;
                     let mut settlement = settle(record)?;
+                    if let Some(grant_id) = &settlement.under_grant {
+                        let held = sessions.get(&session_id).is_some_and(|session| {
+                            session.grants.iter().any(|grant| grant.id == *grant_id)
+                        });
+                        if !held {
+                            return Err(DecideFailure::GrantRevoked);
+                        }
+                    }
                     let audit = std::mem::take(&mut settlement.audit);
                     let grant = settlement.grant.take();
                     let events = RunRow::settle(record, settlement);

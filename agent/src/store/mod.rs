@@ -456,6 +456,10 @@ pub struct Settlement {
     /// The grant an approval for the session makes, kept for the run's session in the decision's own change, so
     /// that whoever sees the decision finds the grant. Only a decision makes one.
     pub grant: Option<StoredGrant>,
+    /// The id of the session grant this approval stands on (a card another decision's grant covers): it is settled
+    /// only while the run's session still holds that grant, as read in the decision's own change, so that a revoke
+    /// that lands first approves nothing more ([`DecideFailure::GrantRevoked`]).
+    pub under_grant: Option<String>,
 }
 
 /// A decision refused by its check (edited arguments outside the schema, say); the approval stays pending.
@@ -487,6 +491,10 @@ pub enum DecideFailure {
     Expired,
     #[error(transparent)]
     Refused(#[from] Refused),
+    /// The session grant the settlement stands on ([`Settlement::under_grant`]) is no longer held; the approval
+    /// stays pending.
+    #[error("the session grant it stood on was revoked")]
+    GrantRevoked,
 }
 
 /// A call an instance took to run.

@@ -134,6 +134,15 @@ impl Dialect {
         }
     }
 
+    /// Locks the rows a transaction reads so that no other changes or deletes them before it ends (SQLite's one
+    /// writer needs none).
+    fn for_share(self) -> &'static str {
+        match self {
+            Self::Sqlite => "",
+            Self::Postgres => " FOR SHARE",
+        }
+    }
+
     /// How a change's statement that writes several rows, or returns what it wrote, begins: `INSERT`, on SQLite
     /// `INSERT OR FAIL`. Such a statement (several rows, or `RETURNING`) otherwise keeps a journal of every page it
     /// changes, so that SQLite can undo the statement alone if a constraint stops it halfway: a copy of each page

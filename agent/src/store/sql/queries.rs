@@ -1620,6 +1620,22 @@ impl Store for SqlStore {
                 Ok(settlement) => settlement,
                 Err(failure) => return Ok(Err(failure)),
             };
+            // An approval that stands on a session grant needs the grant still held. On PostgreSQL the row is read
+            // `FOR SHARE`, so that a revoke's delete waits for this change or this change finds the grant gone.
+            if let Some(grant_id) = &settlement.under_grant {
+                let held = query(sql!(self.dialect, |d|
+                    "SELECT 1 FROM grants WHERE session_id = (SELECT session_id FROM runs WHERE id = $1) AND id = $2{}",
+                    d.for_share()
+                ))
+                .bind(run_id.as_str())
+                .bind(grant_id.as_str())
+                .fetch_optional(&mut tx)
+                .await
+                .map_err(unavailable)?;
+                if held.is_none() {
+                    return Ok(Err(DecideFailure::GrantRevoked));
+                }
+            }
             // A grant the decision makes is kept with it: whoever sees the decision finds the grant.
             if let Some(grant) = settlement.grant.take() {
                 let session: String = query("SELECT session_id FROM runs WHERE id = $1")
@@ -3186,6 +3202,7 @@ mod tests {
             ],
             audit: Vec::new(),
             grant: None,
+            under_grant: None,
         }
     }
 
