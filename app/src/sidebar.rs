@@ -16,20 +16,36 @@ use crate::state::Ui;
 pub fn Sidebar() -> impl IntoView {
     let ui = expect_context::<Ui>();
     let current = ui.session_id();
+    // The newest listing asked for: an older one that answers after it is not shown.
+    let listings = StoredValue::new(0_u64);
+    let relist = move || {
+        let listing = listings.get_value() + 1;
+        listings.set_value(listing);
+        let session = ui.session_id();
+        spawn_local(async move {
+            if let Ok(listed) = list_sessions(Some(session)).await
+                && listings.get_value() == listing
+            {
+                ui.conversations.set(listed);
+            }
+        });
+    };
     // A new run in this conversation may give it its title, or make it the most recent: list them again.
     let runs = Memo::new(move |_| ui.session.with(|session| session.runs.len()));
     Effect::new(move |previous: Option<usize>| {
         let now = runs.get();
         if previous.is_some_and(|previous| previous != now) {
-            let session = ui.session_id();
-            spawn_local(async move {
-                if let Ok(listed) = list_sessions(Some(session)).await {
-                    ui.conversations.set(listed);
-                }
-            });
+            relist();
         }
         now
     });
+    // Another tab may have started a conversation, or given one a title, which nothing in this tab's stream says:
+    // the list is read again when the window takes the focus back.
+    #[cfg(feature = "hydrate")]
+    {
+        let on_focus = window_event_listener(leptos::ev::focus, move |_| relist());
+        on_cleanup(move || on_focus.remove());
+    }
     let items = move || {
         ui.conversations
             .get()

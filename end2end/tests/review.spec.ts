@@ -444,6 +444,21 @@ test("conversations: a new one, switching back, and a second tab on another one"
   await other.reload();
   await expect(other.locator(".turn.user")).toHaveText("list files");
   await expect(other.getByRole("alert")).toHaveCount(0);
+
+  // A conversation the second tab starts is in the first tab's list once its window has the focus again.
+  await other.getByRole("link", { name: "New conversation" }).click();
+  await expect(other.locator(".page")).toHaveAttribute("data-hydrated", "true");
+  const third = unique("third").replace(/\.txt$/, "");
+  await send(other, third);
+  await expect(other.locator(".turn.assistant")).toHaveCount(1);
+  await expect(page.locator(".conversations li")).toHaveCount(2);
+  await page.bringToFront();
+  await page.evaluate(() => window.dispatchEvent(new Event("focus")));
+  await expect(page.locator(".conversations li")).toHaveCount(3);
+  await expect(page.locator(".conversations .conversation-title", { hasText: third })).toHaveCount(1);
+  // It still shows its own conversation as the current one.
+  await expect(page.locator(".conversations a[aria-current=page]")).toHaveCount(1);
+  await expect(page.locator(`.conversations li[data-session-id="${secondSession}"] a`)).toHaveAttribute("aria-current", "page");
 });
 
 test("the audit log has its own view with filters", async ({ page }, testInfo) => {

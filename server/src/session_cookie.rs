@@ -143,7 +143,10 @@ pub async fn ensure_session(
         extensions.insert(SessionNotice(notice));
     }
     let response = next.run(request).await;
-    if changed {
+    // A refused request changes nothing, the browser's conversations included: a new session is the browser's only
+    // once something answered for it.
+    let refused = response.status().is_client_error() || response.status().is_server_error();
+    if changed && !refused {
         return with_cookies(settings, &session, &listed, response);
     }
     response

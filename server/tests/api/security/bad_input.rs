@@ -51,6 +51,11 @@ async fn a_server_function_whose_arguments_do_not_read_is_400() {
     for (path, form, encoded) in cases {
         let response = raw_post(&app, path, Some(FORM), form.to_vec()).await;
         assert_eq!(response.status(), 400, "{path} {form:?}");
+        assert_eq!(
+            response.headers().get("set-cookie"),
+            None,
+            "a refused call makes the browser no session: {path} {form:?}"
+        );
         let text = response.text().await.unwrap();
         assert!(text.starts_with(encoded), "{path}: {text}");
     }
