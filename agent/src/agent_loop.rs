@@ -12,6 +12,7 @@ use std::time::Instant;
 use futures::StreamExt;
 use serde_json::Value;
 
+use crate::approvals::{ABORTED_BEFORE_IT_RAN, not_run_entry};
 use crate::events::AgentEvent;
 use crate::ids::{RunId, ToolCallId};
 use crate::model::{Model, ModelChunk, ModelRequest};
@@ -427,11 +428,23 @@ fn emit_started(context: &RunContext, user_message: &str, parent_run_id: Option<
 /// Runs a call of a batch this run holds, recorded as it begins; the model's call id must be new in the run.
 async fn run_inline(context: &RunContext, record: CallRecord) -> Result<ToolOutput, RunError> {
     let call_id = record.call.id.clone();
+    // A call a person approved (an AG-UI resume's), kept to say in the audit log that it did not run.
+    let approved =
+        matches!(record.resolution, Some(Resolution::Approved { .. })).then(|| record.clone());
     match execute(context, &call_id, Some((record, context.epoch))).await? {
         Some(output) => Ok(output),
         // Aborted (perhaps before this task heard of it), not this run's owner any more, or the model gave two
         // calls of one batch the same id.
-        None => Err(not_begun(context).await),
+        None => {
+            let error = not_begun(context).await;
+            if let (Some(record), RunError::Aborted { .. }) = (approved, &error) {
+                let entry = not_run_entry(&record, "abort", ABORTED_BEFORE_IT_RAN);
+                if let Err(error) = context.store.audit(entry).await {
+                    tracing::warn!(%error, call = %call_id, "cannot record that an approved call did not run");
+                }
+            }
+            Err(error)
+        }
     }
 }
 

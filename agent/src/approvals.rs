@@ -15,6 +15,8 @@
 
 use std::time::Duration;
 
+use serde_json::Value;
+
 use crate::clock::now_ms;
 use crate::events::AgentEvent;
 use crate::ids::{RunId, ToolCallId};
@@ -47,8 +49,9 @@ pub struct ApprovalNotFound {
 }
 
 impl Resolution {
-    /// The resolution a person's decision makes.
-    pub fn from_decision(decision: Decision) -> Self {
+    /// The resolution a person's decision on a call asked with the arguments `asked` makes. Arguments sent back
+    /// unchanged with an approval (as clients do) are no edit: the approval is `approved`, not `approved_with_edits`.
+    pub fn from_decision(decision: Decision, asked: &Value) -> Self {
         match decision {
             Decision::Approve {
                 scope,
@@ -58,7 +61,7 @@ impl Resolution {
                 source: ApprovalSource::User,
                 scope,
                 reason,
-                edited_arguments: arguments,
+                edited_arguments: arguments.filter(|edited| edited != asked),
             },
             Decision::Deny { reason } => Resolution::Denied {
                 source: DenialSource::User,
@@ -88,9 +91,12 @@ pub fn denied_by(source: DenialSource, timeout: Duration) -> Resolution {
 pub fn not_run_after_abort() -> Resolution {
     Resolution::Denied {
         source: DenialSource::Abort,
-        reason: "The run was aborted before this call ran.".to_owned(),
+        reason: ABORTED_BEFORE_IT_RAN.to_owned(),
     }
 }
+
+/// Why a call an aborted run will not run did not run.
+pub const ABORTED_BEFORE_IT_RAN: &str = "The run was aborted before this call ran.";
 
 /// What settles a call with `resolution`: its status and output, its events, and the audit entry, by `actor`.
 ///
@@ -154,10 +160,21 @@ pub fn granting_settlement(
             (CallStatus::Denied, Some(output), None)
         }
     };
-    let audit = if was_pending {
-        vec![resolution_audit(record, &resolution, actor)]
-    } else {
-        Vec::new()
+    let audit = match (&record.resolution, &resolution) {
+        _ if was_pending => vec![resolution_audit(record, &resolution, actor)],
+        // A person approved it, and the run ended before it ran (cancelled, its client gone): without this line
+        // the log would hold the approval and nothing to say the call never ran.
+        (
+            Some(Resolution::Approved { .. }),
+            Resolution::Denied {
+                source: DenialSource::Abort,
+                reason,
+            },
+        ) => vec![AuditEntry {
+            actor: actor.map(str::to_owned),
+            ..not_run_entry(record, "abort", reason)
+        }],
+        _ => Vec::new(),
     };
     Settlement {
         resolution: match (&record.resolution, was_pending) {
@@ -171,6 +188,26 @@ pub fn granting_settlement(
         audit,
         grant: kept,
         under_grant: None,
+    }
+}
+
+/// The audit log's line for a call a decision let run that was not run (`source`: what stopped it, and `reason`
+/// why): without it the log would hold an approval, and nothing to say its call never ran. Its digests are the
+/// approval's: the arguments asked about, and the ones a person edited.
+pub fn not_run_entry(record: &CallRecord, source: &str, reason: &str) -> AuditEntry {
+    AuditEntry {
+        run_id: Some(record.run_id.clone()),
+        tool_call_id: Some(record.call.id.clone()),
+        tool: Some(record.call.name.clone()),
+        arguments_digest: Some(arguments_digest(&record.input)),
+        edited_digest: record
+            .edited_arguments
+            .as_ref()
+            .filter(|edited| **edited != record.input)
+            .map(arguments_digest),
+        source: Some(source.to_owned()),
+        reason: Some(reason.to_owned()),
+        ..AuditEntry::new(AuditKind::CallRefused, "not_run")
     }
 }
 

@@ -27,12 +27,9 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::now_ms;
 use crate::events::{AgentEvent, EventSink};
 use crate::ids::{RunId, SessionId};
-use crate::interrupts::arguments_digest;
 use crate::permissions::SessionGrant;
 use crate::policy::{PermissionPolicy, SessionGrants, session_grant, stored_grant};
-use crate::store::{
-    AuditEntry, AuditKind, CallRecord, CallResult, CallStatus, Epoch, NewEvent, Store,
-};
+use crate::store::{CallRecord, CallResult, CallStatus, Epoch, NewEvent, Store};
 use crate::tools::{RegisteredTool, ToolContext, ToolError, Toolbox, unknown_tool_message};
 use crate::wire::{
     ApprovalMode, DecisionScope, PermissionDecision, RunErrorCode, ToolCall, ToolErrorCode,
@@ -436,7 +433,7 @@ pub async fn execute(
         ToolOutput::Error {
             code: ToolErrorCode::PermissionDenied,
             message,
-        } => vec![not_run_entry(&record, edited.as_ref(), message)],
+        } => vec![crate::approvals::not_run_entry(&record, "policy", message)],
         _ => Vec::new(),
     };
     // The run's log (its `toolResult` event) keeps the whole output; the model may read less of it.
@@ -463,22 +460,6 @@ pub async fn execute(
         return Err(RunError::Lost);
     }
     Ok(Some(for_model))
-}
-
-/// The audit log's line for a call a decision let run that was not run when its turn came: without it the log would
-/// hold an approval, and nothing to say its call never ran. Its digests are the approval's: the arguments asked
-/// about, and the ones a person edited.
-fn not_run_entry(record: &CallRecord, edited: Option<&Value>, reason: &str) -> AuditEntry {
-    AuditEntry {
-        run_id: Some(record.run_id.clone()),
-        tool_call_id: Some(record.call.id.clone()),
-        tool: Some(record.call.name.clone()),
-        arguments_digest: Some(arguments_digest(&record.input)),
-        edited_digest: edited.map(arguments_digest),
-        source: Some("policy".to_owned()),
-        reason: Some(reason.to_owned()),
-        ..AuditEntry::new(AuditKind::CallRefused, "not_run")
-    }
 }
 
 /// A `deny` rule beats a person too: neither an approval given after the rule was added nor arguments a person

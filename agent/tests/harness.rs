@@ -476,6 +476,167 @@ async fn an_approved_call_does_not_touch_a_file_that_changed_after_its_card() {
     assert!(!file.exists());
 }
 
+/// A call a person approved that its run's end leaves unrun (the run cancelled between the approval and the call's
+/// turn) has an audit line that says so, beside the approval: before, the log held the approval and nothing else,
+/// as it does for a call that ran.
+#[tokio::test]
+async fn an_approved_call_its_cancelled_run_never_ran_is_in_the_audit_log_as_not_run() {
+    let setup = setup();
+    let file = setup.dir.path().join("notes.txt");
+    std::fs::write(&file, "scratch").unwrap();
+    let record = setup
+        .harness
+        .start(start("delete notes.txt"))
+        .await
+        .unwrap();
+    let mut events = record.subscribe(0);
+    let (_, request) = next_approval(&mut events).await;
+    // Approved in the store alone, as a decision is before its run goes on: the cancel comes before the call's turn.
+    setup
+        .harness
+        .store()
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Box::new(|record| {
+                Ok(agent::approvals::settlement(
+                    record,
+                    agent::wire::Resolution::from_decision(Decision::approve(), &record.input),
+                    Some("local"),
+                ))
+            }),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    setup
+        .harness
+        .cancel(&request.run_id, &Actor::local())
+        .await
+        .unwrap();
+    let _: Vec<_> = events.collect().await;
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "scratch");
+    let audit = support::audit_entries(&setup.harness).await;
+    let lines: Vec<(&str, &str)> = audit
+        .iter()
+        .map(|entry| (entry.kind.as_str(), entry.outcome.as_str()))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ("approval_requested", "requested"),
+            ("approval_resolved", "approved"),
+            ("call_refused", "not_run")
+        ]
+    );
+    let not_run = &audit[2];
+    assert_eq!(not_run.tool_call_id, Some(request.tool_call_id.clone()));
+    assert_eq!(not_run.arguments_digest, audit[1].arguments_digest);
+    assert_eq!(not_run.source.as_deref(), Some("abort"));
+    assert_eq!(not_run.actor.as_deref(), Some("local"));
+    assert_eq!(
+        not_run.reason.as_deref(),
+        Some("The run was aborted before this call ran.")
+    );
+}
+
+/// The same for a call a resume approved (AG-UI's way), whose run is cancelled before the call's turn: the resume's
+/// approval is in the log, and so is the line that says the call did not run.
+#[tokio::test]
+async fn an_approved_call_of_a_resume_cancelled_before_it_ran_is_in_the_audit_log_as_not_run() {
+    let setup = setup();
+    let file = setup.dir.path().join("notes.txt");
+    std::fs::write(&file, "scratch").unwrap();
+    let interrupted = setup
+        .harness
+        .start(StartRun {
+            mode: ApprovalMode::Interrupt,
+            source: RunSource::Given(Vec::new()),
+            ..start("delete notes.txt")
+        })
+        .await
+        .unwrap();
+    let _: Vec<_> = interrupted.subscribe(0).collect().await;
+    let (suspension, _) = setup
+        .harness
+        .store()
+        .interrupt(interrupted.run_id())
+        .await
+        .unwrap()
+        .expect("the run ended with an interrupt");
+    let pending = &suspension.interruption.pending[0];
+    let resolutions = std::collections::HashMap::from([(
+        pending.call.id.clone(),
+        agent::wire::Resolution::from_decision(Decision::approve(), &pending.input),
+    )]);
+    let resumed = setup
+        .harness
+        .start(StartRun {
+            message: String::new(),
+            session_id: Some(suspension.session_id.clone()),
+            mode: ApprovalMode::Interrupt,
+            source: RunSource::Resume {
+                suspension: Box::new(suspension.clone()),
+                resolutions,
+                decided_by: Actor::local(),
+                added: Vec::new(),
+            },
+            ..start("")
+        })
+        .await
+        .unwrap();
+    // Before the run's task has had its turn (this test's runtime has one thread): the call never begins.
+    setup
+        .harness
+        .cancel(resumed.run_id(), &Actor::local())
+        .await
+        .unwrap();
+    let _: Vec<_> = resumed.subscribe(0).collect().await;
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "scratch");
+    let audit = support::audit_entries(&setup.harness).await;
+    let lines: Vec<(&str, &str)> = audit
+        .iter()
+        .map(|entry| (entry.kind.as_str(), entry.outcome.as_str()))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ("approval_requested", "requested"),
+            ("approval_resolved", "approved"),
+            ("call_refused", "not_run")
+        ]
+    );
+    assert_eq!(audit[2].tool_call_id, audit[1].tool_call_id);
+    assert_eq!(audit[2].source.as_deref(), Some("abort"));
+}
+
+/// Arguments sent back unchanged with an approval, as clients copy them from the request, are no edit: the audit
+/// log says `approved`, not `approved_with_edits` with a digest of what was asked.
+#[tokio::test]
+async fn an_approval_with_the_asked_arguments_unchanged_is_no_edit() {
+    let setup = setup();
+    std::fs::write(setup.dir.path().join("notes.txt"), "scratch").unwrap();
+    let events = decided_after(
+        &setup,
+        "delete notes.txt",
+        async || {},
+        |request| Decision::Approve {
+            scope: DecisionScope::Once,
+            reason: None,
+            arguments: Some(request.arguments.clone()),
+        },
+    )
+    .await;
+    assert!(tool_output(&events).is_ok(), "{events:?}");
+    let audit = support::audit_entries(&setup.harness).await;
+    let resolved = audit
+        .iter()
+        .find(|entry| entry.kind.as_str() == "approval_resolved")
+        .unwrap();
+    assert_eq!(resolved.outcome, "approved");
+    assert_eq!(resolved.edited_digest, None);
+}
+
 /// The same with arguments sent along the approval: the card's own, unchanged (as clients copy them from the
 /// request), or an edit of a call on the same file, made looking at the file as the card showed it. Before, any
 /// arguments skipped the check, and the file a person never saw was deleted or overwritten.

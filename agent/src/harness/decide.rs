@@ -132,7 +132,7 @@ impl Harness {
             }
             Ok(granting_settlement(
                 record,
-                Resolution::from_decision(decision),
+                Resolution::from_decision(decision, &record.input),
                 Some(&who),
                 grant,
             ))

@@ -319,7 +319,7 @@ pub fn check(
         }
         resolutions.insert(
             issued.request.tool_call_id.clone(),
-            Resolution::from_decision(decision),
+            Resolution::from_decision(decision, &issued.request.arguments),
         );
     }
     Ok(resolutions)
