@@ -377,6 +377,15 @@ pub async fn execute(
     let Some(record) = begun else {
         return Ok(None);
     };
+    // Held from the look at what the card showed to the end of the call, and by the file tools' other calls (an
+    // allowed write) while they act: see `shown_state_lock`.
+    let acts_on_a_file = record.shown_state.is_some()
+        || crate::policy::matcher::ToolKind::of(&record.call.name)
+            == crate::policy::matcher::ToolKind::WorkspaceFile;
+    let _acting = match acts_on_a_file {
+        true => Some(shown_state_lock(&record.input).lock().await),
+        false => None,
+    };
     let call = &record.call;
     // The arguments asked about, sent back unchanged with the approval (as clients do), are no edit.
     let edited = record
@@ -568,6 +577,27 @@ fn changed_since_shown(tool: &RegisteredTool, record: &CallRecord) -> Option<Too
             record.call.name
         ),
     ))
+}
+
+/// The lock a call that acts on what its card showed (a file, as [`crate::tools::Tool::state`] reads it) holds from
+/// its look at the file to its end, and a file tool's call holds while it acts. Without it two approved calls on one
+/// file (two writes of one batch, run side by side, or calls of two runs) could both find the file as their cards
+/// showed it before either acted, and the second would act on a file the first had changed. With it the second
+/// looks once the first is done, and is refused as any call on a file changed since its card is. One lock per file name in lower case, among 64: the spellings of one
+/// file (another case, another directory through a link) share theirs, and two files that share one only wait for
+/// each other. Within this process: instances that share a workspace do not share these locks.
+fn shown_state_lock(input: &Value) -> &'static tokio::sync::Mutex<()> {
+    use std::hash::{Hash, Hasher};
+    static LOCKS: std::sync::LazyLock<Vec<tokio::sync::Mutex<()>>> =
+        std::sync::LazyLock::new(|| (0..64).map(|_| tokio::sync::Mutex::new(())).collect());
+    let name = input
+        .get("path")
+        .and_then(Value::as_str)
+        .and_then(crate::policy::matcher::normalize_relative)
+        .map(|path| path.rsplit('/').next().unwrap_or_default().to_lowercase());
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut hasher);
+    &LOCKS[(hasher.finish() % LOCKS.len() as u64) as usize]
 }
 
 /// Whether two calls' arguments name the same workspace path (as the file tools read it). Not the files' states:

@@ -881,3 +881,112 @@ async fn two_calls_of_a_step_that_share_a_reused_id_are_refused_as_one_id_twice(
     );
     assert_eq!(fx.reads.inputs(), [json!({"path": "a"})]);
 }
+
+/// A file of the test's own: what its cards show ([`Tool::state`]) is its content, and a write yields before it
+/// acts, as a real one hands its work to another thread.
+struct Overwrite {
+    spec: agent::wire::ToolSpec,
+    content: Arc<std::sync::Mutex<String>>,
+    runs: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+}
+
+impl Tool for Overwrite {
+    fn spec(&self) -> &agent::wire::ToolSpec {
+        &self.spec
+    }
+
+    fn execute<'a>(&'a self, input: serde_json::Value, _: &'a ToolContext) -> ToolFuture<'a> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            tokio::task::yield_now().await;
+            *self.content.lock().unwrap() = input["text"].as_str().unwrap_or_default().to_owned();
+            self.runs.lock().unwrap().push(input.clone());
+            Ok(json!({"written": input["text"]}))
+        })
+    }
+
+    fn state(&self, _: &serde_json::Value) -> Option<String> {
+        Some(self.content.lock().unwrap().clone())
+    }
+}
+
+/// Two approved writes of one batch to one file, run side by side: the second looks at the file once the first is
+/// done, finds it changed since its card, and is refused. Before, both looked at the file as their cards showed it
+/// before either wrote, and the second overwrote what the first had just written, a file its card never showed.
+#[tokio::test]
+async fn two_approved_calls_of_one_batch_on_one_file_do_not_both_act_on_what_their_cards_showed() {
+    let content = Arc::new(std::sync::Mutex::new("original".to_owned()));
+    let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tool = Overwrite {
+        spec: agent::wire::ToolSpec {
+            name: "overwrite".into(),
+            description: "Overwrites a file".into(),
+            input_schema: json!({"type": "object"}),
+            annotations: ToolAnnotations {
+                destructive: Some(true),
+                ..Default::default()
+            },
+            mcp: None,
+        },
+        content: Arc::clone(&content),
+        runs: Arc::clone(&runs),
+    };
+    let model = Arc::new(ReplayModel::new(vec![
+        tool_step(&[
+            call(
+                "call-1",
+                "overwrite",
+                json!({"path": "a.txt", "text": "one"}),
+            ),
+            call(
+                "call-2",
+                "overwrite",
+                json!({"path": "a.txt", "text": "two"}),
+            ),
+        ]),
+        text_step("Finished."),
+    ]));
+    let harness = agent::harness::Harness::new(
+        agent::harness::HarnessConfig::new(
+            agent::policy::PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
+            std::time::Duration::from_secs(120),
+        ),
+        model,
+        Toolbox::new().with(tool).unwrap(),
+    );
+    let run = start_run(&harness, ApprovalMode::Interactive, "write a.txt twice").await;
+    let mut events = Events::of(&run);
+    let first = events.next_approval().await;
+    let second = events.next_approval().await;
+    // The first is approved in the store alone, so that the second's approval runs both, side by side.
+    harness
+        .store()
+        .decide(
+            &first.run_id,
+            &first.tool_call_id,
+            Box::new(|record| {
+                Ok(agent::approvals::settlement(
+                    record,
+                    Resolution::from_decision(Decision::approve(), &record.input),
+                    Some("local"),
+                ))
+            }),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    decide_pending(&harness, &second, Decision::approve()).await;
+
+    let events = all_events(&run).await;
+    assert_eq!(runs.lock().unwrap().len(), 1, "one write ran");
+    let refused: Vec<ToolOutput> = ["call-1", "call-2"]
+        .into_iter()
+        .map(|id| output_of(&events, id))
+        .filter(|output| !output.is_ok())
+        .collect();
+    assert!(
+        matches!(&refused[..], [ToolOutput::Error { code: ToolErrorCode::PermissionDenied, message }]
+            if message.contains("changed after approval was asked")),
+        "{refused:?}"
+    );
+}
