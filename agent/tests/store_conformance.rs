@@ -1272,6 +1272,31 @@ fn interrupted(suspension: &Suspension) -> FinishRun {
     }
 }
 
+/// A run aborted before its writer ends it with interrupts issues none: the end is refused, told why, and leaves
+/// no suspension a resume could answer; the writer can still end it another way (as aborted).
+async fn an_aborted_run_leaves_no_suspension(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r1", "t")).await.unwrap().unwrap();
+    cancelled(store, "r1").await;
+    let suspension = suspension_of("r1", "t", u64::MAX);
+    assert_eq!(
+        store.finish_run(interrupted(&suspension)).await.unwrap(),
+        Err(Fenced::Aborted(AbortReason::Cancelled))
+    );
+    assert_eq!(store.interrupt(&run_id("r1")).await.unwrap(), None);
+    store
+        .finish_run(FinishRun {
+            state: RunState::Failed,
+            suspension: None,
+            ..interrupted(&suspension)
+        })
+        .await
+        .unwrap()
+        .expect("its writer ends it as failed");
+    assert_eq!(store.interrupt(&run_id("r1")).await.unwrap(), None);
+}
+
 async fn a_suspension_is_taken_once_and_a_replay_is_told_who_took_it(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -2141,6 +2166,7 @@ conformance!(
     finishing_a_run_frees_its_session_and_leaves_nothing_pending,
     an_end_settles_the_calls_still_pending_in_the_order_they_were_asked,
     a_suspension_is_taken_once_and_a_replay_is_told_who_took_it,
+    an_aborted_run_leaves_no_suspension,
     a_new_run_that_waits_for_no_interrupt_is_refused_while_its_session_waits_for_one,
     retention_forgets_old_runs_and_keeps_open_suspensions,
     a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own,

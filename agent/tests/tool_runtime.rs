@@ -990,3 +990,45 @@ async fn two_approved_calls_of_one_batch_on_one_file_do_not_both_act_on_what_the
         "{refused:?}"
     );
 }
+
+/// An interrupt-mode run aborted after its model asked for calls that all need a person, and before its end: the
+/// end is refused under the abort, and the run ends aborted, with no interrupts a later resume could answer. Before,
+/// nothing of the run looked at the abort (no call began), and it ended interrupted, its interrupts open: a resume
+/// then ran what the cancelled run had asked for.
+#[tokio::test]
+async fn an_interrupt_mode_run_aborted_before_its_end_issues_no_interrupts() {
+    let fx = on_request(delete_a());
+    let run = fx.start(ApprovalMode::Interrupt, "delete a.txt").await;
+    // Recorded in the store alone, before the run's task has had its turn (this test's runtime has one thread).
+    fx.harness
+        .store()
+        .abort_run(
+            run.run_id(),
+            AbortReason::Cancelled,
+            Box::new(|record| {
+                agent::approvals::settlement(record, agent::approvals::not_run_after_abort(), None)
+            }),
+        )
+        .await
+        .unwrap()
+        .expect("the run is there");
+
+    let events = all_events(&run).await;
+    assert_eq!(
+        failure(&events).unwrap().0,
+        RunErrorCode::Aborted,
+        "{events:?}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|event| matches!(event, StreamEvent::Interrupted { .. })),
+        "{events:?}"
+    );
+    assert_eq!(
+        fx.harness.store().interrupt(run.run_id()).await.unwrap(),
+        None,
+        "no suspension to resume"
+    );
+    assert_eq!(fx.deletes.count(), 0);
+}

@@ -217,19 +217,35 @@ impl Harness {
                     .await;
             }
             RunEnd::Interrupted(interruption) => {
+                let calls = interruption.calls.clone();
                 let (suspension, interrupts, audit) =
                     self.issue_interrupts(&ending.context, &conversation.messages, interruption);
                 let event = AgentEvent::RunInterrupted { interrupts };
                 let mut finish = self.finish_run(
                     &ending,
-                    conversation.messages,
+                    conversation.messages.clone(),
                     conversation.prior,
                     RunState::Interrupted,
                     Some(suspension),
                     event,
                 );
                 finish.audit = audit;
-                self.commit_finish(finish).await;
+                match self.inner.store.finish_run(finish).await {
+                    Ok(Ok(())) => {}
+                    // Aborted where nothing of the run heard of it: it ends aborted, and issues nothing.
+                    Ok(Err(Fenced::Aborted(reason))) => {
+                        let error = RunError::Aborted { reason };
+                        answer_unfinished(&mut conversation.messages, &calls, &error);
+                        self.fail(&ending, conversation.messages, conversation.prior, error)
+                            .await;
+                    }
+                    Ok(Err(fenced)) => {
+                        tracing::warn!(%run_id, %fenced, "the run's end was not recorded: another instance holds it");
+                    }
+                    Err(error) => {
+                        tracing::error!(%run_id, %error, "cannot record the run's end");
+                    }
+                }
             }
             RunEnd::Suspended(batch) => {
                 let SuspendedBatch {

@@ -414,15 +414,21 @@ async fn take_calls_in(
 /// What a run's end that changed no row returns: [`Fenced::Lost`] (the run is not there, or not the claim's to end),
 /// or an error if the run's state does not read as one.
 async fn why_not_ended(connection: &mut Tx, run_id: &RunId) -> StoreResult<Fenced> {
-    let row = query("SELECT state FROM runs WHERE id = $1")
+    let row = query("SELECT state, abort FROM runs WHERE id = $1")
         .bind(run_id.as_str())
         .fetch_optional(&mut *connection)
         .await
         .map_err(unavailable)?;
     if let Some(row) = row {
         let state: String = row.try_get(0).map_err(unavailable)?;
-        if RunState::parse(&state).is_none() {
+        let Some(state) = RunState::parse(&state) else {
             return Err(StoreError::Corrupt(format!("unknown run state {state:?}")));
+        };
+        let abort: Option<String> = row.try_get(1).map_err(unavailable)?;
+        if let Some(reason) = abort.as_deref().and_then(AbortReason::parse)
+            && !state.is_finished()
+        {
+            return Ok(Fenced::Aborted(reason));
         }
     }
     Ok(Fenced::Lost)
@@ -2020,6 +2026,11 @@ impl Store for SqlStore {
                 };
             }
             let mut end = query(match finish.claim {
+                // Interrupts are issued only while the run is not aborted: an abort that nothing of the run heard
+                // of (no call began) leaves no interrupt a resume could answer.
+                EndClaim::Held(_) if finish.suspension.is_some() => {
+                    end_under!("state = 'running' AND owner = $9 AND epoch = $10 AND abort IS NULL")
+                }
                 EndClaim::Held(_) | EndClaim::Abandoned { .. } => {
                     end_under!("state = 'running' AND owner = $9 AND epoch = $10")
                 }
