@@ -541,6 +541,34 @@ fn focus_card_when_lost(key: &ApprovalKey) {
     crate::refocus_if_lost(None, vec![format!("[id=\"{}\"]", card_dom_id(key))]);
 }
 
+/// A frame later, once an edit has opened below a card's buttons: scrolls the list of cards (never the page) so that
+/// the card starts at its top, its title and the edit's first fields in view together. Left where it was, a card low
+/// in the list opened its edit below the list's visible part, and scrolling to the edit took the card's title out
+/// of view, under the batch buttons.
+fn show_from_its_top(card: NodeRef<html::Article>) {
+    #[cfg(feature = "hydrate")]
+    request_animation_frame(move || {
+        use wasm_bindgen::JsCast;
+
+        let Some(card) = card.get_untracked() else {
+            return;
+        };
+        let Some(list) = card
+            .closest(".approval-bar .cards")
+            .ok()
+            .flatten()
+            .and_then(|list| list.dyn_into::<web_sys::HtmlElement>().ok())
+        else {
+            return;
+        };
+        // Both measured from the same offset parent; the list's padding keeps the card's border in view.
+        let from_top = card.offset_top() - list.offset_top() - list.client_top();
+        list.set_scroll_top((from_top - 2).max(0));
+    });
+    #[cfg(not(feature = "hydrate"))]
+    let _ = card;
+}
+
 /// The id of a card's reason box.
 fn card_reason_id(key: &ApprovalKey) -> String {
     format!("{}-reason", card_dom_id(key))
@@ -744,6 +772,7 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
                     &request_arguments,
                 )));
                 opened.set(Some(true));
+                show_from_its_top(card);
             }
         }
     };

@@ -139,6 +139,26 @@ test("Approve all and Deny all decide a batch of three, each card leaving on its
   await screenshot(page, testInfo, "review-batch-denied");
 });
 
+test("an edit opened on the last card of a batch shows the card's title and its first fields together", async ({ page }, testInfo) => {
+  // A laptop's window: the cards of a batch scroll beneath the batch buttons.
+  await page.setViewportSize({ width: 1280, height: 800 });
+  await openPage(page);
+  const files = [unique("low-a"), unique("low-b"), unique("low-c")];
+  await send(page, files.map((file) => `write ${file}: text for ${file}`).join(" and "));
+  await expect(page.locator(".approval-card")).toHaveCount(3);
+  const last = page.locator(".approval-card").nth(2);
+  await last.getByRole("button", { name: "Edit" }).click();
+  await expect(last.getByRole("button", { name: "Cancel edit" })).toBeVisible();
+  // Before, the edit opened below the visible part of the list, and scrolling to it hid the card's title.
+  await expect(last.locator("h2")).toBeInViewport();
+  await expect(last.getByLabel("path", { exact: true })).toBeInViewport();
+  await expect(page.getByRole("button", { name: "Approve all" })).toBeInViewport();
+  await screenshot(page, testInfo, "review-batch-edit-last");
+  await last.getByRole("button", { name: "Cancel edit" }).click();
+  await page.getByRole("button", { name: "Deny all" }).click();
+  await expect(page.locator(".approval-card")).toHaveCount(0);
+});
+
 test("Approve all waits while a card shows an edit, and Deny all keeps the reason written on a card", async ({ page }, testInfo) => {
   await openPage(page);
   const [a, b] = [unique("held-a"), unique("held-b")];
