@@ -3071,6 +3071,81 @@ async fn a_call_a_late_owner_begins_during_a_recovery_is_refused() {
     );
 }
 
+/// A call running on an instance whose heartbeat was late when a recovery read who is live, and came while the
+/// recovery waited for the call's run, is left to that instance: it is alive, its call runs, and its result will be
+/// recorded. Before, the recovery interrupted it from what it had read (its audit line saying the process stopped),
+/// while the call went on running, and its result was then thrown away.
+#[tokio::test]
+async fn a_call_of_an_instance_whose_heartbeat_came_during_a_recovery_is_not_interrupted() {
+    use sqlx::{Connection, Executor};
+    let url = postgres::database();
+    let owner = SqlStore::open_with_lease(
+        &DatabaseUrl::Postgres(url.clone()),
+        std::time::Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
+    let recovering = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    owner.start_run(new_run("w", "sw")).await.unwrap().unwrap();
+    open_waiting(&*owner, "w", &[], &["running"]).await;
+    owner
+        .begin_call(&run_id("w"), &call_id("running"), None)
+        .await
+        .unwrap()
+        .expect("the owner begins the call");
+    owner.flush().await.unwrap();
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    // The owner's heartbeat is late: the recovery takes it for dead.
+    sqlx::query("UPDATE instances SET heartbeat_at = 0 WHERE id = $1")
+        .bind(owner.instance().as_str())
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    holder.execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT 1 FROM runs WHERE id = 'w' FOR UPDATE")
+        .await
+        .unwrap();
+    let recovery = {
+        let store = Arc::clone(&recovering);
+        tokio::spawn(async move { store.recover(recovery_events()).await.unwrap() })
+    };
+    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
+    until_waiting_for_locks(
+        &mut watcher,
+        1,
+        "the recovery never waited for the run's row",
+    )
+    .await;
+    // The heartbeat comes after all.
+    sqlx::query(
+        "UPDATE instances SET heartbeat_at = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
+         WHERE id = $1",
+    )
+    .bind(owner.instance().as_str())
+    .execute(&mut watcher)
+    .await
+    .unwrap();
+    holder.execute("COMMIT").await.unwrap();
+    let recovered = tokio::time::timeout(std::time::Duration::from_secs(10), recovery)
+        .await
+        .expect("the recovery ends once the row is let go")
+        .unwrap();
+    assert_eq!(recovered.interrupted_calls, vec![]);
+    let (status, on): (String, Option<String>) = sqlx::query_as(
+        "SELECT status, executing_on FROM calls WHERE run_id = 'w' AND call_id = 'running'",
+    )
+    .fetch_one(&mut watcher)
+    .await
+    .unwrap();
+    assert_eq!(
+        (status.as_str(), on.as_deref()),
+        ("executing", Some(owner.instance().as_str()))
+    );
+}
+
 /// Each instance is judged by its own lease. Here one started with a lease of a minute (a heartbeat every 12 s) last
 /// beat 20 s ago; another, started with 10 s, recovers: before, it judged the first by its own 10 s, ended its
 /// sampling run as `RESTARTED` and forgot it, though it was alive.

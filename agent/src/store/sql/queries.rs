@@ -2285,6 +2285,10 @@ impl Store for SqlStore {
                 lock_run_in(self.dialect, &mut tx, &record.run_id)
                     .await
                     .map_err(unavailable)?;
+                // Its heartbeat may have come while this waited for the run: then it is alive, and its call runs.
+                if self.instance_alive_in(&mut tx, &dead).await? {
+                    continue;
+                }
                 let settlement = (events.call_interrupted)(&record);
                 let (call_events, audit) = apply(&mut record, settlement);
                 record.executing_on = None;
