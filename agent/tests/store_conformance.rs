@@ -3146,6 +3146,61 @@ async fn a_call_of_an_instance_whose_heartbeat_came_during_a_recovery_is_not_int
     );
 }
 
+/// A running run a recovery on PostgreSQL takes over from an instance it found dead (and ends), that instance is
+/// told to stop, should it only have been late: its task and tools would otherwise go on, and whatever they did
+/// would be thrown away. Before, nothing told it. Nobody else is told (a waiting run goes on after the recovery, and
+/// whoever claims it next must not be stopped), and neither is the owner of a waiting run whose call was taken.
+#[tokio::test]
+async fn an_instance_whose_running_run_a_recovery_took_over_is_told_to_stop_it() {
+    use sqlx::Connection;
+    let url = postgres::database();
+    let owner = SqlStore::open_with_lease(
+        &DatabaseUrl::Postgres(url.clone()),
+        std::time::Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
+    let recovering = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    owner.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    owner.start_run(new_run("w", "sw")).await.unwrap().unwrap();
+    open_waiting(&*owner, "w", &[], &["running"]).await;
+    owner
+        .begin_call(&run_id("w"), &call_id("running"), None)
+        .await
+        .unwrap()
+        .expect("the owner begins the call");
+    owner.flush().await.unwrap();
+    let mut told = owner.remote_aborts();
+    let mut told_others = recovering.remote_aborts();
+    let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
+    // The owner's heartbeat is late: the recovery takes it for dead.
+    sqlx::query("UPDATE instances SET heartbeat_at = 0 WHERE id = $1")
+        .bind(owner.instance().as_str())
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    let recovered = recovering.recover(recovery_events()).await.unwrap();
+    assert_eq!(recovered.failed_runs, vec![run_id("r")]);
+    assert_eq!(
+        recovered.interrupted_calls,
+        vec![(run_id("w"), call_id("running"))]
+    );
+    let (run, reason) = tokio::time::timeout(std::time::Duration::from_secs(10), told.recv())
+        .await
+        .expect("the owner is told to stop the run that was taken over")
+        .unwrap();
+    assert_eq!((run, reason), (run_id("r"), AbortReason::Shutdown));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for others in [&mut told, &mut told_others] {
+        assert!(matches!(
+            others.try_recv(),
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty)
+        ));
+    }
+}
+
 /// Each instance is judged by its own lease. Here one started with a lease of a minute (a heartbeat every 12 s) last
 /// beat 20 s ago; another, started with 10 s, recovers: before, it judged the first by its own 10 s, ended its
 /// sampling run as `RESTARTED` and forgot it, though it was alive.

@@ -1060,11 +1060,7 @@ impl SqlStore {
     /// row held there, so that its next heartbeat waits for the transaction): a recovery that read who is live before
     /// waiting for a run checks again before it takes over what `id` was doing. On SQLite, the file lock makes every
     /// other instance a dead process's.
-    pub(super) async fn instance_alive_in(
-        &self,
-        connection: &mut Tx,
-        id: &str,
-    ) -> Result<bool, StoreError> {
+    async fn instance_alive_in(&self, connection: &mut Tx, id: &str) -> Result<bool, StoreError> {
         if self.dialect == Dialect::Sqlite {
             return Ok(false);
         }
@@ -1131,6 +1127,14 @@ impl SqlStore {
                     let _ = self.aborts.send((run, reason));
                 }
             }
+            // A recovery took over what this instance ran of a run, judging it dead: it was only late.
+            (Some("stop"), Some(instance), Some(run)) if instance == self.instance.as_str() => {
+                if let Ok(run) = RunId::parse(run) {
+                    tracing::warn!(%run, "another instance took this instance for dead and took the run over; stopping what runs of it here");
+                    let _ = self.aborts.send((run, AbortReason::Shutdown));
+                }
+            }
+            (Some("stop"), Some(_), Some(_)) => {}
             _ => tracing::debug!(message, "an unknown doorbell"),
         }
     }

@@ -413,6 +413,15 @@ async fn take_calls_in(
 
 /// What a run's end that changed no row returns: [`Fenced::Lost`] (the run is not there, or not the claim's to end),
 /// or an error if the run's state does not read as one.
+/// The doorbell that tells instance `on` alone to stop what it runs of `run_id`, a running run a recovery fenced and
+/// ends, judging `on` dead. Only for such a run, which nobody goes on with: a waiting run whose call a recovery
+/// interrupts goes on (its batch is claimed next, perhaps by `on` itself), and stopping `on`'s work on it by the
+/// run's id could stop that claim too, so a late instance's call of a waiting run runs to its end, its result
+/// refused.
+fn stop_message(on: &InstanceId, run_id: &RunId) -> String {
+    format!("stop {on} {run_id}")
+}
+
 async fn why_not_ended(connection: &mut Tx, run_id: &RunId) -> StoreResult<Fenced> {
     let row = query("SELECT state, abort FROM runs WHERE id = $1")
         .bind(run_id.as_str())
@@ -2240,6 +2249,7 @@ impl Store for SqlStore {
             for (info, claim) in dead_runs {
                 let claim = match claim {
                     EndClaim::Abandoned { owner, epoch } => {
+                        let mut tx = self.writer.begin().await.map_err(unavailable)?;
                         let changed = query(
                             "UPDATE runs SET epoch = epoch + 1 \
                              WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3",
@@ -2247,12 +2257,18 @@ impl Store for SqlStore {
                         .bind(info.run_id.as_str())
                         .bind(owner.as_str())
                         .bind(epoch as i64)
-                        .execute(&self.writer)
+                        .execute(&mut tx)
                         .await
                         .map_err(unavailable)?;
                         if changed.rows_affected() == 0 {
                             continue;
                         }
+                        // Should the owner only have been late, it stops its task and tools of the run: what they
+                        // did from now on would be thrown away.
+                        self.doorbell(&mut tx, || stop_message(&owner, &info.run_id))
+                            .await
+                            .map_err(unavailable)?;
+                        tx.commit().await.map_err(unavailable)?;
                         EndClaim::Abandoned {
                             owner,
                             epoch: epoch + 1,
