@@ -32,8 +32,8 @@ use crate::policy::{PermissionPolicy, SessionGrants, session_grant, stored_grant
 use crate::store::{CallRecord, CallResult, CallStatus, Epoch, NewEvent, Store};
 use crate::tools::{RegisteredTool, ToolContext, ToolError, Toolbox, unknown_tool_message};
 use crate::wire::{
-    ApprovalMode, DecisionScope, PermissionDecision, RunErrorCode, ToolCall, ToolErrorCode,
-    ToolOutput,
+    ApprovalMode, DecisionScope, PermissionDecision, Resolution, RunErrorCode, ToolCall,
+    ToolErrorCode, ToolOutput, approval_denied_message,
 };
 
 /// Why a run was aborted.
@@ -377,15 +377,6 @@ pub async fn execute(
     let Some(record) = begun else {
         return Ok(None);
     };
-    // Held from the look at what the card showed to the end of the call, and by the file tools' other calls (an
-    // allowed write) while they act: see `shown_state_lock`.
-    let acts_on_a_file = record.shown_state.is_some()
-        || crate::policy::matcher::ToolKind::of(&record.call.name)
-            == crate::policy::matcher::ToolKind::WorkspaceFile;
-    let _acting = match acts_on_a_file {
-        true => Some(shown_state_lock(&record.input).lock().await),
-        false => None,
-    };
     let call = &record.call;
     // The arguments asked about, sent back unchanged with the approval (as clients do), are no edit.
     let edited = record
@@ -396,49 +387,76 @@ pub async fn execute(
     // Looked up once: the definition checked is the one that runs and bounds what the model reads, whatever the
     // tool's server changes meanwhile.
     let tool = context.toolbox.lookup(&call.name);
-    let output = match (&tool, &edited) {
-        _ if let Some(refused) = changed_since_decided(tool.as_deref(), &record) => Err(refused),
-        (None, _) => Err(ToolOutput::error(
-            ToolErrorCode::UnknownTool,
-            unknown_tool_message(&call.name, &context.toolbox),
-        )),
-        // An edit that acts on what the card showed (the same file) was made looking at it as it was: if it changed
-        // since, the edit was for something else too.
-        (Some(tool), Some(edited))
-            if let Some(refused) = same_path(edited, &record.input)
-                .then(|| changed_since_shown(tool, &record))
-                .flatten() =>
-        {
-            Err(refused)
-        }
-        (Some(tool), Some(edited)) => match tool.validate(edited) {
-            Err(error) => Err(ToolOutput::from(error)),
-            Ok(()) => match denied_by_rule(context, tool, edited) {
-                Some(refused) => Err(refused),
-                None => Ok((tool, edited.clone())),
-            },
-        },
-        (Some(tool), None) => match changed_since_shown(tool, &record) {
-            Some(refused) => Err(refused),
-            // A call decided earlier may have waited for hours: a deny rule added meanwhile beats its approval, or
-            // the rule that allowed it, as it would have beaten the call.
-            None => match (decided_earlier || record.resolution.is_some())
-                .then(|| denied_by_rule(context, tool, &record.input))
-                .flatten()
-            {
-                Some(refused) => Err(refused),
-                None => Ok((tool, record.input.clone())),
-            },
-        },
-    };
-    let output = match output {
-        Err(refused) => refused,
-        Ok((tool, input)) => run_tool(context, tool.tool(), call, input, edited.is_some()).await,
-    };
+    // From the look at what the card showed to the tool's end, the files the call names are this call's alone (see
+    // `FileLocks`); an abort while it waits for them leaves the call not run.
+    let (output, aborted_before_it_ran) =
+        match FileLocks::of(&record, edited.as_ref()).take(context).await {
+            None => (
+                ToolOutput::error(
+                    ToolErrorCode::ApprovalDenied,
+                    approval_denied_message(crate::approvals::ABORTED_BEFORE_IT_RAN),
+                ),
+                true,
+            ),
+            Some(_acting) => {
+                let output = match (&tool, &edited) {
+                    _ if let Some(refused) = changed_since_decided(tool.as_deref(), &record) => {
+                        Err(refused)
+                    }
+                    (None, _) => Err(ToolOutput::error(
+                        ToolErrorCode::UnknownTool,
+                        unknown_tool_message(&call.name, &context.toolbox),
+                    )),
+                    // An edit that acts on what the card showed (the same file) was made looking at it as it was: if it
+                    // changed since, the edit was for something else too.
+                    (Some(tool), Some(edited))
+                        if let Some(refused) = same_path(edited, &record.input)
+                            .then(|| changed_since_shown(tool, &record))
+                            .flatten() =>
+                    {
+                        Err(refused)
+                    }
+                    (Some(tool), Some(edited)) => match tool.validate(edited) {
+                        Err(error) => Err(ToolOutput::from(error)),
+                        Ok(()) => match denied_by_rule(context, tool, edited) {
+                            Some(refused) => Err(refused),
+                            None => Ok((tool, edited.clone())),
+                        },
+                    },
+                    (Some(tool), None) => match changed_since_shown(tool, &record) {
+                        Some(refused) => Err(refused),
+                        // A call decided earlier may have waited for hours: a deny rule added meanwhile beats its
+                        // approval, or the rule that allowed it, as it would have beaten the call.
+                        None => match (decided_earlier || record.resolution.is_some())
+                            .then(|| denied_by_rule(context, tool, &record.input))
+                            .flatten()
+                        {
+                            Some(refused) => Err(refused),
+                            None => Ok((tool, record.input.clone())),
+                        },
+                    },
+                };
+                let output = match output {
+                    Err(refused) => refused,
+                    Ok((tool, input)) => {
+                        run_tool(context, tool.tool(), call, input, edited.is_some()).await
+                    }
+                };
+                (output, false)
+            }
+        };
     // A call refused for what let it run no longer holding (its file or its tool changed since it was decided, a
     // deny rule added meanwhile), here or by its tool itself (an MCP tool its restarted server defines otherwise):
     // the audit log says so, beside the approval it overrules.
     let audit = match &output {
+        _ if aborted_before_it_ran => match record.resolution {
+            Some(Resolution::Approved { .. }) => vec![crate::approvals::not_run_entry(
+                &record,
+                "abort",
+                crate::approvals::ABORTED_BEFORE_IT_RAN,
+            )],
+            _ => Vec::new(),
+        },
         ToolOutput::Error {
             code: ToolErrorCode::PermissionDenied,
             message,
@@ -579,25 +597,69 @@ fn changed_since_shown(tool: &RegisteredTool, record: &CallRecord) -> Option<Too
     ))
 }
 
-/// The lock a call that acts on what its card showed (a file, as [`crate::tools::Tool::state`] reads it) holds from
-/// its look at the file to its end, and a file tool's call holds while it acts. Without it two approved calls on one
-/// file (two writes of one batch, run side by side, or calls of two runs) could both find the file as their cards
-/// showed it before either acted, and the second would act on a file the first had changed. With it the second
-/// looks once the first is done, and is refused as any call on a file changed since its card is. One lock per file name in lower case, among 64: the spellings of one
-/// file (another case, another directory through a link) share theirs, and two files that share one only wait for
-/// each other. Within this process: instances that share a workspace do not share these locks.
-fn shown_state_lock(input: &Value) -> &'static tokio::sync::Mutex<()> {
-    use std::hash::{Hash, Hasher};
-    static LOCKS: std::sync::LazyLock<Vec<tokio::sync::Mutex<()>>> =
-        std::sync::LazyLock::new(|| (0..64).map(|_| tokio::sync::Mutex::new(())).collect());
-    let name = input
-        .get("path")
-        .and_then(Value::as_str)
-        .and_then(crate::policy::matcher::normalize_relative)
-        .map(|path| path.rsplit('/').next().unwrap_or_default().to_lowercase());
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    name.hash(&mut hasher);
-    &LOCKS[(hasher.finish() % LOCKS.len() as u64) as usize]
+/// The locks a call that acts on files holds from its look at what its card showed to the tool's end: a call whose
+/// card showed a file's state ([`crate::tools::Tool::state`]), and any call of a built-in file tool. Without them two
+/// approved calls on one file (two writes of one batch, run side by side, or calls of two runs) could both find the
+/// file as their cards showed it before either acted, and the second would act on a file the first had changed. With
+/// them the second looks once the first is done, and is refused as any call on a file changed since its card is.
+///
+/// One lock per file name in lower case, among 64, for the path asked about and the one a person edited it to: the
+/// spellings of one file that keep its name (another case, another directory through a link) share theirs, and two
+/// files that share one only wait for each other. Names that differ for one file (a link of another name, a hard
+/// link, another Unicode normalization) do not meet here. Within this process: instances that share a workspace do
+/// not share these locks.
+struct FileLocks(Vec<usize>);
+
+impl FileLocks {
+    const STRIPES: usize = 64;
+
+    fn of(record: &CallRecord, edited: Option<&Value>) -> Self {
+        let acts_on_a_file = record.shown_state.is_some()
+            || crate::policy::matcher::ToolKind::of(&record.call.name)
+                == crate::policy::matcher::ToolKind::WorkspaceFile;
+        if !acts_on_a_file {
+            return Self(Vec::new());
+        }
+        let mut stripes: Vec<usize> = std::iter::once(&record.input)
+            .chain(edited)
+            .map(Self::stripe)
+            .collect();
+        // Always in the same order, each once: two calls that need the same two never wait for each other.
+        stripes.sort_unstable();
+        stripes.dedup();
+        Self(stripes)
+    }
+
+    fn stripe(input: &Value) -> usize {
+        use std::hash::{Hash, Hasher};
+        let name = input
+            .get("path")
+            .and_then(Value::as_str)
+            .and_then(crate::policy::matcher::normalize_relative)
+            .map(|path| path.rsplit('/').next().unwrap_or_default().to_lowercase());
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut hasher);
+        (hasher.finish() % Self::STRIPES as u64) as usize
+    }
+
+    /// Takes the locks, or `None` once the run is aborted (while it waits, or before): the call is then not run.
+    async fn take(self, context: &RunContext) -> Option<Vec<tokio::sync::MutexGuard<'static, ()>>> {
+        static LOCKS: std::sync::LazyLock<Vec<tokio::sync::Mutex<()>>> =
+            std::sync::LazyLock::new(|| {
+                (0..FileLocks::STRIPES)
+                    .map(|_| tokio::sync::Mutex::new(()))
+                    .collect()
+            });
+        let mut held = Vec::with_capacity(self.0.len());
+        for stripe in self.0 {
+            tokio::select! {
+                biased;
+                () = context.abort.aborted() => return None,
+                guard = LOCKS[stripe].lock() => held.push(guard),
+            }
+        }
+        Some(held)
+    }
 }
 
 /// Whether two calls' arguments name the same workspace path (as the file tools read it). Not the files' states:

@@ -1280,6 +1280,17 @@ async fn an_aborted_run_leaves_no_suspension(kind: Kind) {
     store.start_run(new_run("r1", "t")).await.unwrap().unwrap();
     cancelled(store, "r1").await;
     let suspension = suspension_of("r1", "t", u64::MAX);
+    // Under a claim it does not hold, the end is refused for that, not for the abort.
+    assert_eq!(
+        store
+            .finish_run(FinishRun {
+                claim: EndClaim::Held(7),
+                ..interrupted(&suspension)
+            })
+            .await
+            .unwrap(),
+        Err(Fenced::Lost)
+    );
     assert_eq!(
         store.finish_run(interrupted(&suspension)).await.unwrap(),
         Err(Fenced::Aborted(AbortReason::Cancelled))
@@ -3143,6 +3154,142 @@ async fn a_call_of_an_instance_whose_heartbeat_came_during_a_recovery_is_not_int
     assert_eq!(
         (status.as_str(), on.as_deref()),
         ("executing", Some(owner.instance().as_str()))
+    );
+}
+
+/// On PostgreSQL, a revoke that deletes the grant while a covered card's approval is being made: the approval waits
+/// for the revoke's transaction and then finds the grant gone, rather than approving from what it read before.
+#[tokio::test]
+async fn an_approval_under_a_grant_waits_for_a_revoke_in_flight_on_postgresql() {
+    use sqlx::{Connection, Executor};
+    let url = postgres::database();
+    let store = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    open_waiting(&*store, "r", &[("b", u64::MAX)], &[]).await;
+    store
+        .add_grant(
+            &session("s"),
+            StoredGrant {
+                id: "g1".into(),
+                grant: json!({"tool": "delete_file"}),
+                created_at: 5,
+            },
+        )
+        .await
+        .unwrap();
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    holder.execute("BEGIN").await.unwrap();
+    holder
+        .execute("DELETE FROM grants WHERE id = 'g1'")
+        .await
+        .unwrap();
+    let decision = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            store
+                .decide(
+                    &run_id("r"),
+                    &call_id("b"),
+                    Box::new(|record| {
+                        Ok(Settlement {
+                            under_grant: Some("g1".into()),
+                            ..approve(record)
+                        })
+                    }),
+                )
+                .await
+                .unwrap()
+        })
+    };
+    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
+    until_waiting_for_locks(&mut watcher, 1, "the approval never waited for the revoke").await;
+    holder.execute("COMMIT").await.unwrap();
+    let decided = tokio::time::timeout(std::time::Duration::from_secs(10), decision)
+        .await
+        .expect("the approval ends once the revoke commits")
+        .unwrap();
+    assert_eq!(decided.map(|_| ()), Err(DecideFailure::GrantRevoked));
+}
+
+/// A call of a running run that a recovery fences is recorded as interrupted even when its instance's heartbeat
+/// comes back meanwhile: the run ends whatever that instance does now, and its calls go with it, so a call left
+/// running would leave no line at all. Here the instance has a call of a waiting run running too, whose run's row
+/// another connection holds: the heartbeat comes while the recovery waits for it.
+#[tokio::test]
+async fn a_call_of_a_run_a_recovery_fenced_is_interrupted_though_its_instance_came_back() {
+    use sqlx::{Connection, Executor};
+    let url = postgres::database();
+    let owner = SqlStore::open_with_lease(
+        &DatabaseUrl::Postgres(url.clone()),
+        std::time::Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
+    let recovering = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    owner.start_run(new_run("w", "sw")).await.unwrap().unwrap();
+    open_waiting(&*owner, "w", &[], &["running"]).await;
+    owner
+        .begin_call(&run_id("w"), &call_id("running"), None)
+        .await
+        .unwrap()
+        .expect("the owner begins the waiting run's call");
+    owner.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    let record = CallRecord::new(
+        run_id("r"),
+        tool_call("c"),
+        json!({"path": "c"}),
+        CallStatus::Allowed,
+    );
+    owner
+        .begin_call(&run_id("r"), &call_id("c"), Some((record, 1)))
+        .await
+        .unwrap()
+        .expect("the owner begins the running run's call");
+    owner.flush().await.unwrap();
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query("UPDATE instances SET heartbeat_at = 0 WHERE id = $1")
+        .bind(owner.instance().as_str())
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    holder.execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT 1 FROM runs WHERE id = 'w' FOR UPDATE")
+        .await
+        .unwrap();
+    let recovery = {
+        let store = Arc::clone(&recovering);
+        tokio::spawn(async move { store.recover(recovery_events()).await.unwrap() })
+    };
+    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
+    until_waiting_for_locks(
+        &mut watcher,
+        1,
+        "the recovery never waited for the waiting run's row",
+    )
+    .await;
+    sqlx::query(
+        "UPDATE instances SET heartbeat_at = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
+         WHERE id = $1",
+    )
+    .bind(owner.instance().as_str())
+    .execute(&mut watcher)
+    .await
+    .unwrap();
+    holder.execute("COMMIT").await.unwrap();
+    let recovered = tokio::time::timeout(std::time::Duration::from_secs(10), recovery)
+        .await
+        .expect("the recovery ends once the row is let go")
+        .unwrap();
+    assert_eq!(recovered.failed_runs, vec![run_id("r")]);
+    // The waiting run's call is the live instance's; the fenced run's is interrupted with its run.
+    assert_eq!(
+        recovered.interrupted_calls,
+        vec![(run_id("r"), call_id("c"))]
     );
 }
 

@@ -882,12 +882,40 @@ async fn two_calls_of_a_step_that_share_a_reused_id_are_refused_as_one_id_twice(
     assert_eq!(fx.reads.inputs(), [json!({"path": "a"})]);
 }
 
-/// A file of the test's own: what its cards show ([`Tool::state`]) is its content, and a write yields before it
-/// acts, as a real one hands its work to another thread.
+/// Files of the test's own, by path: what a card shows of one ([`Tool::state`]) is its content, and a write yields
+/// before it acts, as a real one hands its work to another thread.
 struct Overwrite {
     spec: agent::wire::ToolSpec,
-    content: Arc<std::sync::Mutex<String>>,
+    files: Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
     runs: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    /// A write with `"wait": true` says it began here, then waits for `gate`.
+    began: Arc<Notify>,
+    gate: Arc<Notify>,
+}
+
+impl Overwrite {
+    fn new() -> Self {
+        Self {
+            spec: agent::wire::ToolSpec {
+                name: "overwrite".into(),
+                description: "Overwrites a file".into(),
+                input_schema: json!({"type": "object"}),
+                annotations: ToolAnnotations {
+                    destructive: Some(true),
+                    ..Default::default()
+                },
+                mcp: None,
+            },
+            files: Default::default(),
+            runs: Default::default(),
+            began: Default::default(),
+            gate: Default::default(),
+        }
+    }
+
+    fn path(input: &serde_json::Value) -> String {
+        input["path"].as_str().unwrap_or_default().to_owned()
+    }
 }
 
 impl Tool for Overwrite {
@@ -897,55 +925,49 @@ impl Tool for Overwrite {
 
     fn execute<'a>(&'a self, input: serde_json::Value, _: &'a ToolContext) -> ToolFuture<'a> {
         Box::pin(async move {
+            if input["wait"] == json!(true) {
+                self.began.notify_one();
+                self.gate.notified().await;
+            }
             tokio::task::yield_now().await;
             tokio::task::yield_now().await;
-            *self.content.lock().unwrap() = input["text"].as_str().unwrap_or_default().to_owned();
+            let text = input["text"].as_str().unwrap_or_default().to_owned();
+            self.files.lock().unwrap().insert(Self::path(&input), text);
             self.runs.lock().unwrap().push(input.clone());
             Ok(json!({"written": input["text"]}))
         })
     }
 
-    fn state(&self, _: &serde_json::Value) -> Option<String> {
-        Some(self.content.lock().unwrap().clone())
+    fn state(&self, input: &serde_json::Value) -> Option<String> {
+        Some(
+            self.files
+                .lock()
+                .unwrap()
+                .get(&Self::path(input))
+                .cloned()
+                .unwrap_or_default(),
+        )
     }
 }
 
-/// Two approved writes of one batch to one file, run side by side: the second looks at the file once the first is
-/// done, finds it changed since its card, and is refused. Before, both looked at the file as their cards showed it
-/// before either wrote, and the second overwrote what the first had just written, a file its card never showed.
-#[tokio::test]
-async fn two_approved_calls_of_one_batch_on_one_file_do_not_both_act_on_what_their_cards_showed() {
-    let content = Arc::new(std::sync::Mutex::new("original".to_owned()));
-    let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let tool = Overwrite {
-        spec: agent::wire::ToolSpec {
-            name: "overwrite".into(),
-            description: "Overwrites a file".into(),
-            input_schema: json!({"type": "object"}),
-            annotations: ToolAnnotations {
-                destructive: Some(true),
-                ..Default::default()
-            },
-            mcp: None,
-        },
-        content: Arc::clone(&content),
-        runs: Arc::clone(&runs),
+/// A harness over the [`Overwrite`] tool alone, whose model asks for `calls` in one batch.
+fn overwriting(calls: &[ToolCall]) -> (agent::harness::Harness, Overwrite) {
+    overwriting_steps(vec![tool_step(calls), text_step("Finished.")])
+}
+
+/// The same, with the model's steps (across runs, in the order they are asked for).
+fn overwriting_steps(
+    steps: Vec<Vec<agent::model::ModelChunk>>,
+) -> (agent::harness::Harness, Overwrite) {
+    let tool = Overwrite::new();
+    let seen = Overwrite {
+        spec: tool.spec.clone(),
+        files: Arc::clone(&tool.files),
+        runs: Arc::clone(&tool.runs),
+        began: Arc::clone(&tool.began),
+        gate: Arc::clone(&tool.gate),
     };
-    let model = Arc::new(ReplayModel::new(vec![
-        tool_step(&[
-            call(
-                "call-1",
-                "overwrite",
-                json!({"path": "a.txt", "text": "one"}),
-            ),
-            call(
-                "call-2",
-                "overwrite",
-                json!({"path": "a.txt", "text": "two"}),
-            ),
-        ]),
-        text_step("Finished."),
-    ]));
+    let model = Arc::new(ReplayModel::new(steps));
     let harness = agent::harness::Harness::new(
         agent::harness::HarnessConfig::new(
             agent::policy::PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
@@ -954,20 +976,31 @@ async fn two_approved_calls_of_one_batch_on_one_file_do_not_both_act_on_what_the
         model,
         Toolbox::new().with(tool).unwrap(),
     );
-    let run = start_run(&harness, ApprovalMode::Interactive, "write a.txt twice").await;
-    let mut events = Events::of(&run);
-    let first = events.next_approval().await;
-    let second = events.next_approval().await;
-    // The first is approved in the store alone, so that the second's approval runs both, side by side.
+    (harness, seen)
+}
+
+/// Approves `request` in the store alone, as a decision is before its run goes on, with `arguments` if given.
+async fn approved_in_the_store(
+    harness: &agent::harness::Harness,
+    request: &agent::wire::ApprovalRequest,
+    arguments: Option<serde_json::Value>,
+) {
     harness
         .store()
         .decide(
-            &first.run_id,
-            &first.tool_call_id,
-            Box::new(|record| {
+            &request.run_id,
+            &request.tool_call_id,
+            Box::new(move |record| {
                 Ok(agent::approvals::settlement(
                     record,
-                    Resolution::from_decision(Decision::approve(), &record.input),
+                    Resolution::from_decision(
+                        Decision::Approve {
+                            scope: DecisionScope::Once,
+                            reason: None,
+                            arguments,
+                        },
+                        &record.input,
+                    ),
                     Some("local"),
                 ))
             }),
@@ -975,20 +1008,155 @@ async fn two_approved_calls_of_one_batch_on_one_file_do_not_both_act_on_what_the
         .await
         .unwrap()
         .unwrap();
+}
+
+/// The outputs of `calls` that were refused.
+fn refused_of(events: &[StreamEvent], calls: &[&str]) -> Vec<ToolOutput> {
+    calls
+        .iter()
+        .map(|id| output_of(events, id))
+        .filter(|output| !output.is_ok())
+        .collect()
+}
+
+fn changed_after_its_card(refused: &[ToolOutput]) -> bool {
+    matches!(refused, [ToolOutput::Error { code: ToolErrorCode::PermissionDenied, message }]
+        if message.contains("changed after approval was asked"))
+}
+
+/// Two approved writes of one batch to one file, run side by side: the second looks at the file once the first is
+/// done, finds it changed since its card, and is refused. Before, both looked at the file as their cards showed it
+/// before either wrote, and the second overwrote what the first had just written, a file its card never showed.
+#[tokio::test]
+async fn two_approved_calls_of_one_batch_on_one_file_do_not_both_act_on_what_their_cards_showed() {
+    let (harness, files) = overwriting(&[
+        call(
+            "call-1",
+            "overwrite",
+            json!({"path": "a.txt", "text": "one"}),
+        ),
+        call(
+            "call-2",
+            "overwrite",
+            json!({"path": "a.txt", "text": "two"}),
+        ),
+    ]);
+    let run = start_run(&harness, ApprovalMode::Interactive, "write a.txt twice").await;
+    let mut events = Events::of(&run);
+    let first = events.next_approval().await;
+    let second = events.next_approval().await;
+    // The first is approved in the store alone, so that the second's approval runs both, side by side.
+    approved_in_the_store(&harness, &first, None).await;
     decide_pending(&harness, &second, Decision::approve()).await;
 
     let events = all_events(&run).await;
-    assert_eq!(runs.lock().unwrap().len(), 1, "one write ran");
-    let refused: Vec<ToolOutput> = ["call-1", "call-2"]
-        .into_iter()
-        .map(|id| output_of(&events, id))
-        .filter(|output| !output.is_ok())
-        .collect();
-    assert!(
-        matches!(&refused[..], [ToolOutput::Error { code: ToolErrorCode::PermissionDenied, message }]
-            if message.contains("changed after approval was asked")),
-        "{refused:?}"
+    assert_eq!(files.runs.lock().unwrap().len(), 1, "one write ran");
+    let refused = refused_of(&events, &["call-1", "call-2"]);
+    assert!(changed_after_its_card(&refused), "{refused:?}");
+}
+
+/// The same when a person edited one call's path to the other's file: the edited call holds that file too, so the
+/// other finds it changed. Before, the edited call held only the file it was asked for, and both wrote `b.txt`.
+#[tokio::test]
+async fn an_approved_call_edited_onto_another_calls_file_does_not_race_it() {
+    let (harness, files) = overwriting(&[
+        call(
+            "call-1",
+            "overwrite",
+            json!({"path": "a.txt", "text": "one"}),
+        ),
+        call(
+            "call-2",
+            "overwrite",
+            json!({"path": "b.txt", "text": "two"}),
+        ),
+    ]);
+    let run = start_run(&harness, ApprovalMode::Interactive, "write a.txt and b.txt").await;
+    let mut events = Events::of(&run);
+    let first = events.next_approval().await;
+    let second = events.next_approval().await;
+    approved_in_the_store(
+        &harness,
+        &first,
+        Some(json!({"path": "b.txt", "text": "one"})),
+    )
+    .await;
+    decide_pending(&harness, &second, Decision::approve()).await;
+
+    let events = all_events(&run).await;
+    assert_eq!(
+        *files.runs.lock().unwrap(),
+        [json!({"path": "b.txt", "text": "one"})],
+        "the edited write ran, alone"
     );
+    let refused = refused_of(&events, &["call-1", "call-2"]);
+    assert!(changed_after_its_card(&refused), "{refused:?}");
+}
+
+/// A call that waits for a file another call holds, while its run is cancelled, does not run once the file is free:
+/// it is not run, and the audit log says so beside its approval. Before, it waited without heeding the abort and then
+/// ran, after the cancel.
+#[tokio::test]
+async fn a_call_waiting_for_its_file_when_its_run_is_cancelled_does_not_run() {
+    let (harness, files) = overwriting_steps(vec![
+        tool_step(&[call(
+            "call-x",
+            "overwrite",
+            json!({"path": "held.txt", "text": "first", "wait": true}),
+        )]),
+        tool_step(&[call(
+            "call-y",
+            "overwrite",
+            json!({"path": "held.txt", "text": "late"}),
+        )]),
+        text_step("Finished."),
+    ]);
+    // A run whose write of held.txt holds the file until the test lets it go.
+    let holding = start_run(&harness, ApprovalMode::Interactive, "write held.txt").await;
+    let request = Events::of(&holding).next_approval().await;
+    decide_pending(&harness, &request, Decision::approve()).await;
+    files.began.notified().await;
+    // Another run's approved write of the same file waits for it; its run is cancelled meanwhile.
+    let waiting = start_run(&harness, ApprovalMode::Interactive, "write held.txt again").await;
+    let request = Events::of(&waiting).next_approval().await;
+    decide_pending(&harness, &request, Decision::approve()).await;
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    harness
+        .cancel(waiting.run_id(), &agent::harness::Actor::local())
+        .await
+        .unwrap();
+    let events = tokio::time::timeout(std::time::Duration::from_secs(10), all_events(&waiting))
+        .await
+        .expect("the cancelled run ends while another call holds its file");
+    files.gate.notify_one();
+    all_events(&holding).await;
+
+    assert_eq!(
+        *files.runs.lock().unwrap(),
+        [json!({"path": "held.txt", "text": "first", "wait": true})],
+        "only the first write ran"
+    );
+    assert_eq!(
+        output_of(&events, "call-y"),
+        ToolOutput::Error {
+            code: ToolErrorCode::ApprovalDenied,
+            message: format!("The run was aborted before this call ran. {DENIAL_TAIL}"),
+        }
+    );
+    let audit = audit_entries(&harness).await;
+    let not_run: Vec<_> = audit
+        .iter()
+        .filter(|entry| entry.outcome == "not_run")
+        .map(|entry| {
+            (
+                entry.tool_call_id.as_ref().unwrap().as_str(),
+                entry.source.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(not_run, [("call-y", Some("abort"))]);
 }
 
 /// An interrupt-mode run aborted after its model asked for calls that all need a person, and before its end: the
@@ -1014,6 +1182,8 @@ async fn an_interrupt_mode_run_aborted_before_its_end_issues_no_interrupts() {
         .expect("the run is there");
 
     let events = all_events(&run).await;
+    // The model asked for the call: the run reached its end with a batch that all asks, as the bug needs.
+    assert_eq!(call_kinds(&events, "call-1")[0], "toolCall", "{events:?}");
     assert_eq!(
         failure(&events).unwrap().0,
         RunErrorCode::Aborted,

@@ -1056,18 +1056,16 @@ impl SqlStore {
         Ok(row.is_some())
     }
 
-    /// Whether instance `id` is live now, by its own lease, read in `connection`'s transaction (and on PostgreSQL its
-    /// row held there, so that its next heartbeat waits for the transaction): a recovery that read who is live before
-    /// waiting for a run checks again before it takes over what `id` was doing. On SQLite, the file lock makes every
-    /// other instance a dead process's.
+    /// Whether instance `id` is live now, by its own lease, read in `connection`'s transaction: a recovery that read
+    /// who is live before waiting for a run checks again before it takes over what `id` was doing. On SQLite, the
+    /// file lock makes every other instance a dead process's.
     async fn instance_alive_in(&self, connection: &mut Tx, id: &str) -> Result<bool, StoreError> {
         if self.dialect == Dialect::Sqlite {
             return Ok(false);
         }
         let row = query(
             "SELECT 1 FROM instances WHERE id = $1 \
-             AND heartbeat_at >= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - COALESCE(lease_ms, $2) \
-             FOR SHARE",
+             AND heartbeat_at >= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - COALESCE(lease_ms, $2)",
         )
         .bind(id)
         .bind(self.lease.as_millis() as i64)

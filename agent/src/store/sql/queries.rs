@@ -422,8 +422,12 @@ fn stop_message(on: &InstanceId, run_id: &RunId) -> String {
     format!("stop {on} {run_id}")
 }
 
-async fn why_not_ended(connection: &mut Tx, run_id: &RunId) -> StoreResult<Fenced> {
-    let row = query("SELECT state, abort FROM runs WHERE id = $1")
+async fn why_not_ended(
+    connection: &mut Tx,
+    run_id: &RunId,
+    held: Option<(&str, Epoch)>,
+) -> StoreResult<Fenced> {
+    let row = query("SELECT state, abort, owner, epoch FROM runs WHERE id = $1")
         .bind(run_id.as_str())
         .fetch_optional(&mut *connection)
         .await
@@ -434,8 +438,13 @@ async fn why_not_ended(connection: &mut Tx, run_id: &RunId) -> StoreResult<Fence
             return Err(StoreError::Corrupt(format!("unknown run state {state:?}")));
         };
         let abort: Option<String> = row.try_get(1).map_err(unavailable)?;
+        let owner: Option<String> = row.try_get(2).map_err(unavailable)?;
+        let epoch = row.try_get::<i64, _>(3).map_err(unavailable)? as Epoch;
+        // Refused for its abort (an end with interrupts) only while the claim it was made under still holds.
+        let still_held = held.is_some_and(|(by, at)| owner.as_deref() == Some(by) && epoch == at);
         if let Some(reason) = abort.as_deref().and_then(AbortReason::parse)
             && !state.is_finished()
+            && still_held
         {
             return Ok(Fenced::Aborted(reason));
         }
@@ -2067,7 +2076,11 @@ impl Store for SqlStore {
             let Some(row) = row else {
                 // Not this claim's to end (or not there): the transaction rolls back, and the calls and the queued
                 // events it took with it.
-                return why_not_ended(&mut tx, &finish.run_id).await.map(Err);
+                let held = match finish.claim {
+                    EndClaim::Held(epoch) => Some((self.instance.as_str(), epoch)),
+                    _ => None,
+                };
+                return why_not_ended(&mut tx, &finish.run_id, held).await.map(Err);
             };
             let session: String = row.try_get("session_id").map_err(unavailable)?;
             let (last, events_of) = self
@@ -2278,6 +2291,8 @@ impl Store for SqlStore {
                 };
                 fenced.push((info, claim));
             }
+            let fenced_runs: std::collections::HashSet<RunId> =
+                fenced.iter().map(|(info, _)| info.run_id.clone()).collect();
             let executing = query(
                 "SELECT call_id, run_id, record, status, executing_on FROM calls WHERE status = 'executing'",
             )
@@ -2302,7 +2317,11 @@ impl Store for SqlStore {
                     .await
                     .map_err(unavailable)?;
                 // Its heartbeat may have come while this waited for the run: then it is alive, and its call runs.
-                if self.instance_alive_in(&mut tx, &dead).await? {
+                // Not for a run fenced above: that run ends here whatever its owner does now (it was told to stop),
+                // and its call is recorded as interrupted rather than dropped with the run's calls.
+                if !fenced_runs.contains(&record.run_id)
+                    && self.instance_alive_in(&mut tx, &dead).await?
+                {
                     continue;
                 }
                 let settlement = (events.call_interrupted)(&record);
