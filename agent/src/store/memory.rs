@@ -544,14 +544,12 @@ impl Store for MemoryStore {
                 Some(row) => {
                     let fenced = match finish.claim {
                         // Interrupts are issued only while the run is not aborted (see the SQL store's).
-                        EndClaim::Held(epoch) => {
-                            row.owned_by(&self.instance, epoch).and_then(|()| {
-                                match (&finish.suspension, row.info.abort) {
-                                    (Some(_), Some(reason)) => Err(Fenced::Aborted(reason)),
-                                    _ => Ok(()),
-                                }
-                            })
-                        }
+                        EndClaim::Held(epoch) => row.owned_by(&self.instance, epoch).and(
+                            match (&finish.suspension, row.info.abort) {
+                                (Some(_), Some(reason)) => Err(Fenced::Aborted(reason)),
+                                _ => Ok(()),
+                            },
+                        ),
                         EndClaim::Abandoned { ref owner, epoch } => row.owned_by(owner, epoch),
                         EndClaim::Unended if !row.info.state.is_finished() => Ok(()),
                         EndClaim::Waiting if row.info.state == RunState::Waiting => Ok(()),
