@@ -407,6 +407,21 @@ fn tool_output(events: &[StreamEvent]) -> agent::wire::ToolOutput {
         .expect("a tool result")
 }
 
+/// The audit log's lines as (kind, outcome).
+fn audit_lines(audit: &[agent::store::AuditEntry]) -> Vec<(&str, &str)> {
+    audit
+        .iter()
+        .map(|entry| (entry.kind.as_str(), entry.outcome.as_str()))
+        .collect()
+}
+
+/// A call asked about, approved, and not run.
+const APPROVED_THEN_NOT_RUN: [(&str, &str); 3] = [
+    ("approval_requested", "requested"),
+    ("approval_resolved", "approved"),
+    ("call_refused", "not_run"),
+];
+
 /// An approval is for the file its card showed: a file written, replaced or deleted between the card and the
 /// approval is not touched, and the model is told why. Before, the card for "delete notes.txt, 7 bytes: scratch"
 /// deleted whatever notes.txt held by the time someone approved it (cards wait for hours, and survive restarts).
@@ -432,18 +447,7 @@ async fn an_approved_call_does_not_touch_a_file_that_changed_after_its_card() {
     // The audit log has the approval, and beside it a line that says the call was not run, and why: without it a
     // reader of the log would take the delete for done.
     let audit = support::audit_entries(&setup.harness).await;
-    let lines: Vec<(&str, &str)> = audit
-        .iter()
-        .map(|entry| (entry.kind.as_str(), entry.outcome.as_str()))
-        .collect();
-    assert_eq!(
-        lines,
-        [
-            ("approval_requested", "requested"),
-            ("approval_resolved", "approved"),
-            ("call_refused", "not_run")
-        ]
-    );
+    assert_eq!(audit_lines(&audit), APPROVED_THEN_NOT_RUN);
     let not_run = &audit[2];
     assert_eq!(not_run.tool.as_deref(), Some("delete_file"));
     assert_eq!(not_run.tool_call_id, audit[1].tool_call_id);
@@ -517,18 +521,7 @@ async fn an_approved_call_its_cancelled_run_never_ran_is_in_the_audit_log_as_not
     let _: Vec<_> = events.collect().await;
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "scratch");
     let audit = support::audit_entries(&setup.harness).await;
-    let lines: Vec<(&str, &str)> = audit
-        .iter()
-        .map(|entry| (entry.kind.as_str(), entry.outcome.as_str()))
-        .collect();
-    assert_eq!(
-        lines,
-        [
-            ("approval_requested", "requested"),
-            ("approval_resolved", "approved"),
-            ("call_refused", "not_run")
-        ]
-    );
+    assert_eq!(audit_lines(&audit), APPROVED_THEN_NOT_RUN);
     let not_run = &audit[2];
     assert_eq!(not_run.tool_call_id, Some(request.tool_call_id.clone()));
     assert_eq!(not_run.arguments_digest, audit[1].arguments_digest);
@@ -594,18 +587,7 @@ async fn an_approved_call_of_a_resume_cancelled_before_it_ran_is_in_the_audit_lo
     let _: Vec<_> = resumed.subscribe(0).collect().await;
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "scratch");
     let audit = support::audit_entries(&setup.harness).await;
-    let lines: Vec<(&str, &str)> = audit
-        .iter()
-        .map(|entry| (entry.kind.as_str(), entry.outcome.as_str()))
-        .collect();
-    assert_eq!(
-        lines,
-        [
-            ("approval_requested", "requested"),
-            ("approval_resolved", "approved"),
-            ("call_refused", "not_run")
-        ]
-    );
+    assert_eq!(audit_lines(&audit), APPROVED_THEN_NOT_RUN);
     assert_eq!(audit[2].tool_call_id, audit[1].tool_call_id);
     assert_eq!(audit[2].source.as_deref(), Some("abort"));
 }

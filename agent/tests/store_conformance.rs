@@ -3082,13 +3082,9 @@ async fn a_call_a_late_owner_begins_during_a_recovery_is_refused() {
     );
 }
 
-/// A call running on an instance whose heartbeat was late when a recovery read who is live, and came while the
-/// recovery waited for the call's run, is left to that instance: it is alive, its call runs, and its result will be
-/// recorded. Before, the recovery interrupted it from what it had read (its audit line saying the process stopped),
-/// while the call went on running, and its result was then thrown away.
-#[tokio::test]
-async fn a_call_of_an_instance_whose_heartbeat_came_during_a_recovery_is_not_interrupted() {
-    use sqlx::{Connection, Executor};
+/// An instance whose lease is long (its own heartbeat does not come during a test) and another that recovers, on one
+/// PostgreSQL database.
+async fn late_owner_and_recovering() -> (String, Arc<SqlStore>, Arc<SqlStore>) {
     let url = postgres::database();
     let owner = SqlStore::open_with_lease(
         &DatabaseUrl::Postgres(url.clone()),
@@ -3099,6 +3095,73 @@ async fn a_call_of_an_instance_whose_heartbeat_came_during_a_recovery_is_not_int
     let recovering = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
         .await
         .unwrap();
+    (url, owner, recovering)
+}
+
+/// Sets `owner`'s heartbeat to `at` (0: late, so that a recovery takes it for dead; `None`: now, on the database's
+/// clock).
+async fn heartbeat(connection: &mut sqlx::PgConnection, owner: &SqlStore, at: Option<i64>) {
+    sqlx::query(
+        "UPDATE instances SET heartbeat_at = \
+         COALESCE($2, CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)) WHERE id = $1",
+    )
+    .bind(owner.instance().as_str())
+    .bind(at)
+    .execute(connection)
+    .await
+    .unwrap();
+}
+
+/// Starts a recovery while `holder` holds the row of run `run` in a transaction it opens, and returns once the
+/// recovery waits for that row.
+async fn recovery_waiting_for_run(
+    url: &str,
+    recovering: &Arc<SqlStore>,
+    holder: &mut sqlx::PgConnection,
+    run: &str,
+) -> tokio::task::JoinHandle<Recovered> {
+    use sqlx::{Connection, Executor};
+    holder.execute("BEGIN").await.unwrap();
+    sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+        .bind(run)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let recovery = {
+        let store = Arc::clone(recovering);
+        tokio::spawn(async move { store.recover(recovery_events()).await.unwrap() })
+    };
+    let mut watcher = sqlx::PgConnection::connect(url).await.unwrap();
+    until_waiting_for_locks(
+        &mut watcher,
+        1,
+        "the recovery never waited for the run's row",
+    )
+    .await;
+    recovery
+}
+
+/// Commits `holder`'s transaction and returns what the recovery did once it ends.
+async fn recovered_once_let_go(
+    holder: &mut sqlx::PgConnection,
+    recovery: tokio::task::JoinHandle<Recovered>,
+) -> Recovered {
+    use sqlx::Executor;
+    holder.execute("COMMIT").await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), recovery)
+        .await
+        .expect("the recovery ends once the row is let go")
+        .unwrap()
+}
+
+/// A call running on an instance whose heartbeat was late when a recovery read who is live, and came while the
+/// recovery waited for the call's run, is left to that instance: it is alive, its call runs, and its result will be
+/// recorded. Before, the recovery interrupted it from what it had read (its audit line saying the process stopped),
+/// while the call went on running, and its result was then thrown away.
+#[tokio::test]
+async fn a_call_of_an_instance_whose_heartbeat_came_during_a_recovery_is_not_interrupted() {
+    use sqlx::Connection;
+    let (url, owner, recovering) = late_owner_and_recovering().await;
     owner.start_run(new_run("w", "sw")).await.unwrap().unwrap();
     open_waiting(&*owner, "w", &[], &["running"]).await;
     owner
@@ -3108,42 +3171,12 @@ async fn a_call_of_an_instance_whose_heartbeat_came_during_a_recovery_is_not_int
         .expect("the owner begins the call");
     owner.flush().await.unwrap();
     let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
-    // The owner's heartbeat is late: the recovery takes it for dead.
-    sqlx::query("UPDATE instances SET heartbeat_at = 0 WHERE id = $1")
-        .bind(owner.instance().as_str())
-        .execute(&mut holder)
-        .await
-        .unwrap();
-    holder.execute("BEGIN").await.unwrap();
-    holder
-        .execute("SELECT 1 FROM runs WHERE id = 'w' FOR UPDATE")
-        .await
-        .unwrap();
-    let recovery = {
-        let store = Arc::clone(&recovering);
-        tokio::spawn(async move { store.recover(recovery_events()).await.unwrap() })
-    };
+    heartbeat(&mut holder, &owner, Some(0)).await;
+    let recovery = recovery_waiting_for_run(&url, &recovering, &mut holder, "w").await;
     let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
-    until_waiting_for_locks(
-        &mut watcher,
-        1,
-        "the recovery never waited for the run's row",
-    )
-    .await;
     // The heartbeat comes after all.
-    sqlx::query(
-        "UPDATE instances SET heartbeat_at = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
-         WHERE id = $1",
-    )
-    .bind(owner.instance().as_str())
-    .execute(&mut watcher)
-    .await
-    .unwrap();
-    holder.execute("COMMIT").await.unwrap();
-    let recovered = tokio::time::timeout(std::time::Duration::from_secs(10), recovery)
-        .await
-        .expect("the recovery ends once the row is let go")
-        .unwrap();
+    heartbeat(&mut watcher, &owner, None).await;
+    let recovered = recovered_once_let_go(&mut holder, recovery).await;
     assert_eq!(recovered.interrupted_calls, vec![]);
     let (status, on): (String, Option<String>) = sqlx::query_as(
         "SELECT status, executing_on FROM calls WHERE run_id = 'w' AND call_id = 'running'",
@@ -3219,17 +3252,8 @@ async fn an_approval_under_a_grant_waits_for_a_revoke_in_flight_on_postgresql() 
 /// another connection holds: the heartbeat comes while the recovery waits for it.
 #[tokio::test]
 async fn a_call_of_a_run_a_recovery_fenced_is_interrupted_though_its_instance_came_back() {
-    use sqlx::{Connection, Executor};
-    let url = postgres::database();
-    let owner = SqlStore::open_with_lease(
-        &DatabaseUrl::Postgres(url.clone()),
-        std::time::Duration::from_secs(600),
-    )
-    .await
-    .unwrap();
-    let recovering = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
-        .await
-        .unwrap();
+    use sqlx::Connection;
+    let (url, owner, recovering) = late_owner_and_recovering().await;
     owner.start_run(new_run("w", "sw")).await.unwrap().unwrap();
     open_waiting(&*owner, "w", &[], &["running"]).await;
     owner
@@ -3251,40 +3275,11 @@ async fn a_call_of_a_run_a_recovery_fenced_is_interrupted_though_its_instance_ca
         .expect("the owner begins the running run's call");
     owner.flush().await.unwrap();
     let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
-    sqlx::query("UPDATE instances SET heartbeat_at = 0 WHERE id = $1")
-        .bind(owner.instance().as_str())
-        .execute(&mut holder)
-        .await
-        .unwrap();
-    holder.execute("BEGIN").await.unwrap();
-    holder
-        .execute("SELECT 1 FROM runs WHERE id = 'w' FOR UPDATE")
-        .await
-        .unwrap();
-    let recovery = {
-        let store = Arc::clone(&recovering);
-        tokio::spawn(async move { store.recover(recovery_events()).await.unwrap() })
-    };
+    heartbeat(&mut holder, &owner, Some(0)).await;
+    let recovery = recovery_waiting_for_run(&url, &recovering, &mut holder, "w").await;
     let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
-    until_waiting_for_locks(
-        &mut watcher,
-        1,
-        "the recovery never waited for the waiting run's row",
-    )
-    .await;
-    sqlx::query(
-        "UPDATE instances SET heartbeat_at = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
-         WHERE id = $1",
-    )
-    .bind(owner.instance().as_str())
-    .execute(&mut watcher)
-    .await
-    .unwrap();
-    holder.execute("COMMIT").await.unwrap();
-    let recovered = tokio::time::timeout(std::time::Duration::from_secs(10), recovery)
-        .await
-        .expect("the recovery ends once the row is let go")
-        .unwrap();
+    heartbeat(&mut watcher, &owner, None).await;
+    let recovered = recovered_once_let_go(&mut holder, recovery).await;
     assert_eq!(recovered.failed_runs, vec![run_id("r")]);
     // The waiting run's call is the live instance's; the fenced run's is interrupted with its run.
     assert_eq!(
@@ -3300,16 +3295,7 @@ async fn a_call_of_a_run_a_recovery_fenced_is_interrupted_though_its_instance_ca
 #[tokio::test]
 async fn an_instance_whose_running_run_a_recovery_took_over_is_told_to_stop_it() {
     use sqlx::Connection;
-    let url = postgres::database();
-    let owner = SqlStore::open_with_lease(
-        &DatabaseUrl::Postgres(url.clone()),
-        std::time::Duration::from_secs(600),
-    )
-    .await
-    .unwrap();
-    let recovering = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
-        .await
-        .unwrap();
+    let (url, owner, recovering) = late_owner_and_recovering().await;
     owner.start_run(new_run("r", "s")).await.unwrap().unwrap();
     owner.start_run(new_run("w", "sw")).await.unwrap().unwrap();
     open_waiting(&*owner, "w", &[], &["running"]).await;
@@ -3323,11 +3309,7 @@ async fn an_instance_whose_running_run_a_recovery_took_over_is_told_to_stop_it()
     let mut told_others = recovering.remote_aborts();
     let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
     // The owner's heartbeat is late: the recovery takes it for dead.
-    sqlx::query("UPDATE instances SET heartbeat_at = 0 WHERE id = $1")
-        .bind(owner.instance().as_str())
-        .execute(&mut connection)
-        .await
-        .unwrap();
+    heartbeat(&mut connection, &owner, Some(0)).await;
     let recovered = recovering.recover(recovery_events()).await.unwrap();
     assert_eq!(recovered.failed_runs, vec![run_id("r")]);
     assert_eq!(

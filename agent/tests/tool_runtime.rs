@@ -1029,27 +1029,14 @@ fn changed_after_its_card(refused: &[ToolOutput]) -> bool {
 /// before either wrote, and the second overwrote what the first had just written, a file its card never showed.
 #[tokio::test]
 async fn two_approved_calls_of_one_batch_on_one_file_do_not_both_act_on_what_their_cards_showed() {
-    let (harness, files) = overwriting(&[
-        call(
-            "call-1",
-            "overwrite",
+    let (events, files) = both_approved(
+        [
             json!({"path": "a.txt", "text": "one"}),
-        ),
-        call(
-            "call-2",
-            "overwrite",
             json!({"path": "a.txt", "text": "two"}),
-        ),
-    ]);
-    let run = start_run(&harness, ApprovalMode::Interactive, "write a.txt twice").await;
-    let mut events = Events::of(&run);
-    let first = events.next_approval().await;
-    let second = events.next_approval().await;
-    // The first is approved in the store alone, so that the second's approval runs both, side by side.
-    approved_in_the_store(&harness, &first, None).await;
-    decide_pending(&harness, &second, Decision::approve()).await;
-
-    let events = all_events(&run).await;
+        ],
+        None,
+    )
+    .await;
     assert_eq!(files.runs.lock().unwrap().len(), 1, "one write ran");
     let refused = refused_of(&events, &["call-1", "call-2"]);
     assert!(changed_after_its_card(&refused), "{refused:?}");
@@ -1059,31 +1046,14 @@ async fn two_approved_calls_of_one_batch_on_one_file_do_not_both_act_on_what_the
 /// other finds it changed. Before, the edited call held only the file it was asked for, and both wrote `b.txt`.
 #[tokio::test]
 async fn an_approved_call_edited_onto_another_calls_file_does_not_race_it() {
-    let (harness, files) = overwriting(&[
-        call(
-            "call-1",
-            "overwrite",
+    let (events, files) = both_approved(
+        [
             json!({"path": "a.txt", "text": "one"}),
-        ),
-        call(
-            "call-2",
-            "overwrite",
             json!({"path": "b.txt", "text": "two"}),
-        ),
-    ]);
-    let run = start_run(&harness, ApprovalMode::Interactive, "write a.txt and b.txt").await;
-    let mut events = Events::of(&run);
-    let first = events.next_approval().await;
-    let second = events.next_approval().await;
-    approved_in_the_store(
-        &harness,
-        &first,
+        ],
         Some(json!({"path": "b.txt", "text": "one"})),
     )
     .await;
-    decide_pending(&harness, &second, Decision::approve()).await;
-
-    let events = all_events(&run).await;
     assert_eq!(
         *files.runs.lock().unwrap(),
         [json!({"path": "b.txt", "text": "one"})],
@@ -1091,6 +1061,27 @@ async fn an_approved_call_edited_onto_another_calls_file_does_not_race_it() {
     );
     let refused = refused_of(&events, &["call-1", "call-2"]);
     assert!(changed_after_its_card(&refused), "{refused:?}");
+}
+
+/// A batch of two [`Overwrite`] calls (`call-1` and `call-2`) that both ask, approved so that they run side by side:
+/// the first in the store alone (with `edited` arguments, if given), then the second, whose approval runs both.
+/// Returns the run's events once it ended, and the tool.
+async fn both_approved(
+    arguments: [serde_json::Value; 2],
+    edited: Option<serde_json::Value>,
+) -> (Vec<StreamEvent>, Overwrite) {
+    let [first, second] = arguments;
+    let (harness, files) = overwriting(&[
+        call("call-1", "overwrite", first),
+        call("call-2", "overwrite", second),
+    ]);
+    let run = start_run(&harness, ApprovalMode::Interactive, "write twice").await;
+    let mut events = Events::of(&run);
+    let first = events.next_approval().await;
+    let second = events.next_approval().await;
+    approved_in_the_store(&harness, &first, edited).await;
+    decide_pending(&harness, &second, Decision::approve()).await;
+    (all_events(&run).await, files)
 }
 
 /// A call that waits for a file another call holds, while its run is cancelled, does not run once the file is free:
