@@ -390,7 +390,10 @@ pub async fn execute(
     // From the look at what the card showed to the tool's end, the files the call names are this call's alone (see
     // `FileLocks`); an abort while it waits for them leaves the call not run.
     let (output, aborted_before_it_ran) =
-        match FileLocks::of(&record, edited.as_ref()).take(context).await {
+        match FileLocks::of(&record, tool.as_deref(), edited.as_ref())
+            .take(context)
+            .await
+        {
             None => (
                 ToolOutput::error(
                     ToolErrorCode::ApprovalDenied,
@@ -598,7 +601,8 @@ fn changed_since_shown(tool: &RegisteredTool, record: &CallRecord) -> Option<Too
 }
 
 /// The locks a call that acts on files holds from its look at what its card showed to the tool's end: a call whose
-/// card showed a file's state ([`crate::tools::Tool::state`]), and any call of a built-in file tool. Without them two
+/// card showed a file's state ([`crate::tools::Tool::state`]), and any call of a built-in file tool that changes
+/// files (an allowed write, say, which must not come between another call's look and its act). Without them two
 /// approved calls on one file (two writes of one batch, run side by side, or calls of two runs) could both find the
 /// file as their cards showed it before either acted, and the second would act on a file the first had changed. With
 /// them the second looks once the first is done, and is refused as any call on a file changed since its card is.
@@ -613,11 +617,14 @@ struct FileLocks(Vec<usize>);
 impl FileLocks {
     const STRIPES: usize = 64;
 
-    fn of(record: &CallRecord, edited: Option<&Value>) -> Self {
-        let acts_on_a_file = record.shown_state.is_some()
-            || crate::policy::matcher::ToolKind::of(&record.call.name)
-                == crate::policy::matcher::ToolKind::WorkspaceFile;
-        if !acts_on_a_file {
+    fn of(record: &CallRecord, tool: Option<&RegisteredTool>, edited: Option<&Value>) -> Self {
+        // A file tool that only reads needs none: it changes nothing another call looked at.
+        let changes_a_file = tool.is_some_and(|tool| {
+            crate::policy::matcher::ToolKind::of(&record.call.name)
+                == crate::policy::matcher::ToolKind::WorkspaceFile
+                && tool.spec().annotations.read_only != Some(true)
+        });
+        if record.shown_state.is_none() && !changes_a_file {
             return Self(Vec::new());
         }
         let mut stripes: Vec<usize> = std::iter::once(&record.input)
