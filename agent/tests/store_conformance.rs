@@ -2531,16 +2531,115 @@ async fn a_child_process_never_holds_the_sqlite_files_lock() {
     reopened.expect("the lock went with the store, whatever children this process has");
 }
 
-/// How the tests' recovery words what it records: a failed run's event is step 77.
+/// How the tests' recovery words what it records: a failed run's event is step 77, or 78 when it gave the interrupts
+/// it took back.
 fn recovery_events() -> RecoveryEvents {
     RecoveryEvents {
-        run_failed: Box::new(|info| vec![step_event(info.run_id.as_str(), 77)]),
+        run_failed: Box::new(|info, taken| {
+            let step = match taken {
+                InterruptsTaken::Kept => 77,
+                InterruptsTaken::GivenBack => 78,
+            };
+            vec![step_event(info.run_id.as_str(), step)]
+        }),
         call_interrupted: Box::new(|record| Settlement {
             status: CallStatus::Interrupted,
             output: Some(ToolOutput::error(ToolErrorCode::ToolFailed, "interrupted")),
             ..deny(record, DenialSource::Abort)
         }),
     }
+}
+
+/// A resume's run whose process died before it began any of the calls it resumed gives the interrupts it took back:
+/// the person's answers were not acted on, and the next resume answers them again. Before, the resume was refused
+/// as used, nothing had run, and the answers were lost. One that had begun a call keeps them: its answers were acted
+/// on.
+#[tokio::test]
+async fn a_resume_whose_process_died_before_its_calls_gives_its_interrupts_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    let resume = |run: &str, parent: &str, session_id: &str| NewRun {
+        parent_run_id: Some(run_id(parent)),
+        message: String::new(),
+        ..new_run(run, session_id)
+    };
+    {
+        let store = SqlStore::open(&url).await.unwrap();
+        for (parent, child, thread) in [("p1", "c1", "t1"), ("p2", "c2", "t2")] {
+            store
+                .start_run(new_run(parent, thread))
+                .await
+                .unwrap()
+                .unwrap();
+            store
+                .finish_run(interrupted(&suspension_of(parent, thread, u64::MAX)))
+                .await
+                .unwrap()
+                .unwrap();
+            store
+                .start_run(resume(child, parent, thread))
+                .await
+                .unwrap()
+                .expect("the resume takes the interrupts");
+        }
+        // c2 began the call it resumed; c1 had not when the process died.
+        let record = CallRecord::new(
+            run_id("c2"),
+            tool_call("c"),
+            json!({"path": "c"}),
+            CallStatus::Approved,
+        );
+        store
+            .begin_call(&run_id("c2"), &call_id("c"), Some((record, 1)))
+            .await
+            .unwrap()
+            .expect("c2 begins its call");
+        store.flush().await.unwrap();
+        // The process dies here: nothing more is written.
+    }
+    let store = SqlStore::open(&url).await.unwrap();
+    let recovered = store.recover(recovery_events()).await.unwrap();
+    let mut failed = recovered.failed_runs.clone();
+    failed.sort();
+    assert_eq!(failed, vec![run_id("c1"), run_id("c2")]);
+    assert_eq!(steps(&*store, "c1").await.last().unwrap().1, 78);
+    assert_eq!(steps(&*store, "c2").await.last().unwrap().1, 77);
+    assert_eq!(
+        store.interrupt(&run_id("p1")).await.unwrap().unwrap().1,
+        None
+    );
+    assert_eq!(
+        store.interrupt(&run_id("p2")).await.unwrap().unwrap().1,
+        Some(run_id("c2"))
+    );
+    let reopened: Vec<_> = audit_of(&*store, "p1")
+        .await
+        .into_iter()
+        .filter(|entry| entry.outcome == "reopened")
+        .collect();
+    assert_eq!(reopened.len(), 1);
+    assert_eq!(reopened[0].kind, AuditKind::ApprovalRequested);
+    assert_eq!(reopened[0].tool_call_id, Some(call_id("c")));
+    assert_eq!(reopened[0].session_id, Some(session("t1")));
+    assert!(
+        audit_of(&*store, "p2")
+            .await
+            .iter()
+            .all(|entry| entry.outcome != "reopened")
+    );
+    // The next resume of p1 takes its interrupts; p2's stay used.
+    store
+        .start_run(resume("c1-again", "p1", "t1"))
+        .await
+        .unwrap()
+        .expect("the interrupts given back are taken again");
+    assert!(matches!(
+        store
+            .start_run(resume("c2-again", "p2", "t2"))
+            .await
+            .unwrap(),
+        Err(StartConflict::Resume(TakeError::AlreadyUsed { .. }))
+    ));
 }
 
 /// A flush that waited while the appender gave events up is told so, even when the give-up left nothing queued: a

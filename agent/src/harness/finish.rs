@@ -12,8 +12,8 @@ use crate::events::AgentEvent;
 use crate::interrupts::{IssuedInterrupt, Suspension, arguments_digest};
 use crate::runtime::{AbortReason, RunContext, RunError, call_record, encode, tool_result};
 use crate::store::{
-    AuditEntry, AuditKind, CallStatus, EndClaim, Fenced, FinishRun, HeldRun, OpenBatch,
-    RecoveryEvents, RunState, SavedBatch, SettleExpired, Settlement,
+    AuditEntry, AuditKind, CallStatus, EndClaim, Fenced, FinishRun, HeldRun, InterruptsTaken,
+    OpenBatch, RecoveryEvents, RunState, SavedBatch, SettleExpired, Settlement,
 };
 use crate::wire::{
     DenialSource, InterruptRequest, Message, Resolution, RunErrorCode, ToolErrorCode, ToolOutput,
@@ -112,12 +112,20 @@ pub(super) fn abort_settlement(actor: Option<&Actor>) -> SettleExpired {
 /// How recovery words what it records about the work of a dead process.
 pub(super) fn recovery_events() -> RecoveryEvents {
     RecoveryEvents {
-        run_failed: Box::new(|info| {
+        run_failed: Box::new(|info, taken| {
+            let message = match taken {
+                InterruptsTaken::Kept => {
+                    "The server restarted while this run was working, so it ended here. The session can go on with a new message."
+                }
+                InterruptsTaken::GivenBack => {
+                    "The server restarted before this run began the calls it resumed, so it ended here and ran none of them. The interrupts it answered are open again: resume them again."
+                }
+            };
             encode(
                 &info.run_id,
                 AgentEvent::RunFailed {
                     code: RunErrorCode::Restarted,
-                    message: "The server restarted while this run was working, so it ended here. The session can go on with a new message.".to_owned(),
+                    message: message.to_owned(),
                 },
             )
         }),

@@ -596,7 +596,17 @@ pub struct Recovered {
 }
 
 /// Makes the terminal events of a run that was sampling when its process died.
-pub type RunFailedEvents = Box<dyn Fn(&RunInfo) -> Vec<NewEvent> + Send + Sync>;
+pub type RunFailedEvents = Box<dyn Fn(&RunInfo, InterruptsTaken) -> Vec<NewEvent> + Send + Sync>;
+
+/// What became of the interrupts a resume's run took, when its process died before it ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InterruptsTaken {
+    /// Used: the run was no resume, or it had begun a call, so its answers were acted on.
+    Kept,
+    /// Given back: the run had begun none of the calls it resumed, so nothing of its answers was acted on, and the
+    /// next resume answers the interrupts again (they are open, as before the resume).
+    GivenBack,
+}
 
 /// How recovery words what it records.
 pub struct RecoveryEvents {

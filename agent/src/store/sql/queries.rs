@@ -1202,6 +1202,60 @@ impl SqlStore {
         Ok(sessions)
     }
 
+    /// Gives back the interrupts of `parent` that `child`, a resume's run whose process died, took, when `child`
+    /// began none of the calls it resumed (it has no call): the person's answers were not acted on, and would
+    /// otherwise be lost, the resume refused as used. The interrupts are open again, as before the resume, with a
+    /// line in the audit log for each. The child is fenced (no call of it begins any more) before this is asked.
+    async fn give_back_interrupts(
+        &self,
+        parent: &RunId,
+        child: &RunId,
+    ) -> StoreResult<InterruptsTaken> {
+        let mut tx = self.writer.begin().await.map_err(unavailable)?;
+        let given_back = query(
+            "UPDATE runs SET resumed_by = NULL WHERE id = $1 AND resumed_by = $2 \
+             AND NOT EXISTS (SELECT 1 FROM calls WHERE run_id = $2) RETURNING suspension",
+        )
+        .bind(parent.as_str())
+        .bind(child.as_str())
+        .fetch_optional(&mut tx)
+        .await
+        .map_err(unavailable)?;
+        let Some(row) = given_back else {
+            return Ok(InterruptsTaken::Kept);
+        };
+        let suspension: Option<String> = row.try_get(0).map_err(unavailable)?;
+        let Some(suspension) = suspension else {
+            return Ok(InterruptsTaken::Kept);
+        };
+        let suspension: Suspension = parse(&suspension, "a suspension")?;
+        let at = now_ms();
+        let audit: Vec<AuditEntry> = suspension
+            .interrupts
+            .iter()
+            .map(|issued| AuditEntry {
+                session_id: Some(suspension.session_id.clone()),
+                run_id: Some(parent.clone()),
+                tool_call_id: Some(issued.request.tool_call_id.clone()),
+                tool: Some(issued.request.tool_name.clone()),
+                arguments_digest: Some(issued.digest.clone()),
+                source: Some("restart".to_owned()),
+                reason: Some(format!(
+                    "The server stopped before run {child}, which resumed with the answer to this interrupt, began any call; nothing of it was acted on, and the interrupt is open again."
+                )),
+                at,
+                ..AuditEntry::new(AuditKind::ApprovalRequested, "reopened")
+            })
+            .collect();
+        audit_in(&mut tx, &audit).await.map_err(unavailable)?;
+        if let Some(tails) = &self.tails {
+            let (tails, parent, child) = (Arc::clone(tails), parent.clone(), child.clone());
+            tx.after_commit(move || tails.given_back(&parent, &child));
+        }
+        self.commit_change(tx, Taken::default(), None).await?;
+        Ok(InterruptsTaken::GivenBack)
+    }
+
     async fn start_run_tx(&self, run: NewRun) -> StoreResult<Result<Epoch, StartConflict>> {
         // A taken run id is refused first, before anything else that refuses the start: by the insert of the run's
         // row, which comes last, or, when something before it refuses the start, by a read then.
@@ -2356,6 +2410,10 @@ impl Store for SqlStore {
                 }
             }
             for (info, claim) in fenced {
+                let taken = match &info.parent_run_id {
+                    Some(parent) => self.give_back_interrupts(parent, &info.run_id).await?,
+                    None => InterruptsTaken::Kept,
+                };
                 let finish = FinishRun {
                     run_id: info.run_id.clone(),
                     claim,
@@ -2363,7 +2421,7 @@ impl Store for SqlStore {
                     history: Vec::new(),
                     conversation: None,
                     suspension: None,
-                    events: (events.run_failed)(&info),
+                    events: (events.run_failed)(&info, taken),
                     audit: Vec::new(),
                     settle_pending: None,
                 };

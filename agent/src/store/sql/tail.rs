@@ -235,6 +235,18 @@ impl Tails {
         }
     }
 
+    /// The run `by`, whose process died before it began a call, gave the suspension of `parent` back.
+    pub(super) fn given_back(&self, parent: &RunId, by: &RunId) {
+        if let Some(RunTail {
+            progress: Progress::Finished { resumed_by, .. },
+            ..
+        }) = self.inner.lock().runs.get_mut(parent)
+            && resumed_by.as_ref() == Some(by)
+        {
+            *resumed_by = None;
+        }
+    }
+
     /// What the run's end recorded and who took its suspension, when the run ended here and its end is kept.
     fn ending(&self, run_id: &RunId) -> Option<(Arc<Ending>, Option<RunId>)> {
         match &self.inner.lock().runs.get(run_id)?.progress {
