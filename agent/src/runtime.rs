@@ -611,7 +611,8 @@ fn changed_since_shown(tool: &RegisteredTool, record: &CallRecord) -> Option<Too
 /// spellings of one file that keep its name (another case, another directory through a link) share theirs, and two
 /// files that share one only wait for each other. Names that differ for one file (a link of another name, a hard
 /// link, another Unicode normalization) do not meet here. Within this process: instances that share a workspace do
-/// not share these locks.
+/// not share these locks, and neither do commands and MCP tools, which may change any file. A tool left behind after
+/// an abort's grace (its future dropped) lets them go while a write it handed to another thread may still be going.
 struct FileLocks(Vec<usize>);
 
 impl FileLocks {
@@ -649,7 +650,8 @@ impl FileLocks {
         (hasher.finish() % Self::STRIPES as u64) as usize
     }
 
-    /// Takes the locks, or `None` once the run is aborted (while it waits, or before): the call is then not run.
+    /// Takes the locks, or `None` once the run is aborted (while it waits, or before) for another reason than this
+    /// process's shutdown: the call is then not run.
     async fn take(self, context: &RunContext) -> Option<Vec<tokio::sync::MutexGuard<'static, ()>>> {
         static LOCKS: std::sync::LazyLock<Vec<tokio::sync::Mutex<()>>> =
             std::sync::LazyLock::new(|| {
@@ -659,11 +661,19 @@ impl FileLocks {
             });
         let mut held = Vec::with_capacity(self.0.len());
         for stripe in self.0 {
-            tokio::select! {
+            let lock = LOCKS[stripe].lock();
+            tokio::pin!(lock);
+            let guard = tokio::select! {
                 biased;
-                () = context.abort.aborted() => return None,
-                guard = LOCKS[stripe].lock() => held.push(guard),
-            }
+                () = context.abort.aborted() => match context.abort.reason() {
+                    // A shutdown stops this process, not the run (a durable store keeps it for the next start): the
+                    // call goes on as it would have, its tool told of the shutdown as any running tool is.
+                    AbortReason::Shutdown => lock.await,
+                    _ => return None,
+                },
+                guard = &mut lock => guard,
+            };
+            held.push(guard);
         }
         Some(held)
     }

@@ -2552,8 +2552,8 @@ fn recovery_events() -> RecoveryEvents {
 
 /// A resume's run whose process died before it began any of the calls it resumed gives the interrupts it took back:
 /// the person's answers were not acted on, and the next resume answers them again. Before, the resume was refused
-/// as used, nothing had run, and the answers were lost. One that had begun a call keeps them: its answers were acted
-/// on.
+/// as used, nothing had run, and the answers were lost. One that had begun a call, or made a session grant of an
+/// answer, keeps them: its answers were acted on; so does one that was cancelled, or whose interrupts expired.
 #[tokio::test]
 async fn a_resume_whose_process_died_before_its_calls_gives_its_interrupts_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -2565,14 +2565,21 @@ async fn a_resume_whose_process_died_before_its_calls_gives_its_interrupts_back(
     };
     {
         let store = SqlStore::open(&url).await.unwrap();
-        for (parent, child, thread) in [("p1", "c1", "t1"), ("p2", "c2", "t2")] {
+        let in_an_hour = agent::clock::now_ms() + 3_600_000;
+        for (parent, child, thread, expires_at) in [
+            ("p1", "c1", "t1", in_an_hour),
+            ("p2", "c2", "t2", in_an_hour),
+            ("p3", "c3", "t3", in_an_hour),
+            ("p4", "c4", "t4", in_an_hour),
+            ("p5", "c5", "t5", 1),
+        ] {
             store
                 .start_run(new_run(parent, thread))
                 .await
                 .unwrap()
                 .unwrap();
             store
-                .finish_run(interrupted(&suspension_of(parent, thread, u64::MAX)))
+                .finish_run(interrupted(&suspension_of(parent, thread, expires_at)))
                 .await
                 .unwrap()
                 .unwrap();
@@ -2594,6 +2601,19 @@ async fn a_resume_whose_process_died_before_its_calls_gives_its_interrupts_back(
             .await
             .unwrap()
             .expect("c2 begins its call");
+        // c3 made a session grant of an answer; c4 was cancelled; c5's interrupts expired.
+        store
+            .add_grant(
+                &session("t3"),
+                StoredGrant {
+                    id: "g3".into(),
+                    grant: json!({"runId": "c3", "tool": "delete_file"}),
+                    created_at: 1,
+                },
+            )
+            .await
+            .unwrap();
+        cancelled(&*store, "c4").await;
         store.flush().await.unwrap();
         // The process dies here: nothing more is written.
     }
@@ -2601,17 +2621,20 @@ async fn a_resume_whose_process_died_before_its_calls_gives_its_interrupts_back(
     let recovered = store.recover(recovery_events()).await.unwrap();
     let mut failed = recovered.failed_runs.clone();
     failed.sort();
-    assert_eq!(failed, vec![run_id("c1"), run_id("c2")]);
+    assert_eq!(failed, ["c1", "c2", "c3", "c4", "c5"].map(run_id).to_vec());
     assert_eq!(steps(&*store, "c1").await.last().unwrap().1, 78);
-    assert_eq!(steps(&*store, "c2").await.last().unwrap().1, 77);
     assert_eq!(
         store.interrupt(&run_id("p1")).await.unwrap().unwrap().1,
         None
     );
-    assert_eq!(
-        store.interrupt(&run_id("p2")).await.unwrap().unwrap().1,
-        Some(run_id("c2"))
-    );
+    for (parent, child) in [("p2", "c2"), ("p3", "c3"), ("p4", "c4"), ("p5", "c5")] {
+        assert_eq!(steps(&*store, child).await.last().unwrap().1, 77, "{child}");
+        assert_eq!(
+            store.interrupt(&run_id(parent)).await.unwrap().unwrap().1,
+            Some(run_id(child)),
+            "{child} keeps what it took"
+        );
+    }
     let reopened: Vec<_> = audit_of(&*store, "p1")
         .await
         .into_iter()

@@ -1150,6 +1150,60 @@ async fn a_call_waiting_for_its_file_when_its_run_is_cancelled_does_not_run() {
     assert_eq!(not_run, [("call-y", Some("abort"))]);
 }
 
+/// A shutdown is not a cancel: a call that waits for a file another call holds while the process shuts down goes on
+/// once the file is free (here its card's file changed meanwhile, so it is refused for that), rather than being
+/// settled as not run, which a durable store would keep for the next start as if the person had been overruled.
+#[tokio::test]
+async fn a_call_waiting_for_its_file_at_shutdown_is_not_settled_as_not_run() {
+    let (harness, files) = overwriting_steps(vec![
+        tool_step(&[call(
+            "call-x",
+            "overwrite",
+            json!({"path": "held.txt", "text": "first", "wait": true}),
+        )]),
+        tool_step(&[call(
+            "call-y",
+            "overwrite",
+            json!({"path": "held.txt", "text": "late"}),
+        )]),
+        text_step("Finished."),
+        text_step("Finished."),
+    ]);
+    let holding = start_run(&harness, ApprovalMode::Interactive, "write held.txt").await;
+    let request = Events::of(&holding).next_approval().await;
+    decide_pending(&harness, &request, Decision::approve()).await;
+    files.began.notified().await;
+    let waiting = start_run(&harness, ApprovalMode::Interactive, "write held.txt again").await;
+    let request = Events::of(&waiting).next_approval().await;
+    decide_pending(&harness, &request, Decision::approve()).await;
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    let shutdown = {
+        let harness = harness.clone();
+        tokio::spawn(async move { harness.shutdown(std::time::Duration::from_secs(10)).await })
+    };
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    files.gate.notify_one();
+    let events = all_events(&waiting).await;
+    shutdown.await.unwrap();
+    let output = output_of(&events, "call-y");
+    assert!(
+        matches!(&output, ToolOutput::Error { code: ToolErrorCode::PermissionDenied, message }
+            if message.contains("changed after approval was asked")),
+        "{output:?}"
+    );
+    let audit = audit_entries(&harness).await;
+    assert!(
+        audit
+            .iter()
+            .all(|entry| !(entry.outcome == "not_run" && entry.source.as_deref() == Some("abort"))),
+        "{audit:?}"
+    );
+}
+
 /// An interrupt-mode run aborted after its model asked for calls that all need a person, and before its end: the
 /// end is refused under the abort, and the run ends aborted, with no interrupts a later resume could answer. Before,
 /// nothing of the run looked at the abort (no call began), and it ended interrupted, its interrupts open: a resume

@@ -413,6 +413,13 @@ async fn take_calls_in(
 
 /// What a run's end that changed no row returns: [`Fenced::Lost`] (the run is not there, or not the claim's to end),
 /// or an error if the run's state does not read as one.
+/// The interrupts of `parent` that a recovery's end of a resume's run gives back when nothing of them was acted on,
+/// and the events that end then has instead of its own.
+struct GiveBack {
+    parent: RunId,
+    events: Vec<NewEvent>,
+}
+
 /// The doorbell that tells instance `on` alone to stop what it runs of `run_id`, a running run a recovery fenced and
 /// ends, judging `on` dead. Only for such a run, which nobody goes on with: a waiting run whose call a recovery
 /// interrupts goes on (its batch is claimed next, perhaps by `on` itself), and stopping `on`'s work on it by the
@@ -1202,58 +1209,221 @@ impl SqlStore {
         Ok(sessions)
     }
 
-    /// Gives back the interrupts of `parent` that `child`, a resume's run whose process died, took, when `child`
-    /// began none of the calls it resumed (it has no call): the person's answers were not acted on, and would
-    /// otherwise be lost, the resume refused as used. The interrupts are open again, as before the resume, with a
-    /// line in the audit log for each. The child is fenced (no call of it begins any more) before this is asked.
-    async fn give_back_interrupts(
+    /// Ends a run ([`Store::finish_run`]); with `give_back`, a recovery's end of a resume's run that also gives the
+    /// interrupts it took back, in the same change, when nothing of them was acted on ([`Self::give_back_in`]): its
+    /// end then has `give_back`'s events instead of its own.
+    async fn finish_run_giving_back(
         &self,
+        mut finish: FinishRun,
+        give_back: Option<GiveBack>,
+    ) -> StoreResult<Result<(), Fenced>> {
+        {
+            let finishing = match finish.claim {
+                EndClaim::Held(epoch) => Some(epoch),
+                EndClaim::Unended | EndClaim::Waiting | EndClaim::Abandoned { .. } => None,
+            };
+            let (mut tx, taken, mut events) = self.begin_finish(&finish.run_id, finishing).await?;
+            // Before the run's calls go with its end: whether it began any is what the give-back asks.
+            if let Some(give_back) = give_back
+                && let Some(mut reopened) = self
+                    .give_back_in(&mut tx, &give_back.parent, &finish.run_id)
+                    .await?
+            {
+                finish.events = give_back.events;
+                finish.audit.append(&mut reopened);
+                if let Some(tails) = &self.tails {
+                    let (tails, parent, child) =
+                        (Arc::clone(tails), give_back.parent, finish.run_id.clone());
+                    tx.after_commit(move || tails.given_back(&parent, &child));
+                }
+            }
+            // The run's calls go with its end. Those still pending are settled first: their events come after the
+            // run's events queued last and before those of its end, all written by the one update of its row below.
+            let mut audit = finish.audit;
+            let settle = finish.settle_pending.as_deref();
+            let pending =
+                take_calls_in(self.dialect, &mut tx, &finish.run_id, settle.is_some()).await?;
+            if let Some(settle) = settle {
+                for mut record in pending {
+                    let settlement = settle(&record);
+                    let (mut settled_events, mut settled_audit) = apply(&mut record, settlement);
+                    events.append(&mut settled_events);
+                    audit.append(&mut settled_audit);
+                }
+            }
+            events.append(&mut finish.events);
+            let now = now_ms() as i64;
+            let conversation = finish.conversation.as_ref().map(json);
+            let suspension = finish.suspension.as_ref().map(json);
+            // What the tail counts the end at, before the texts go to the statement.
+            let ending_bytes = conversation.as_ref().map_or(0, String::len)
+                + suspension.as_ref().map_or(0, String::len);
+            // The run's end and the room for its last events, in one update of its row, made only under the claim
+            // the end is made with ([`EndClaim`]): by the writer that holds the run, by anyone while it has not
+            // ended, or by anyone while it waits.
+            macro_rules! end_under {
+                ($claim:literal) => {
+                    sql!(self.dialect, |d|
+                        "{} runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, \
+                         suspension_expires_at = $4, conversation = $5, finished_at = $6, \
+                         last_seq = last_seq + $7, event_bytes = event_bytes + $8 \
+                         WHERE id = $1 AND {} RETURNING {}, session_id",
+                        d.update(),
+                        $claim,
+                        Self::seq_returning(d)
+                    )
+                };
+            }
+            let mut end = query(match finish.claim {
+                // Interrupts are issued only while the run is not aborted: an abort that nothing of the run heard
+                // of (no call began) leaves no interrupt a resume could answer.
+                EndClaim::Held(_) if finish.suspension.is_some() => {
+                    end_under!("state = 'running' AND owner = $9 AND epoch = $10 AND abort IS NULL")
+                }
+                EndClaim::Held(_) | EndClaim::Abandoned { .. } => {
+                    end_under!("state = 'running' AND owner = $9 AND epoch = $10")
+                }
+                EndClaim::Unended => end_under!("state IN ('running', 'waiting')"),
+                EndClaim::Waiting => end_under!("state = 'waiting'"),
+            })
+            .bind(finish.run_id.as_str())
+            .bind(finish.state.as_str())
+            .bind(suspension)
+            .bind(finish.suspension.as_ref().map(|s| s.expires_at() as i64))
+            .bind(conversation)
+            .bind(now)
+            .bind(events.len() as i64)
+            .bind(event_bytes(&events));
+            match &finish.claim {
+                EndClaim::Held(epoch) => {
+                    end = end.bind(self.instance.as_str()).bind(*epoch as i64);
+                }
+                EndClaim::Abandoned { owner, epoch } => {
+                    end = end.bind(owner.as_str()).bind(*epoch as i64);
+                }
+                EndClaim::Unended | EndClaim::Waiting => {}
+            }
+            let row = end.fetch_optional(&mut tx).await.map_err(unavailable)?;
+            let Some(row) = row else {
+                // Not this claim's to end (or not there): the transaction rolls back, and the calls and the queued
+                // events it took with it.
+                let held = match finish.claim {
+                    EndClaim::Held(epoch) => Some((self.instance.as_str(), epoch)),
+                    _ => None,
+                };
+                return why_not_ended(&mut tx, &finish.run_id, held).await.map(Err);
+            };
+            let session: String = row.try_get("session_id").map_err(unavailable)?;
+            let (last, events_of) = self.room_made(&finish.run_id, &row).map_err(unavailable)?;
+            let seq = self
+                .insert_events_in(&mut tx, &finish.run_id, last, events_of, &events)
+                .await
+                .map_err(unavailable)?;
+            if !finish.history.is_empty() {
+                let next: i64 = query(
+                    "SELECT COALESCE(MAX(idx), -1) + 1 FROM session_messages WHERE session_id = $1",
+                )
+                .bind(&session)
+                .fetch_one(&mut tx)
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(unavailable)?;
+                for (offset, message) in finish.history.iter().enumerate() {
+                    query(
+                        "INSERT INTO session_messages (session_id, idx, message) VALUES ($1, $2, $3)",
+                    )
+                    .bind(&session)
+                    .bind(next + offset as i64)
+                    .bind(json(message))
+                    .execute(&mut tx)
+                    .await
+                    .map_err(unavailable)?;
+                }
+            }
+            query(
+                "UPDATE sessions SET active_run = CASE WHEN active_run = $2 THEN NULL ELSE active_run END, \
+                 updated_at = $3 WHERE id = $1",
+            )
+            .bind(&session)
+            .bind(finish.run_id.as_str())
+            .bind(now)
+            .execute(&mut tx)
+            .await
+            .map_err(unavailable)?;
+            audit_in(&mut tx, &audit).await.map_err(unavailable)?;
+            if let Some(tails) = &self.tails {
+                let (tails, run_id) = (Arc::clone(tails), finish.run_id.clone());
+                let ending = tail::Ending {
+                    bytes: ending_bytes,
+                    conversation: finish.conversation.map(Arc::from),
+                    suspension: finish.suspension,
+                };
+                tx.after_commit(move || tails.finished(&run_id, seq, ending));
+            }
+            self.commit_change(tx, taken, Some((finish.run_id.clone(), seq)))
+                .await?;
+            Ok(Ok(()))
+        }
+    }
+
+    /// In a recovery's end of `child`, a resume's run whose process died: gives back the interrupts of `parent` it
+    /// took when nothing of its answers was acted on, and returns the audit lines that say so (`None`: kept). That is
+    /// when it began none of the calls it resumed (it has no call), made no session grant, and was not aborted, and
+    /// while the interrupts have not expired. The interrupts are then open again, as before the resume, and the next
+    /// resume answers them; otherwise the answers would be lost, the resume refused as used. The child is fenced (no
+    /// call of it begins any more), or has no owner, before this is asked.
+    async fn give_back_in(
+        &self,
+        tx: &mut Tx,
         parent: &RunId,
         child: &RunId,
-    ) -> StoreResult<InterruptsTaken> {
-        let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let given_back = query(
-            "UPDATE runs SET resumed_by = NULL WHERE id = $1 AND resumed_by = $2 \
-             AND NOT EXISTS (SELECT 1 FROM calls WHERE run_id = $2) RETURNING suspension",
-        )
+    ) -> StoreResult<Option<Vec<AuditEntry>>> {
+        // A grant the child made names it (`"runId":"<id>"` in the grant's JSON); a `_` in the id, a wildcard of
+        // LIKE, can only find more, and keep the interrupts used.
+        let made_by_child = format!("%\"runId\":\"{child}\"%");
+        let given_back = query(sql!(self.dialect, |d|
+            "{} runs SET resumed_by = NULL WHERE id = $1 AND resumed_by = $2 AND suspension_expires_at > $3 \
+             AND NOT EXISTS (SELECT 1 FROM calls WHERE run_id = $2) \
+             AND NOT EXISTS (SELECT 1 FROM runs AS child WHERE child.id = $2 AND child.abort IS NOT NULL) \
+             AND NOT EXISTS (SELECT 1 FROM grants WHERE grant_json LIKE $4) \
+             RETURNING suspension",
+            d.update()
+        ))
         .bind(parent.as_str())
         .bind(child.as_str())
-        .fetch_optional(&mut tx)
+        .bind(now_ms() as i64)
+        .bind(made_by_child)
+        .fetch_optional(&mut *tx)
         .await
         .map_err(unavailable)?;
         let Some(row) = given_back else {
-            return Ok(InterruptsTaken::Kept);
+            return Ok(None);
         };
         let suspension: Option<String> = row.try_get(0).map_err(unavailable)?;
         let Some(suspension) = suspension else {
-            return Ok(InterruptsTaken::Kept);
+            return Ok(None);
         };
         let suspension: Suspension = parse(&suspension, "a suspension")?;
         let at = now_ms();
-        let audit: Vec<AuditEntry> = suspension
-            .interrupts
-            .iter()
-            .map(|issued| AuditEntry {
-                session_id: Some(suspension.session_id.clone()),
-                run_id: Some(parent.clone()),
-                tool_call_id: Some(issued.request.tool_call_id.clone()),
-                tool: Some(issued.request.tool_name.clone()),
-                arguments_digest: Some(issued.digest.clone()),
-                source: Some("restart".to_owned()),
-                reason: Some(format!(
-                    "The server stopped before run {child}, which resumed with the answer to this interrupt, began any call; nothing of it was acted on, and the interrupt is open again."
-                )),
-                at,
-                ..AuditEntry::new(AuditKind::ApprovalRequested, "reopened")
-            })
-            .collect();
-        audit_in(&mut tx, &audit).await.map_err(unavailable)?;
-        if let Some(tails) = &self.tails {
-            let (tails, parent, child) = (Arc::clone(tails), parent.clone(), child.clone());
-            tx.after_commit(move || tails.given_back(&parent, &child));
-        }
-        self.commit_change(tx, Taken::default(), None).await?;
-        Ok(InterruptsTaken::GivenBack)
+        Ok(Some(
+            suspension
+                .interrupts
+                .iter()
+                .map(|issued| AuditEntry {
+                    session_id: Some(suspension.session_id.clone()),
+                    run_id: Some(parent.clone()),
+                    tool_call_id: Some(issued.request.tool_call_id.clone()),
+                    tool: Some(issued.request.tool_name.clone()),
+                    arguments_digest: Some(issued.digest.clone()),
+                    source: Some("restart".to_owned()),
+                    reason: Some(format!(
+                        "The server stopped before run {child}, which resumed with the answer to this interrupt, began any call; nothing of it was acted on, and the interrupt is open again."
+                    )),
+                    at,
+                    ..AuditEntry::new(AuditKind::ApprovalRequested, "reopened")
+                })
+                .collect(),
+        ))
     }
 
     async fn start_run_tx(&self, run: NewRun) -> StoreResult<Result<Epoch, StartConflict>> {
@@ -2053,143 +2223,8 @@ impl Store for SqlStore {
         .boxed()
     }
 
-    fn finish_run(&self, mut finish: FinishRun) -> StoreFuture<'_, Result<(), Fenced>> {
-        async move {
-            let finishing = match finish.claim {
-                EndClaim::Held(epoch) => Some(epoch),
-                EndClaim::Unended | EndClaim::Waiting | EndClaim::Abandoned { .. } => None,
-            };
-            let (mut tx, taken, mut events) = self.begin_finish(&finish.run_id, finishing).await?;
-            // The run's calls go with its end. Those still pending are settled first: their events come after the
-            // run's events queued last and before those of its end, all written by the one update of its row below.
-            let mut audit = finish.audit;
-            let settle = finish.settle_pending.as_deref();
-            let pending =
-                take_calls_in(self.dialect, &mut tx, &finish.run_id, settle.is_some()).await?;
-            if let Some(settle) = settle {
-                for mut record in pending {
-                    let settlement = settle(&record);
-                    let (mut settled_events, mut settled_audit) = apply(&mut record, settlement);
-                    events.append(&mut settled_events);
-                    audit.append(&mut settled_audit);
-                }
-            }
-            events.append(&mut finish.events);
-            let now = now_ms() as i64;
-            let conversation = finish.conversation.as_ref().map(json);
-            let suspension = finish.suspension.as_ref().map(json);
-            // What the tail counts the end at, before the texts go to the statement.
-            let ending_bytes = conversation.as_ref().map_or(0, String::len)
-                + suspension.as_ref().map_or(0, String::len);
-            // The run's end and the room for its last events, in one update of its row, made only under the claim
-            // the end is made with ([`EndClaim`]): by the writer that holds the run, by anyone while it has not
-            // ended, or by anyone while it waits.
-            macro_rules! end_under {
-                ($claim:literal) => {
-                    sql!(self.dialect, |d|
-                        "{} runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, \
-                         suspension_expires_at = $4, conversation = $5, finished_at = $6, \
-                         last_seq = last_seq + $7, event_bytes = event_bytes + $8 \
-                         WHERE id = $1 AND {} RETURNING {}, session_id",
-                        d.update(),
-                        $claim,
-                        Self::seq_returning(d)
-                    )
-                };
-            }
-            let mut end = query(match finish.claim {
-                // Interrupts are issued only while the run is not aborted: an abort that nothing of the run heard
-                // of (no call began) leaves no interrupt a resume could answer.
-                EndClaim::Held(_) if finish.suspension.is_some() => {
-                    end_under!("state = 'running' AND owner = $9 AND epoch = $10 AND abort IS NULL")
-                }
-                EndClaim::Held(_) | EndClaim::Abandoned { .. } => {
-                    end_under!("state = 'running' AND owner = $9 AND epoch = $10")
-                }
-                EndClaim::Unended => end_under!("state IN ('running', 'waiting')"),
-                EndClaim::Waiting => end_under!("state = 'waiting'"),
-            })
-            .bind(finish.run_id.as_str())
-            .bind(finish.state.as_str())
-            .bind(suspension)
-            .bind(finish.suspension.as_ref().map(|s| s.expires_at() as i64))
-            .bind(conversation)
-            .bind(now)
-            .bind(events.len() as i64)
-            .bind(event_bytes(&events));
-            match &finish.claim {
-                EndClaim::Held(epoch) => {
-                    end = end.bind(self.instance.as_str()).bind(*epoch as i64);
-                }
-                EndClaim::Abandoned { owner, epoch } => {
-                    end = end.bind(owner.as_str()).bind(*epoch as i64);
-                }
-                EndClaim::Unended | EndClaim::Waiting => {}
-            }
-            let row = end.fetch_optional(&mut tx).await.map_err(unavailable)?;
-            let Some(row) = row else {
-                // Not this claim's to end (or not there): the transaction rolls back, and the calls and the queued
-                // events it took with it.
-                let held = match finish.claim {
-                    EndClaim::Held(epoch) => Some((self.instance.as_str(), epoch)),
-                    _ => None,
-                };
-                return why_not_ended(&mut tx, &finish.run_id, held).await.map(Err);
-            };
-            let session: String = row.try_get("session_id").map_err(unavailable)?;
-            let (last, events_of) = self
-                .room_made(&finish.run_id, &row)
-                .map_err(unavailable)?;
-            let seq = self
-                .insert_events_in(&mut tx, &finish.run_id, last, events_of, &events)
-                .await
-                .map_err(unavailable)?;
-            if !finish.history.is_empty() {
-                let next: i64 = query(
-                    "SELECT COALESCE(MAX(idx), -1) + 1 FROM session_messages WHERE session_id = $1",
-                )
-                .bind(&session)
-                .fetch_one(&mut tx)
-                .await
-                .and_then(|row| row.try_get(0))
-                .map_err(unavailable)?;
-                for (offset, message) in finish.history.iter().enumerate() {
-                    query(
-                        "INSERT INTO session_messages (session_id, idx, message) VALUES ($1, $2, $3)",
-                    )
-                    .bind(&session)
-                    .bind(next + offset as i64)
-                    .bind(json(message))
-                    .execute(&mut tx)
-                    .await
-                    .map_err(unavailable)?;
-                }
-            }
-            query(
-                "UPDATE sessions SET active_run = CASE WHEN active_run = $2 THEN NULL ELSE active_run END, \
-                 updated_at = $3 WHERE id = $1",
-            )
-            .bind(&session)
-            .bind(finish.run_id.as_str())
-            .bind(now)
-            .execute(&mut tx)
-            .await
-            .map_err(unavailable)?;
-            audit_in(&mut tx, &audit).await.map_err(unavailable)?;
-            if let Some(tails) = &self.tails {
-                let (tails, run_id) = (Arc::clone(tails), finish.run_id.clone());
-                let ending = tail::Ending {
-                    bytes: ending_bytes,
-                    conversation: finish.conversation.map(Arc::from),
-                    suspension: finish.suspension,
-                };
-                tx.after_commit(move || tails.finished(&run_id, seq, ending));
-            }
-            self.commit_change(tx, taken, Some((finish.run_id.clone(), seq)))
-                .await?;
-            Ok(Ok(()))
-        }
-        .boxed()
+    fn finish_run(&self, finish: FinishRun) -> StoreFuture<'_, Result<(), Fenced>> {
+        self.finish_run_giving_back(finish, None).boxed()
     }
 
     fn abort_run(
@@ -2410,10 +2445,10 @@ impl Store for SqlStore {
                 }
             }
             for (info, claim) in fenced {
-                let taken = match &info.parent_run_id {
-                    Some(parent) => self.give_back_interrupts(parent, &info.run_id).await?,
-                    None => InterruptsTaken::Kept,
-                };
+                let give_back = info.parent_run_id.clone().map(|parent| GiveBack {
+                    parent,
+                    events: (events.run_failed)(&info, InterruptsTaken::GivenBack),
+                });
                 let finish = FinishRun {
                     run_id: info.run_id.clone(),
                     claim,
@@ -2421,11 +2456,15 @@ impl Store for SqlStore {
                     history: Vec::new(),
                     conversation: None,
                     suspension: None,
-                    events: (events.run_failed)(&info, taken),
+                    events: (events.run_failed)(&info, InterruptsTaken::Kept),
                     audit: Vec::new(),
                     settle_pending: None,
                 };
-                if self.finish_run(finish).await?.is_ok() {
+                if self
+                    .finish_run_giving_back(finish, give_back)
+                    .await?
+                    .is_ok()
+                {
                     recovered.failed_runs.push(info.run_id);
                 }
             }
