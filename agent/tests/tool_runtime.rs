@@ -1084,11 +1084,14 @@ async fn both_approved(
     (all_events(&run).await, files)
 }
 
-/// A call that waits for a file another call holds, while its run is cancelled, does not run once the file is free:
-/// it is not run, and the audit log says so beside its approval. Before, it waited without heeding the abort and then
-/// ran, after the cancel.
-#[tokio::test]
-async fn a_call_waiting_for_its_file_when_its_run_is_cancelled_does_not_run() {
+/// Two runs, each with an approved write of `held.txt`: the first's (`call-x`) holds the file until the test lets it go
+/// (`files.gate`), and the second's (`call-y`) waits for it. Returns the harness, the tool, and the two runs.
+async fn a_write_waiting_for_another() -> (
+    agent::harness::Harness,
+    Overwrite,
+    agent::harness::RunHandle,
+    agent::harness::RunHandle,
+) {
     let (harness, files) = overwriting_steps(vec![
         tool_step(&[call(
             "call-x",
@@ -1101,19 +1104,29 @@ async fn a_call_waiting_for_its_file_when_its_run_is_cancelled_does_not_run() {
             json!({"path": "held.txt", "text": "late"}),
         )]),
         text_step("Finished."),
+        text_step("Finished."),
     ]);
-    // A run whose write of held.txt holds the file until the test lets it go.
     let holding = start_run(&harness, ApprovalMode::Interactive, "write held.txt").await;
     let request = Events::of(&holding).next_approval().await;
     decide_pending(&harness, &request, Decision::approve()).await;
     files.began.notified().await;
-    // Another run's approved write of the same file waits for it; its run is cancelled meanwhile.
     let waiting = start_run(&harness, ApprovalMode::Interactive, "write held.txt again").await;
     let request = Events::of(&waiting).next_approval().await;
     decide_pending(&harness, &request, Decision::approve()).await;
+    // Its task has had its turn: it waits for the file.
     for _ in 0..20 {
         tokio::task::yield_now().await;
     }
+    (harness, files, holding, waiting)
+}
+
+/// A call that waits for a file another call holds, while its run is cancelled, does not run once the file is free:
+/// it is not run, and the audit log says so beside its approval. Before, it waited without heeding the abort and then
+/// ran, after the cancel.
+#[tokio::test]
+async fn a_call_waiting_for_its_file_when_its_run_is_cancelled_does_not_run() {
+    let (harness, files, holding, waiting) = a_write_waiting_for_another().await;
+    // The waiting write's run is cancelled meanwhile.
     harness
         .cancel(waiting.run_id(), &agent::harness::Actor::local())
         .await
@@ -1155,30 +1168,7 @@ async fn a_call_waiting_for_its_file_when_its_run_is_cancelled_does_not_run() {
 /// settled as not run, which a durable store would keep for the next start as if the person had been overruled.
 #[tokio::test]
 async fn a_call_waiting_for_its_file_at_shutdown_is_not_settled_as_not_run() {
-    let (harness, files) = overwriting_steps(vec![
-        tool_step(&[call(
-            "call-x",
-            "overwrite",
-            json!({"path": "held.txt", "text": "first", "wait": true}),
-        )]),
-        tool_step(&[call(
-            "call-y",
-            "overwrite",
-            json!({"path": "held.txt", "text": "late"}),
-        )]),
-        text_step("Finished."),
-        text_step("Finished."),
-    ]);
-    let holding = start_run(&harness, ApprovalMode::Interactive, "write held.txt").await;
-    let request = Events::of(&holding).next_approval().await;
-    decide_pending(&harness, &request, Decision::approve()).await;
-    files.began.notified().await;
-    let waiting = start_run(&harness, ApprovalMode::Interactive, "write held.txt again").await;
-    let request = Events::of(&waiting).next_approval().await;
-    decide_pending(&harness, &request, Decision::approve()).await;
-    for _ in 0..20 {
-        tokio::task::yield_now().await;
-    }
+    let (harness, files, _holding, waiting) = a_write_waiting_for_another().await;
     let shutdown = {
         let harness = harness.clone();
         tokio::spawn(async move { harness.shutdown(std::time::Duration::from_secs(10)).await })
