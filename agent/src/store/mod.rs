@@ -686,7 +686,7 @@ pub enum AuditKind {
     /// A call that was running when its process died: its effect is unknown.
     CallInterrupted,
     /// A call a decision let run that was not run when its turn came: its file or its tool changed since, or a
-    /// `deny` rule added meanwhile forbids it.
+    /// `deny` rule added meanwhile forbids it (source `policy`), or its run was aborted first (source `abort`).
     CallRefused,
     /// An AG-UI resume was refused.
     ResumeRefused,
