@@ -12,7 +12,7 @@ use std::time::Instant;
 use futures::StreamExt;
 use serde_json::Value;
 
-use crate::approvals::{ABORTED_BEFORE_IT_RAN, not_run_entry};
+use crate::approvals::{ABORTED_BEFORE_IT_RAN, not_run_after_abort_entry};
 use crate::events::AgentEvent;
 use crate::ids::{RunId, ToolCallId};
 use crate::model::{Model, ModelChunk, ModelRequest};
@@ -437,11 +437,11 @@ async fn run_inline(context: &RunContext, record: CallRecord) -> Result<ToolOutp
         // calls of one batch the same id.
         None => {
             let error = not_begun(context).await;
-            if let (Some(record), RunError::Aborted { .. }) = (approved, &error) {
-                let entry = not_run_entry(&record, "abort", ABORTED_BEFORE_IT_RAN);
-                if let Err(error) = context.store.audit(entry).await {
-                    tracing::warn!(%error, call = %call_id, "cannot record that an approved call did not run");
-                }
+            if let (Some(record), RunError::Aborted { .. }) = (approved, &error)
+                && let Some(entry) = not_run_after_abort_entry(&record, ABORTED_BEFORE_IT_RAN, None)
+                && let Err(error) = context.store.audit(entry).await
+            {
+                tracing::warn!(%error, call = %call_id, "cannot record that an approved call did not run");
             }
             Err(error)
         }

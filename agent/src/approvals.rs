@@ -160,20 +160,17 @@ pub fn granting_settlement(
             (CallStatus::Denied, Some(output), None)
         }
     };
-    let audit = match (&record.resolution, &resolution) {
-        _ if was_pending => vec![resolution_audit(record, &resolution, actor)],
-        // A person approved it, and the run ended before it ran (cancelled, its client gone): without this line
-        // the log would hold the approval and nothing to say the call never ran.
+    let audit = match (was_pending, &resolution) {
+        (true, _) => vec![resolution_audit(record, &resolution, actor)],
         (
-            Some(Resolution::Approved { .. }),
+            _,
             Resolution::Denied {
                 source: DenialSource::Abort,
                 reason,
             },
-        ) => vec![AuditEntry {
-            actor: actor.map(str::to_owned),
-            ..not_run_entry(record, "abort", reason)
-        }],
+        ) => not_run_after_abort_entry(record, reason, actor)
+            .into_iter()
+            .collect(),
         _ => Vec::new(),
     };
     Settlement {
@@ -189,6 +186,20 @@ pub fn granting_settlement(
         grant: kept,
         under_grant: None,
     }
+}
+
+/// The audit log's line for a call a person approved whose run ended before it ran (cancelled, its client gone),
+/// with `reason` and who ended it: without it the log would hold the approval and nothing to say the call never ran.
+/// `None` for a call nobody approved (one the policy allowed has no approval to contradict).
+pub fn not_run_after_abort_entry(
+    record: &CallRecord,
+    reason: &str,
+    actor: Option<&str>,
+) -> Option<AuditEntry> {
+    matches!(record.resolution, Some(Resolution::Approved { .. })).then(|| AuditEntry {
+        actor: actor.map(str::to_owned),
+        ..not_run_entry(record, "abort", reason)
+    })
 }
 
 /// The audit log's line for a call a decision let run that was not run (`source`: what stopped it, and `reason`

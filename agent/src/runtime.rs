@@ -32,8 +32,8 @@ use crate::policy::{PermissionPolicy, SessionGrants, session_grant, stored_grant
 use crate::store::{CallRecord, CallResult, CallStatus, Epoch, NewEvent, Store};
 use crate::tools::{RegisteredTool, ToolContext, ToolError, Toolbox, unknown_tool_message};
 use crate::wire::{
-    ApprovalMode, DecisionScope, PermissionDecision, Resolution, RunErrorCode, ToolCall,
-    ToolErrorCode, ToolOutput, approval_denied_message,
+    ApprovalMode, DecisionScope, PermissionDecision, RunErrorCode, ToolCall, ToolErrorCode,
+    ToolOutput, approval_denied_message,
 };
 
 /// Why a run was aborted.
@@ -452,14 +452,13 @@ pub async fn execute(
     // deny rule added meanwhile), here or by its tool itself (an MCP tool its restarted server defines otherwise):
     // the audit log says so, beside the approval it overrules.
     let audit = match &output {
-        _ if aborted_before_it_ran => match record.resolution {
-            Some(Resolution::Approved { .. }) => vec![crate::approvals::not_run_entry(
-                &record,
-                "abort",
-                crate::approvals::ABORTED_BEFORE_IT_RAN,
-            )],
-            _ => Vec::new(),
-        },
+        _ if aborted_before_it_ran => crate::approvals::not_run_after_abort_entry(
+            &record,
+            crate::approvals::ABORTED_BEFORE_IT_RAN,
+            None,
+        )
+        .into_iter()
+        .collect(),
         ToolOutput::Error {
             code: ToolErrorCode::PermissionDenied,
             message,

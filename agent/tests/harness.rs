@@ -496,23 +496,7 @@ async fn an_approved_call_its_cancelled_run_never_ran_is_in_the_audit_log_as_not
     let mut events = record.subscribe(0);
     let (_, request) = next_approval(&mut events).await;
     // Approved in the store alone, as a decision is before its run goes on: the cancel comes before the call's turn.
-    setup
-        .harness
-        .store()
-        .decide(
-            &request.run_id,
-            &request.tool_call_id,
-            Box::new(|record| {
-                Ok(agent::approvals::settlement(
-                    record,
-                    agent::wire::Resolution::from_decision(Decision::approve(), &record.input),
-                    Some("local"),
-                ))
-            }),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    support::approved_in_the_store(&setup.harness, &request, None).await;
     setup
         .harness
         .cancel(&request.run_id, &Actor::local())

@@ -264,6 +264,17 @@ fn approve(record: &CallRecord) -> Settlement {
     }
 }
 
+/// Approves a card that stands on the session grant `grant_id` (one another decision's grant covers).
+fn approve_under_grant(grant_id: &str) -> agent::store::Settle {
+    let grant_id = grant_id.to_owned();
+    Box::new(move |record| {
+        Ok(Settlement {
+            under_grant: Some(grant_id),
+            ..approve(record)
+        })
+    })
+}
+
 fn deny(record: &CallRecord, source: DenialSource) -> Settlement {
     Settlement {
         resolution: Resolution::Denied {
@@ -1726,18 +1737,9 @@ async fn an_approval_under_a_revoked_grant_is_refused(kind: Kind) {
         grant: json!({"tool": "delete_file"}),
         created_at: 5,
     };
-    let under = |grant_id: &str| -> agent::store::Settle {
-        let grant_id = grant_id.to_owned();
-        Box::new(move |record| {
-            Ok(Settlement {
-                under_grant: Some(grant_id),
-                ..approve(record)
-            })
-        })
-    };
     store.add_grant(&session("s"), grant.clone()).await.unwrap();
     store
-        .decide(&run_id("r"), &call_id("a"), under("g1"))
+        .decide(&run_id("r"), &call_id("a"), approve_under_grant("g1"))
         .await
         .unwrap()
         .expect("a card under a grant the session holds is approved");
@@ -1754,7 +1756,7 @@ async fn an_approval_under_a_revoked_grant_is_refused(kind: Kind) {
     );
     assert_eq!(
         store
-            .decide(&run_id("r"), &call_id("b"), under("g1"))
+            .decide(&run_id("r"), &call_id("b"), approve_under_grant("g1"))
             .await
             .unwrap(),
         Err(DecideFailure::GrantRevoked)
@@ -1781,7 +1783,7 @@ async fn an_approval_under_a_revoked_grant_is_refused(kind: Kind) {
     store.add_grant(&session("s"), grant).await.unwrap();
     assert_eq!(
         store
-            .decide(&run_id("r2"), &call_id("c"), under("g1"))
+            .decide(&run_id("r2"), &call_id("c"), approve_under_grant("g1"))
             .await
             .unwrap(),
         Err(DecideFailure::GrantRevoked)
@@ -3344,16 +3346,7 @@ async fn an_approval_under_a_grant_waits_for_a_revoke_in_flight_on_postgresql() 
         let store = Arc::clone(&store);
         tokio::spawn(async move {
             store
-                .decide(
-                    &run_id("r"),
-                    &call_id("b"),
-                    Box::new(|record| {
-                        Ok(Settlement {
-                            under_grant: Some("g1".into()),
-                            ..approve(record)
-                        })
-                    }),
-                )
+                .decide(&run_id("r"), &call_id("b"), approve_under_grant("g1"))
                 .await
                 .unwrap()
         })

@@ -979,37 +979,6 @@ fn overwriting_steps(
     (harness, seen)
 }
 
-/// Approves `request` in the store alone, as a decision is before its run goes on, with `arguments` if given.
-async fn approved_in_the_store(
-    harness: &agent::harness::Harness,
-    request: &agent::wire::ApprovalRequest,
-    arguments: Option<serde_json::Value>,
-) {
-    harness
-        .store()
-        .decide(
-            &request.run_id,
-            &request.tool_call_id,
-            Box::new(move |record| {
-                Ok(agent::approvals::settlement(
-                    record,
-                    Resolution::from_decision(
-                        Decision::Approve {
-                            scope: DecisionScope::Once,
-                            reason: None,
-                            arguments,
-                        },
-                        &record.input,
-                    ),
-                    Some("local"),
-                ))
-            }),
-        )
-        .await
-        .unwrap()
-        .unwrap();
-}
-
 /// The outputs of `calls` that were refused.
 fn refused_of(events: &[StreamEvent], calls: &[&str]) -> Vec<ToolOutput> {
     calls

@@ -238,21 +238,12 @@ impl Harness {
                     event,
                 );
                 finish.audit = audit;
-                match self.inner.store.finish_run(finish).await {
-                    Ok(Ok(())) => {}
-                    // Aborted where nothing of the run heard of it: it ends aborted, and issues nothing.
-                    Ok(Err(Fenced::Aborted(reason))) => {
-                        let error = RunError::Aborted { reason };
-                        answer_unfinished(&mut conversation.messages, &calls, &error);
-                        self.fail(&ending, conversation.messages, conversation.prior, error)
-                            .await;
-                    }
-                    Ok(Err(fenced)) => {
-                        tracing::warn!(%run_id, %fenced, "the run's end was not recorded: another instance holds it");
-                    }
-                    Err(error) => {
-                        tracing::error!(%run_id, %error, "cannot record the run's end");
-                    }
+                // Aborted where nothing of the run heard of it: it ends aborted, and issues nothing.
+                if let Some(reason) = self.commit_finish(finish).await {
+                    let error = RunError::Aborted { reason };
+                    answer_unfinished(&mut conversation.messages, &calls, &error);
+                    self.fail(&ending, conversation.messages, conversation.prior, error)
+                        .await;
                 }
             }
             RunEnd::Suspended(batch) => {
@@ -390,15 +381,20 @@ impl Harness {
         }
     }
 
-    async fn commit_finish(&self, finish: FinishRun) {
+    /// Records the run's end; the abort the store refused it for, if it did (only an end with interrupts is refused
+    /// so), for the caller to end the run as aborted instead.
+    async fn commit_finish(&self, finish: FinishRun) -> Option<AbortReason> {
         let run_id = finish.run_id.clone();
         match self.inner.store.finish_run(finish).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => None,
+            Ok(Err(Fenced::Aborted(reason))) => Some(reason),
             Ok(Err(fenced)) => {
                 tracing::warn!(%run_id, %fenced, "the run's end was not recorded: another instance holds it");
+                None
             }
             Err(error) => {
                 tracing::error!(%run_id, %error, "cannot record the run's end");
+                None
             }
         }
     }

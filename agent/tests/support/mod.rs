@@ -453,3 +453,34 @@ pub async fn start_interactive(harness: &Harness, message: &str) -> RunHandle {
         .await
         .unwrap()
 }
+
+/// Approves `request` in the store alone, as a decision is before its run goes on, with `arguments` if given.
+pub async fn approved_in_the_store(
+    harness: &Harness,
+    request: &ApprovalRequest,
+    arguments: Option<Value>,
+) {
+    harness
+        .store()
+        .decide(
+            &request.run_id,
+            &request.tool_call_id,
+            Box::new(move |record| {
+                Ok(agent::approvals::settlement(
+                    record,
+                    agent::wire::Resolution::from_decision(
+                        Decision::Approve {
+                            scope: agent::wire::DecisionScope::Once,
+                            reason: None,
+                            arguments,
+                        },
+                        &record.input,
+                    ),
+                    Some("local"),
+                ))
+            }),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+}

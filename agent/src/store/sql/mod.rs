@@ -1045,15 +1045,8 @@ impl SqlStore {
         if self.dialect == Dialect::Sqlite {
             return Ok(true);
         }
-        let row = query(
-            "SELECT 1 FROM instances WHERE id = $1 AND heartbeat_at >= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - $2",
-        )
-        .bind(self.instance.as_str())
-        .bind(self.lease.as_millis() as i64)
-        .fetch_optional(&mut *connection)
-        .await
-        .map_err(unavailable)?;
-        Ok(row.is_some())
+        self.lease_holds_in(connection, self.instance.as_str())
+            .await
     }
 
     /// Whether instance `id` is live now, by its own lease, read in `connection`'s transaction: a recovery that read
@@ -1063,6 +1056,12 @@ impl SqlStore {
         if self.dialect == Dialect::Sqlite {
             return Ok(false);
         }
+        self.lease_holds_in(connection, id).await
+    }
+
+    /// Whether the lease of instance `id` holds, on PostgreSQL's clock and by the lease the instance recorded (this
+    /// instance's when it recorded none).
+    async fn lease_holds_in(&self, connection: &mut Tx, id: &str) -> Result<bool, StoreError> {
         let row = query(
             "SELECT 1 FROM instances WHERE id = $1 \
              AND heartbeat_at >= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) - COALESCE(lease_ms, $2)",

@@ -411,8 +411,6 @@ async fn take_calls_in(
     Ok(calls.into_iter().map(|(_, record)| record).collect())
 }
 
-/// What a run's end that changed no row returns: [`Fenced::Lost`] (the run is not there, or not the claim's to end),
-/// or an error if the run's state does not read as one.
 /// The interrupts of `parent` that a recovery's end of a resume's run gives back when nothing of them was acted on,
 /// and the events that end then has instead of its own.
 struct GiveBack {
@@ -429,6 +427,9 @@ fn stop_message(on: &InstanceId, run_id: &RunId) -> String {
     format!("stop {on} {run_id}")
 }
 
+/// What a run's end that changed no row returns: [`Fenced::Aborted`] for an end refused for the run's abort (an end
+/// with interrupts) under a claim `held` (this instance, at its epoch) that still holds; otherwise [`Fenced::Lost`]
+/// (the run is not there, or not the claim's to end); or an error if the run's state does not read as one.
 async fn why_not_ended(
     connection: &mut Tx,
     run_id: &RunId,
@@ -1217,153 +1218,152 @@ impl SqlStore {
         mut finish: FinishRun,
         give_back: Option<GiveBack>,
     ) -> StoreResult<Result<(), Fenced>> {
+        let finishing = match finish.claim {
+            EndClaim::Held(epoch) => Some(epoch),
+            EndClaim::Unended | EndClaim::Waiting | EndClaim::Abandoned { .. } => None,
+        };
+        let (mut tx, taken, mut events) = self.begin_finish(&finish.run_id, finishing).await?;
+        // Before the run's calls go with its end: whether it began any is what the give-back asks.
+        if let Some(give_back) = give_back
+            && let Some(mut reopened) = self
+                .give_back_in(&mut tx, &give_back.parent, &finish.run_id)
+                .await?
         {
-            let finishing = match finish.claim {
-                EndClaim::Held(epoch) => Some(epoch),
-                EndClaim::Unended | EndClaim::Waiting | EndClaim::Abandoned { .. } => None,
-            };
-            let (mut tx, taken, mut events) = self.begin_finish(&finish.run_id, finishing).await?;
-            // Before the run's calls go with its end: whether it began any is what the give-back asks.
-            if let Some(give_back) = give_back
-                && let Some(mut reopened) = self
-                    .give_back_in(&mut tx, &give_back.parent, &finish.run_id)
-                    .await?
-            {
-                finish.events = give_back.events;
-                finish.audit.append(&mut reopened);
-                if let Some(tails) = &self.tails {
-                    let (tails, parent, child) =
-                        (Arc::clone(tails), give_back.parent, finish.run_id.clone());
-                    tx.after_commit(move || tails.given_back(&parent, &child));
-                }
+            finish.events = give_back.events;
+            finish.audit.append(&mut reopened);
+            if let Some(tails) = &self.tails {
+                let (tails, parent, child) =
+                    (Arc::clone(tails), give_back.parent, finish.run_id.clone());
+                tx.after_commit(move || tails.given_back(&parent, &child));
             }
-            // The run's calls go with its end. Those still pending are settled first: their events come after the
-            // run's events queued last and before those of its end, all written by the one update of its row below.
-            let mut audit = finish.audit;
-            let settle = finish.settle_pending.as_deref();
-            let pending =
-                take_calls_in(self.dialect, &mut tx, &finish.run_id, settle.is_some()).await?;
-            if let Some(settle) = settle {
-                for mut record in pending {
-                    let settlement = settle(&record);
-                    let (mut settled_events, mut settled_audit) = apply(&mut record, settlement);
-                    events.append(&mut settled_events);
-                    audit.append(&mut settled_audit);
-                }
+        }
+        // The run's calls go with its end. Those still pending are settled first: their events come after the
+        // run's events queued last and before those of its end, all written by the one update of its row below.
+        let mut audit = finish.audit;
+        let settle = finish.settle_pending.as_deref();
+        let pending =
+            take_calls_in(self.dialect, &mut tx, &finish.run_id, settle.is_some()).await?;
+        if let Some(settle) = settle {
+            for mut record in pending {
+                let settlement = settle(&record);
+                let (mut settled_events, mut settled_audit) = apply(&mut record, settlement);
+                events.append(&mut settled_events);
+                audit.append(&mut settled_audit);
             }
-            events.append(&mut finish.events);
-            let now = now_ms() as i64;
-            let conversation = finish.conversation.as_ref().map(json);
-            let suspension = finish.suspension.as_ref().map(json);
-            // What the tail counts the end at, before the texts go to the statement.
-            let ending_bytes = conversation.as_ref().map_or(0, String::len)
-                + suspension.as_ref().map_or(0, String::len);
-            // The run's end and the room for its last events, in one update of its row, made only under the claim
-            // the end is made with ([`EndClaim`]): by the writer that holds the run, by anyone while it has not
-            // ended, or by anyone while it waits.
-            macro_rules! end_under {
-                ($claim:literal) => {
-                    sql!(self.dialect, |d|
-                        "{} runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, \
-                         suspension_expires_at = $4, conversation = $5, finished_at = $6, \
-                         last_seq = last_seq + $7, event_bytes = event_bytes + $8 \
-                         WHERE id = $1 AND {} RETURNING {}, session_id",
-                        d.update(),
-                        $claim,
-                        Self::seq_returning(d)
-                    )
-                };
-            }
-            let mut end = query(match finish.claim {
-                // Interrupts are issued only while the run is not aborted: an abort that nothing of the run heard
-                // of (no call began) leaves no interrupt a resume could answer.
-                EndClaim::Held(_) if finish.suspension.is_some() => {
-                    end_under!("state = 'running' AND owner = $9 AND epoch = $10 AND abort IS NULL")
-                }
-                EndClaim::Held(_) | EndClaim::Abandoned { .. } => {
-                    end_under!("state = 'running' AND owner = $9 AND epoch = $10")
-                }
-                EndClaim::Unended => end_under!("state IN ('running', 'waiting')"),
-                EndClaim::Waiting => end_under!("state = 'waiting'"),
-            })
-            .bind(finish.run_id.as_str())
-            .bind(finish.state.as_str())
-            .bind(suspension)
-            .bind(finish.suspension.as_ref().map(|s| s.expires_at() as i64))
-            .bind(conversation)
-            .bind(now)
-            .bind(events.len() as i64)
-            .bind(event_bytes(&events));
-            match &finish.claim {
-                EndClaim::Held(epoch) => {
-                    end = end.bind(self.instance.as_str()).bind(*epoch as i64);
-                }
-                EndClaim::Abandoned { owner, epoch } => {
-                    end = end.bind(owner.as_str()).bind(*epoch as i64);
-                }
-                EndClaim::Unended | EndClaim::Waiting => {}
-            }
-            let row = end.fetch_optional(&mut tx).await.map_err(unavailable)?;
-            let Some(row) = row else {
-                // Not this claim's to end (or not there): the transaction rolls back, and the calls and the queued
-                // events it took with it.
-                let held = match finish.claim {
-                    EndClaim::Held(epoch) => Some((self.instance.as_str(), epoch)),
-                    _ => None,
-                };
-                return why_not_ended(&mut tx, &finish.run_id, held).await.map(Err);
-            };
-            let session: String = row.try_get("session_id").map_err(unavailable)?;
-            let (last, events_of) = self.room_made(&finish.run_id, &row).map_err(unavailable)?;
-            let seq = self
-                .insert_events_in(&mut tx, &finish.run_id, last, events_of, &events)
-                .await
-                .map_err(unavailable)?;
-            if !finish.history.is_empty() {
-                let next: i64 = query(
-                    "SELECT COALESCE(MAX(idx), -1) + 1 FROM session_messages WHERE session_id = $1",
+        }
+        events.append(&mut finish.events);
+        let now = now_ms() as i64;
+        let conversation = finish.conversation.as_ref().map(json);
+        let suspension = finish.suspension.as_ref().map(json);
+        // What the tail counts the end at, before the texts go to the statement.
+        let ending_bytes = conversation.as_ref().map_or(0, String::len)
+            + suspension.as_ref().map_or(0, String::len);
+        // The run's end and the room for its last events, in one update of its row, made only under the claim
+        // the end is made with ([`EndClaim`]): by the writer that holds the run, by anyone while it has not
+        // ended, or by anyone while it waits.
+        macro_rules! end_under {
+            ($claim:literal) => {
+                sql!(
+                    self.dialect,
+                    |d| "{} runs SET state = $2, owner = NULL, batch = NULL, suspension = $3, \
+                     suspension_expires_at = $4, conversation = $5, finished_at = $6, \
+                     last_seq = last_seq + $7, event_bytes = event_bytes + $8 \
+                     WHERE id = $1 AND {} RETURNING {}, session_id",
+                    d.update(),
+                    $claim,
+                    Self::seq_returning(d)
                 )
-                .bind(&session)
-                .fetch_one(&mut tx)
-                .await
-                .and_then(|row| row.try_get(0))
-                .map_err(unavailable)?;
-                for (offset, message) in finish.history.iter().enumerate() {
-                    query(
-                        "INSERT INTO session_messages (session_id, idx, message) VALUES ($1, $2, $3)",
-                    )
-                    .bind(&session)
-                    .bind(next + offset as i64)
-                    .bind(json(message))
-                    .execute(&mut tx)
-                    .await
-                    .map_err(unavailable)?;
-                }
+            };
+        }
+        let mut end = query(match finish.claim {
+            // Interrupts are issued only while the run is not aborted: an abort that nothing of the run heard
+            // of (no call began) leaves no interrupt a resume could answer.
+            EndClaim::Held(_) if finish.suspension.is_some() => {
+                end_under!("state = 'running' AND owner = $9 AND epoch = $10 AND abort IS NULL")
             }
-            query(
-                "UPDATE sessions SET active_run = CASE WHEN active_run = $2 THEN NULL ELSE active_run END, \
-                 updated_at = $3 WHERE id = $1",
-            )
-            .bind(&session)
-            .bind(finish.run_id.as_str())
-            .bind(now)
-            .execute(&mut tx)
+            EndClaim::Held(_) | EndClaim::Abandoned { .. } => {
+                end_under!("state = 'running' AND owner = $9 AND epoch = $10")
+            }
+            EndClaim::Unended => end_under!("state IN ('running', 'waiting')"),
+            EndClaim::Waiting => end_under!("state = 'waiting'"),
+        })
+        .bind(finish.run_id.as_str())
+        .bind(finish.state.as_str())
+        .bind(suspension)
+        .bind(finish.suspension.as_ref().map(|s| s.expires_at() as i64))
+        .bind(conversation)
+        .bind(now)
+        .bind(events.len() as i64)
+        .bind(event_bytes(&events));
+        match &finish.claim {
+            EndClaim::Held(epoch) => {
+                end = end.bind(self.instance.as_str()).bind(*epoch as i64);
+            }
+            EndClaim::Abandoned { owner, epoch } => {
+                end = end.bind(owner.as_str()).bind(*epoch as i64);
+            }
+            EndClaim::Unended | EndClaim::Waiting => {}
+        }
+        let row = end.fetch_optional(&mut tx).await.map_err(unavailable)?;
+        let Some(row) = row else {
+            // Not this claim's to end (or not there): the transaction rolls back, and the calls and the queued
+            // events it took with it.
+            let held = match finish.claim {
+                EndClaim::Held(epoch) => Some((self.instance.as_str(), epoch)),
+                _ => None,
+            };
+            return why_not_ended(&mut tx, &finish.run_id, held).await.map(Err);
+        };
+        let session: String = row.try_get("session_id").map_err(unavailable)?;
+        let (last, events_of) = self.room_made(&finish.run_id, &row).map_err(unavailable)?;
+        let seq = self
+            .insert_events_in(&mut tx, &finish.run_id, last, events_of, &events)
             .await
             .map_err(unavailable)?;
-            audit_in(&mut tx, &audit).await.map_err(unavailable)?;
-            if let Some(tails) = &self.tails {
-                let (tails, run_id) = (Arc::clone(tails), finish.run_id.clone());
-                let ending = tail::Ending {
-                    bytes: ending_bytes,
-                    conversation: finish.conversation.map(Arc::from),
-                    suspension: finish.suspension,
-                };
-                tx.after_commit(move || tails.finished(&run_id, seq, ending));
+        if !finish.history.is_empty() {
+            let next: i64 = query(
+                "SELECT COALESCE(MAX(idx), -1) + 1 FROM session_messages WHERE session_id = $1",
+            )
+            .bind(&session)
+            .fetch_one(&mut tx)
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(unavailable)?;
+            for (offset, message) in finish.history.iter().enumerate() {
+                query(
+                    "INSERT INTO session_messages (session_id, idx, message) VALUES ($1, $2, $3)",
+                )
+                .bind(&session)
+                .bind(next + offset as i64)
+                .bind(json(message))
+                .execute(&mut tx)
+                .await
+                .map_err(unavailable)?;
             }
-            self.commit_change(tx, taken, Some((finish.run_id.clone(), seq)))
-                .await?;
-            Ok(Ok(()))
         }
+        query(
+            "UPDATE sessions SET active_run = CASE WHEN active_run = $2 THEN NULL ELSE active_run END, \
+             updated_at = $3 WHERE id = $1",
+        )
+        .bind(&session)
+        .bind(finish.run_id.as_str())
+        .bind(now)
+        .execute(&mut tx)
+        .await
+        .map_err(unavailable)?;
+        audit_in(&mut tx, &audit).await.map_err(unavailable)?;
+        if let Some(tails) = &self.tails {
+            let (tails, run_id) = (Arc::clone(tails), finish.run_id.clone());
+            let ending = tail::Ending {
+                bytes: ending_bytes,
+                conversation: finish.conversation.map(Arc::from),
+                suspension: finish.suspension,
+            };
+            tx.after_commit(move || tails.finished(&run_id, seq, ending));
+        }
+        self.commit_change(tx, taken, Some((finish.run_id.clone(), seq)))
+            .await?;
+        Ok(Ok(()))
     }
 
     /// In a recovery's end of `child`, a resume's run whose process died: gives back the interrupts of `parent` it
