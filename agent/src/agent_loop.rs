@@ -433,8 +433,9 @@ async fn run_inline(context: &RunContext, record: CallRecord) -> Result<ToolOutp
         matches!(record.resolution, Some(Resolution::Approved { .. })).then(|| record.clone());
     match execute(context, &call_id, Some((record, context.epoch))).await? {
         Some(output) => Ok(output),
-        // Aborted (perhaps before this task heard of it), not this run's owner any more, or the model gave two
-        // calls of one batch the same id.
+        // Aborted (perhaps before this task heard of it), or not this run's owner any more. (The store refuses two
+        // calls of one batch with the same id too, but none reaches it: `sample` fails such a step before any of its
+        // calls begins, so the `not_run` line below never names an abort for a duplicate.)
         None => {
             let error = not_begun(context).await;
             if let (Some(record), RunError::Aborted { .. }) = (approved, &error)

@@ -537,14 +537,21 @@ pub async fn grant_for_session(
         }
     };
     let granted = session_grant(grant, context.run_id.clone(), call.id.clone());
-    if let Err(error) = context
+    let kept = context
         .store
-        .add_grant(&context.session_id, stored_grant(&granted))
-        .await
-    {
-        // Without the grant, later calls it would have covered ask: safe.
-        tracing::warn!(%error, grant = %granted.id, "cannot keep a session grant; what it covers will ask again");
-        return None;
+        .add_grant(&context.run_id, context.epoch, stored_grant(&granted))
+        .await;
+    // Without the grant, later calls it would have covered ask: safe.
+    match kept {
+        Ok(Ok(())) => {}
+        Ok(Err(fenced)) => {
+            tracing::warn!(%fenced, grant = %granted.id, "no session grant kept: {fenced}; what it covers will ask again");
+            return None;
+        }
+        Err(error) => {
+            tracing::warn!(%error, grant = %granted.id, "cannot keep a session grant; what it covers will ask again");
+            return None;
+        }
     }
     context.grants.write().insert(granted.clone());
     Some(granted)

@@ -1459,6 +1459,16 @@ async fn retention_forgets_old_runs_and_keeps_open_suspensions(kind: Kind) {
             .unwrap()
             .unwrap();
     }
+    let grant = StoredGrant {
+        id: "g1".into(),
+        grant: json!({"tool": "delete_file"}),
+        created_at: 5,
+    };
+    store
+        .add_grant(&run_id("old"), 1, grant)
+        .await
+        .unwrap()
+        .unwrap();
     store
         .finish_run(FinishRun {
             audit: vec![request_audit("old", "x")],
@@ -1467,12 +1477,6 @@ async fn retention_forgets_old_runs_and_keeps_open_suspensions(kind: Kind) {
         .await
         .unwrap()
         .unwrap();
-    let grant = StoredGrant {
-        id: "g1".into(),
-        grant: json!({"tool": "delete_file"}),
-        created_at: 5,
-    };
-    store.add_grant(&session("s1"), grant).await.unwrap();
     open_waiting(store, "waiting", &[("a", u64::MAX)], &[]).await;
     let now = agent::clock::now_ms() + 1;
 
@@ -1655,8 +1659,9 @@ async fn a_sessions_grants_are_its_own_and_outlive_the_process(kind: Kind) {
     }
     backend
         .store
-        .add_grant(&session("granted"), grant("g1"))
+        .add_grant(&run_id("r1"), 1, grant("g1"))
         .await
+        .unwrap()
         .unwrap();
     backend = backend.reopened().await;
     let store = &*backend.store;
@@ -1667,14 +1672,21 @@ async fn a_sessions_grants_are_its_own_and_outlive_the_process(kind: Kind) {
     );
     assert!(store.grants(&session("other")).await.unwrap().is_empty());
     store
-        .add_grant(&session("other"), grant("g2"))
+        .start_run(new_run("r3", "third"))
         .await
+        .unwrap()
+        .unwrap();
+    store
+        .add_grant(&run_id("r3"), 1, grant("g2"))
+        .await
+        .unwrap()
         .unwrap();
     assert_eq!(
-        store.grants(&session("other")).await.unwrap(),
+        store.grants(&session("third")).await.unwrap(),
         vec![grant("g2")],
         "a grant to a session that held none"
     );
+    assert!(store.grants(&session("other")).await.unwrap().is_empty());
 }
 
 /// A decision's grant (an approval for the session) is kept with the decision, in its change: whoever reads the
@@ -1731,13 +1743,17 @@ async fn an_approval_under_a_revoked_grant_is_refused(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
-    open_waiting(store, "r", &[("a", u64::MAX), ("b", u64::MAX)], &[]).await;
     let grant = StoredGrant {
         id: "g1".into(),
         grant: json!({"tool": "delete_file"}),
         created_at: 5,
     };
-    store.add_grant(&session("s"), grant.clone()).await.unwrap();
+    store
+        .add_grant(&run_id("r"), 1, grant.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    open_waiting(store, "r", &[("a", u64::MAX), ("b", u64::MAX)], &[]).await;
     store
         .decide(&run_id("r"), &call_id("a"), approve_under_grant("g1"))
         .await
@@ -1778,15 +1794,67 @@ async fn an_approval_under_a_revoked_grant_is_refused(kind: Kind) {
         "only the approval that stood on a held grant is in the log"
     );
     // Another session's grant of the same id is not this session's.
+    store.start_run(new_run("r3", "s3")).await.unwrap().unwrap();
+    store
+        .add_grant(&run_id("r3"), 1, grant)
+        .await
+        .unwrap()
+        .unwrap();
     store.start_run(new_run("r2", "s2")).await.unwrap().unwrap();
     open_waiting(store, "r2", &[("c", u64::MAX)], &[]).await;
-    store.add_grant(&session("s"), grant).await.unwrap();
     assert_eq!(
         store
             .decide(&run_id("r2"), &call_id("c"), approve_under_grant("g1"))
             .await
             .unwrap(),
         Err(DecideFailure::GrantRevoked)
+    );
+}
+
+/// A grant a resume's answer makes is kept only while the resume is still this instance's run at its epoch: a
+/// run fenced (taken over, or ended by a recovery that looked for grants) keeps none from its late owner.
+async fn a_grant_is_kept_only_by_the_runs_holder(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    let grant = |id: &str| StoredGrant {
+        id: id.into(),
+        grant: json!({"tool": "delete_file"}),
+        created_at: 5,
+    };
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    assert_eq!(
+        store
+            .add_grant(&run_id("r"), 2, grant("stale"))
+            .await
+            .unwrap(),
+        Err(Fenced::Lost),
+        "an epoch the run is not at"
+    );
+    assert_eq!(
+        store
+            .add_grant(&run_id("nobody"), 1, grant("none"))
+            .await
+            .unwrap(),
+        Err(Fenced::Lost),
+        "a run that is not there"
+    );
+    store
+        .add_grant(&run_id("r"), 1, grant("held"))
+        .await
+        .unwrap()
+        .expect("the run's holder keeps its grant");
+    open_waiting(store, "r", &[("a", u64::MAX)], &[]).await;
+    assert_eq!(
+        store
+            .add_grant(&run_id("r"), 1, grant("waiting"))
+            .await
+            .unwrap(),
+        Err(Fenced::Lost),
+        "a run no longer running"
+    );
+    assert_eq!(
+        store.grants(&session("s")).await.unwrap(),
+        vec![grant("held")]
     );
 }
 
@@ -1799,7 +1867,11 @@ async fn grants_rules_and_the_audit_log_are_kept_and_filtered(kind: Kind) {
         grant: json!({"tool": "delete_file"}),
         created_at: 5,
     };
-    store.add_grant(&session("s"), grant.clone()).await.unwrap();
+    store
+        .add_grant(&run_id("r"), 1, grant.clone())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(store.grants(&session("s")).await.unwrap(), vec![grant]);
     let revoke = AuditEntry {
         kind: AuditKind::GrantRevoked,
@@ -2187,6 +2259,7 @@ conformance!(
     a_sessions_grants_are_its_own_and_outlive_the_process,
     a_decisions_grant_is_kept_with_it,
     an_approval_under_a_revoked_grant_is_refused,
+    a_grant_is_kept_only_by_the_runs_holder,
     grants_rules_and_the_audit_log_are_kept_and_filtered,
     a_decision_and_a_claim_at_once_never_fail_on_locks,
     sessions_are_read_by_their_ids,
@@ -2606,7 +2679,8 @@ async fn a_resume_whose_process_died_before_its_calls_gives_its_interrupts_back(
         // c3 made a session grant of an answer; c4 was cancelled; c5's interrupts expired.
         store
             .add_grant(
-                &session("t3"),
+                &run_id("c3"),
+                1,
                 StoredGrant {
                     id: "g3".into(),
                     grant: json!({"runId": "c3", "tool": "delete_file"}),
@@ -2614,6 +2688,7 @@ async fn a_resume_whose_process_died_before_its_calls_gives_its_interrupts_back(
                 },
             )
             .await
+            .unwrap()
             .unwrap();
         cancelled(&*store, "c4").await;
         store.flush().await.unwrap();
@@ -3316,6 +3391,46 @@ async fn a_call_of_an_instance_whose_heartbeat_came_during_a_recovery_is_not_int
 
 /// On PostgreSQL, a revoke that deletes the grant while a covered card's approval is being made: the approval waits
 /// for the revoke's transaction and then finds the grant gone, rather than approving from what it read before.
+/// A late owner's grant and a recovery's fence of its run, at once on PostgreSQL: the grant reads the run's row
+/// `FOR SHARE`, so it waits for the fence's update in flight and then finds the run fenced. Read without the lock,
+/// it would see the run as its own and keep a grant the recovery (which gives a resume's answers back only when the
+/// run made none) does not know of.
+#[tokio::test]
+async fn a_grant_waits_for_a_fence_in_flight_on_postgresql() {
+    use sqlx::{Connection, Executor};
+    let url = postgres::database();
+    let store = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    let mut fence = sqlx::PgConnection::connect(&url).await.unwrap();
+    fence.execute("BEGIN").await.unwrap();
+    fence
+        .execute("UPDATE runs SET epoch = epoch + 1 WHERE id = 'r'")
+        .await
+        .unwrap();
+    let granting = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            let grant = StoredGrant {
+                id: "g1".into(),
+                grant: json!({"runId": "r", "tool": "delete_file"}),
+                created_at: 5,
+            };
+            store.add_grant(&run_id("r"), 1, grant).await.unwrap()
+        })
+    };
+    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
+    until_waiting_for_locks(&mut watcher, 1, "the grant never waited for the fence").await;
+    fence.execute("COMMIT").await.unwrap();
+    let kept = tokio::time::timeout(std::time::Duration::from_secs(10), granting)
+        .await
+        .expect("the grant ends once the fence commits")
+        .unwrap();
+    assert_eq!(kept, Err(Fenced::Lost));
+    assert!(store.grants(&session("s")).await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn an_approval_under_a_grant_waits_for_a_revoke_in_flight_on_postgresql() {
     use sqlx::{Connection, Executor};
@@ -3324,10 +3439,10 @@ async fn an_approval_under_a_grant_waits_for_a_revoke_in_flight_on_postgresql() 
         .await
         .unwrap();
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
-    open_waiting(&*store, "r", &[("b", u64::MAX)], &[]).await;
     store
         .add_grant(
-            &session("s"),
+            &run_id("r"),
+            1,
             StoredGrant {
                 id: "g1".into(),
                 grant: json!({"tool": "delete_file"}),
@@ -3335,7 +3450,9 @@ async fn an_approval_under_a_grant_waits_for_a_revoke_in_flight_on_postgresql() 
             },
         )
         .await
+        .unwrap()
         .unwrap();
+    open_waiting(&*store, "r", &[("b", u64::MAX)], &[]).await;
     let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
     holder.execute("BEGIN").await.unwrap();
     holder

@@ -880,12 +880,26 @@ impl Store for MemoryStore {
         Self::ready(grants)
     }
 
-    fn add_grant(&self, session_id: &SessionId, grant: StoredGrant) -> StoreFuture<'_, ()> {
-        if let Some(session) = self.tables.lock().sessions.get_mut(session_id) {
-            session.grants.retain(|kept| kept.id != grant.id);
-            session.grants.push(grant);
-        }
-        Self::ready(())
+    fn add_grant(
+        &self,
+        run_id: &RunId,
+        epoch: Epoch,
+        grant: StoredGrant,
+    ) -> StoreFuture<'_, Result<(), Fenced>> {
+        let mut tables = self.tables.lock();
+        let held = match tables.runs.get(run_id) {
+            Some(row) => row
+                .owned_by(&self.instance, epoch)
+                .map(|()| row.info.session_id.clone()),
+            None => Err(Fenced::Lost),
+        };
+        let kept = held.map(|session_id| {
+            if let Some(session) = tables.sessions.get_mut(&session_id) {
+                session.grants.retain(|kept| kept.id != grant.id);
+                session.grants.push(grant);
+            }
+        });
+        Self::ready(kept)
     }
 
     fn revoke_grant(

@@ -1055,7 +1055,15 @@ pub trait Store: Send + Sync + 'static {
     // ---- grants, rules, audit
 
     fn grants(&self, session_id: &SessionId) -> StoreFuture<'_, Vec<StoredGrant>>;
-    fn add_grant(&self, session_id: &SessionId, grant: StoredGrant) -> StoreFuture<'_, ()>;
+    /// Keeps `grant`, made by a person's answer in the resume `run_id`, for the run's session, while the run is
+    /// still this instance's at `epoch` (in the grant's own change: a recovery that fenced the run finds no grant
+    /// made after the fence, and one made before it is there when the recovery looks).
+    fn add_grant(
+        &self,
+        run_id: &RunId,
+        epoch: Epoch,
+        grant: StoredGrant,
+    ) -> StoreFuture<'_, Result<(), Fenced>>;
     /// Whether it existed.
     fn revoke_grant(
         &self,

@@ -2884,13 +2884,35 @@ impl Store for SqlStore {
         .boxed()
     }
 
-    fn add_grant(&self, session_id: &SessionId, grant: StoredGrant) -> StoreFuture<'_, ()> {
-        let session_id = session_id.clone();
+    fn add_grant(
+        &self,
+        run_id: &RunId,
+        epoch: Epoch,
+        grant: StoredGrant,
+    ) -> StoreFuture<'_, Result<(), Fenced>> {
+        let run_id = run_id.clone();
         async move {
             let mut tx = self.writer.begin().await.map_err(unavailable)?;
-            self.grant_in(&mut tx, &session_id, &grant).await?;
+            // The run must still be this instance's at `epoch`. On PostgreSQL its row is read `FOR SHARE`: a
+            // recovery's fence (an update of the row) waits for this change, or this change finds the run fenced.
+            let held = query(sql!(
+                self.dialect,
+                |d| "SELECT session_id FROM runs WHERE id = $1 AND state = 'running' AND owner = $2 AND epoch = $3{}",
+                d.for_share()
+            ))
+            .bind(run_id.as_str())
+            .bind(self.instance.as_str())
+            .bind(epoch as i64)
+            .fetch_optional(&mut tx)
+            .await
+            .map_err(unavailable)?;
+            let Some(row) = held else {
+                return Ok(Err(Fenced::Lost));
+            };
+            let session = session_id(row.try_get(0).map_err(unavailable)?)?;
+            self.grant_in(&mut tx, &session, &grant).await?;
             tx.commit().await.map_err(unavailable)?;
-            Ok(())
+            Ok(Ok(()))
         }
         .boxed()
     }
