@@ -94,6 +94,8 @@ impl AbortReason {
 pub struct RunAbort {
     token: CancellationToken,
     reason: Arc<OnceLock<AbortReason>>,
+    /// The reason of the switch this one is part of ([`RunAbort::part`]), which aborts this one too.
+    whole: Option<Arc<OnceLock<AbortReason>>>,
 }
 
 impl RunAbort {
@@ -101,9 +103,21 @@ impl RunAbort {
         Self::default()
     }
 
-    /// Aborts the run; the first reason sticks.
+    /// A switch for a part of what this one stops (one call of the run): aborting this one aborts the part, with
+    /// this one's reason; aborting the part alone leaves this one, and the run's other parts, going.
+    pub fn part(&self) -> Self {
+        Self {
+            token: self.token.child_token(),
+            reason: Arc::default(),
+            whole: Some(Arc::clone(&self.reason)),
+        }
+    }
+
+    /// Aborts the run; the first reason sticks (for a part, the whole's, when the whole was aborted first).
     pub fn abort(&self, reason: AbortReason) {
-        let _ = self.reason.set(reason);
+        if !self.token.is_cancelled() {
+            let _ = self.reason.set(reason);
+        }
         self.token.cancel();
     }
 
@@ -112,11 +126,20 @@ impl RunAbort {
     }
 
     pub fn reason(&self) -> AbortReason {
-        self.reason.get().copied().unwrap_or(AbortReason::Cancelled)
+        self.reason
+            .get()
+            .or_else(|| self.whole.as_ref()?.get())
+            .copied()
+            .unwrap_or(AbortReason::Cancelled)
     }
 
     pub fn token(&self) -> &CancellationToken {
         &self.token
+    }
+
+    /// Whether `other` is this very switch (a clone of it), not another one.
+    pub fn is(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.reason, &other.reason)
     }
 
     pub async fn aborted(&self) {
@@ -853,5 +876,34 @@ impl EventSink for StoreEvents {
             budget.1 -= bytes;
         }
         self.store.append(&self.run_id, self.epoch, events);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_part_of_an_abort_switch_stops_alone_and_with_its_whole() {
+        let whole = RunAbort::new();
+        let (one, other) = (whole.part(), whole.part());
+        one.abort(AbortReason::Shutdown);
+        assert!(one.is_aborted());
+        assert!(
+            !whole.is_aborted() && !other.is_aborted(),
+            "a part stops alone"
+        );
+        whole.abort(AbortReason::Cancelled);
+        assert!(other.is_aborted());
+        assert_eq!(other.reason(), AbortReason::Cancelled, "the whole's reason");
+        assert_eq!(one.reason(), AbortReason::Shutdown, "its own, given first");
+        let late = whole.part();
+        late.abort(AbortReason::Shutdown);
+        assert_eq!(
+            late.reason(),
+            AbortReason::Cancelled,
+            "the whole's, given first"
+        );
+        assert!(one.is(&one.clone()) && !one.is(&other));
     }
 }

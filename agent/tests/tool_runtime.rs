@@ -694,6 +694,114 @@ async fn a_rule_removed_on_another_instance_allows_none_of_the_runs_later_calls(
     assert_eq!(here.deletes.count(), 1, "and has not run");
 }
 
+/// A destructive tool (it asks) that works until its run's abort reaches it, and then says it was stopped.
+struct WorksUntilStopped {
+    spec: agent::wire::ToolSpec,
+    started: Arc<Notify>,
+    stopped: Arc<Notify>,
+}
+
+impl Tool for WorksUntilStopped {
+    fn spec(&self) -> &agent::wire::ToolSpec {
+        &self.spec
+    }
+
+    fn execute<'a>(&'a self, _: serde_json::Value, context: &'a ToolContext) -> ToolFuture<'a> {
+        Box::pin(async move {
+            self.started.notify_one();
+            context.cancel.cancelled().await;
+            self.stopped.notify_one();
+            Err(agent::tools::ToolError::new(
+                ToolErrorCode::ToolFailed,
+                "stopped",
+            ))
+        })
+    }
+}
+
+/// An instance on PostgreSQL whose heartbeat is late runs an approved call of a waiting run; another instance, taking
+/// it for dead, records the call as interrupted. The late instance is told, and its tool stops: before, it ran on to
+/// its end, its result refused. (Its run is not stopped as a whole: the batch goes on wherever it is claimed next.)
+#[cfg(feature = "sql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_a_recovery_took_from_a_late_instance_stops_there() {
+    use agent::store::sql::{DatabaseUrl, SqlStore};
+    let url = postgres::database();
+    let database = DatabaseUrl::Postgres(url.clone());
+    // A lease of ten minutes: its own heartbeat does not come back during the test.
+    let late = SqlStore::open_with_lease(&database, std::time::Duration::from_secs(600))
+        .await
+        .unwrap();
+    let tool = WorksUntilStopped {
+        spec: agent::wire::ToolSpec {
+            name: "long_write".into(),
+            description: "A write that takes until it is stopped".into(),
+            input_schema: json!({"type": "object"}),
+            annotations: ToolAnnotations {
+                read_only: Some(false),
+                destructive: Some(true),
+                idempotent: Some(false),
+                open_world: Some(false),
+            },
+            mcp: None,
+        },
+        started: Arc::new(Notify::new()),
+        stopped: Arc::new(Notify::new()),
+    };
+    let (started, stopped) = (Arc::clone(&tool.started), Arc::clone(&tool.stopped));
+    let config = || {
+        agent::harness::HarnessConfig::new(
+            agent::policy::PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
+            std::time::Duration::from_secs(120),
+        )
+    };
+    let model = Arc::new(ReplayModel::new(vec![
+        tool_step(&[call("call-1", "long_write", json!({}))]),
+        text_step("Written."),
+    ]));
+    let here = agent::harness::Harness::open(
+        config(),
+        model,
+        Toolbox::new().with(tool).unwrap(),
+        Arc::clone(&late) as Arc<dyn agent::store::Store>,
+    )
+    .await
+    .unwrap();
+    let run = start_interactive(&here, "write for long").await;
+    let request = Events::of(&run).next_approval().await;
+    decide_pending(&here, &request, Decision::approve()).await;
+    started.notified().await;
+
+    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE instances SET heartbeat_at = 0 WHERE id = $1")
+        .bind(agent::store::Store::instance(&*late).as_str())
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    // The other instance recovers as it opens.
+    let _elsewhere = agent::harness::Harness::open(
+        config(),
+        Arc::new(ReplayModel::new(vec![text_step("Written.")])),
+        Toolbox::new(),
+        SqlStore::open(&database).await.unwrap(),
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), stopped.notified())
+        .await
+        .expect("the late instance's tool is told to stop");
+    let events = tokio::time::timeout(std::time::Duration::from_secs(20), all_events(&run))
+        .await
+        .expect("the run goes on after its call was interrupted");
+    assert!(matches!(
+        output_of(&events, "call-1"),
+        ToolOutput::Error { code: ToolErrorCode::ToolFailed, message } if message.contains("interrupted")
+    ));
+    assert_eq!(answer(&events), Some("Written."));
+}
+
 /// A server's tool, as its server describes it now, that counts its runs.
 struct ServerTool {
     spec: agent::wire::ToolSpec,

@@ -8,7 +8,7 @@ use super::finish::abort_settlement;
 use super::{Harness, Unavailable};
 use crate::events::AgentEvent;
 use crate::ids::RunId;
-use crate::runtime::{RunError, encode, execute};
+use crate::runtime::{RunContext, RunError, encode, execute};
 use crate::store::{EndClaim, FinishRun, RunState, StoreError};
 
 impl Harness {
@@ -59,11 +59,19 @@ impl Harness {
                     0,
                 )
                 .await;
-            let results = futures::future::join_all(
-                runnable
-                    .iter()
-                    .map(|call_id| execute(&context, call_id, None)),
-            )
+            // Each call under a switch of its own, which the run's abort throws too (see `LocalRuns::calls`).
+            let results = futures::future::join_all(runnable.iter().map(|call_id| {
+                let call = local.call(call_id);
+                let context = RunContext {
+                    abort: call.abort.clone(),
+                    ..context.clone()
+                };
+                async move {
+                    let result = execute(&context, call_id, None).await;
+                    drop(call);
+                    result
+                }
+            }))
             .await;
             for result in results {
                 match result {

@@ -43,13 +43,14 @@ pub use start::{RunSource, StartError, StartRun};
 pub use subscription::{RunHandle, is_terminal};
 
 use crate::agent_loop::LoopLimits;
-use crate::ids::{RunId, SessionId};
+use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::model::Model;
 use crate::policy::{PermissionPolicy, RuleBook, StoredRuleBook};
 use crate::runtime::{AbortReason, RunAbort};
 use crate::store::memory::MemoryStore;
 use crate::store::{
-    AuditEntry, AuditQuery, EncodedEvent, RunInfo, SessionSummary, Store, StoreError, StoreKind,
+    AuditEntry, AuditQuery, EncodedEvent, RemoteStop, RunInfo, SessionSummary, Store, StoreError,
+    StoreKind,
 };
 use crate::tools::Toolbox;
 use crate::view::{RunView, SessionView};
@@ -98,6 +99,10 @@ pub struct Unavailable(#[from] pub StoreError);
 #[derive(Default)]
 struct LocalRuns {
     runs: Mutex<HashMap<RunId, (RunAbort, usize)>>,
+    /// The calls of waiting runs this process runs, each with a switch of its own, a part of its run's: a call a
+    /// recovery took from this instance stops alone (`RemoteStop::Call`). Several for one call while tasks race to
+    /// begin it (one wins).
+    calls: Mutex<HashMap<(RunId, ToolCallId), Vec<RunAbort>>>,
 }
 
 /// Holds a run's abort switch while a task of this process works on the run. Taken before the run is this
@@ -107,6 +112,44 @@ struct LocalRun {
     runs: Arc<LocalRuns>,
     run_id: RunId,
     abort: RunAbort,
+}
+
+/// Holds the switch of a call of a waiting run while a task of this process runs it.
+struct LocalCall {
+    runs: Arc<LocalRuns>,
+    key: (RunId, ToolCallId),
+    abort: RunAbort,
+}
+
+impl LocalRun {
+    /// A switch for running `call_id` of this run: the run's abort stops it too.
+    fn call(&self, call_id: &ToolCallId) -> LocalCall {
+        let abort = self.abort.part();
+        let key = (self.run_id.clone(), call_id.clone());
+        self.runs
+            .calls
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .push(abort.clone());
+        LocalCall {
+            runs: Arc::clone(&self.runs),
+            key,
+            abort,
+        }
+    }
+}
+
+impl Drop for LocalCall {
+    fn drop(&mut self) {
+        let mut calls = self.runs.calls.lock();
+        if let Some(switches) = calls.get_mut(&self.key) {
+            switches.retain(|switch| !switch.is(&self.abort));
+            if switches.is_empty() {
+                calls.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl LocalRuns {
@@ -125,6 +168,18 @@ impl LocalRuns {
 
     fn abort(&self, run_id: &RunId, reason: AbortReason) {
         self.reach(run_id, Some(reason));
+    }
+
+    /// Stops this process's run of one call, as a shutdown stops it; the run's other work goes on.
+    fn stop_call(&self, run_id: &RunId, call_id: &ToolCallId) {
+        let calls = self.calls.lock();
+        for switch in calls
+            .get(&(run_id.clone(), call_id.clone()))
+            .into_iter()
+            .flatten()
+        {
+            switch.abort(AbortReason::Shutdown);
+        }
     }
 
     /// Whether a task of this process works on the run; an abort given reaches it.
@@ -438,14 +493,17 @@ impl Harness {
         }
     }
 
-    /// Stops this process's tasks and tools of runs another instance aborted.
+    /// Stops this process's tasks and tools of runs another instance aborted, and its calls a recovery took over.
     async fn stop_what_others_abort(self) {
-        let mut aborts = self.inner.store.remote_aborts();
+        let mut stops = self.inner.store.remote_stops();
         loop {
             tokio::select! {
                 () = self.inner.closed.cancelled() => return,
-                aborted = aborts.recv() => match aborted {
-                    Ok((run_id, reason)) => self.inner.local.abort(&run_id, reason),
+                stop = stops.recv() => match stop {
+                    Ok(RemoteStop::Run(run_id, reason)) => self.inner.local.abort(&run_id, reason),
+                    Ok(RemoteStop::Call(run_id, call_id)) => {
+                        self.inner.local.stop_call(&run_id, &call_id)
+                    }
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 },

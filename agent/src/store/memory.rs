@@ -127,7 +127,7 @@ impl Tables {
 pub struct MemoryStore {
     instance: InstanceId,
     /// Never sent to: there is no other instance.
-    aborts: tokio::sync::broadcast::Sender<(RunId, AbortReason)>,
+    stops: tokio::sync::broadcast::Sender<RemoteStop>,
     tables: Mutex<Tables>,
     runs: Watches<RunId>,
     sessions: Watches<SessionId>,
@@ -143,7 +143,7 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self {
             instance: InstanceId::generate(),
-            aborts: tokio::sync::broadcast::channel(1).0,
+            stops: tokio::sync::broadcast::channel(1).0,
             tables: Mutex::new(Tables::default()),
             runs: Watches::default(),
             sessions: Watches::default(),
@@ -303,9 +303,9 @@ impl Store for MemoryStore {
         Self::ready(())
     }
 
-    fn remote_aborts(&self) -> tokio::sync::broadcast::Receiver<(RunId, AbortReason)> {
+    fn remote_stops(&self) -> tokio::sync::broadcast::Receiver<RemoteStop> {
         // One process: every abort is local.
-        self.aborts.subscribe()
+        self.stops.subscribe()
     }
 
     fn open_batch(&self, batch: OpenBatch) -> StoreFuture<'_, Result<(), Fenced>> {

@@ -556,6 +556,17 @@ pub struct FinishRun {
     pub settle_pending: Option<SettleExpired>,
 }
 
+/// What another instance's doorbell tells this one to stop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RemoteStop {
+    /// A run aborted (or taken over from this instance): its tasks and tools here stop, for the reason given.
+    Run(RunId, AbortReason),
+    /// A call of a waiting run that a recovery, taking this instance for dead, recorded as interrupted: its tool
+    /// here stops (what it did from then on would be thrown away). The run's other calls, and whoever claims the
+    /// run next (this instance, maybe), go on.
+    Call(RunId, ToolCallId),
+}
+
 /// Why a fenced write changed nothing.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Fenced {
@@ -899,8 +910,9 @@ pub trait Store: Send + Sync + 'static {
     /// Flushes, and tells other instances this one is gone (so that they take its work over at once).
     fn close(&self) -> StoreFuture<'_, ()>;
 
-    /// Runs other instances aborted that this one may be working on (its tasks and tools stop).
-    fn remote_aborts(&self) -> tokio::sync::broadcast::Receiver<(RunId, AbortReason)>;
+    /// What other instances tell this one to stop: runs they aborted that this one may be working on, and calls a
+    /// recovery recorded as interrupted that this one, taken for dead, may still run.
+    fn remote_stops(&self) -> tokio::sync::broadcast::Receiver<RemoteStop>;
 
     /// Opens a batch: the run becomes `waiting`, its calls and their approvals are stored with their events.
     fn open_batch(&self, batch: OpenBatch) -> StoreFuture<'_, Result<(), Fenced>>;

@@ -38,8 +38,8 @@ use db::{Pool, Tx, query};
 use tokio::sync::{Notify, broadcast, watch};
 
 use super::watches::Watches;
-use super::{InstanceId, NewEvent, StoreError, StoreKind};
-use crate::ids::{RunId, SessionId};
+use super::{InstanceId, NewEvent, RemoteStop, StoreError, StoreKind};
+use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::runtime::AbortReason;
 
 /// The channel instances ring each other on (PostgreSQL `LISTEN/NOTIFY`): a doorbell only; readers re-read rows.
@@ -719,8 +719,8 @@ pub struct SqlStore {
     /// session not in it holds none, and its grants are not read: most sessions never get one, and every run's
     /// start asks. (Never fewer than hold one: a session stays after its grants are revoked.)
     granted: Option<Mutex<std::collections::HashSet<SessionId>>>,
-    /// Runs another instance aborted (its doorbell), for this one's tasks and tools.
-    aborts: broadcast::Sender<(RunId, AbortReason)>,
+    /// What another instance's doorbell tells this one's tasks and tools to stop.
+    stops: broadcast::Sender<RemoteStop>,
     /// How long this instance's heartbeat holds its work (PostgreSQL).
     lease: Duration,
     _lock: Option<FileLock>,
@@ -822,7 +822,7 @@ impl SqlStore {
             tails: (dialect == Dialect::Sqlite)
                 .then(|| Arc::new(tail::Tails::new(tail::DEFAULT_BYTES))),
             granted: (dialect == Dialect::Sqlite).then(Mutex::default),
-            aborts: broadcast::channel(256).0,
+            stops: broadcast::channel(256).0,
             lease,
             _lock: lock,
             unreadable: Default::default(),
@@ -912,7 +912,7 @@ impl SqlStore {
             sessions: Watches::default(),
             tails: None,
             granted: None,
-            aborts: broadcast::channel(1).0,
+            stops: broadcast::channel(1).0,
             lease: DEFAULT_LEASE,
             _lock: None,
             unreadable: Default::default(),
@@ -1105,33 +1105,44 @@ impl SqlStore {
         self.sessions.notify_all();
     }
 
-    /// What another instance's doorbell says: wake this process's readers, or stop what it runs of a run.
+    /// What another instance's doorbell says: wake this process's readers, or stop what it runs of a run or a call.
     fn heard(&self, message: &str) {
         let mut parts = message.split(' ');
-        match (parts.next(), parts.next(), parts.next()) {
-            (Some("run"), Some(run), Some(seq)) => {
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some("run"), Some(run), Some(seq), None) => {
                 if let (Ok(run), Ok(seq)) = (RunId::parse(run), seq.parse()) {
                     self.runs.notify(&run, seq);
                 }
             }
-            (Some("session"), Some(session), Some(count)) => {
+            (Some("session"), Some(session), Some(count), None) => {
                 if let (Ok(session), Ok(count)) = (SessionId::parse(session), count.parse()) {
                     self.sessions.notify(&session, count);
                 }
             }
-            (Some("abort"), Some(run), Some(reason)) => {
+            (Some("abort"), Some(run), Some(reason), None) => {
                 if let (Ok(run), Some(reason)) = (RunId::parse(run), AbortReason::parse(reason)) {
-                    let _ = self.aborts.send((run, reason));
+                    let _ = self.stops.send(RemoteStop::Run(run, reason));
                 }
             }
             // A recovery took over what this instance ran of a run, judging it dead: it was only late.
-            (Some("stop"), Some(instance), Some(run)) if instance == self.instance.as_str() => {
+            (Some("stop"), Some(instance), Some(run), None)
+                if instance == self.instance.as_str() =>
+            {
                 if let Ok(run) = RunId::parse(run) {
                     tracing::warn!(%run, "another instance took this instance for dead and took the run over; stopping what runs of it here");
-                    let _ = self.aborts.send((run, AbortReason::Shutdown));
+                    let _ = self.stops.send(RemoteStop::Run(run, AbortReason::Shutdown));
                 }
             }
-            (Some("stop"), Some(_), Some(_)) => {}
+            // A recovery recorded a call this instance runs of a waiting run as interrupted, judging it dead.
+            (Some("stop"), Some(instance), Some(run), Some(call))
+                if instance == self.instance.as_str() =>
+            {
+                if let (Ok(run), Ok(call)) = (RunId::parse(run), ToolCallId::parse(call)) {
+                    tracing::warn!(%run, %call, "another instance took this instance for dead and recorded its call as interrupted; stopping it here");
+                    let _ = self.stops.send(RemoteStop::Call(run, call));
+                }
+            }
+            (Some("stop"), Some(_), Some(_), _) => {}
             _ => tracing::debug!(message, "an unknown doorbell"),
         }
     }

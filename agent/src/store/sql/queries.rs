@@ -421,10 +421,16 @@ struct GiveBack {
 /// The doorbell that tells instance `on` alone to stop what it runs of `run_id`, a running run a recovery fenced and
 /// ends, judging `on` dead. Only for such a run, which nobody goes on with: a waiting run whose call a recovery
 /// interrupts goes on (its batch is claimed next, perhaps by `on` itself), and stopping `on`'s work on it by the
-/// run's id could stop that claim too, so a late instance's call of a waiting run runs to its end, its result
-/// refused.
+/// run's id could stop that claim too; its call is stopped alone ([`stop_call_message`]).
 fn stop_message(on: &InstanceId, run_id: &RunId) -> String {
     format!("stop {on} {run_id}")
+}
+
+/// The doorbell that tells instance `on` alone to stop its call `call_id` of the waiting run `run_id`, which a
+/// recovery recorded as interrupted, judging `on` dead: should `on` only have been late, its tool would go on, and
+/// its result would be refused.
+fn stop_call_message(on: &InstanceId, run_id: &RunId, call_id: &ToolCallId) -> String {
+    format!("stop {on} {run_id} {call_id}")
 }
 
 /// What a run's end that changed no row returns: [`Fenced::Aborted`] for an end refused for the run's abort (an end
@@ -1827,8 +1833,8 @@ impl Store for SqlStore {
         .boxed()
     }
 
-    fn remote_aborts(&self) -> tokio::sync::broadcast::Receiver<(RunId, AbortReason)> {
-        self.aborts.subscribe()
+    fn remote_stops(&self) -> tokio::sync::broadcast::Receiver<RemoteStop> {
+        self.stops.subscribe()
     }
 
     fn open_batch(&self, batch: OpenBatch) -> StoreFuture<'_, Result<(), Fenced>> {
@@ -2433,6 +2439,16 @@ impl Store for SqlStore {
                         .await
                         .map_err(unavailable)?;
                     audit_in(&mut tx, &audit).await.map_err(unavailable)?;
+                    // Should its instance only have been late, its tool stops (a fenced run's is stopped with the
+                    // run).
+                    if !fenced_runs.contains(&record.run_id) {
+                        let dead = InstanceId::from_stored(dead.clone());
+                        self.doorbell(&mut tx, || {
+                            stop_call_message(&dead, &record.run_id, &record.call.id)
+                        })
+                        .await
+                        .map_err(unavailable)?;
+                    }
                     self.commit_change(
                         tx,
                         Taken::default(),
