@@ -3389,7 +3389,8 @@ async fn a_call_of_an_instance_whose_heartbeat_came_during_a_recovery_is_not_int
     );
 }
 
-/// A late owner's grant and a recovery's fence of its run, at once on PostgreSQL: the grant reads the run's row
+/// A grant is kept only by the instance that holds the run. A late owner's grant and a recovery's fence of its run,
+/// at once on PostgreSQL: the grant reads the run's row
 /// `FOR SHARE`, so it waits for the fence's update in flight and then finds the run fenced. Read without the lock,
 /// it would see the run as its own and keep a grant the recovery (which gives a resume's answers back only when the
 /// run made none) does not know of.
@@ -3401,6 +3402,22 @@ async fn a_grant_waits_for_a_fence_in_flight_on_postgresql() {
         .await
         .unwrap();
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    let grant = |id: &str| StoredGrant {
+        id: id.into(),
+        grant: json!({"runId": "r", "tool": "delete_file"}),
+        created_at: 5,
+    };
+    // Another instance, at the run's epoch, does not hold it.
+    let other = SqlStore::open(&DatabaseUrl::Postgres(url.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        other
+            .add_grant(&run_id("r"), 1, grant("other"))
+            .await
+            .unwrap(),
+        Err(Fenced::Lost)
+    );
     let mut fence = sqlx::PgConnection::connect(&url).await.unwrap();
     fence.execute("BEGIN").await.unwrap();
     fence
@@ -3409,14 +3426,8 @@ async fn a_grant_waits_for_a_fence_in_flight_on_postgresql() {
         .unwrap();
     let granting = {
         let store = Arc::clone(&store);
-        tokio::spawn(async move {
-            let grant = StoredGrant {
-                id: "g1".into(),
-                grant: json!({"runId": "r", "tool": "delete_file"}),
-                created_at: 5,
-            };
-            store.add_grant(&run_id("r"), 1, grant).await.unwrap()
-        })
+        let grant = grant("g1");
+        tokio::spawn(async move { store.add_grant(&run_id("r"), 1, grant).await.unwrap() })
     };
     let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
     until_waiting_for_locks(&mut watcher, 1, "the grant never waited for the fence").await;

@@ -694,13 +694,40 @@ async fn a_rule_removed_on_another_instance_allows_none_of_the_runs_later_calls(
     assert_eq!(here.deletes.count(), 1, "and has not run");
 }
 
-/// A destructive tool (it asks) that works until its run's abort reaches it, and then says it was stopped.
+/// A destructive tool (it asks) that works until its run's abort reaches it, and then says it was stopped, or until
+/// it is let go, and then says it wrote.
+#[cfg(feature = "sql")]
 struct WorksUntilStopped {
     spec: agent::wire::ToolSpec,
     started: Arc<Notify>,
     stopped: Arc<Notify>,
+    let_go: Arc<Notify>,
 }
 
+#[cfg(feature = "sql")]
+impl WorksUntilStopped {
+    fn named(name: &str) -> Self {
+        Self {
+            spec: agent::wire::ToolSpec {
+                name: name.into(),
+                description: "A write that takes until it is stopped or let go".into(),
+                input_schema: json!({"type": "object"}),
+                annotations: ToolAnnotations {
+                    read_only: Some(false),
+                    destructive: Some(true),
+                    idempotent: Some(false),
+                    open_world: Some(false),
+                },
+                mcp: None,
+            },
+            started: Arc::new(Notify::new()),
+            stopped: Arc::new(Notify::new()),
+            let_go: Arc::new(Notify::new()),
+        }
+    }
+}
+
+#[cfg(feature = "sql")]
 impl Tool for WorksUntilStopped {
     fn spec(&self) -> &agent::wire::ToolSpec {
         &self.spec
@@ -709,14 +736,92 @@ impl Tool for WorksUntilStopped {
     fn execute<'a>(&'a self, _: serde_json::Value, context: &'a ToolContext) -> ToolFuture<'a> {
         Box::pin(async move {
             self.started.notify_one();
-            context.cancel.cancelled().await;
-            self.stopped.notify_one();
-            Err(agent::tools::ToolError::new(
-                ToolErrorCode::ToolFailed,
-                "stopped",
-            ))
+            tokio::select! {
+                () = context.cancel.cancelled() => {
+                    self.stopped.notify_one();
+                    Err(agent::tools::ToolError::new(ToolErrorCode::ToolFailed, "stopped"))
+                }
+                () = self.let_go.notified() => Ok(json!("written")),
+            }
         })
     }
+}
+
+/// The signals of a [`WorksUntilStopped`] tool, kept by a test once the toolbox has the tool.
+#[cfg(feature = "sql")]
+struct Signals {
+    started: Arc<Notify>,
+    stopped: Arc<Notify>,
+    let_go: Arc<Notify>,
+}
+
+#[cfg(feature = "sql")]
+fn harness_config() -> agent::harness::HarnessConfig {
+    agent::harness::HarnessConfig::new(
+        agent::policy::PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
+        std::time::Duration::from_secs(120),
+    )
+}
+
+/// An instance on PostgreSQL (its heartbeat's lease ten minutes, so that it does not come back during a test) that
+/// runs the approved calls of a waiting run, one [`WorksUntilStopped`] tool per call, each until it is stopped or let
+/// go; the run then answers "Written.". Returns once every call has started.
+#[cfg(feature = "sql")]
+async fn a_waiting_runs_calls_running(
+    calls: &[&str],
+    config: agent::harness::HarnessConfig,
+) -> (
+    String,
+    Arc<agent::store::sql::SqlStore>,
+    agent::harness::Harness,
+    agent::harness::RunHandle,
+    Vec<Signals>,
+) {
+    use agent::store::sql::{DatabaseUrl, SqlStore};
+    let url = postgres::database();
+    let store = SqlStore::open_with_lease(
+        &DatabaseUrl::Postgres(url.clone()),
+        std::time::Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
+    let mut toolbox = Toolbox::new();
+    let mut signals = Vec::new();
+    for &id in calls {
+        let tool = WorksUntilStopped::named(&format!("write_{id}"));
+        signals.push(Signals {
+            started: Arc::clone(&tool.started),
+            stopped: Arc::clone(&tool.stopped),
+            let_go: Arc::clone(&tool.let_go),
+        });
+        toolbox = toolbox.with(tool).unwrap();
+    }
+    let step: Vec<ToolCall> = calls
+        .iter()
+        .map(|id| call(id, &format!("write_{id}"), json!({})))
+        .collect();
+    let model = Arc::new(ReplayModel::new(vec![
+        tool_step(&step),
+        text_step("Written."),
+    ]));
+    let harness = agent::harness::Harness::open(
+        config,
+        model,
+        toolbox,
+        Arc::clone(&store) as Arc<dyn agent::store::Store>,
+    )
+    .await
+    .unwrap();
+    let run = start_interactive(&harness, "write for long").await;
+    let mut events = Events::of(&run);
+    for _ in calls {
+        let request = events.next_approval().await;
+        decide_pending(&harness, &request, Decision::approve()).await;
+    }
+    for signal in &signals {
+        signal.started.notified().await;
+    }
+    (url, store, harness, run, signals)
 }
 
 /// An instance on PostgreSQL whose heartbeat is late runs an approved call of a waiting run; another instance, taking
@@ -726,52 +831,10 @@ impl Tool for WorksUntilStopped {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_a_recovery_took_from_a_late_instance_stops_there() {
     use agent::store::sql::{DatabaseUrl, SqlStore};
-    let url = postgres::database();
-    let database = DatabaseUrl::Postgres(url.clone());
-    // A lease of ten minutes: its own heartbeat does not come back during the test.
-    let late = SqlStore::open_with_lease(&database, std::time::Duration::from_secs(600))
-        .await
-        .unwrap();
-    let tool = WorksUntilStopped {
-        spec: agent::wire::ToolSpec {
-            name: "long_write".into(),
-            description: "A write that takes until it is stopped".into(),
-            input_schema: json!({"type": "object"}),
-            annotations: ToolAnnotations {
-                read_only: Some(false),
-                destructive: Some(true),
-                idempotent: Some(false),
-                open_world: Some(false),
-            },
-            mcp: None,
-        },
-        started: Arc::new(Notify::new()),
-        stopped: Arc::new(Notify::new()),
-    };
-    let (started, stopped) = (Arc::clone(&tool.started), Arc::clone(&tool.stopped));
-    let config = || {
-        agent::harness::HarnessConfig::new(
-            agent::policy::PermissionPolicy::new(ApprovalPolicy::OnRequest, Default::default()),
-            std::time::Duration::from_secs(120),
-        )
-    };
-    let model = Arc::new(ReplayModel::new(vec![
-        tool_step(&[call("call-1", "long_write", json!({}))]),
-        text_step("Written."),
-    ]));
-    let here = agent::harness::Harness::open(
-        config(),
-        model,
-        Toolbox::new().with(tool).unwrap(),
-        Arc::clone(&late) as Arc<dyn agent::store::Store>,
-    )
-    .await
-    .unwrap();
-    let run = start_interactive(&here, "write for long").await;
-    let request = Events::of(&run).next_approval().await;
-    decide_pending(&here, &request, Decision::approve()).await;
-    started.notified().await;
-
+    // Its own look at what it works on comes too late to stop the call: the doorbell must.
+    let mut config = harness_config();
+    config.reconcile_every = std::time::Duration::from_secs(3600);
+    let (url, late, _here, run, signals) = a_waiting_runs_calls_running(&["call-1"], config).await;
     let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
         .await
         .unwrap();
@@ -782,16 +845,19 @@ async fn a_call_a_recovery_took_from_a_late_instance_stops_there() {
         .unwrap();
     // The other instance recovers as it opens.
     let _elsewhere = agent::harness::Harness::open(
-        config(),
+        harness_config(),
         Arc::new(ReplayModel::new(vec![text_step("Written.")])),
         Toolbox::new(),
-        SqlStore::open(&database).await.unwrap(),
+        SqlStore::open(&DatabaseUrl::Postgres(url)).await.unwrap(),
     )
     .await
     .unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(10), stopped.notified())
-        .await
-        .expect("the late instance's tool is told to stop");
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        signals[0].stopped.notified(),
+    )
+    .await
+    .expect("the late instance's tool is told to stop");
     let events = tokio::time::timeout(std::time::Duration::from_secs(20), all_events(&run))
         .await
         .expect("the run goes on after its call was interrupted");
@@ -799,6 +865,61 @@ async fn a_call_a_recovery_took_from_a_late_instance_stops_there() {
         output_of(&events, "call-1"),
         ToolOutput::Error { code: ToolErrorCode::ToolFailed, message } if message.contains("interrupted")
     ));
+    assert_eq!(answer(&events), Some("Written."));
+}
+
+/// A call the store no longer has this instance run (here: recorded as interrupted, as a recovery does, and no
+/// doorbell rung, as when one is lost while the instance's connection was down) stops at the instance's next look at
+/// what it works on. The run's other call, still this instance's, runs to its end, and the run goes on.
+#[cfg(feature = "sql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_taken_from_an_instance_stops_there_though_the_doorbell_was_lost() {
+    let mut config = harness_config();
+    config.reconcile_every = std::time::Duration::from_millis(100);
+    let (url, _late, _here, run, signals) =
+        a_waiting_runs_calls_running(&["call-1", "call-2"], config).await;
+    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    let (record,): (String,) =
+        sqlx::query_as("SELECT record FROM calls WHERE run_id = $1 AND call_id = 'call-1'")
+            .bind(run.run_id().as_str())
+            .fetch_one(&mut connection)
+            .await
+            .unwrap();
+    let mut record: agent::store::CallRecord = serde_json::from_str(&record).unwrap();
+    record.status = agent::store::CallStatus::Interrupted;
+    record.executing_on = None;
+    record.output = Some(ToolOutput::error(
+        ToolErrorCode::ToolFailed,
+        "interrupted: its instance was taken for dead",
+    ));
+    sqlx::query(
+        "UPDATE calls SET status = 'interrupted', executing_on = NULL, record = $2 \
+         WHERE run_id = $1 AND call_id = 'call-1'",
+    )
+    .bind(run.run_id().as_str())
+    .bind(serde_json::to_string(&record).unwrap())
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        signals[0].stopped.notified(),
+    )
+    .await
+    .expect("the call taken from the instance stops there");
+    signals[1].let_go.notify_one();
+    let events = tokio::time::timeout(std::time::Duration::from_secs(20), all_events(&run))
+        .await
+        .expect("the run goes on");
+    assert_eq!(
+        output_of(&events, "call-2"),
+        ToolOutput::Ok {
+            content: json!("written")
+        },
+        "the run's other call ran to its end"
+    );
     assert_eq!(answer(&events), Some("Written."));
 }
 

@@ -49,8 +49,8 @@ use crate::policy::{PermissionPolicy, RuleBook, StoredRuleBook};
 use crate::runtime::{AbortReason, RunAbort};
 use crate::store::memory::MemoryStore;
 use crate::store::{
-    AuditEntry, AuditQuery, EncodedEvent, RemoteStop, RunInfo, SessionSummary, Store, StoreError,
-    StoreKind,
+    AuditEntry, AuditQuery, CallStatus, EncodedEvent, RemoteStop, RunInfo, SessionSummary, Store,
+    StoreError, StoreKind,
 };
 use crate::tools::Toolbox;
 use crate::view::{RunView, SessionView};
@@ -170,7 +170,9 @@ impl LocalRuns {
         self.reach(run_id, Some(reason));
     }
 
-    /// Stops this process's run of one call, as a shutdown stops it; the run's other work goes on.
+    /// Stops this process's run of one call, which is not this instance's any more; the run's other work goes on.
+    /// As a cancel, not a shutdown: a call still waiting for its file does not run (a shutdown's would, as a durable
+    /// store keeps it for the next start), and a running tool is told to stop.
     fn stop_call(&self, run_id: &RunId, call_id: &ToolCallId) {
         let calls = self.calls.lock();
         for switch in calls
@@ -178,8 +180,20 @@ impl LocalRuns {
             .into_iter()
             .flatten()
         {
-            switch.abort(AbortReason::Shutdown);
+            switch.abort(AbortReason::Cancelled);
         }
+    }
+
+    /// The calls of waiting runs this process runs, by run.
+    fn calls_by_run(&self) -> HashMap<RunId, Vec<ToolCallId>> {
+        let mut by_run: HashMap<RunId, Vec<ToolCallId>> = HashMap::new();
+        for (run_id, call_id) in self.calls.lock().keys() {
+            by_run
+                .entry(run_id.clone())
+                .or_default()
+                .push(call_id.clone());
+        }
+        by_run
     }
 
     /// Whether a task of this process works on the run; an abort given reaches it.
@@ -511,13 +525,42 @@ impl Harness {
         }
     }
 
+    /// Stops the calls of waiting runs this process runs that the store says are not this instance's to run now:
+    /// settled, or running elsewhere. (A call not begun yet is still to run: it is left.)
+    async fn stop_calls_taken_from_here(&self) {
+        let here = self.inner.store.instance();
+        for (run_id, call_ids) in self.inner.local.calls_by_run() {
+            let records = match self.inner.store.calls(&run_id).await {
+                Ok(records) => records,
+                Err(error) => {
+                    tracing::warn!(%run_id, %error, "cannot read the calls this process runs of the run");
+                    continue;
+                }
+            };
+            for call_id in call_ids {
+                let taken = records
+                    .iter()
+                    .find(|record| record.call.id == call_id)
+                    .is_none_or(|record| {
+                        record.status.is_final()
+                            || (record.status == CallStatus::Executing
+                                && record.executing_on.as_ref() != Some(here))
+                    });
+                if taken {
+                    self.inner.local.stop_call(&run_id, &call_id);
+                }
+            }
+        }
+    }
+
     /// Now and then, checks the runs this instance holds as running against the tasks it has. An abort recorded
     /// that a task or tool of this process did not hear of (another instance's doorbell lost on the way) reaches
     /// it, for a waiting run whose calls it runs too. A run that no task works on, seen so twice at the same claim,
     /// is ended as failed, so that its session takes the next run: its end could not be recorded (the database
     /// failed just then), or its task stopped without ending it. A run's task registers before the run is this
     /// instance's (`LocalRun`), so a run just started or claimed is not taken for one. On SQLite it also carries on
-    /// waiting runs that have work nobody does.
+    /// waiting runs that have work nobody does. A call of a waiting run this process runs that the store no longer
+    /// has it run (a recovery recorded it as interrupted, another instance's doorbell lost on the way) stops.
     async fn reconcile_held_runs_forever(self) {
         let every = self.inner.config.reconcile_every;
         let mut unworked: std::collections::HashSet<(RunId, crate::store::Epoch)> =
@@ -551,6 +594,7 @@ impl Harness {
                     self.inner.local.abort(&run_id, reason);
                 }
             }
+            self.stop_calls_taken_from_here().await;
             for run in held {
                 if self.inner.local.reach(&run.run_id, run.abort) {
                     continue;

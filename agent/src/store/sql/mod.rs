@@ -1134,7 +1134,7 @@ impl SqlStore {
                 }
             }
             // A recovery recorded a call this instance runs of a waiting run as interrupted, judging it dead.
-            (Some("stop"), Some(instance), Some(run), Some(call))
+            (Some("stop-call"), Some(instance), Some(run), Some(call))
                 if instance == self.instance.as_str() =>
             {
                 if let (Ok(run), Ok(call)) = (RunId::parse(run), ToolCallId::parse(call)) {
@@ -1142,7 +1142,8 @@ impl SqlStore {
                     let _ = self.stops.send(RemoteStop::Call(run, call));
                 }
             }
-            (Some("stop"), Some(_), Some(_), _) => {}
+            (Some("stop"), Some(_), Some(_), None)
+            | (Some("stop-call"), Some(_), Some(_), Some(_)) => {}
             _ => tracing::debug!(message, "an unknown doorbell"),
         }
     }

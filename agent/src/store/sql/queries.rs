@@ -429,8 +429,11 @@ fn stop_message(on: &InstanceId, run_id: &RunId) -> String {
 /// The doorbell that tells instance `on` alone to stop its call `call_id` of the waiting run `run_id`, which a
 /// recovery recorded as interrupted, judging `on` dead: should `on` only have been late, its tool would go on, and
 /// its result would be refused.
+///
+/// A verb of its own, not `stop` with one more word: an instance of a version before it (a rolling deploy) reads it as
+/// a doorbell it does not know, not as a stop of the whole run.
 fn stop_call_message(on: &InstanceId, run_id: &RunId, call_id: &ToolCallId) -> String {
-    format!("stop {on} {run_id} {call_id}")
+    format!("stop-call {on} {run_id} {call_id}")
 }
 
 /// What a run's end that changed no row returns: [`Fenced::Aborted`] for an end refused for the run's abort (an end
