@@ -52,8 +52,8 @@ pub enum DecidedBy {
         rule: String,
         origin: RuleOrigin,
     },
-    /// A program that runs other programs met a `deny` rule on `run_command`: it asks.
-    ProgramRunner { program: String, deny_rule: String },
+    /// A program that runs other programs met a `deny` or `ask` rule on `run_command`: it asks.
+    ProgramRunner { program: String, rule: String },
     /// A session grant.
     Grant(SessionGrant),
     /// The policy's default for the tool's annotations.
@@ -66,9 +66,9 @@ impl fmt::Display for DecidedBy {
             Self::Rule { id, rule, origin } => {
                 write!(f, "the rule {rule} ({id}, {})", origin.said())
             }
-            Self::ProgramRunner { program, deny_rule } => write!(
+            Self::ProgramRunner { program, rule } => write!(
                 f,
-                "{} runs other programs while the rule {deny_rule} restricts run_command",
+                "{} runs other programs while the rule {rule} restricts run_command",
                 quoted(program)
             ),
             Self::Grant(grant) => write!(
@@ -239,8 +239,8 @@ impl PermissionPolicy {
             .max()
     }
 
-    /// A program that runs others (a shell, `find -exec`) can run one a `deny` rule forbids without naming it:
-    /// while such a rule exists, calls of one ask.
+    /// A program that runs others (a shell, `find -exec`) can run one a `deny` rule forbids, or an `ask` rule asks
+    /// before, without naming it: while such a rule exists, calls of one ask.
     fn opaque_program(
         &self,
         tool: &ToolSpec,
@@ -254,19 +254,27 @@ impl PermissionPolicy {
         if !is_program_runner(program) {
             return None;
         }
-        let deny = rules.iter().find(|entry| entry.rule.denies_commands())?;
+        // The strictest such rule names the reason, the first written of them.
+        let restricting = rules
+            .iter()
+            .filter(|entry| entry.rule.restricts_commands())
+            .min_by_key(|entry| std::cmp::Reverse(entry.rule.action()))?;
         let program = shell_words(program, &[]);
+        let what = match restricting.rule.action() {
+            RuleAction::Deny => "forbids some",
+            _ => "asks before some",
+        };
         Some(Verdict {
             decision: PermissionDecision::Ask {
                 reason: format!(
-                    "{} runs other programs, and the rule {} forbids some: a person decides.",
+                    "{} runs other programs, and the rule {} {what}: a person decides.",
                     quoted(&program),
-                    deny.rule
+                    restricting.rule
                 ),
             },
             decided_by: DecidedBy::ProgramRunner {
                 program,
-                deny_rule: deny.rule.to_string(),
+                rule: restricting.rule.to_string(),
             },
         })
     }
@@ -371,10 +379,10 @@ impl PermissionPolicy {
                     "The rule {rule} asks before every such call: an approval for the session would not apply."
                 )),
             ),
-            DecidedBy::ProgramRunner { program, deny_rule } => (
+            DecidedBy::ProgramRunner { program, rule } => (
                 Vec::new(),
                 Some(format!(
-                    "{} runs other programs while the rule {deny_rule} restricts run_command, so it asks every time: an approval for the session would not apply.",
+                    "{} runs other programs while the rule {rule} restricts run_command, so it asks every time: an approval for the session would not apply.",
                     quoted(program)
                 )),
             ),
@@ -387,10 +395,10 @@ impl PermissionPolicy {
                     "The rule {rule} asks before this call, and asking beats allowing: change that rule to run it without asking."
                 )),
             ),
-            DecidedBy::ProgramRunner { program, deny_rule } => (
+            DecidedBy::ProgramRunner { program, rule } => (
                 None,
                 Some(format!(
-                    "{} runs other programs while the rule {deny_rule} restricts run_command, so it always asks.",
+                    "{} runs other programs while the rule {rule} restricts run_command, so it always asks.",
                     quoted(program)
                 )),
             ),

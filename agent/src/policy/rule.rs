@@ -378,11 +378,12 @@ impl Rule {
         self.matcher.is_none()
     }
 
-    /// True for a `deny` on what `run_command` runs: a command prefix, or a glob on its `command` or `args`
-    /// (`run_command(command=rm)=deny`). A glob on another argument (`*(**/.env*)=deny`, whose `path` a command does
-    /// not have) restricts no command.
-    pub fn denies_commands(&self) -> bool {
-        self.action == RuleAction::Deny
+    /// True for a `deny` or an `ask` on what `run_command` runs: a command prefix, or a glob on its `command` or
+    /// `args` (`run_command(command=rm)=deny`). A glob on another argument (`*(**/.env*)=deny`, whose `path` a command
+    /// does not have) restricts no command. (An `ask` restricts as a `deny` does: `git -C . push` must not run
+    /// unasked past `run_command(git push)=ask`, nor `env rm x` past `run_command(rm)=ask` under `trusted`.)
+    pub fn restricts_commands(&self) -> bool {
+        self.action >= RuleAction::Ask
             && self.tool.matches(COMMAND_TOOL)
             && match &self.matcher {
                 Some(ArgumentMatcher::Command(_)) => true,

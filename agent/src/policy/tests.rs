@@ -481,7 +481,7 @@ fn a_deny_naming_a_program_by_its_path_catches_it_by_name() {
 }
 
 #[test]
-fn a_shell_asks_while_a_deny_rule_restricts_commands() {
+fn a_shell_asks_while_a_deny_or_ask_rule_restricts_commands() {
     let none = SessionGrants::new();
     let rules = "run_command(rm)=deny,run_command(sh)=allow,run_command(find)=allow,run_command(git status)=allow,run_command(ls)=allow";
     let policy = policy(ApprovalPolicy::OnRequest, rules);
@@ -531,7 +531,27 @@ fn a_shell_asks_while_a_deny_rule_restricts_commands() {
         let decision = paths.decide(&run_command(), &command(line), &none);
         assert_eq!(verdict_kind(&decision), "allow", "{line}: {decision:?}");
     }
-    // Without a deny rule on commands, a shell the person allowed by name runs.
+    // An `ask` rule restricts as a deny does: the spellings that reach what it asks before without naming it ask,
+    // though an `allow` names the program, and under `trusted`, which asks for nothing else.
+    let asking = super::tests::policy(
+        ApprovalPolicy::OnRequest,
+        "run_command(git)=allow,run_command(git push)=ask",
+    );
+    for line in ["git -C . push --force", "git -c a=b push", "git push", "git status"] {
+        let decision = asking.decide(&run_command(), &command(line), &none);
+        assert_eq!(verdict_kind(&decision), "ask", "{line}: {decision:?}");
+    }
+    let trusted = super::tests::policy(ApprovalPolicy::Trusted, "run_command(rm)=ask");
+    for (line, expected) in [
+        ("env rm -rf x", "ask"),
+        ("sh -c 'rm -rf x'", "ask"),
+        ("rm -rf x", "ask"),
+        ("ls -la", "allow"),
+    ] {
+        let decision = trusted.decide(&run_command(), &command(line), &none);
+        assert_eq!(verdict_kind(&decision), expected, "{line}: {decision:?}");
+    }
+    // Without a deny or ask rule on commands, a shell the person allowed by name runs.
     let relaxed = super::tests::policy(ApprovalPolicy::OnRequest, "run_command(sh)=allow");
     assert_eq!(
         verdict_kind(&relaxed.decide(&run_command(), &command("sh -c ls"), &none)),
