@@ -537,7 +537,12 @@ fn a_shell_asks_while_a_deny_or_ask_rule_restricts_commands() {
         ApprovalPolicy::OnRequest,
         "run_command(git)=allow,run_command(git push)=ask",
     );
-    for line in ["git -C . push --force", "git -c a=b push", "git push", "git status"] {
+    for line in [
+        "git -C . push --force",
+        "git -c a=b push",
+        "git push",
+        "git status",
+    ] {
         let decision = asking.decide(&run_command(), &command(line), &none);
         assert_eq!(verdict_kind(&decision), "ask", "{line}: {decision:?}");
     }

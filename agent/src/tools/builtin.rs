@@ -449,9 +449,59 @@ impl RunCommand {
             },
             workspace,
             limits,
-            path_env: std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
+            path_env: absolute_search_path(
+                std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
+            ),
         }
     }
+}
+
+/// A command's own home directory: empty, readable by toolgate's user alone, removed when the call ends (on the
+/// blocking pool: a command may have filled it).
+struct CommandHome(Option<tempfile::TempDir>);
+
+impl CommandHome {
+    fn new() -> Result<Self, ToolError> {
+        tempfile::Builder::new()
+            .prefix("toolgate-home-")
+            .tempdir()
+            .map(|dir| Self(Some(dir)))
+            .map_err(|error| {
+                ToolError::failed(format!(
+                    "Could not make the command's home directory: {error}."
+                ))
+            })
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.0.as_ref().map_or(
+            std::path::Path::new("/nonexistent"),
+            tempfile::TempDir::path,
+        )
+    }
+}
+
+impl Drop for CommandHome {
+    fn drop(&mut self) {
+        let Some(dir) = self.0.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn_blocking(move || drop(dir));
+            }
+            Err(_) => drop(dir),
+        }
+    }
+}
+
+/// The entries of a `PATH` that name a directory from the root. A relative one (`.`, `node_modules/.bin`, an empty
+/// entry, which means `.`) is looked up from the workspace, where the file tools write: a program the model wrote
+/// there would run under the name of one a rule allows.
+fn absolute_search_path(path: OsString) -> OsString {
+    std::env::join_paths(std::env::split_paths(&path).filter(|entry| entry.is_absolute()))
+        // Only an entry with the separator in it fails to join, and none of these has one: it was split on it.
+        .unwrap_or_default()
 }
 
 /// Reads a pipe to its end, keeping at most `limit` bytes, so the child never blocks on a full pipe.
@@ -530,13 +580,19 @@ impl Tool for RunCommand {
                 .map(|args| args.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
 
+            // A home of the command's own, empty, private and removed once its tree is gone. Not the workspace: its
+            // dotfiles (`.gitconfig`, `.curlrc`, `.config/...`) are what the file tools write, and programs read them
+            // as their user's settings (git's `core.fsmonitor` runs a program: a written `.gitconfig` would make an
+            // allowed `git status` run anything). Not the user's either, whose settings and keys no command should
+            // read or change; and nothing one command writes there (`git config --global`) reaches the next.
+            let home = CommandHome::new()?;
             let mut tree = ProcessTree::spawn(
                 tokio::process::Command::new(command)
                     .args(&args)
                     .current_dir(self.workspace.root())
                     .env_clear()
                     .env("PATH", &self.path_env)
-                    .env("HOME", self.workspace.root())
+                    .env("HOME", home.path())
                     .env("LANG", "C.UTF-8")
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
@@ -775,6 +831,57 @@ mod tests {
             .unwrap();
         assert_eq!(read["truncated"], true);
         assert_eq!(read["content"].as_str().unwrap().len(), MAX_READ_BYTES);
+    }
+
+    /// A command's home is its own: outside the workspace (whose dotfiles the file tools write, and programs would
+    /// read as their user's settings), empty, and gone once the call ends, so that nothing one command writes there
+    /// reaches the next.
+    #[tokio::test]
+    async fn a_command_has_an_empty_home_of_its_own_outside_the_workspace() {
+        let (_dir, ws, tools) = setup();
+        std::fs::write(ws.root().join(".gitconfig"), "[core]\n").unwrap();
+        let mut homes = Vec::new();
+        for _ in 0..2 {
+            let out = call(
+                &tools,
+                "run_command",
+                json!({"command": "sh", "args": ["-c", "echo \"$HOME\"; ls -A \"$HOME\"; echo kept > \"$HOME/.gitconfig\""]}),
+            )
+            .await
+            .unwrap();
+            let stdout = out["stdout"].as_str().unwrap().to_owned();
+            let mut lines = stdout.lines();
+            let home = std::path::PathBuf::from(lines.next().unwrap());
+            assert_eq!(lines.next(), None, "{home:?} starts empty");
+            assert!(
+                home.is_absolute() && !home.starts_with(ws.root()),
+                "{home:?}"
+            );
+            homes.push(home);
+        }
+        assert_ne!(homes[0], homes[1]);
+        // Removed on the blocking pool once the call ends.
+        for _ in 0..100 {
+            if homes.iter().all(|home| !home.exists()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(homes.iter().all(|home| !home.exists()), "{homes:?}");
+        assert_eq!(
+            std::fs::read_to_string(ws.root().join(".gitconfig")).unwrap(),
+            "[core]\n"
+        );
+    }
+
+    /// Relative entries of the server's `PATH` (`.`, an empty one, `node_modules/.bin`) would be looked up from the
+    /// workspace, where the model writes files: a command's `PATH` keeps only the absolute ones.
+    #[test]
+    fn a_commands_search_path_keeps_only_directories_from_the_root() {
+        assert_eq!(
+            absolute_search_path(".:/usr/bin::node_modules/.bin:/bin:bin".into()),
+            OsString::from("/usr/bin:/bin")
+        );
     }
 
     #[tokio::test]
