@@ -116,6 +116,9 @@ pub const PROGRAM_RUNNERS: &[&str] = &[
     "batch",
     "crontab",
     "xterm",
+    "systemd-cat",
+    "choom",
+    "uclampset",
     // Programs with an option or a command that runs a program: `find -exec`, git's aliases, hooks and `-c`
     // settings, GNU sed's `e`, ed's and the editors' `!`, `tar --to-command`, `rsync -e`, `rg --pre`, `sort
     // --compress-program`, `zip -TT`, `wget --use-askpass`, `man -P`, less's `+!`, the database shells' `.shell`
@@ -160,6 +163,21 @@ pub const PROGRAM_RUNNERS: &[&str] = &[
     "docker",
     "podman",
     "kubectl",
+    "bsdtar",
+    "mariadb",
+    "duckdb",
+    "svn",
+    "lftp",
+    "yt-dlp",
+    "youtube-dl",
+    // Compilers: `gcc -wrapper sh,-c,...`, `rustc -C linker=...`.
+    "cc",
+    "c++",
+    "gcc",
+    "g++",
+    "clang",
+    "clang++",
+    "rustc",
     // Build tools and package managers: they run the project's build scripts, tasks and hooks.
     "make",
     "just",
@@ -203,6 +221,8 @@ pub const PROGRAM_RUNNERS: &[&str] = &[
     "ant",
     "bazel",
     "dotnet",
+    "rustup",
+    "nix-shell",
     // Interpreters that run code given as an argument or a file.
     "python",
     "pypy",
@@ -287,11 +307,32 @@ pub fn basename(program: &str) -> &str {
 
 /// True when `program` (by its name, whatever its directory) runs other programs. The name is read in lower case
 /// (`SH` is `sh` where file names ignore case) and also without a version at its end ([`unversioned`]), so
-/// `python3.12`, `python3.7m`, `pip3`, `pypy3`, `node-20` and Debian's `perl5.36-x86_64-linux-gnu` are what they
-/// run, while `man2html` or `zip2john` are not `man` or `zip`. Either reading can only make a call stricter.
+/// `python3.12`, `python3.7m`, `python3.13t`, `pip3`, `pypy3`, `node-20` and Debian's `perl5.36-x86_64-linux-gnu`
+/// are what they run, while `man2html` or `zip2john` are not `man` or `zip`; and in the other spellings packagers
+/// give a program ([`spellings`]). A dynamic loader (`ld-linux-x86-64.so.2 /bin/rm x`) runs the program it is given.
+/// Every reading can only make a call stricter.
 pub fn is_program_runner(program: &str) -> bool {
     let name = basename(program).to_lowercase();
-    PROGRAM_RUNNERS.contains(&name.as_str()) || PROGRAM_RUNNERS.contains(&unversioned(&name))
+    let loader = (name.starts_with("ld-") && name.contains(".so")) || name.starts_with("ld.so");
+    loader
+        || spellings(&name).any(|spelling| {
+            PROGRAM_RUNNERS.contains(&spelling) || PROGRAM_RUNNERS.contains(&unversioned(spelling))
+        })
+}
+
+/// `name`, and the program it names as packagers spell it: without a build's suffix (`bash-static`,
+/// `python3.12-dbg`), before a first `.` (Debian's `vim.basic` and `vim.tiny`), and without GNU's `g` in front
+/// (Homebrew's `gsed`, `gmake`, `gxargs`, `genv`; also `gvim`).
+fn spellings(name: &str) -> impl Iterator<Item = &str> {
+    let built = ["-static", "-dbg"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name);
+    let before_dot = built.split('.').next().filter(|part| !part.is_empty());
+    let gnu = built.strip_prefix('g').filter(|rest| !rest.is_empty());
+    [Some(name), Some(built), before_dot, gnu]
+        .into_iter()
+        .flatten()
 }
 
 /// `name` without a version at its end: digits in dot- or underscore-separated groups after an optional `-`, `_`
@@ -338,12 +379,13 @@ fn is_version(tail: &str) -> bool {
         })
 }
 
-/// A pre-release tag: `m`, `a1`, `b2`, `rc2`, `beta3`, `alpha`, `pre`, `dev`.
+/// A pre-release or build tag: `m`, `a1`, `b2`, `rc2`, `beta3`, `alpha`, `pre`, `dev`, and Python's `t` (free-threaded)
+/// and `d` (debug).
 fn is_prerelease(tag: &str) -> bool {
     let word = tag.trim_end_matches(|c: char| c.is_ascii_digit());
     matches!(
         word,
-        "a" | "b" | "m" | "rc" | "alpha" | "beta" | "pre" | "dev"
+        "a" | "b" | "m" | "t" | "d" | "rc" | "alpha" | "beta" | "pre" | "dev"
     )
 }
 
@@ -954,6 +996,35 @@ pub(crate) mod tests {
             "/bin/Bash",
             "./gradlew",
             "linux64",
+            // The spellings packagers give a program, and a dynamic loader.
+            "/lib64/ld-linux-x86-64.so.2",
+            "ld-musl-x86_64.so.1",
+            "ld.so",
+            "systemd-cat",
+            "vim.basic",
+            "vim.tiny",
+            "bash-static",
+            "zsh-static",
+            "python3.13t",
+            "python3-dbg",
+            "python3.12-dbg",
+            "gmake",
+            "gsed",
+            "gfind",
+            "gtar",
+            "genv",
+            "gxargs",
+            "gtimeout",
+            "gvim",
+            "bsdtar",
+            "mariadb",
+            "svn",
+            "rustup",
+            "nix-shell",
+            "gcc",
+            "choom",
+            "uclampset",
+            "yt-dlp",
         ] {
             assert!(is_program_runner(program), "{program}");
         }
@@ -974,6 +1045,12 @@ pub(crate) mod tests {
             "gem2deb",
             "go2rtc",
             "python3-config",
+            "grep",
+            "gitk",
+            "gpg",
+            "ldd",
+            "ldconfig",
+            "file.txt",
         ] {
             assert!(!is_program_runner(program), "{program}");
         }
