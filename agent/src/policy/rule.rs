@@ -448,8 +448,18 @@ impl Rule {
                 // Where case may not count, a `deny` or `ask` rule also folds letters beyond ASCII; and it sees a path
                 // through a directory that may ignore case where the workspace does not (a mount inside it, a
                 // casefold directory) as every spelling of it.
+                // A `deny` or `ask` on whatever is under a directory (`secrets/**`, `secrets/*`) also covers the
+                // directory itself: listing it would show the names the rule keeps from the model. Asked with a child
+                // no file can have (a NUL in its name), which only such a glob meets, not one that names a file.
+                let as_directory = |candidate: &String| {
+                    (path && !strict_reading && !candidate.is_empty())
+                        .then(|| format!("{candidate}/\0"))
+                };
                 let hit = |candidate: &String| {
-                    glob.is_match(candidate, case_insensitive)
+                    as_directory(candidate).is_some_and(|directory| {
+                        glob.is_match(&directory, case_insensitive)
+                            || (case_insensitive && glob.is_folded_match(&directory))
+                    }) || glob.is_match(candidate, case_insensitive)
                         || (case_insensitive && !strict_reading && glob.is_folded_match(candidate))
                         || (as_text && glob.is_text_match(candidate))
                         || (program && glob.is_match(basename(candidate), true))
@@ -745,9 +755,10 @@ fn is_workspace_path(tool_name: &str, name: &str) -> bool {
 }
 
 /// A path glob as the file tools' paths are compared: relative to the workspace, without `.` segments or empty
-/// ones (`./src//a/` is `src/a`). `None` for a glob that starts at `/` or climbs with `..`, which no such path meets.
+/// ones (`./src//a/` is `src/a`). `None` for a glob that starts at `/` or climbs with `..`, which no such path meets,
+/// also inside an alternative (`{a,../b}`).
 fn normalised_path_glob(glob: &str) -> Option<String> {
-    if glob.starts_with('/') || glob.split('/').any(|part| part == "..") {
+    if glob.starts_with('/') || glob.split(['/', '{', ',', '}']).any(|part| part == "..") {
         return None;
     }
     Some(
@@ -756,6 +767,44 @@ fn normalised_path_glob(glob: &str) -> Option<String> {
             .collect::<Vec<_>>()
             .join("/"),
     )
+}
+
+/// Whether a path glob has a `.` segment, or an empty one, inside an alternative (`{.env,./secrets/**}`,
+/// `{a//b,c}`): the normalising of [`normalised_path_glob`] goes by segments and does not see into `{…}`, so such an
+/// alternative would keep a spelling no normalised path has, and never match.
+fn unnormalised_alternative(glob: &str) -> bool {
+    let (mut depth, mut in_class, mut escaped) = (0usize, false, false);
+    // The segment since the last `/`, `{`, `,` or `}`, and whether a `/` began it.
+    let (mut segment, mut after_slash) = (String::new(), false);
+    for c in glob.chars() {
+        if escaped {
+            escaped = false;
+            segment.push(c);
+            continue;
+        }
+        match c {
+            '\\' => escaped = true,
+            '[' if !in_class => in_class = true,
+            ']' if in_class => in_class = false,
+            '{' | '}' | ',' | '/' if !in_class => {
+                let inside = depth > 0;
+                if inside && (segment == "." || (segment.is_empty() && after_slash && c == '/')) {
+                    return true;
+                }
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth = depth.saturating_sub(1),
+                    _ => {}
+                }
+                after_slash = c == '/';
+                segment.clear();
+                continue;
+            }
+            _ => {}
+        }
+        segment.push(c);
+    }
+    false
 }
 
 fn argument_glob(tool: &ToolPattern, name: &str, glob: &str) -> Result<ArgumentGlob, RuleProblem> {
@@ -777,6 +826,12 @@ fn argument_glob(tool: &ToolPattern, name: &str, glob: &str) -> Result<ArgumentG
     // keeps the glob as written for the others and the normalised one for the file tools. A glob that normalises to
     // nothing (`.`, `./`) names the workspace itself, whose path is empty: it is kept as written, so that the rule
     // reads back, and meets the workspace's path as the normalised one.
+    if name == "path" && unnormalised_alternative(written) {
+        return Err(RuleProblem::Glob {
+            glob: written.to_owned(),
+            message: "an alternative inside {…} has a . segment or an empty one, which no path meets as the file tools compare paths; write it as it resolves (./a is a, a//b is a/b)".to_owned(),
+        });
+    }
     let normalised = (name == "path")
         .then(|| normalised_path_glob(written))
         .flatten();
@@ -1114,6 +1169,33 @@ mod tests {
             problem("read_file(/etc/**)=deny"),
             RuleProblem::PathOutside("/etc/**".into())
         );
+        // Inside an alternative too.
+        assert_eq!(
+            problem("read_file({a,../b})=deny"),
+            RuleProblem::PathOutside("{a,../b}".into())
+        );
+        // An alternative that keeps a spelling no compared path has is said, not kept to match nothing.
+        for glob in ["{.env,./secrets/**}", "{a//b,c}", "src/{./a,b}", "{a,b/.}"] {
+            assert!(
+                matches!(
+                    problem(&format!("read_file({glob})=deny")),
+                    RuleProblem::Glob { .. }
+                ),
+                "{glob}"
+            );
+        }
+        for glob in [
+            "{.env,secrets/**}",
+            "src{/a,/b}",
+            "[./]x",
+            "{a,b}//c",
+            "./{a,b}",
+        ] {
+            assert!(
+                Rule::parse(&format!("read_file({glob})=deny")).is_ok(),
+                "{glob}"
+            );
+        }
         assert!(matches!(
             problem("read_file(a[)=deny"),
             RuleProblem::Glob { .. }

@@ -620,6 +620,46 @@ fn a_path_glob_is_normalised_as_the_paths_it_meets() {
             "{rules}"
         );
     }
+    // What is under a directory covers the directory itself for a deny or an ask: listing it would show the names
+    // the rule keeps from the model. An allow does not stretch so.
+    let list = tool("list_files", READ_ONLY);
+    for rules in ["list_files(secrets/**)=deny", "list_files(secrets/*)=ask"] {
+        let under = policy(ApprovalPolicy::Trusted, rules);
+        let kept = if rules.ends_with("ask") {
+            "ask"
+        } else {
+            "deny"
+        };
+        for (path, expected) in [
+            ("secrets", kept),
+            ("./secrets/", kept),
+            ("secrets/a", kept),
+            ("secretsx", "allow"),
+            (".", "allow"),
+        ] {
+            let decision = under.decide(&list, &json!({ "path": path }), &none);
+            assert_eq!(verdict_kind(&decision), expected, "{rules}: {path}");
+        }
+    }
+    // Not by a glob that names some files under it.
+    let named = policy(
+        ApprovalPolicy::Trusted,
+        "list_files(secrets/.env)=deny,list_files(secrets/**/*.key)=deny",
+    );
+    assert_eq!(
+        verdict_kind(&named.decide(&list, &json!({"path": "secrets"}), &none)),
+        "allow"
+    );
+    let allowed = policy(ApprovalPolicy::Strict, "list_files(src/**)=allow");
+    assert_eq!(
+        verdict_kind(&allowed.decide(&list, &json!({"path": "src"}), &none)),
+        "ask"
+    );
+    let alternatives = policy(ApprovalPolicy::Trusted, "read_file({.env,secrets/**})=deny");
+    assert_eq!(
+        verdict_kind(&alternatives.decide(&read, &json!({"path": "./secrets/key"}), &none)),
+        "deny"
+    );
     let trailing = policy(ApprovalPolicy::Trusted, "read_file(secrets/)=deny");
     assert_eq!(
         verdict_kind(&trailing.decide(&read, &json!({"path": "secrets/"}), &none)),
