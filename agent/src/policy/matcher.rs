@@ -681,6 +681,8 @@ struct CompiledGlob {
     folded: OnceLock<Option<GlobMatcher>>,
     /// The glob read as text, `*` crossing `/` too.
     as_text: OnceLock<GlobMatcher>,
+    /// The glob read as text with its letters folded, when that still reads as a glob.
+    as_folded_text: OnceLock<Option<GlobMatcher>>,
 }
 
 impl PartialEq for RuleGlob {
@@ -721,6 +723,7 @@ impl RuleGlob {
                 any_case: OnceLock::new(),
                 folded: OnceLock::new(),
                 as_text: OnceLock::new(),
+                as_folded_text: OnceLock::new(),
             })
         };
         Ok(Self {
@@ -779,6 +782,19 @@ impl RuleGlob {
                         .unwrap_or_else(|_| compiled.exact_case.clone())
                 })
                 .is_match(candidate),
+        }
+    }
+
+    /// [`RuleGlob::is_text_match`] with the letters of both folded ([`fold_case`]): `*evil.com*` fits
+    /// `https://EVIL.COM/x`. For a `deny` or `ask` only, where any reading can only make a call stricter.
+    pub fn is_folded_text_match(&self, candidate: &str) -> bool {
+        match &self.compiled {
+            None => fold_case(candidate) == fold_case(&self.pattern),
+            Some(compiled) => compiled
+                .as_folded_text
+                .get_or_init(|| build_glob_with(&fold_glob(&self.pattern), true, false).ok())
+                .as_ref()
+                .is_some_and(|folded| folded.is_match(fold_case(candidate))),
         }
     }
 

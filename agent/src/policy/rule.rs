@@ -461,7 +461,10 @@ impl Rule {
                             || (case_insensitive && glob.is_folded_match(&directory))
                     }) || glob.is_match(candidate, case_insensitive)
                         || (case_insensitive && !strict_reading && glob.is_folded_match(candidate))
-                        || (as_text && glob.is_text_match(candidate))
+                        || (as_text
+                            && text_readings(candidate).iter().any(|text| {
+                                glob.is_text_match(text) || glob.is_folded_text_match(text)
+                            }))
                         || (program && glob.is_match(basename(candidate), true))
                         || (path
                             && !strict_reading
@@ -883,6 +886,23 @@ fn starts_with_argument_name(text: &str) -> bool {
 fn could_fold(text: &str) -> bool {
     text.chars()
         .any(|c| c.is_ascii_uppercase() || !c.is_ascii())
+}
+
+/// The ways a `deny` or `ask` reads an argument that is free text: as written; with its runs of white space made one
+/// space and its ends trimmed (`rm\t-rf /` and ` rm -rf /` are `rm -rf /`); and, should it be a command line a
+/// shell reads, each command in it (`true; rm -rf /`, `a && rm x`, `a | rm x`, `$(rm x)`, a line of its own). More
+/// readings can only make a call stricter. (Not a shell's parse: quotes, escapes and expansions still hide a
+/// command from a glob, which is why a `deny` on a shell's input is a guard and not a sandbox.)
+fn text_readings(text: &str) -> Vec<String> {
+    let spaced = |part: &str| part.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut readings = vec![text.to_owned(), spaced(text)];
+    readings.extend(
+        text.split([';', '&', '|', '\n', '\r', '`', '(', ')', '{', '}'])
+            .map(|part| spaced(part.trim_start_matches('$')))
+            .filter(|part| !part.is_empty()),
+    );
+    readings.dedup();
+    readings
 }
 
 fn argument_readings(call: &CallFacts<'_>, name: &str) -> Readings {

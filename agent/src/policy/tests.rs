@@ -989,7 +989,19 @@ fn a_deny_on_a_text_argument_reads_star_across_slashes_and_an_allow_does_not() {
         (&exec, json!({"command": "rm -rf /"}), "deny"),
         (&exec, json!({"command": "rm x/y"}), "deny"),
         (&exec, json!({"command": "ls /"}), "ask"),
+        // Other white space, another case, and a command among others in a shell's line.
+        (&exec, json!({"command": "rm\t-rf /"}), "deny"),
+        (&exec, json!({"command": " rm -rf /"}), "deny"),
+        (&exec, json!({"command": "RM -rf /"}), "deny"),
+        (&exec, json!({"command": "true; rm -rf /"}), "deny"),
+        (&exec, json!({"command": "ls && rm -rf /"}), "deny"),
+        (&exec, json!({"command": "ls | rm -rf /"}), "deny"),
+        (&exec, json!({"command": "echo $(rm -rf /)"}), "deny"),
+        (&exec, json!({"command": "ls\nrm -rf /"}), "deny"),
+        (&exec, json!({"command": "ls; firm x"}), "ask"),
         (&fetch, json!({"url": "https://evil.com/x"}), "ask"),
+        (&fetch, json!({"url": "https://EVIL.COM/x"}), "ask"),
+        (&fetch, json!({"url": "https://docs.rs/serde;x"}), "allow"),
         (&fetch, json!({"url": "https://docs.rs/serde"}), "allow"),
         // The allow's `*` stays in one segment: a deeper page is not what it names.
         (
