@@ -636,10 +636,10 @@ fn changed_since_shown(tool: &RegisteredTool, record: &CallRecord) -> Option<Too
 /// file as their cards showed it before either acted, and the second would act on a file the first had changed. With
 /// them the second looks once the first is done, and is refused as any call on a file changed since its card is.
 ///
-/// One lock per file name in lower case, among 64, for the path asked about and the one a person edited it to: the
-/// spellings of one file that keep its name (another case, another directory through a link) share theirs, and two
-/// files that share one only wait for each other. Names that differ for one file (a link of another name, a hard
-/// link, another Unicode normalization) do not meet here. Within this process: instances that share a workspace do
+/// One lock per file name in lower case and composed (Unicode's NFC), among 64, for the path asked about and the one
+/// a person edited it to: the spellings of one file that keep its name (another case, another normalization, another
+/// directory through a link) share theirs, and two files that share one only wait for each other. Names that differ
+/// for one file (a link of another name, a hard link) do not meet here. Within this process: instances that share a workspace do
 /// not share these locks, and neither do commands and MCP tools, which may change any file. A tool left behind after
 /// an abort's grace (its future dropped) lets them go while a write it handed to another thread may still be going.
 struct FileLocks(Vec<usize>);
@@ -673,7 +673,11 @@ impl FileLocks {
             .get("path")
             .and_then(Value::as_str)
             .and_then(crate::policy::matcher::normalize_relative)
-            .map(|path| path.rsplit('/').next().unwrap_or_default().to_lowercase());
+            .map(|path| {
+                use unicode_normalization::UnicodeNormalization as _;
+                let name = path.rsplit('/').next().unwrap_or_default();
+                name.nfc().collect::<String>().to_lowercase()
+            });
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         name.hash(&mut hasher);
         (hasher.finish() % Self::STRIPES as u64) as usize

@@ -671,6 +671,8 @@ fn probe_case_insensitive_as(root: &Path, name: &str) -> std::io::Result<bool> {
 pub struct RuleGlob {
     pattern: String,
     compiled: Option<CompiledGlob>,
+    /// The glob in composed form (Unicode's NFC), when that is not how it is written.
+    composed: OnceLock<Option<Box<RuleGlob>>>,
 }
 
 #[derive(Clone, Debug)]
@@ -729,7 +731,30 @@ impl RuleGlob {
         Ok(Self {
             pattern: pattern.to_owned(),
             compiled,
+            composed: OnceLock::new(),
         })
+    }
+
+    /// Whether the glob fits `candidate` with both read in one Unicode normalization (composed, NFC): `é` written as
+    /// `e` and a combining accent is `é`, as a file system that ignores normalization (APFS) opens one file by
+    /// either name. For a `deny` or `ask` only, where a reading can only make a call stricter; case as
+    /// [`RuleGlob::is_match`] and [`RuleGlob::is_folded_match`] read it with `case_insensitive`.
+    pub fn is_composed_match(&self, candidate: &str, case_insensitive: bool) -> bool {
+        use unicode_normalization::UnicodeNormalization as _;
+        if candidate.is_ascii() && self.pattern.is_ascii() {
+            // ASCII is composed already: the plain readings decide.
+            return false;
+        }
+        let candidate: String = candidate.nfc().collect();
+        let composed = self.composed.get_or_init(|| {
+            let pattern: String = self.pattern.nfc().collect();
+            (pattern != self.pattern)
+                .then(|| RuleGlob::new(&pattern).ok().map(Box::new))
+                .flatten()
+        });
+        let glob = composed.as_deref().unwrap_or(self);
+        glob.is_match(&candidate, case_insensitive)
+            || (case_insensitive && glob.is_folded_match(&candidate))
     }
 
     pub fn pattern(&self) -> &str {

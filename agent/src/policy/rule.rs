@@ -468,6 +468,9 @@ impl Rule {
                         || (program && glob.is_match(basename(candidate), true))
                         || (path
                             && !strict_reading
+                            && glob.is_composed_match(candidate, case_insensitive))
+                        || (path
+                            && !strict_reading
                             && !case_insensitive
                             && (could_fold(candidate) || could_fold(glob.pattern()))
                             && (glob.is_match(candidate, true) || glob.is_folded_match(candidate))

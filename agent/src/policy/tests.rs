@@ -1306,3 +1306,32 @@ proptest! {
         prop_assert_eq!(grants.covering(&spec, &input(&other)).is_some(), other == granted_argv);
     }
 }
+
+/// A name in another Unicode normalization (`é` as `e` and a combining accent) is the same name to a `deny` or an
+/// `ask`, as a file system that ignores normalization (APFS) opens one file by either; not to an `allow`.
+#[test]
+fn a_name_in_another_unicode_normalization_meets_the_deny_and_ask_rules() {
+    let none = SessionGrants::new();
+    let read = tool("read_file", READ_ONLY);
+    let (composed, decomposed) = ("données", "donne\u{301}es");
+    for (written, asked) in [(composed, decomposed), (decomposed, composed)] {
+        let input = json!({ "path": format!("{asked}/x") });
+        for (rules, expected) in [
+            (format!("read_file({written}/**)=deny"), "deny"),
+            (format!("read_file({written}/x)=deny"), "deny"),
+            (format!("read_file({written}/*)=ask"), "ask"),
+        ] {
+            let decision = policy(ApprovalPolicy::Trusted, &rules).decide(&read, &input, &none);
+            assert_eq!(verdict_kind(&decision), expected, "{rules}: {input}");
+        }
+        let allow = policy(
+            ApprovalPolicy::Strict,
+            &format!("read_file({written}/*)=allow"),
+        );
+        assert_eq!(
+            verdict_kind(&allow.decide(&read, &input, &none)),
+            "ask",
+            "an allow names one spelling"
+        );
+    }
+}
