@@ -675,8 +675,9 @@ impl FileLocks {
             .and_then(crate::policy::matcher::normalize_relative)
             .map(|path| {
                 use unicode_normalization::UnicodeNormalization as _;
-                let name = path.rsplit('/').next().unwrap_or_default();
-                name.nfc().collect::<String>().to_lowercase()
+                // Lower case first: it may decompose (`İ` is `i` and a combining dot), which composing then undoes.
+                let name = path.rsplit('/').next().unwrap_or_default().to_lowercase();
+                name.nfc().collect::<String>()
             });
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         name.hash(&mut hasher);

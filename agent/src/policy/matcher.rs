@@ -16,8 +16,11 @@ use serde_json::Value;
 /// The built-in tool that runs programs; its matcher is a prefix of the argv.
 pub const COMMAND_TOOL: &str = "run_command";
 
+/// The file tool that lists a directory.
+pub const LIST_TOOL: &str = "list_files";
+
 /// The built-in tools whose `path` argument names a file or directory in the workspace.
-pub const FILE_TOOLS: [&str; 4] = ["list_files", "read_file", "write_file", "delete_file"];
+pub const FILE_TOOLS: [&str; 4] = [LIST_TOOL, "read_file", "write_file", "delete_file"];
 
 /// Programs that run other programs: shells, wrappers, interpreters, programs with an option or a command that runs
 /// one, and build tools and package managers, which run a project's own scripts. A prefix rule that does not name
@@ -321,19 +324,27 @@ pub fn is_program_runner(program: &str) -> bool {
 }
 
 /// `name`, and the program it names as packagers spell it: without a build's suffix (`bash-static`,
-/// `python3.12-dbg`), before a first `.` (Debian's `vim.basic` and `vim.tiny`), and without GNU's `g` in front
-/// (Homebrew's `gsed`, `gmake`, `gxargs`, `genv`; also `gvim`).
+/// `python3.12-dbg`), before a first `.` (Debian's `vim.basic` and `vim.tiny`), and as the GNU tool that macOS's
+/// Homebrew installs with a `g` in front ([`GNU_RENAMED`]: `gsed`, `gmake`; not `gzip`, which is no `zip`).
 fn spellings(name: &str) -> impl Iterator<Item = &str> {
     let built = ["-static", "-dbg"]
         .iter()
         .find_map(|suffix| name.strip_suffix(suffix))
         .unwrap_or(name);
     let before_dot = built.split('.').next().filter(|part| !part.is_empty());
-    let gnu = built.strip_prefix('g').filter(|rest| !rest.is_empty());
+    let gnu = built
+        .strip_prefix('g')
+        .filter(|rest| GNU_RENAMED.contains(&unversioned(rest)));
     [Some(name), Some(built), before_dot, gnu]
         .into_iter()
         .flatten()
 }
+
+/// The GNU tools that run programs and that Homebrew installs under a `g` name beside the system's own.
+const GNU_RENAMED: &[&str] = &[
+    "sed", "make", "find", "xargs", "env", "timeout", "tar", "sort", "time", "m4", "patch", "nice",
+    "nohup", "stdbuf", "chroot", "awk", "vim", "view", "ed",
+];
 
 /// `name` without a version at its end: digits in dot- or underscore-separated groups after an optional `-`, `_`
 /// or `.`, then at most a pre-release tag (`3.7m`, `1.21rc2`, `2.1.0-beta3`) and a platform (`-x86_64-linux-gnu`).
@@ -1089,6 +1100,9 @@ pub(crate) mod tests {
             "grep",
             "gitk",
             "gpg",
+            "gzip",
+            "gperf",
+            "gsh",
             "ldd",
             "ldconfig",
             "file.txt",

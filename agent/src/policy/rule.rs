@@ -25,7 +25,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::matcher::{
-    COMMAND_TOOL, FILE_TOOLS, PathContext, Readings, RuleGlob, ToolKind, argv, basename, tool_glob,
+    COMMAND_TOOL, FILE_TOOLS, LIST_TOOL, PathContext, Readings, RuleGlob, ToolKind, argv, basename,
+    tool_glob,
 };
 use crate::permissions::shell_words;
 use crate::wire::RuleAction;
@@ -448,22 +449,20 @@ impl Rule {
                 // Where case may not count, a `deny` or `ask` rule also folds letters beyond ASCII; and it sees a path
                 // through a directory that may ignore case where the workspace does not (a mount inside it, a
                 // casefold directory) as every spelling of it.
-                // A `deny` or `ask` on whatever is under a directory (`secrets/**`, `secrets/*`) also covers the
-                // directory itself: listing it would show the names the rule keeps from the model. Asked with a child
+                // A `deny` or `ask` on whatever is under a directory (`secrets/**`, `secrets/*`) also covers listing
+                // the directory itself, which would show the names the rule keeps from the model. Asked with a child
                 // no file can have (a NUL in its name), which only such a glob meets, not one that names a file.
-                let as_directory = |candidate: &String| {
-                    (path && !strict_reading && !candidate.is_empty())
-                        .then(|| format!("{candidate}/\0"))
-                };
-                let hit = |candidate: &String| {
-                    as_directory(candidate).is_some_and(|directory| {
-                        glob.is_match(&directory, case_insensitive)
-                            || (case_insensitive && glob.is_folded_match(&directory))
-                    }) || glob.is_match(candidate, case_insensitive)
+                let listing = path && !strict_reading && call.tool_name == LIST_TOOL;
+                // Case matters in a command's flags (`-d` is not `-D`): only other tools' text is read in any case.
+                let folded_text = call.tool_name != COMMAND_TOOL;
+                // `candidate` as the glob reads it, and the path it stands for (the directory, for a listing's child).
+                let hit_one = |candidate: &String, real: &String| {
+                    glob.is_match(candidate, case_insensitive)
                         || (case_insensitive && !strict_reading && glob.is_folded_match(candidate))
                         || (as_text
                             && text_readings(candidate).iter().any(|text| {
-                                glob.is_text_match(text) || glob.is_folded_text_match(text)
+                                glob.is_text_match(text)
+                                    || (folded_text && glob.is_folded_text_match(text))
                             }))
                         || (program && glob.is_match(basename(candidate), true))
                         || (path
@@ -474,7 +473,13 @@ impl Rule {
                             && !case_insensitive
                             && (could_fold(candidate) || could_fold(glob.pattern()))
                             && (glob.is_match(candidate, true) || glob.is_folded_match(candidate))
-                            && call.paths.may_fold_case(candidate))
+                            && call.paths.may_fold_case(real))
+                };
+                let hit = |candidate: &String| {
+                    hit_one(candidate, candidate)
+                        || (listing
+                            && !candidate.is_empty()
+                            && hit_one(&format!("{candidate}/\0"), candidate))
                 };
                 if strict_reading {
                     !readings.unknown
@@ -761,12 +766,13 @@ fn is_workspace_path(tool_name: &str, name: &str) -> bool {
 }
 
 /// A path glob as the file tools' paths are compared: relative to the workspace, without `.` segments or empty
-/// ones (`./src//a/` is `src/a`). `None` for a glob that starts at `/` or climbs with `..`, which no such path meets,
-/// also inside an alternative (`{a,../b}`).
+/// ones (`./src//a/` is `src/a`), also inside an alternative ([`normalised_alternatives`]). `None` for a glob that
+/// starts at `/` or climbs with `..`, which no such path meets, also inside an alternative (`{a,../b}`).
 fn normalised_path_glob(glob: &str) -> Option<String> {
     if glob.starts_with('/') || glob.split(['/', '{', ',', '}']).any(|part| part == "..") {
         return None;
     }
+    let glob = normalised_alternatives(glob);
     Some(
         glob.split('/')
             .filter(|part| !part.is_empty() && *part != ".")
@@ -775,42 +781,65 @@ fn normalised_path_glob(glob: &str) -> Option<String> {
     )
 }
 
-/// Whether a path glob has a `.` segment, or an empty one, inside an alternative (`{.env,./secrets/**}`,
-/// `{a//b,c}`): the normalising of [`normalised_path_glob`] goes by segments and does not see into `{…}`, so such an
-/// alternative would keep a spelling no normalised path has, and never match.
-fn unnormalised_alternative(glob: &str) -> bool {
-    let (mut depth, mut in_class, mut escaped) = (0usize, false, false);
-    // The segment since the last `/`, `{`, `,` or `}`, and whether a `/` began it.
-    let (mut segment, mut after_slash) = (String::new(), false);
-    for c in glob.chars() {
-        if escaped {
-            escaped = false;
-            segment.push(c);
-            continue;
-        }
+/// A path glob with the alternatives inside `{…}` normalised as [`normalised_path_glob`] normalises its segments,
+/// which it reads by `/` and so cannot see into them: a `.` segment, an empty one and a trailing `/` dropped
+/// (`{.env,./secrets/**}` is `{.env,secrets/**}`, `{a//b,secrets/}` is `{a/b,secrets}`), so that no alternative keeps
+/// a spelling no compared path has. Outside `{…}`, in character classes and after `\`, nothing changes.
+fn normalised_alternatives(glob: &str) -> String {
+    let mut out = String::with_capacity(glob.len());
+    let (mut depth, mut in_class) = (0usize, false);
+    // Where the segment being read began in `out`, and what began it (`/`, `{`, `,`, or the glob's start).
+    let (mut start, mut began) = (0usize, None::<char>);
+    let mut chars = glob.chars();
+    while let Some(c) = chars.next() {
         match c {
-            '\\' => escaped = true,
+            '\\' => {
+                out.push(c);
+                out.extend(chars.next());
+                continue;
+            }
             '[' if !in_class => in_class = true,
             ']' if in_class => in_class = false,
-            '{' | '}' | ',' | '/' if !in_class => {
-                let inside = depth > 0;
-                if inside && (segment == "." || (segment.is_empty() && after_slash && c == '/')) {
-                    return true;
+            '{' | '}' | ',' | '/' if !in_class && depth > 0 => {
+                let segment = &out[start..];
+                let dot = segment == ".";
+                let empty_after_slash = segment.is_empty() && began == Some('/');
+                if dot || empty_after_slash {
+                    out.truncate(start);
+                    if c == '/' {
+                        // `./` or `//`: the next segment begins where this one did.
+                        continue;
+                    }
+                    // `a/.` or `a/` ending the alternative: its slash goes too.
+                    if began == Some('/') {
+                        out.pop();
+                    }
                 }
                 match c {
                     '{' => depth += 1,
-                    '}' => depth = depth.saturating_sub(1),
+                    '}' => depth -= 1,
                     _ => {}
                 }
-                after_slash = c == '/';
-                segment.clear();
+                out.push(c);
+                (start, began) = (out.len(), Some(c));
+                continue;
+            }
+            '{' if !in_class => {
+                depth += 1;
+                out.push(c);
+                (start, began) = (out.len(), Some(c));
+                continue;
+            }
+            '/' | ',' | '}' if !in_class => {
+                out.push(c);
+                (start, began) = (out.len(), Some(c));
                 continue;
             }
             _ => {}
         }
-        segment.push(c);
+        out.push(c);
     }
-    false
+    out
 }
 
 fn argument_glob(tool: &ToolPattern, name: &str, glob: &str) -> Result<ArgumentGlob, RuleProblem> {
@@ -832,12 +861,6 @@ fn argument_glob(tool: &ToolPattern, name: &str, glob: &str) -> Result<ArgumentG
     // keeps the glob as written for the others and the normalised one for the file tools. A glob that normalises to
     // nothing (`.`, `./`) names the workspace itself, whose path is empty: it is kept as written, so that the rule
     // reads back, and meets the workspace's path as the normalised one.
-    if name == "path" && unnormalised_alternative(written) {
-        return Err(RuleProblem::Glob {
-            glob: written.to_owned(),
-            message: "an alternative inside {…} has a . segment or an empty one, which no path meets as the file tools compare paths; write it as it resolves (./a is a, a//b is a/b)".to_owned(),
-        });
-    }
     let normalised = (name == "path")
         .then(|| normalised_path_glob(written))
         .flatten();
@@ -1197,25 +1220,22 @@ mod tests {
             problem("read_file({a,../b})=deny"),
             RuleProblem::PathOutside("{a,../b}".into())
         );
-        // An alternative that keeps a spelling no compared path has is said, not kept to match nothing.
-        for glob in ["{.env,./secrets/**}", "{a//b,c}", "src/{./a,b}", "{a,b/.}"] {
-            assert!(
-                matches!(
-                    problem(&format!("read_file({glob})=deny")),
-                    RuleProblem::Glob { .. }
-                ),
-                "{glob}"
-            );
-        }
-        for glob in [
-            "{.env,secrets/**}",
-            "src{/a,/b}",
-            "[./]x",
-            "{a,b}//c",
-            "./{a,b}",
+        // The alternatives inside `{…}` are normalised as the rest of a path glob is.
+        for (glob, normalised) in [
+            ("{.env,./secrets/**}", "{.env,secrets/**}"),
+            ("{a//b,c}", "{a/b,c}"),
+            ("src/{./a,b}", "src/{a,b}"),
+            ("{a,b/.}", "{a,b}"),
+            ("{secrets/,.env}", "{secrets,.env}"),
+            ("{x,{./y,z/}}", "{x,{y,z}}"),
+            ("src{/a,/b}", "src{/a,/b}"),
+            ("[./]x", "[./]x"),
+            ("{a,\\./b}", "{a,\\./b}"),
+            ("./{a,b}", "{a,b}"),
         ] {
-            assert!(
-                Rule::parse(&format!("read_file({glob})=deny")).is_ok(),
+            assert_eq!(
+                normalised_path_glob(glob).as_deref(),
+                Some(normalised),
                 "{glob}"
             );
         }

@@ -641,6 +641,12 @@ fn a_path_glob_is_normalised_as_the_paths_it_meets() {
             assert_eq!(verdict_kind(&decision), expected, "{rules}: {path}");
         }
     }
+    // Nor for the other file tools: a file at the top is not under a directory (`*/**` is "inside a subdirectory").
+    let nested = policy(ApprovalPolicy::Trusted, "read_file(*/**)=deny");
+    assert_eq!(
+        verdict_kind(&nested.decide(&read, &json!({"path": "README.md"}), &none)),
+        "allow"
+    );
     // Not by a glob that names some files under it.
     let named = policy(
         ApprovalPolicy::Trusted,
@@ -655,7 +661,10 @@ fn a_path_glob_is_normalised_as_the_paths_it_meets() {
         verdict_kind(&allowed.decide(&list, &json!({"path": "src"}), &none)),
         "ask"
     );
-    let alternatives = policy(ApprovalPolicy::Trusted, "read_file({.env,secrets/**})=deny");
+    let alternatives = policy(
+        ApprovalPolicy::Trusted,
+        "read_file({.env,./secrets/**})=deny",
+    );
     assert_eq!(
         verdict_kind(&alternatives.decide(&read, &json!({"path": "./secrets/key"}), &none)),
         "deny"
@@ -983,7 +992,7 @@ fn a_deny_on_a_text_argument_reads_star_across_slashes_and_an_allow_does_not() {
     let policy = policy(
         ApprovalPolicy::OnRequest,
         "mcp__shell__exec(command=rm *)=deny,mcp__web__fetch(url=*evil.com*)=ask,\
-         mcp__web__fetch(url=https://docs.rs/*)=allow",
+         mcp__web__fetch(url=https://docs.rs/*)=allow,run_command(args=-D)=deny",
     );
     let table: &[(&ToolSpec, Value, &str)] = &[
         (&exec, json!({"command": "rm -rf /"}), "deny"),
@@ -999,6 +1008,9 @@ fn a_deny_on_a_text_argument_reads_star_across_slashes_and_an_allow_does_not() {
         (&exec, json!({"command": "echo $(rm -rf /)"}), "deny"),
         (&exec, json!({"command": "ls\nrm -rf /"}), "deny"),
         (&exec, json!({"command": "ls; firm x"}), "ask"),
+        // A command's flags keep their case: `-d` is not `-D`.
+        (&run_command(), command("base64 -d x"), "ask"),
+        (&run_command(), command("base64 -D x"), "deny"),
         (&fetch, json!({"url": "https://evil.com/x"}), "ask"),
         (&fetch, json!({"url": "https://EVIL.COM/x"}), "ask"),
         (&fetch, json!({"url": "https://docs.rs/serde;x"}), "allow"),
@@ -1324,6 +1336,17 @@ fn a_name_in_another_unicode_normalization_meets_the_deny_and_ask_rules() {
             let decision = policy(ApprovalPolicy::Trusted, &rules).decide(&read, &input, &none);
             assert_eq!(verdict_kind(&decision), expected, "{rules}: {input}");
         }
+        // Listing the directory itself, which a deny on what is under it covers.
+        let list = tool("list_files", READ_ONLY);
+        let listed = policy(
+            ApprovalPolicy::Trusted,
+            &format!("list_files({written}/**)=deny"),
+        );
+        assert_eq!(
+            verdict_kind(&listed.decide(&list, &json!({ "path": asked }), &none)),
+            "deny",
+            "{written}"
+        );
         let allow = policy(
             ApprovalPolicy::Strict,
             &format!("read_file({written}/*)=allow"),

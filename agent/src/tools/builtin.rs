@@ -486,11 +486,41 @@ impl Drop for CommandHome {
         let Some(dir) = self.0.take() else {
             return;
         };
+        let remove = move || {
+            // A command may leave directories it may not write (Go's module cache is read-only): made writable
+            // first, or their contents would stay behind.
+            writable_for_removal(dir.path());
+            if let Err(error) = dir.close() {
+                tracing::warn!(%error, "a command's home directory could not be removed");
+            }
+        };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn_blocking(move || drop(dir));
+                runtime.spawn_blocking(remove);
             }
-            Err(_) => drop(dir),
+            Err(_) => remove(),
+        }
+    }
+}
+
+/// Gives toolgate's user the right to empty every directory under `dir` (not following links).
+fn writable_for_removal(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(metadata) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if metadata.is_dir() {
+            let mode = metadata.permissions().mode();
+            if mode & 0o700 != 0o700 {
+                let _ =
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode | 0o700));
+            }
+            writable_for_removal(&path);
         }
     }
 }
@@ -498,10 +528,13 @@ impl Drop for CommandHome {
 /// The entries of a `PATH` that name a directory from the root. A relative one (`.`, `node_modules/.bin`, an empty
 /// entry, which means `.`) is looked up from the workspace, where the file tools write: a program the model wrote
 /// there would run under the name of one a rule allows.
+/// None left (an empty `PATH` is the current directory to `execvp`): the system's usual directories.
 fn absolute_search_path(path: OsString) -> OsString {
     std::env::join_paths(std::env::split_paths(&path).filter(|entry| entry.is_absolute()))
         // Only an entry with the separator in it fails to join, and none of these has one: it was split on it.
-        .unwrap_or_default()
+        .ok()
+        .filter(|joined| !joined.is_empty())
+        .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into())
 }
 
 /// Reads a pipe to its end, keeping at most `limit` bytes, so the child never blocks on a full pipe.
@@ -845,7 +878,7 @@ mod tests {
             let out = call(
                 &tools,
                 "run_command",
-                json!({"command": "sh", "args": ["-c", "echo \"$HOME\"; ls -A \"$HOME\"; echo kept > \"$HOME/.gitconfig\""]}),
+                json!({"command": "sh", "args": ["-c", "echo \"$HOME\"; ls -A \"$HOME\"; echo kept > \"$HOME/.gitconfig\"; mkdir -p \"$HOME/cache/mod\" && touch \"$HOME/cache/mod/f\" && chmod 555 \"$HOME/cache/mod\" \"$HOME/cache\""]}),
             )
             .await
             .unwrap();
@@ -882,6 +915,13 @@ mod tests {
             absolute_search_path(".:/usr/bin::node_modules/.bin:/bin:bin".into()),
             OsString::from("/usr/bin:/bin")
         );
+        // None left, which `execvp` would read as the current directory: the system's.
+        for path in ["", ".", "bin:"] {
+            assert_eq!(
+                absolute_search_path(path.into()),
+                OsString::from("/usr/local/bin:/usr/bin:/bin")
+            );
+        }
     }
 
     #[tokio::test]
