@@ -447,11 +447,12 @@ impl RunCommand {
                 },
                 mcp: None,
             },
+            path_env: search_path_outside(
+                std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
+                workspace.root(),
+            ),
             workspace,
             limits,
-            path_env: absolute_search_path(
-                std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
-            ),
         }
     }
 }
@@ -525,12 +526,19 @@ fn writable_for_removal(dir: &std::path::Path) {
     }
 }
 
-/// The entries of a `PATH` that name a directory from the root. A relative one (`.`, `node_modules/.bin`, an empty
-/// entry, which means `.`) is looked up from the workspace, where the file tools write: a program the model wrote
-/// there would run under the name of one a rule allows.
-/// None left (an empty `PATH` is the current directory to `execvp`): the system's usual directories.
-fn absolute_search_path(path: OsString) -> OsString {
-    std::env::join_paths(std::env::split_paths(&path).filter(|entry| entry.is_absolute()))
+/// The entries of a `PATH` that name a directory from the root and outside `workspace`. A relative one (`.`,
+/// `node_modules/.bin`, an empty entry, which means `.`) is looked up from the workspace, and one inside it is there:
+/// the file tools write there, and a program the model wrote would run under the name of one a rule allows. None left
+/// (an empty `PATH` is the current directory to `execvp`): the system's usual directories.
+fn search_path_outside(path: OsString, workspace: &std::path::Path) -> OsString {
+    let root = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
+    let inside = |entry: &std::path::Path| {
+        entry.starts_with(workspace)
+            || entry.starts_with(&root)
+            || std::fs::canonicalize(entry).is_ok_and(|real| real.starts_with(&root))
+    };
+    let kept = std::env::split_paths(&path).filter(|entry| entry.is_absolute() && !inside(entry));
+    std::env::join_paths(kept)
         // Only an entry with the separator in it fails to join, and none of these has one: it was split on it.
         .ok()
         .filter(|joined| !joined.is_empty())
@@ -907,18 +915,29 @@ mod tests {
         );
     }
 
-    /// Relative entries of the server's `PATH` (`.`, an empty one, `node_modules/.bin`) would be looked up from the
-    /// workspace, where the model writes files: a command's `PATH` keeps only the absolute ones.
+    /// Entries of the server's `PATH` that lead into the workspace, where the model writes files, relative ones
+    /// (`.`, an empty one, `node_modules/.bin`, looked up from it) and absolute ones inside it (also through a link):
+    /// a command's `PATH` keeps only the others.
     #[test]
-    fn a_commands_search_path_keeps_only_directories_from_the_root() {
+    fn a_commands_search_path_keeps_only_directories_outside_the_workspace() {
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = dir.path().join("ws");
+        std::fs::create_dir_all(workspace.join("bin")).unwrap();
+        std::os::unix::fs::symlink(workspace.join("bin"), dir.path().join("link")).unwrap();
+        let ws = workspace.display();
+        let link = dir.path().join("link");
+        let path = format!(
+            ".:/usr/bin::node_modules/.bin:/bin:bin:{ws}/bin:{ws}/not-yet:{}",
+            link.display()
+        );
         assert_eq!(
-            absolute_search_path(".:/usr/bin::node_modules/.bin:/bin:bin".into()),
+            search_path_outside(path.into(), &workspace),
             OsString::from("/usr/bin:/bin")
         );
         // None left, which `execvp` would read as the current directory: the system's.
-        for path in ["", ".", "bin:"] {
+        for path in ["", ".", "bin:", &format!("{ws}/bin")] {
             assert_eq!(
-                absolute_search_path(path.into()),
+                search_path_outside(path.into(), &workspace),
                 OsString::from("/usr/local/bin:/usr/bin:/bin")
             );
         }
