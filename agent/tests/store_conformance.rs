@@ -1811,6 +1811,47 @@ async fn an_approval_under_a_revoked_grant_is_refused(kind: Kind) {
     );
 }
 
+/// The audit log keeps every entry for good, and some of its texts are chosen by a client or a model (a tool's
+/// name, a refusal that repeats what it refused): each is kept to its bound, cut with `…`, in every store.
+async fn the_audit_log_keeps_each_text_to_its_bound(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store.start_run(new_run("r", "s")).await.unwrap().unwrap();
+    let long = AuditEntry {
+        tool: Some("t".repeat(10_000)),
+        outcome: "o".repeat(10_000),
+        reason: Some("é".repeat(100_000)),
+        actor: Some("a".repeat(300)),
+        ..request_audit("r", "c")
+    };
+    store.audit(long).await.unwrap();
+    store.audit(request_audit("r", "d")).await.unwrap();
+    let entries = audit_of(store, "r").await;
+    let cut = &entries[0];
+    let chars = |text: &str| text.chars().count();
+    assert_eq!(chars(cut.tool.as_deref().unwrap()), AuditEntry::FIELD_CHARS);
+    assert!(cut.tool.as_deref().unwrap().ends_with("t…"));
+    assert_eq!(chars(&cut.outcome), AuditEntry::FIELD_CHARS);
+    assert_eq!(
+        chars(cut.actor.as_deref().unwrap()),
+        AuditEntry::FIELD_CHARS
+    );
+    assert_eq!(
+        chars(cut.reason.as_deref().unwrap()),
+        AuditEntry::REASON_CHARS
+    );
+    assert!(cut.reason.as_deref().unwrap().ends_with("é…"));
+    // An entry within its bounds is kept as it is.
+    assert_eq!(
+        AuditEntry {
+            id: entries[1].id,
+            session_id: entries[1].session_id.clone(),
+            ..request_audit("r", "d")
+        },
+        entries[1]
+    );
+}
+
 /// A grant a resume's answer makes is kept only while the resume is still this instance's run at its epoch: a
 /// run fenced (taken over, or ended by a recovery that looked for grants) keeps none from its late owner.
 async fn a_grant_is_kept_only_by_the_runs_holder(kind: Kind) {
@@ -2260,6 +2301,7 @@ conformance!(
     a_decisions_grant_is_kept_with_it,
     an_approval_under_a_revoked_grant_is_refused,
     a_grant_is_kept_only_by_the_runs_holder,
+    the_audit_log_keeps_each_text_to_its_bound,
     grants_rules_and_the_audit_log_are_kept_and_filtered,
     a_decision_and_a_claim_at_once_never_fail_on_locks,
     sessions_are_read_by_their_ids,

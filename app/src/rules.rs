@@ -102,6 +102,13 @@ pub async fn always_allow(
             .await
         {
             Ok(_) => AlwaysAllowed::Approved,
+            // What the database said goes to the log; the page gets the words every route gives.
+            Err(agent::harness::DecideError::Unavailable(error)) => {
+                tracing::warn!(%error, "the rule was added, and the approval could not be recorded");
+                AlwaysAllowed::RuleOnly {
+                    reason: crate::api::UNAVAILABLE.to_owned(),
+                }
+            }
             Err(error) => AlwaysAllowed::RuleOnly {
                 reason: error.to_string(),
             },

@@ -281,6 +281,7 @@ pub async fn run_events(
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    only_known(&query, &["after"])?;
     let run = find_run(&state.harness, &run_id).await?;
     let after = resume_point(&headers, &query)?;
     // An ended run read to its end: nothing more will come. 204 tells an EventSource so; a stream that ended at
@@ -327,6 +328,13 @@ pub async fn session_events(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let session_id = SessionId::parse(session_id).map_err(|e| ApiError::bad_id("sessionId", e))?;
+    only_known(&query, &["run", "after"])?;
+    if query.contains_key("after") && !query.contains_key("run") {
+        return Err(ApiError::field(
+            "after",
+            "A session stream resumes after an event of a run: give its run too (run=ID&after=SEQ)",
+        ));
+    }
     let resume = session_resume_point(&headers, &query)?;
     let permit = state.streams.acquire(client)?;
     let events = state
@@ -367,11 +375,27 @@ pub async fn cancel_run(
     Ok(Json(json!({"ok": true, "runId": run_id, "status": status})).into_response())
 }
 
+/// Refuses a query parameter the route does not read: a filter misspelt (`runid`) must not quietly become no filter
+/// (every run's approvals, a stream from its start).
+fn only_known(query: &HashMap<String, String>, known: &[&str]) -> Result<(), ApiError> {
+    match query.keys().find(|key| !known.contains(&key.as_str())) {
+        Some(unknown) => Err(ApiError::field(
+            unknown,
+            format!(
+                "Unknown query parameter; this route reads {}",
+                known.join(", ")
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// `GET /api/agent/approvals?runId=...`: pending approvals, of one run or of all.
 pub async fn list_approvals(
     State(state): State<AppState>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
+    only_known(&query, &["runId"])?;
     let run_id = query
         .get("runId")
         .map(|raw| parse_run_id(raw))
@@ -419,22 +443,19 @@ pub async fn audit_log(
     State(state): State<AppState>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let known = [
-        "sessionId",
-        "runId",
-        "tool",
-        "outcome",
-        "since",
-        "until",
-        "after",
-        "limit",
-    ];
-    if let Some(unknown) = query.keys().find(|key| !known.contains(&key.as_str())) {
-        return Err(ApiError::field(
-            unknown,
-            format!("Unknown filter; the filters are {}", known.join(", ")),
-        ));
-    }
+    only_known(
+        &query,
+        &[
+            "sessionId",
+            "runId",
+            "tool",
+            "outcome",
+            "since",
+            "until",
+            "after",
+            "limit",
+        ],
+    )?;
     let time = |field: &str| {
         query
             .get(field)

@@ -275,6 +275,15 @@ fn single<'a>(
 }
 
 /// The token of `Authorization: Bearer <token>` (the scheme is case-insensitive).
+/// Whether an `Authorization` header is of the `Bearer` scheme (well formed or not).
+fn is_bearer_scheme(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    bytes
+        .get(..6)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case(b"bearer"))
+        && bytes.get(6).is_none_or(|next| next.is_ascii_whitespace())
+}
+
 fn bearer(value: &HeaderValue) -> Option<&[u8]> {
     let bytes = value.as_bytes();
     let scheme = bytes.get(..7)?;
@@ -575,7 +584,11 @@ impl Security {
         provenance: Provenance,
         client: Option<IpAddr>,
     ) -> Result<Admitted, Refusal> {
-        if let Some(value) = single(headers, &header::AUTHORIZATION, "Authorization")? {
+        // Only a `Bearer` header is a token: another scheme (`Basic`, which a proxy's own login forwards) is not toolgate's
+        // to judge, and is neither a wrong token nor a reason to pass over a good login cookie.
+        if let Some(value) = single(headers, &header::AUTHORIZATION, "Authorization")?
+            && is_bearer_scheme(value)
+        {
             let wrong_tokens = &self.policy.wrong_tokens;
             let now = Instant::now();
             if let Some(client) = client
@@ -856,6 +869,18 @@ mod tests {
         );
         assert_eq!(bearer(&HeaderValue::from_static("Basic abc")), None);
         assert_eq!(bearer(&HeaderValue::from_static("Bearer")), None);
+        for scheme in ["Bearer abc", "bearer", "BEARER  x"] {
+            assert!(
+                is_bearer_scheme(&HeaderValue::from_static(scheme)),
+                "{scheme}"
+            );
+        }
+        for other in ["Basic dTpw", "Bearerx abc", "Digest x", ""] {
+            assert!(
+                !is_bearer_scheme(&HeaderValue::from_static(other)),
+                "{other}"
+            );
+        }
     }
 
     #[test]

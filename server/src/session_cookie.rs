@@ -81,12 +81,13 @@ fn asked(request: &Request) -> Asked {
     let Some(query) = request.uri().query() else {
         return Asked::Nothing;
     };
-    // A new conversation is the browser's own page's to start: another site's link to `?new` (which carries the
-    // cookies) opens the current one, so that no other site can push the browser's conversations off its list.
-    let from_another_site = request
-        .headers()
-        .get("sec-fetch-site")
-        .is_some_and(|site| site.as_bytes().eq_ignore_ascii_case(b"cross-site"));
+    // A new conversation is the browser's own page's to start, or the person's (a typed address): another page's
+    // link to `?new` (which carries the cookies), from another site or another origin of this one (another port of
+    // the same host), opens the current one, so that no other page can push the browser's conversations off its list.
+    let from_another_site = request.headers().get("sec-fetch-site").is_some_and(|site| {
+        !crate::security::origin::FetchSite::parse(&site.as_bytes().to_ascii_lowercase())
+            .is_some_and(crate::security::origin::FetchSite::is_allowed)
+    });
     let mut asked = Asked::Nothing;
     for (key, value) in form_urlencoded::parse(query.as_bytes()) {
         match key.as_ref() {

@@ -111,7 +111,7 @@ impl Tables {
 
     /// Appends to the audit log; an entry about a run names the run's session.
     fn audit(&mut self, entries: Vec<AuditEntry>) {
-        for mut entry in entries {
+        for mut entry in entries.into_iter().map(AuditEntry::bounded) {
             if entry.session_id.is_none()
                 && let Some(row) = entry.run_id.as_ref().and_then(|run| self.runs.get(run))
             {

@@ -665,6 +665,58 @@ pub struct AuditEntry {
 }
 
 impl AuditEntry {
+    /// The most characters of an entry's `reason` the log keeps: a person's reason (at most 2,000) with the words
+    /// around it, or a refusal's message. Past it, the text is cut and ends with `…`.
+    pub const REASON_CHARS: usize = 4_000;
+    /// The most characters of each of its short fields (outcome, tool, source, scope, actor).
+    pub const FIELD_CHARS: usize = 256;
+
+    /// The entry as the log keeps it: each text cut to its bound, as a text a client or a model chose (a tool's
+    /// name, a refusal that repeats what it refused) could be of any length, and the log keeps every entry for good.
+    pub fn bounded(mut self) -> Self {
+        if self.fits() {
+            return self;
+        }
+        fn cut(text: &mut String, max: usize) {
+            if let Some((at, _)) = text.char_indices().nth(max) {
+                text.truncate(at);
+                text.pop();
+                text.push('…');
+            }
+        }
+        cut(&mut self.outcome, Self::FIELD_CHARS);
+        for text in [
+            &mut self.tool,
+            &mut self.source,
+            &mut self.scope,
+            &mut self.actor,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            cut(text, Self::FIELD_CHARS);
+        }
+        if let Some(reason) = &mut self.reason {
+            cut(reason, Self::REASON_CHARS);
+        }
+        self
+    }
+
+    /// Whether every text of the entry is within its bound (as nearly every entry is: the bound is checked by bytes
+    /// first, which are never fewer than characters).
+    pub fn fits(&self) -> bool {
+        let within = |text: &str, max: usize| text.len() <= max || text.chars().count() <= max;
+        within(&self.outcome, Self::FIELD_CHARS)
+            && [&self.tool, &self.source, &self.scope, &self.actor]
+                .into_iter()
+                .flatten()
+                .all(|text| within(text, Self::FIELD_CHARS))
+            && self
+                .reason
+                .as_deref()
+                .is_none_or(|reason| within(reason, Self::REASON_CHARS))
+    }
+
     /// An entry of `kind` with `outcome`, stamped now, that names nothing else yet: each field is set where it is
     /// known.
     pub fn new(kind: AuditKind, outcome: impl Into<String>) -> Self {

@@ -41,12 +41,14 @@ struct Plan {
     resumed: HashSet<agent::ids::ToolCallId>,
 }
 
-/// A store that cannot be read refuses the request; nothing started.
+/// A store that cannot be read refuses the request; nothing started. What the database said goes to the log, not to
+/// the client (it may name tables, rows or the database's own words).
 fn unavailable(error: impl std::fmt::Display) -> ApiError {
+    tracing::warn!(%error, "an AG-UI request was refused: the store cannot be read");
     Refusal::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "STORE_UNAVAILABLE",
-        format!("The server cannot read its state right now, so nothing was started: {error}"),
+        app::api::UNAVAILABLE,
     )
     .into()
 }

@@ -293,6 +293,25 @@ impl RunInput {
                 format!("Array must contain at most {MAX_MESSAGES} element(s)"),
             ));
         }
+        // Each context item becomes a message of the run's history: the same bound, over both.
+        if raw.messages.len() + raw.context.len() > MAX_MESSAGES {
+            return Err(invalid(
+                "context",
+                format!(
+                    "The messages and the context items may be at most {MAX_MESSAGES} together"
+                ),
+            ));
+        }
+        // An interrupt id is one toolgate issued (`int_` and 32 hex digits): a text of another shape, which a refusal
+        // would repeat into the audit log, is no id at all.
+        for (at, entry) in raw.resume.iter().flatten().enumerate() {
+            ToolCallId::parse(&entry.interrupt_id).map_err(|e| {
+                invalid(
+                    &format!("resume.{at}.interruptId"),
+                    format!("Invalid id: {e}"),
+                )
+            })?;
+        }
         let messages = convert(&raw.messages)?;
         let context = raw
             .context

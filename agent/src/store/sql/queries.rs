@@ -564,6 +564,13 @@ async fn audit_in(connection: &mut Tx, entries: &[AuditEntry]) -> Db<()> {
                 .transpose()?,
             (None, None) => None,
         };
+        let bounded;
+        let entry = if entry.fits() {
+            entry
+        } else {
+            bounded = entry.clone().bounded();
+            &bounded
+        };
         query(
             "INSERT INTO audit (at, kind, session_id, run_id, tool_call_id, tool, arguments_digest, edited_digest, \
              outcome, source, scope, reason, actor) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",

@@ -92,7 +92,7 @@ async fn an_audit_query_it_cannot_answer_as_asked_is_400() {
         body["fieldErrors"]["outcomes"][0]
             .as_str()
             .unwrap()
-            .starts_with("Unknown filter"),
+            .starts_with("Unknown query parameter"),
         "{body}"
     );
     let response = app.get("/api/audit?since=yesterday").await;
@@ -626,4 +626,59 @@ async fn a_body_that_does_not_arrive_in_time_is_408_and_its_connection_closes() 
         0,
         "nothing started"
     );
+}
+
+/// A query parameter a route does not read is refused, not ignored: a misspelt filter (`runid`) would otherwise list
+/// every run's approvals, and a session stream's `after` without its run would replay from the start.
+#[tokio::test]
+async fn an_unknown_query_parameter_is_refused_and_not_read_as_no_filter() {
+    let app = spawn_app().await;
+    for (path, field) in [
+        ("/api/agent/approvals?runid=r1", "runid"),
+        ("/api/agent/sessions/s1/events?from=3", "from"),
+        ("/api/agent/runs/r1/events?since=3", "since"),
+        ("/api/agent/sessions/s1/events?after=5", "after"),
+    ] {
+        let body = field_errors(app.get(path).await).await;
+        assert!(body["fieldErrors"][field][0].is_string(), "{path}: {body}");
+    }
+    assert_eq!(app.get("/api/agent/approvals?runId=r1").await.status(), 200);
+}
+
+/// An AG-UI resume's interrupt ids are ids (toolgate issues them): a text of another shape is refused before anything
+/// is looked up, so that no refusal repeats it into the audit log, which keeps every line for good. The context
+/// items count toward the history's bound with the messages.
+#[tokio::test]
+async fn an_agui_input_with_a_long_interrupt_id_or_too_much_context_is_refused() {
+    let app = spawn_app().await;
+    let long_id = "x".repeat(10_000);
+    let response = app
+        .post_json(
+            "/api/agui",
+            &json!({"threadId": "t", "runId": "r2", "parentRunId": "r1", "messages": [],
+                    "resume": [{"interruptId": long_id, "status": "cancelled"}]}),
+        )
+        .await;
+    let body = field_errors(response).await;
+    assert!(
+        body["fieldErrors"]["resume.0.interruptId"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("Invalid id"),
+        "{body}"
+    );
+    let context: Vec<Value> = (0..1_000)
+        .map(|_| json!({"description": "d", "value": "v"}))
+        .collect();
+    let response = app
+        .post_json(
+            "/api/agui",
+            &json!({"threadId": "t", "runId": "r3", "context": context,
+                    "messages": [{"id": "m1", "role": "user", "content": "hi"}]}),
+        )
+        .await;
+    let body = field_errors(response).await;
+    assert!(body["fieldErrors"]["context"][0].is_string(), "{body}");
+    let audit: Value = app.get("/api/audit").await.json().await.unwrap();
+    assert_eq!(audit["entries"], json!([]), "nothing was written");
 }

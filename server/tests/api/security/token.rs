@@ -783,6 +783,40 @@ async fn cookies_are_secure_when_the_public_origin_is_https() {
     assert!(removal.split("; ").any(|a| a == "Secure"), "{removal}");
 }
 
+/// An `Authorization` header of another scheme (a proxy's own `Basic` login, which it forwards) is not a token: a
+/// good login cookie beside it is a login, and such requests count as no wrong token, so the right token from the
+/// same address is never held back by them.
+#[tokio::test]
+async fn an_authorization_header_of_another_scheme_is_not_a_wrong_token() {
+    let app = protected().await;
+    let cookie = log_in(&app, TOKEN).await;
+    let client = client_from("127.0.0.1");
+    for attempt in 0..7 {
+        let response = client
+            .get(app.url("/api/agent/approvals"))
+            .header("cookie", &cookie)
+            .header("authorization", "Basic dTpw")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "attempt {attempt}");
+    }
+    let without_cookie = client
+        .get(app.url("/api/agent/approvals"))
+        .header("authorization", "Basic dTpw")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(without_cookie.status(), 401, "no credentials");
+    let with_token = client
+        .get(app.url("/api/agent/approvals"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(with_token.status(), 200, "the right token is not held back");
+}
+
 /// Wrong bearer tokens are counted per client as wrong logins are: past a few, a client's requests with a token
 /// get a 429 without the token being looked at, so the right one cannot be told from a guess at network speed.
 /// Another client, and the right token once the wait is over, are not held back.
