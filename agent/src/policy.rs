@@ -439,7 +439,7 @@ impl PermissionPolicy {
                             "A rule cannot name the workspace itself by its path.".to_owned()
                         );
                     }
-                    [lexical] => Rule::allow_exact_arguments(name, &[("path", lexical)]),
+                    [lexical] => Rule::allow_exact_arguments(name, &[("path", lexical)], false),
                     [_, resolved, ..] => {
                         return Err(format!(
                             "{raw:?} goes through a symlink to {resolved:?}; a rule for it would have to allow both."
@@ -453,32 +453,8 @@ impl PermissionPolicy {
                         "{name} has no arguments a rule could pin to this call."
                     ));
                 };
-                // A rule pins the arguments it names and lets any other through: it is this call alone only when
-                // the call gives every argument the tool takes.
-                let schema = &tool.input_schema;
-                let left_out: Vec<&str> = schema
-                    .get("properties")
-                    .and_then(Value::as_object)
-                    .into_iter()
-                    .flat_map(|properties| properties.keys())
-                    .filter(|key| !arguments.contains_key(key.as_str()))
-                    .map(String::as_str)
-                    .collect();
-                if !left_out.is_empty() {
-                    return Err(format!(
-                        "This call leaves out arguments {name} takes ({}); a rule that pins the ones it gives would also allow calls that give those.",
-                        left_out.join(", ")
-                    ));
-                }
-                let by_pattern = schema
-                    .get("patternProperties")
-                    .and_then(Value::as_object)
-                    .is_some_and(|patterns| !patterns.is_empty());
-                if by_pattern || schema.get("additionalProperties") != Some(&Value::Bool(false)) {
-                    return Err(format!(
-                        "{name} takes arguments its schema does not name; a rule that pins the ones this call gives would also allow calls that add others."
-                    ));
-                }
+                // Each argument pinned to its value, and no other argument (`$`): this call alone, whatever the
+                // tool's schema takes now or later (a server may add an argument to its tool).
                 let mut pinned = Vec::with_capacity(arguments.len());
                 for (key, value) in arguments {
                     let text = match value {
@@ -495,7 +471,7 @@ impl PermissionPolicy {
                 }
                 let pinned: Vec<(&str, &str)> =
                     pinned.iter().map(|(k, v)| (*k, v.as_str())).collect();
-                Rule::allow_exact_arguments(name, &pinned)
+                Rule::allow_exact_arguments(name, &pinned, true)
             }
         };
         let unavailable = || format!("No rule can say exactly this call of {name}.");

@@ -200,7 +200,41 @@ enum ArgumentMatcher {
     Command(CommandPrefix),
     /// Globs on named arguments; all must match. A file tool's `path` is matched as it resolves inside the
     /// workspace.
-    Named(Vec<ArgumentGlob>),
+    Named(NamedGlobs),
+}
+
+/// Globs on named arguments, and whether a call may give others (`(a=x, $)`: no other).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct NamedGlobs {
+    globs: Vec<ArgumentGlob>,
+    /// A last `$`: the call gives no argument the globs do not name. What "Always allow" makes for a tool of
+    /// another kind than the built-in ones, so that it allows that very call, not one that adds an argument (one
+    /// its server adds to the tool later, say).
+    only: bool,
+}
+
+impl NamedGlobs {
+    fn any(globs: Vec<ArgumentGlob>) -> Self {
+        Self { globs, only: false }
+    }
+
+    /// Whether `input` gives only arguments the globs name (always, without `$`).
+    fn names_every_argument_of(&self, input: &Value) -> bool {
+        !self.only
+            || input.as_object().is_none_or(|arguments| {
+                arguments
+                    .keys()
+                    .all(|key| self.globs.iter().any(|glob| &glob.name == key))
+            })
+    }
+}
+
+impl std::ops::Deref for NamedGlobs {
+    type Target = [ArgumentGlob];
+
+    fn deref(&self) -> &[ArgumentGlob] {
+        &self.globs
+    }
 }
 
 /// How specific a rule is; the most specific matching rule of the winning action names the reason. Compared
@@ -338,8 +372,12 @@ impl Rule {
     }
 
     /// The narrowest rule allowing `tool` with exactly these argument values (globs escaped to match only
-    /// themselves).
-    pub fn allow_exact_arguments(tool: &str, arguments: &[(&str, &str)]) -> Option<Self> {
+    /// themselves); with `only`, and no other argument.
+    pub fn allow_exact_arguments(
+        tool: &str,
+        arguments: &[(&str, &str)],
+        only: bool,
+    ) -> Option<Self> {
         let mut globs = Vec::with_capacity(arguments.len());
         for (name, value) in arguments {
             let glob = RuleGlob::new(&super::matcher::escape_glob(value)).ok()?;
@@ -351,7 +389,7 @@ impl Rule {
         }
         Some(Self {
             tool: ToolPattern::Exact(tool.to_owned()),
-            matcher: Some(ArgumentMatcher::Named(globs)),
+            matcher: Some(ArgumentMatcher::Named(NamedGlobs { globs, only })),
             action: RuleAction::Allow,
             reason: None,
         })
@@ -406,10 +444,13 @@ impl Rule {
                     .sum::<usize>()
                     + usize::from(prefix.exact)
             }
-            Some(ArgumentMatcher::Named(globs)) => globs
-                .iter()
-                .map(|g| g.name.len() + 1 + g.glob.literal_len())
-                .sum(),
+            Some(ArgumentMatcher::Named(globs)) => {
+                globs
+                    .iter()
+                    .map(|g| g.name.len() + 1 + g.glob.literal_len())
+                    .sum::<usize>()
+                    + usize::from(globs.only)
+            }
         };
         Specificity {
             matcher_literals,
@@ -429,6 +470,9 @@ impl Rule {
             None => true,
             Some(ArgumentMatcher::Command(prefix)) => {
                 argv(call.input).is_some_and(|argv| prefix.matches(&argv, !strict_reading))
+            }
+            Some(ArgumentMatcher::Named(globs)) if !globs.names_every_argument_of(call.input) => {
+                false
             }
             Some(ArgumentMatcher::Named(globs)) => globs.iter().all(|argument| {
                 let readings = argument_readings(call, &argument.name);
@@ -509,6 +553,7 @@ impl Rule {
             }
             Some(ArgumentMatcher::Named(globs)) => {
                 let bare_path = globs.len() == 1
+                    && !globs.only
                     && globs[0].name == "path"
                     && self.tool.kind() != Some(ToolKind::Command);
                 let written: Vec<String> = globs
@@ -527,7 +572,8 @@ impl Rule {
                         }
                     })
                     .collect();
-                write!(f, "({})", written.join(", "))
+                let only = if globs.only { ", $" } else { "" };
+                write!(f, "({}{only})", written.join(", "))
             }
         }
     }
@@ -550,7 +596,8 @@ impl Rule {
                 entry.exact = prefix.exact;
             }
             Some(ArgumentMatcher::Named(globs)) => {
-                for argument in globs {
+                entry.exact = globs.only;
+                for argument in globs.iter() {
                     if argument.name == "path" && self.tool.kind() != Some(ToolKind::Command) {
                         entry.path = Some(argument.glob.pattern().to_owned());
                     } else {
@@ -595,11 +642,6 @@ impl Rule {
                 )?))
             }
             (None, path, _) => {
-                if entry.exact {
-                    return Err(RuleProblem::Entry(
-                        "exact = true needs a command".to_owned(),
-                    ));
-                }
                 let mut globs = Vec::new();
                 if let Some(path) = path {
                     globs.push(argument_glob(&tool, "path", path)?);
@@ -611,7 +653,11 @@ impl Rule {
                     check_argument_name(name)?;
                     globs.push(argument_glob(&tool, name, glob)?);
                 }
-                Some(ArgumentMatcher::Named(globs))
+                // `exact` with arguments: no argument but these.
+                Some(ArgumentMatcher::Named(NamedGlobs {
+                    globs,
+                    only: entry.exact,
+                }))
             }
             (Some(_), _, _) => {
                 return Err(RuleProblem::Entry(
@@ -688,7 +734,10 @@ fn parse_matcher(tool: &ToolPattern, text: &str) -> Result<ArgumentMatcher, Rule
     }
     if starts_with_argument_name(text) {
         let mut globs: Vec<ArgumentGlob> = Vec::new();
-        for part in split_top_level(text, ',')? {
+        let parts = split_top_level(text, ',')?;
+        // A last part `$`: no argument but the named ones.
+        let only = parts.last().is_some_and(|part| part.trim() == "$");
+        for part in &parts[..parts.len() - usize::from(only)] {
             let Some((name, glob)) = part.split_once('=') else {
                 return Err(RuleProblem::ArgumentName(part.trim().to_owned()));
             };
@@ -699,7 +748,7 @@ fn parse_matcher(tool: &ToolPattern, text: &str) -> Result<ArgumentMatcher, Rule
             }
             globs.push(argument_glob(tool, name, &unquote(glob.trim())?)?);
         }
-        return Ok(ArgumentMatcher::Named(globs));
+        return Ok(ArgumentMatcher::Named(NamedGlobs { globs, only }));
     }
     if tool.kind() == Some(ToolKind::Command) {
         let trimmed = text.trim();
@@ -714,11 +763,9 @@ fn parse_matcher(tool: &ToolPattern, text: &str) -> Result<ArgumentMatcher, Rule
         }
         return Ok(ArgumentMatcher::Command(command_prefix(words, anchored)?));
     }
-    Ok(ArgumentMatcher::Named(vec![argument_glob(
-        tool,
-        "path",
-        &unquote(text.trim())?,
-    )?]))
+    Ok(ArgumentMatcher::Named(NamedGlobs::any(vec![
+        argument_glob(tool, "path", &unquote(text.trim())?)?,
+    ])))
 }
 
 /// A command prefix's words, split as a shell splits them, except that a word may not start with an unquoted
@@ -1160,6 +1207,8 @@ mod tests {
             "write_file(src/**)=allow",
             "mcp__github__create_issue(repo=acme/*)=allow",
             "mcp__github__create_issue(repo=acme/*, title=\"a, b\")=allow",
+            "mcp__github__create_issue(repo=acme/w, $)=allow",
+            "read_file(path=a.txt, $)=allow",
             "*_file(\"odd(name\")=deny",
             "read_file(**/.env*)=deny:\"Secrets stay on this machine.\"",
             "read_file({a,b}/*)=deny",
@@ -1340,6 +1389,22 @@ mod tests {
             Rule::from_entry(&from_entry.to_entry()).unwrap(),
             from_entry
         );
+        // `exact` with arguments: no argument but these, as `$` writes it.
+        let only: RuleEntry = toml::from_str(
+            r#"
+            tool = "mcp__gh__create_issue"
+            arguments = { repo = "acme/w" }
+            exact = true
+            action = "allow"
+            "#,
+        )
+        .unwrap();
+        let only = Rule::from_entry(&only).unwrap();
+        assert_eq!(
+            only.to_string(),
+            "mcp__gh__create_issue(repo=acme/w, $)=allow"
+        );
+        assert_eq!(Rule::from_entry(&only.to_entry()).unwrap(), only);
         let entry = RuleEntry {
             tool: "read_file".into(),
             command: Some(CommandWords::Line("cat".into())),

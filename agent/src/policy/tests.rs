@@ -1176,43 +1176,73 @@ fn a_card_offers_the_exact_grants_and_the_narrowest_rule() {
     let choices = on_request.approval_choices(&issue, &full, &none);
     assert_eq!(
         choices.always_allow.as_deref(),
-        Some("mcp__github__create_issue(body=b, n=3, repo=acme/[*])=allow")
+        Some("mcp__github__create_issue(body=b, n=3, repo=acme/[*], $)=allow")
     );
-    // A rule that pins two of three arguments would allow any `body` too; a schema that takes arguments it does not
-    // name, any other argument.
+    // Each argument pinned and no other (`$`): a call that leaves one out, and a tool whose schema takes arguments
+    // it does not name, get a rule for that very call too.
     let partial = on_request.approval_choices(&issue, &json!({"repo": "acme/*", "n": 3}), &none);
-    assert_eq!(partial.always_allow, None);
-    assert!(
-        partial
-            .always_allow_note
-            .as_deref()
-            .unwrap()
-            .contains("leaves out arguments mcp__github__create_issue takes (body)"),
-        "{partial:?}"
+    assert_eq!(
+        partial.always_allow.as_deref(),
+        Some("mcp__github__create_issue(n=3, repo=acme/[*], $)=allow")
     );
-    let open = json!({"type": "object", "properties": {"repo": {"type": "string"}}});
-    let by_pattern = json!({
-        "type": "object",
-        "properties": {"repo": {"type": "string"}},
-        "patternProperties": {"^x-": {"type": "string"}},
-        "additionalProperties": false
-    });
-    for schema in [open, by_pattern] {
-        let tool = ToolSpec {
-            input_schema: schema,
-            ..issue.clone()
-        };
-        let choices = on_request.approval_choices(&tool, &json!({"repo": "acme"}), &none);
-        assert_eq!(choices.always_allow, None);
-        assert!(
-            choices
-                .always_allow_note
-                .as_deref()
-                .unwrap()
-                .contains("does not name"),
-            "{choices:?}"
+    let open = ToolSpec {
+        input_schema: json!({"type": "object", "properties": {"repo": {"type": "string"}}}),
+        ..issue.clone()
+    };
+    let choices = on_request.approval_choices(&open, &json!({"repo": "acme"}), &none);
+    assert_eq!(
+        choices.always_allow.as_deref(),
+        Some("mcp__github__create_issue(repo=acme, $)=allow")
+    );
+}
+
+/// "Always allow" on a tool of a server allows that very call: not one that gives another argument too, whether
+/// the schema took it all along or the server added it to its tool later. Before, the rule pinned the arguments the
+/// call gave and let any other through, once the server's schema took one more.
+#[tokio::test]
+async fn an_always_allow_rule_for_a_servers_tool_allows_no_call_with_another_argument() {
+    let none = SessionGrants::new();
+    let configured = policy(ApprovalPolicy::OnRequest, "");
+    let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::memory::MemoryStore::new());
+    let book = Arc::new(StoredRuleBook::new(configured.rule_book().rules(), store));
+    let base = configured.with_rule_book(Arc::clone(&book) as Arc<dyn RuleBook>);
+    let closed = ToolSpec {
+        input_schema: json!({
+            "type": "object",
+            "properties": {"repo": {"type": "string"}},
+            "additionalProperties": false
+        }),
+        ..tool("mcp__gh__create_issue", ToolAnnotations::default())
+    };
+    let call = json!({"repo": "acme/w"});
+    let rule = base.narrowest_allow_rule(&closed, &call).unwrap();
+    assert_eq!(
+        rule.to_string(),
+        "mcp__gh__create_issue(repo=acme/w, $)=allow"
+    );
+    book.add(rule, "local").await.unwrap();
+    assert_eq!(verdict_kind(&base.decide(&closed, &call, &none)), "allow");
+    // The server adds an argument to its tool.
+    let widened = ToolSpec {
+        input_schema: json!({
+            "type": "object",
+            "properties": {"repo": {"type": "string"}, "delete_after": {"type": "boolean"}},
+            "additionalProperties": false
+        }),
+        ..closed.clone()
+    };
+    for other in [
+        json!({"repo": "acme/w", "delete_after": true}),
+        json!({"repo": "acme/x"}),
+        json!({}),
+    ] {
+        assert_eq!(
+            verdict_kind(&base.decide(&widened, &other, &none)),
+            "ask",
+            "{other}"
         );
     }
+    assert_eq!(verdict_kind(&base.decide(&widened, &call, &none)), "allow");
 }
 
 #[tokio::test]
