@@ -1117,3 +1117,47 @@ async fn spawn_child(run: &mut Run, server: &str, own_session: bool) -> (i32, i3
     let pid = |name: &str| i32::try_from(pids[name].as_i64().unwrap()).unwrap();
     (pid("server"), pid("child"))
 }
+
+/// Every tool's definition goes to the model at every step of every run: a server that offers more tools than a
+/// model takes is not started (the runs that never use it would fail), and a tool whose definition is too large is
+/// left out. The damage stays with that server; the others work.
+#[tokio::test]
+async fn a_server_offering_too_many_tools_or_too_large_a_tool_is_bounded_and_the_others_work() {
+    let too_many = agent::mcp::MAX_TOOLS + 1;
+    let started = start(json!({
+        "many": fixture(json!({"env": {"FIXTURE_EXTRA_TOOLS": too_many.to_string()}})),
+        "huge": fixture(json!({"env": {"FIXTURE_HUGE_DESCRIPTION": "100000"}})),
+        "fine": fixture(json!({})),
+    }))
+    .await
+    .unwrap();
+    let many = started.status("many");
+    assert_eq!(many.state, McpServerState::Failed);
+    assert!(many.tools.is_empty());
+    let message = many.message.unwrap();
+    assert!(
+        message.contains(&format!("more than the {}", agent::mcp::MAX_TOOLS)),
+        "{message}"
+    );
+    let huge = started.status("huge");
+    assert_eq!(huge.state, McpServerState::Ready);
+    assert!(
+        !huge
+            .tools
+            .iter()
+            .any(|tool| tool.contains("huge_description")),
+        "{:?}",
+        huge.tools
+    );
+    assert!(
+        huge.tools.iter().any(|tool| tool == "mcp__huge__echo"),
+        "{:?}",
+        huge.tools
+    );
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let echoed = run
+        .call("mcp__fine__echo", json!({"text": "still here"}))
+        .await;
+    assert_eq!(text(&echoed), "still here");
+    started.shut_down().await;
+}

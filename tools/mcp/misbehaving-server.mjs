@@ -56,6 +56,19 @@ const tools = () => [
   { name: "whereami", description: "Gives its working directory and the names of its environment variables.", inputSchema: object(), annotations: readOnly },
 ];
 
+// With FIXTURE_EXTRA_TOOLS=N it lists N more tools, and with FIXTURE_HUGE_DESCRIPTION=BYTES one more whose description
+// is that long: a tool list larger than a client should take.
+const extra = () => [
+  ...Array.from({ length: Number(process.env.FIXTURE_EXTRA_TOOLS ?? 0) }, (_, i) => ({
+    name: `extra_${i}`,
+    description: "One of many.",
+    inputSchema: object(),
+  })),
+  ...(process.env.FIXTURE_HUGE_DESCRIPTION
+    ? [{ name: "huge_description", description: "x".repeat(Number(process.env.FIXTURE_HUGE_DESCRIPTION)), inputSchema: object() }]
+    : []),
+];
+
 const server = new Server({ name: "toolgate-misbehaving-fixture", version: "1.0.0" }, { capabilities: { tools: { listChanged: true } } });
 
 server.setRequestHandler(ListToolsRequestSchema, async () => {
@@ -63,7 +76,7 @@ server.setRequestHandler(ListToolsRequestSchema, async () => {
     hangNextList = false;
     return await new Promise(() => {});
   }
-  return { tools: tools().filter((tool) => !(hugeAndGoWithdrawn && tool.name === "huge_and_go")) };
+  return { tools: tools().filter((tool) => !(hugeAndGoWithdrawn && tool.name === "huge_and_go")).concat(extra()) };
 });
 
 server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {

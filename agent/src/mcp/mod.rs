@@ -25,5 +25,5 @@ pub use client::MAX_MESSAGE_BYTES;
 pub use config::{ConfigError, McpConfig, McpServerConfig, McpTransport};
 pub use process::INHERITED_VARIABLES;
 pub use rules::{policy_rules, server_rule};
-pub use server::{McpServers, RequiredServerFailed};
+pub use server::{MAX_TOOL_DEFINITION_BYTES, MAX_TOOLS, McpServers, RequiredServerFailed};
 pub use tool::{MODEL_OUTPUT_LIMIT, McpTool};

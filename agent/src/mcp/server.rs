@@ -29,6 +29,12 @@ const STOP_GRACE: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// How long a server whose call timed out has to answer a ping before its connection is taken for lost.
 const PING_PATIENCE: Duration = Duration::from_secs(5);
+/// The most tools one server may offer. Every tool's definition goes to the model with every step of every run, in
+/// every session, and model APIs take a bounded number (128 on OpenAI's): a server offering more would fail the runs
+/// that never use it. One that does is not started (or, its list changed, its tools are withdrawn), naming this.
+pub const MAX_TOOLS: usize = 128;
+/// The most bytes of one tool's description and input schema together; a tool past it is left out, with a warning.
+pub const MAX_TOOL_DEFINITION_BYTES: usize = 32 * 1024;
 
 /// A required server did not start, so toolgate does not either.
 #[derive(Debug, thiserror::Error)]
@@ -271,13 +277,16 @@ impl McpServer {
                 }
             }
         };
-        let tools = match tokio::time::timeout(timeout, client.list_tools()).await {
-            Ok(Ok(tools)) => tools,
-            failed => {
-                let message = match failed {
-                    Ok(Err(error)) => ConnectError::ListTools(error).to_string(),
-                    _ => format!("it did not list its tools within {timeout:?}"),
-                };
+        let listed = match tokio::time::timeout(timeout, client.list_tools()).await {
+            Ok(Ok(tools)) => self.bounded(tools),
+            failed => Err(match failed {
+                Ok(Err(error)) => ConnectError::ListTools(error).to_string(),
+                _ => format!("it did not list its tools within {timeout:?}"),
+            }),
+        };
+        let tools = match listed {
+            Ok(tools) => tools,
+            Err(message) => {
                 client.close().await;
                 return Err(match process {
                     Some(process) => failed_start(message, process).await,
@@ -322,6 +331,33 @@ impl McpServer {
             ended,
         ));
         Ok(connection)
+    }
+
+    /// The tools of `listed` this server offers (its configuration may leave some out), within the bounds a model
+    /// takes: a tool whose definition is past [`MAX_TOOL_DEFINITION_BYTES`] is left out; more than [`MAX_TOOLS`]
+    /// is an error that says so.
+    fn bounded(&self, listed: Vec<RemoteTool>) -> Result<Vec<RemoteTool>, String> {
+        let (fitting, oversized): (Vec<RemoteTool>, Vec<RemoteTool>) = listed
+            .into_iter()
+            .filter(|tool| self.config.offers(&tool.name))
+            .partition(|tool| {
+                let schema = serde_json::to_vec(&tool.input_schema).map_or(usize::MAX, |s| s.len());
+                tool.description.len().saturating_add(schema) <= MAX_TOOL_DEFINITION_BYTES
+            });
+        for tool in &oversized {
+            tracing::warn!(
+                server = self.config.name,
+                tool = tool.name.chars().take(200).collect::<String>(),
+                "an MCP tool was left out: its description and input schema are over {MAX_TOOL_DEFINITION_BYTES} bytes"
+            );
+        }
+        if fitting.len() > MAX_TOOLS {
+            return Err(format!(
+                "it offers {} tools, more than the {MAX_TOOLS} a server may (every tool is sent to the model at every step); offer fewer with enabled_tools or disabled_tools in its configuration",
+                fitting.len()
+            ));
+        }
+        Ok(fitting)
     }
 
     /// Puts the server's offered tools in the toolbox, replacing what it had there, and marks it ready.
@@ -709,7 +745,17 @@ async fn follow_tool_list(
             Ok(Ok(tools)) => {
                 let link = server.link.lock().await;
                 if matches!(&*link, Link::Up(up) if up.generation == connection.generation) {
-                    server.publish(tools);
+                    match server.bounded(tools) {
+                        Ok(tools) => server.publish(tools),
+                        // Past the bounds now: none of its tools is offered to the model until its list fits again.
+                        Err(message) => {
+                            tracing::warn!(server = server.config.name, %message, "an MCP server's tools are withdrawn");
+                            server.toolbox.replace_source(
+                                server.status(McpServerState::Failed, Some(message), None),
+                                Vec::new(),
+                            );
+                        }
+                    }
                 }
             }
             Ok(Err(error)) => {
