@@ -417,8 +417,8 @@ impl PermissionPolicy {
         }
     }
 
-    /// The narrowest rule that allows this call: the exact command, the exact path, or every argument pinned (for a
-    /// call that gives every argument the tool takes, and a tool that takes no others).
+    /// The narrowest rule that allows this call: the exact command, the exact path, or every argument pinned and no
+    /// other (`$`).
     /// It is checked to read back as itself and to match the call, or it is not offered.
     pub fn narrowest_allow_rule(&self, tool: &ToolSpec, input: &Value) -> Result<Rule, String> {
         let name = &tool.name;

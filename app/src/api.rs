@@ -92,6 +92,10 @@ pub enum Choice {
 pub const UNAVAILABLE: &str =
     "The server cannot reach its database right now; nothing was changed. Try again shortly.";
 
+/// Why "Always allow" added its rule and did not approve the call: the database did not take the approval (the rule
+/// is in force; what the database said goes to the log).
+pub const APPROVAL_NOT_RECORDED: &str = "the approval could not be recorded, as the server cannot reach its database right now. Approve the card again shortly.";
+
 /// What a client is told of a failure inside the server, on every route; the detail goes to the log.
 pub const INTERNAL: &str = "Internal server error.";
 

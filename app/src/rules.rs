@@ -106,7 +106,7 @@ pub async fn always_allow(
             Err(agent::harness::DecideError::Unavailable(error)) => {
                 tracing::warn!(%error, "the rule was added, and the approval could not be recorded");
                 AlwaysAllowed::RuleOnly {
-                    reason: crate::api::UNAVAILABLE.to_owned(),
+                    reason: crate::api::APPROVAL_NOT_RECORDED.to_owned(),
                 }
             }
             Err(error) => AlwaysAllowed::RuleOnly {

@@ -72,6 +72,10 @@ pub enum RuleProblem {
     ArgumentName(String),
     #[error("the argument {0:?} is named twice")]
     DuplicateArgument(String),
+    #[error(
+        "a last $ (no other argument) is for allow rules: a deny or ask with it would not meet a call that adds an argument, and another rule would decide it"
+    )]
+    OnlyArgumentsNotForAllow,
     #[error("{glob:?} is not a valid glob: {message}")]
     Glob { glob: String, message: String },
     #[error(
@@ -305,12 +309,26 @@ impl Rule {
                 (tool, Some(matcher))
             }
         };
-        Ok(Self {
+        Self {
             tool,
             matcher,
             action,
             reason,
-        })
+        }
+        .checked()
+    }
+
+    /// Refuses what reads but cannot mean what it says: `$` on a deny or ask, which a call would dodge by adding an
+    /// argument (a deny or ask reads a call every way it could be meant; `$` narrows).
+    fn checked(self) -> Result<Self, RuleProblem> {
+        match &self.matcher {
+            Some(ArgumentMatcher::Named(globs))
+                if globs.only && self.action != RuleAction::Allow =>
+            {
+                Err(RuleProblem::OnlyArgumentsNotForAllow)
+            }
+            _ => Ok(self),
+        }
     }
 
     /// Parses one rule written for tools under other names: `rename` turns the tool part as written (an exact name
@@ -665,12 +683,13 @@ impl Rule {
                 ));
             }
         };
-        Ok(Self {
+        Self {
             tool,
             matcher,
             action: entry.action,
             reason: entry.reason.as_ref().map(|r| r.trim().to_owned()),
-        })
+        }
+        .checked()
     }
 }
 
@@ -1264,6 +1283,13 @@ mod tests {
             problem("read_file(/etc/**)=deny"),
             RuleProblem::PathOutside("/etc/**".into())
         );
+        // `$` narrows: on a deny or an ask, a call would dodge it by adding an argument.
+        for action in ["deny", "ask"] {
+            assert_eq!(
+                problem(&format!("mcp__gh__delete_repo(repo=acme/prod, $)={action}")),
+                RuleProblem::OnlyArgumentsNotForAllow
+            );
+        }
         // Inside an alternative too.
         assert_eq!(
             problem("read_file({a,../b})=deny"),
@@ -1405,6 +1431,12 @@ mod tests {
             "mcp__gh__create_issue(repo=acme/w, $)=allow"
         );
         assert_eq!(Rule::from_entry(&only.to_entry()).unwrap(), only);
+        let mut asking = only.to_entry();
+        asking.action = RuleAction::Ask;
+        assert_eq!(
+            Rule::from_entry(&asking),
+            Err(RuleProblem::OnlyArgumentsNotForAllow)
+        );
         let entry = RuleEntry {
             tool: "read_file".into(),
             command: Some(CommandWords::Line("cat".into())),

@@ -666,7 +666,8 @@ pub struct AuditEntry {
 
 impl AuditEntry {
     /// The most characters of an entry's `reason` the log keeps: a person's reason (at most 2,000) with the words
-    /// around it, or a refusal's message. Past it, the text is cut and ends with `…`.
+    /// around it, a refusal's message, a rule's text, what a grant covers. Past it, the text is cut, and ends with
+    /// the SHA-256 of the whole (a rule or a grant that long can still be told apart, and checked against its text).
     pub const REASON_CHARS: usize = 4_000;
     /// The most characters of each of its short fields (outcome, tool, source, scope, actor).
     pub const FIELD_CHARS: usize = 256;
@@ -696,8 +697,20 @@ impl AuditEntry {
         {
             cut(text, Self::FIELD_CHARS);
         }
-        if let Some(reason) = &mut self.reason {
-            cut(reason, Self::REASON_CHARS);
+        if let Some(reason) = &mut self.reason
+            && reason.chars().nth(Self::REASON_CHARS).is_some()
+        {
+            use sha2::Digest as _;
+            let whole = format!(
+                "… (cut: the whole is {} characters, SHA-256 {})",
+                reason.chars().count(),
+                hex::encode(sha2::Sha256::digest(reason.as_bytes()))
+            );
+            let keep = Self::REASON_CHARS - whole.chars().count();
+            if let Some((at, _)) = reason.char_indices().nth(keep) {
+                reason.truncate(at);
+            }
+            reason.push_str(&whole);
         }
         self
     }

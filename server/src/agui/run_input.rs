@@ -302,8 +302,8 @@ impl RunInput {
                 ),
             ));
         }
-        // An interrupt id is one toolgate issued (`int_` and 32 hex digits): a text of another shape, which a refusal
-        // would repeat into the audit log, is no id at all.
+        // An interrupt id is an id (toolgate issues `int_` and 32 hex digits): a text of any other shape or length,
+        // which a refusal would repeat into the audit log, is refused as input before anything is looked up.
         for (at, entry) in raw.resume.iter().flatten().enumerate() {
             ToolCallId::parse(&entry.interrupt_id).map_err(|e| {
                 invalid(

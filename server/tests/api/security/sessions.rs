@@ -255,7 +255,7 @@ async fn always_allow_says_the_rule_is_in_force_when_only_its_approval_fails() {
         .as_str()
         .unwrap_or_else(|| panic!("the rule only: {answered}"));
     // What the database said goes to the log, not to the page.
-    assert_eq!(reason, app::api::UNAVAILABLE);
+    assert_eq!(reason, app::api::APPROVAL_NOT_RECORDED);
     let listed: Value = app.get("/api/rules").await.json().await.unwrap();
     assert_eq!(listed["rules"][0]["rule"], rule.as_str(), "{listed}");
     assert_eq!(pending(&app).await.len(), 1, "the call still waits");
