@@ -190,6 +190,26 @@ fn request_audit(run: &str, call: &str) -> AuditEntry {
     }
 }
 
+/// Begins call `call` of the running run `run` inline, as the run's own task does under its claim `epoch`: a call
+/// the policy allowed, on a file named like the call. `None` when the store begins nothing.
+async fn begin_inline(
+    store: &dyn Store,
+    run: &str,
+    call: &str,
+    epoch: Epoch,
+) -> Option<CallRecord> {
+    let record = CallRecord::new(
+        run_id(run),
+        tool_call(call),
+        json!({"path": call}),
+        CallStatus::Allowed,
+    );
+    store
+        .begin_call(&run_id(run), &call_id(call), Some((record, epoch)))
+        .await
+        .unwrap()
+}
+
 /// Opens a batch of the given calls in a run started just before: `pending` ask, the rest are allowed.
 async fn open_waiting(store: &dyn Store, run: &str, pending: &[(&str, u64)], allowed: &[&str]) {
     let mut calls: Vec<CallRecord> = pending
@@ -947,27 +967,17 @@ async fn a_call_begun_inline_needs_the_runs_claim_and_an_earlier_batchs_call_of_
     let backend = open(kind).await;
     let store = &*backend.store;
     store.start_run(new_run("r", "s")).await.unwrap().unwrap();
-    let inline = |id: &str, epoch| {
-        let record = CallRecord::new(
-            run_id("r"),
-            tool_call(id),
-            json!({"path": id}),
-            CallStatus::Allowed,
-        );
-        store.begin_call(&run_id("r"), &call_id(id), Some((record, epoch)))
-    };
     assert!(
-        inline("c", 7).await.unwrap().is_none(),
+        begin_inline(store, "r", "c", 7).await.is_none(),
         "not under a claim the run does not have"
     );
     assert!(store.calls(&run_id("r")).await.unwrap().is_empty());
-    let begun = inline("c", 1)
+    let begun = begin_inline(store, "r", "c", 1)
         .await
-        .unwrap()
         .expect("begun under the run's claim");
     assert_eq!(begun.status, CallStatus::Executing);
     assert!(
-        inline("c", 1).await.unwrap().is_none(),
+        begin_inline(store, "r", "c", 1).await.is_none(),
         "a call of the same id that has no output yet stays"
     );
     let settled = CallResult {
@@ -980,10 +990,11 @@ async fn a_call_begun_inline_needs_the_runs_claim_and_an_earlier_batchs_call_of_
         audit: vec![],
     };
     assert!(store.settle_call(settled).await.unwrap());
-    inline("d", 1).await.unwrap().expect("another call");
-    let again = inline("c", 1)
+    begin_inline(store, "r", "d", 1)
         .await
-        .unwrap()
+        .expect("another call");
+    let again = begin_inline(store, "r", "c", 1)
+        .await
         .expect("a settled call of an earlier batch gives way to one of the same id");
     assert_eq!(again.output, None);
     let calls: Vec<(String, CallStatus, bool)> = store
@@ -1012,7 +1023,7 @@ async fn a_call_begun_inline_needs_the_runs_claim_and_an_earlier_batchs_call_of_
     // still begins nothing more.
     cancelled(store, "r").await;
     assert!(
-        inline("e", 1).await.unwrap().is_none(),
+        begin_inline(store, "r", "e", 1).await.is_none(),
         "nothing of an aborted run begins"
     );
     assert!(
@@ -3037,18 +3048,7 @@ async fn calls_begun_inline_at_once_on_postgresql_take_places_one_after_the_othe
         .unwrap();
     let begin = |id: &'static str| {
         let store = Arc::clone(&store);
-        tokio::spawn(async move {
-            let record = CallRecord::new(
-                run_id("r"),
-                tool_call(id),
-                json!({"path": id}),
-                CallStatus::Allowed,
-            );
-            store
-                .begin_call(&run_id("r"), &call_id(id), Some((record, 1)))
-                .await
-                .unwrap()
-        })
+        tokio::spawn(async move { begin_inline(&*store, "r", id, 1).await })
     };
     let (a, b) = (begin("a"), begin("b"));
     let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
@@ -3210,19 +3210,7 @@ async fn a_recovery_on_postgresql_forgets_no_instance_that_started_during_it() {
         .await
         .unwrap()
         .unwrap();
-    let record = CallRecord::new(
-        run_id("next"),
-        tool_call("c"),
-        json!({"path": "c"}),
-        CallStatus::Allowed,
-    );
-    assert!(
-        started
-            .begin_call(&run_id("next"), &call_id("c"), Some((record, 1)))
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(begin_inline(&*started, "next", "c", 1).await.is_some());
 }
 
 /// A recovery ends a dead instance's run only as that instance left it: one that another instance took over after
@@ -3311,16 +3299,7 @@ async fn a_call_a_late_owner_begins_during_a_recovery_is_refused() {
     .execute(&mut watcher)
     .await
     .unwrap();
-    let record = CallRecord::new(
-        run_id("r"),
-        tool_call("c"),
-        json!({"path": "c"}),
-        CallStatus::Allowed,
-    );
-    let begun = owner
-        .begin_call(&run_id("r"), &call_id("c"), Some((record, 1)))
-        .await
-        .unwrap();
+    let begun = begin_inline(&*owner, "r", "c", 1).await;
     holder.execute("COMMIT").await.unwrap();
     let recovered = tokio::time::timeout(std::time::Duration::from_secs(10), recovery)
         .await
@@ -3558,16 +3537,8 @@ async fn a_call_of_a_run_a_recovery_fenced_is_interrupted_though_its_instance_ca
         .unwrap()
         .expect("the owner begins the waiting run's call");
     owner.start_run(new_run("r", "s")).await.unwrap().unwrap();
-    let record = CallRecord::new(
-        run_id("r"),
-        tool_call("c"),
-        json!({"path": "c"}),
-        CallStatus::Allowed,
-    );
-    owner
-        .begin_call(&run_id("r"), &call_id("c"), Some((record, 1)))
+    begin_inline(&*owner, "r", "c", 1)
         .await
-        .unwrap()
         .expect("the owner begins the running run's call");
     owner.flush().await.unwrap();
     let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();

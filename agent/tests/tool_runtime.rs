@@ -412,6 +412,25 @@ async fn an_abort_reason_is_what_the_run_ends_with() {
     );
 }
 
+/// A test tool's definition, built in as the tools of this crate are: it takes any object of arguments.
+fn test_tool(name: &str, description: &str, annotations: ToolAnnotations) -> agent::wire::ToolSpec {
+    agent::wire::ToolSpec {
+        name: name.into(),
+        description: description.into(),
+        input_schema: json!({"type": "object"}),
+        annotations,
+        mcp: None,
+    }
+}
+
+/// Annotations that say all of a tool that changes things (it asks under `on_request`).
+const DESTRUCTIVE: ToolAnnotations = ToolAnnotations {
+    read_only: Some(false),
+    destructive: Some(true),
+    idempotent: Some(false),
+    open_world: Some(false),
+};
+
 /// A read-only tool that starts, then waits to be let go before it finishes its work, whatever the run does.
 struct FinishesWhenLetGo {
     spec: agent::wire::ToolSpec,
@@ -422,18 +441,16 @@ struct FinishesWhenLetGo {
 impl FinishesWhenLetGo {
     fn new() -> Self {
         Self {
-            spec: agent::wire::ToolSpec {
-                name: "slow_read".into(),
-                description: "A read that takes a while".into(),
-                input_schema: json!({"type": "object"}),
-                annotations: ToolAnnotations {
+            spec: test_tool(
+                "slow_read",
+                "A read that takes a while",
+                ToolAnnotations {
                     read_only: Some(true),
                     destructive: Some(false),
                     idempotent: Some(true),
                     open_world: Some(false),
                 },
-                mcp: None,
-            },
+            ),
             started: Arc::new(Notify::new()),
             let_go: Arc::new(Notify::new()),
         }
@@ -472,18 +489,7 @@ impl Tool for Panics {
 /// on nor end, and its session refused every next message.
 #[tokio::test]
 async fn an_approved_call_whose_tool_panics_fails_and_the_run_goes_on() {
-    let tool = Panics(agent::wire::ToolSpec {
-        name: "shred".into(),
-        description: "Shreds".into(),
-        input_schema: json!({"type": "object"}),
-        annotations: ToolAnnotations {
-            read_only: Some(false),
-            destructive: Some(true),
-            idempotent: Some(false),
-            open_world: Some(false),
-        },
-        mcp: None,
-    });
+    let tool = Panics(test_tool("shred", "Shreds", DESTRUCTIVE));
     let harness = harness_over(
         Arc::new(ReplayModel::new(vec![
             tool_step(&[call("call-1", "shred", json!({}))]),
@@ -708,18 +714,11 @@ struct WorksUntilStopped {
 impl WorksUntilStopped {
     fn named(name: &str) -> Self {
         Self {
-            spec: agent::wire::ToolSpec {
-                name: name.into(),
-                description: "A write that takes until it is stopped or let go".into(),
-                input_schema: json!({"type": "object"}),
-                annotations: ToolAnnotations {
-                    read_only: Some(false),
-                    destructive: Some(true),
-                    idempotent: Some(false),
-                    open_world: Some(false),
-                },
-                mcp: None,
-            },
+            spec: test_tool(
+                name,
+                "A write that takes until it is stopped or let go",
+                DESTRUCTIVE,
+            ),
             started: Arc::new(Notify::new()),
             stopped: Arc::new(Notify::new()),
             let_go: Arc::new(Notify::new()),
@@ -1125,16 +1124,14 @@ struct Overwrite {
 impl Overwrite {
     fn new() -> Self {
         Self {
-            spec: agent::wire::ToolSpec {
-                name: "overwrite".into(),
-                description: "Overwrites a file".into(),
-                input_schema: json!({"type": "object"}),
-                annotations: ToolAnnotations {
+            spec: test_tool(
+                "overwrite",
+                "Overwrites a file",
+                ToolAnnotations {
                     destructive: Some(true),
                     ..Default::default()
                 },
-                mcp: None,
-            },
+            ),
             files: Default::default(),
             runs: Default::default(),
             began: Default::default(),
