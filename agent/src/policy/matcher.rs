@@ -324,10 +324,11 @@ pub fn is_program_runner(program: &str) -> bool {
 }
 
 /// `name`, and the program it names as packagers spell it: without a build's suffix (`bash-static`,
-/// `python3.12-dbg`), before a first `.` (Debian's `vim.basic` and `vim.tiny`), and as the GNU tool that macOS's
-/// Homebrew installs with a `g` in front ([`GNU_RENAMED`]: `gsed`, `gmake`; not `gzip`, which is no `zip`).
+/// `python3.12-dbg`, MinGW's `-posix` and `-win32` threads), before a first `.` (Debian's `vim.basic` and `vim.tiny`), as the GNU tool that macOS's
+/// Homebrew installs with a `g` in front ([`GNU_RENAMED`]: `gsed`, `gmake`; not `gzip`, which is no `zip`), and
+/// without a cross toolchain's target ([`without_target`]: `x86_64-linux-gnu-gcc-12`).
 fn spellings(name: &str) -> impl Iterator<Item = &str> {
-    let built = ["-static", "-dbg"]
+    let built = ["-static", "-dbg", "-posix", "-win32"]
         .iter()
         .find_map(|suffix| name.strip_suffix(suffix))
         .unwrap_or(name);
@@ -338,7 +339,52 @@ fn spellings(name: &str) -> impl Iterator<Item = &str> {
     [Some(name), Some(built), before_dot, gnu]
         .into_iter()
         .flatten()
+        .chain(without_target(built))
 }
+
+/// The names a cross toolchain's program may have after its target: `gcc-12` (then `12`) for
+/// `x86_64-linux-gnu-gcc-12`, `gcc` for `arm-none-eabi-gcc`, `g++` for `x86_64-w64-mingw32-g++`. A target starts
+/// with an architecture ([`ARCHITECTURES`]) and has at least one more part; each name after it is read, as where
+/// the target ends is not marked.
+fn without_target(name: &str) -> impl Iterator<Item = &str> {
+    let targeted = name.split_once('-').is_some_and(|(architecture, _)| {
+        ARCHITECTURES
+            .iter()
+            .any(|known| architecture.starts_with(known))
+    });
+    name.match_indices('-')
+        .skip(1)
+        .filter(move |_| targeted)
+        .map(move |(at, _)| &name[at + 1..])
+}
+
+/// How the architectures a GNU target triplet starts with begin (`armv7l` and `armhf` are `arm`'s, `mips64el`
+/// `mips`'s).
+const ARCHITECTURES: &[&str] = &[
+    "x86_64",
+    "amd64",
+    "i386",
+    "i486",
+    "i586",
+    "i686",
+    "aarch64",
+    "arm",
+    "riscv",
+    "mips",
+    "powerpc",
+    "ppc",
+    "s390",
+    "sparc",
+    "loongarch",
+    "m68k",
+    "hppa",
+    "ia64",
+    "alpha",
+    "avr",
+    "xtensa",
+    "wasm32",
+    "wasm64",
+];
 
 /// The GNU tools that run programs and that Homebrew installs under a `g` name beside the system's own.
 const GNU_RENAMED: &[&str] = &[
@@ -1077,6 +1123,14 @@ pub(crate) mod tests {
             "choom",
             "uclampset",
             "yt-dlp",
+            // A cross toolchain's compilers, with the target in front.
+            "x86_64-linux-gnu-gcc-12",
+            "/usr/bin/aarch64-linux-gnu-g++",
+            "arm-none-eabi-gcc",
+            "x86_64-w64-mingw32-gcc-win32",
+            "riscv64-unknown-elf-gcc",
+            "armv7l-linux-gnueabihf-clang",
+            "mips64el-linux-gnuabi64-cc",
         ] {
             assert!(is_program_runner(program), "{program}");
         }
@@ -1106,6 +1160,11 @@ pub(crate) mod tests {
             "ldd",
             "ldconfig",
             "file.txt",
+            // A cross toolchain's programs that run none, and names that only begin like a target.
+            "x86_64-linux-gnu-objdump",
+            "aarch64-linux-gnu-strip",
+            "x86_64-make",
+            "docker-compose",
         ] {
             assert!(!is_program_runner(program), "{program}");
         }
