@@ -161,11 +161,7 @@ impl PermissionPolicy {
     /// The decision for a call and what made it; see the module's table for the order.
     pub fn explain(&self, tool: &ToolSpec, input: &Value, grants: &SessionGrants) -> Verdict {
         let rules = self.rules.rules();
-        let call = CallFacts {
-            tool_name: &tool.name,
-            input,
-            paths: &self.paths,
-        };
+        let call = CallFacts::of(tool, input, &self.paths);
         let mut best: [Option<&BookRule>; 3] = [None, None, None];
         for entry in rules.iter() {
             if !entry.rule.matches(&call) {
@@ -222,15 +218,11 @@ impl PermissionPolicy {
         }
     }
 
-    /// The action the rules give every call of `tool_name`, whatever its arguments (rules with an argument
-    /// matcher are left out): the strictest among them, `None` when no rule names the tool as a whole.
-    pub fn tool_rule(&self, tool_name: &str) -> Option<RuleAction> {
+    /// The action the rules give every call of `tool`, whatever its arguments (rules with an argument matcher are
+    /// left out): the strictest among them, `None` when no rule names the tool as a whole.
+    pub fn tool_rule(&self, tool: &ToolSpec) -> Option<RuleAction> {
         let no_arguments = Value::Object(serde_json::Map::new());
-        let call = CallFacts {
-            tool_name,
-            input: &no_arguments,
-            paths: &self.paths,
-        };
+        let call = CallFacts::of(tool, &no_arguments, &self.paths);
         self.rules
             .rules()
             .iter()
@@ -477,11 +469,7 @@ impl PermissionPolicy {
         let unavailable = || format!("No rule can say exactly this call of {name}.");
         let rule = rule.ok_or_else(unavailable)?;
         let reads_back = Rule::parse(&rule.to_string()).is_ok_and(|back| back == rule);
-        let call = CallFacts {
-            tool_name: name,
-            input,
-            paths: &self.paths,
-        };
+        let call = CallFacts::named(name, input, &self.paths);
         if reads_back && rule.matches(&call) {
             Ok(rule)
         } else {

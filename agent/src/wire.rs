@@ -507,6 +507,10 @@ pub enum ApprovalPreview {
     Fields {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         server: Option<String>,
+        /// The tool's own name on that server, where the name the model sees does not spell it (made safe, or cut
+        /// short to the 64 characters model APIs take).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool: Option<String>,
         fields: Vec<PreviewField>,
     },
     /// No preview could be made: the call would fail or be refused, and this says why.
@@ -524,7 +528,7 @@ pub struct PreviewField {
 
 impl ApprovalPreview {
     /// The generic form: each top-level argument on its own (a non-object is one field named `arguments`).
-    pub fn fields(server: Option<String>, arguments: &Value) -> Self {
+    pub fn fields(server: Option<String>, tool: Option<String>, arguments: &Value) -> Self {
         let format = |value: &Value| match value {
             Value::String(text) => text.clone(),
             other => serde_json::to_string_pretty(other).unwrap_or_else(|_| other.to_string()),
@@ -542,7 +546,11 @@ impl ApprovalPreview {
                 value: format(other),
             }],
         };
-        Self::Fields { server, fields }
+        Self::Fields {
+            server,
+            tool,
+            fields,
+        }
     }
 }
 

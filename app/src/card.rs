@@ -149,8 +149,13 @@ fn shown(preview: ApprovalPreview) -> ApprovalPreview {
             args: all(args),
             directory: visible(&directory),
         },
-        ApprovalPreview::Fields { server, fields } => ApprovalPreview::Fields {
+        ApprovalPreview::Fields {
             server,
+            tool,
+            fields,
+        } => ApprovalPreview::Fields {
+            server,
+            tool: tool.map(|tool| visible(&tool)),
             fields: fields
                 .into_iter()
                 .map(|field| agent::wire::PreviewField {
@@ -286,7 +291,7 @@ fn Preview(preview: ApprovalPreview) -> impl IntoView {
             }
             .into_any()
         }
-        ApprovalPreview::Fields { server, fields } => {
+        ApprovalPreview::Fields { server, fields, .. } => {
             let fields = fields
                 .into_iter()
                 .map(|field| view! { <dt>{field.name}</dt><dd><pre>{field.value}</pre></dd> })
@@ -789,6 +794,13 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
             _ => None,
         },
     };
+    // The tool's own name on its server, where the name the model sees does not spell it (cut short, or made safe).
+    let own_name = match &request.preview {
+        Some(ApprovalPreview::Fields {
+            tool: Some(tool), ..
+        }) => Some(visible(tool)),
+        _ => None,
+    };
     // Characters that would make the card read otherwise than the call runs are written out, and said to be there.
     let hidden = has_hidden(&request.arguments.to_string())
         || request
@@ -826,6 +838,7 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
             {origin.map(|(server, trust)| view! {
                 <p class="origin">
                     "A tool of the MCP server " <code>{server}</code>
+                    {own_name.map(|tool| view! { ", named " <code class="mcp-tool">{tool}</code> " there" })}
                     {trust.map(|trust| format!(", {trust}"))}
                 </p>
             })}

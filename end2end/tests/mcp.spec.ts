@@ -28,3 +28,23 @@ test("an MCP tool's card names its server and shows its arguments formatted", as
   await expect(pending).toHaveCount(0);
   await expect(page.locator(".tool-call .badge")).toHaveText("approved · done");
 });
+
+test("a tool whose name the model sees cut short shows its own name on the card", async ({ page, request }) => {
+  // A server name this long leaves no room for its tools' names: the model sees each as a digest.
+  const server = "a-fixture-server-whose-name-is-long-enough-to-cut-tool-names";
+  const listed = await (await request.get(`${WITH_MCP}/api/tools`)).json();
+  const echo = listed.tools.find(
+    (tool: { source: { mcp?: { server: string; tool: string } } }) =>
+      tool.source.mcp?.server === server && tool.source.mcp.tool === "echo",
+  );
+  expect(echo.name).not.toContain("echo");
+
+  await openPage(page, `${WITH_MCP}/`);
+  await send(page, `call ${echo.name} {"text": "hi"}`);
+  const pending = card(page, echo.name);
+  await expect(pending.locator(".origin")).toHaveText(
+    `A tool of the MCP server ${server}, named echo there, untrusted: what it claims about its tools is not believed`,
+  );
+  await pending.getByRole("button", { name: "Deny", exact: true }).click();
+  await expect(pending).toHaveCount(0);
+});

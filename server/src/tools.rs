@@ -52,7 +52,7 @@ pub async fn list_tools(State(state): State<AppState>) -> Response {
                 .mcp
                 .as_ref()
                 .map_or("builtin", |origin| origin.trust.as_str()),
-            rule: permissions.tool_rule(&spec.name),
+            rule: permissions.tool_rule(spec),
             decision: permissions.decide(spec, &no_arguments, &no_grants),
         })
         .collect();

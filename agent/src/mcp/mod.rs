@@ -15,7 +15,8 @@
 
 mod client;
 pub mod config;
-pub mod naming;
+/// The names the model sees: kept with the tools, as the policy reads them too.
+pub use crate::tools::mcp_names as naming;
 mod process;
 pub mod rules;
 pub mod server;

@@ -11,8 +11,9 @@ use crate::mcp::naming::qualified_name;
 use crate::policy::{Rule, RuleError};
 
 /// One of a server's rules for the names the model sees. The tool part is the tool's own name (made safe as the
-/// model sees it) or a glob over the server's tools' names; a glob matches the names the model sees, so a name
-/// that had to be shortened with a digest is only matched by an exact rule.
+/// model sees it) or a glob over the server's tools' names. A glob matches the names the model sees, and a `deny` or
+/// `ask` glob also a name that had to be shortened with a digest as it is uncut; an `allow` glob does not, so such a
+/// tool is allowed only by an exact rule.
 pub fn server_rule(tool_prefix_name: &str, written: &str) -> Result<Rule, RuleError> {
     Rule::parse_renamed(written, |tool| {
         let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');

@@ -44,10 +44,15 @@ impl Tool for McpTool {
         })
     }
 
-    /// Each argument on its own, formatted for reading, under the name of the server the tool belongs to.
+    /// Each argument on its own, formatted for reading, under the name of the server the tool belongs to, and the
+    /// tool's own name there when the name the model sees does not end in it.
     fn preview(&self, input: &Value) -> Option<ApprovalPreview> {
+        let origin = self.spec.mcp.as_ref();
         Some(ApprovalPreview::fields(
-            self.spec.mcp.as_ref().map(|origin| origin.server.clone()),
+            origin.map(|origin| origin.server.clone()),
+            origin
+                .filter(|origin| !self.spec.name.ends_with(&format!("__{}", origin.tool)))
+                .map(|origin| origin.tool.clone()),
             input,
         ))
     }

@@ -29,7 +29,7 @@ use super::matcher::{
     tool_glob,
 };
 use crate::permissions::shell_words;
-use crate::wire::RuleAction;
+use crate::wire::{RuleAction, ToolSpec};
 
 /// What is wrong with a rule.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -271,8 +271,39 @@ impl Eq for Rule {}
 /// The facts about one call that rules read.
 pub struct CallFacts<'a> {
     pub tool_name: &'a str,
+    /// For an MCP tool whose name was cut to the 64 characters model APIs take, its name uncut
+    /// ([`uncut_name`](crate::tools::mcp_names::uncut_name)): a `deny` or `ask` rule also reads that, so that a
+    /// glob over the end of a tool's name (`mcp__*__delete_*`) is not dodged by a long server name.
+    pub uncut_name: Option<String>,
     pub input: &'a Value,
     pub paths: &'a PathContext,
+}
+
+impl<'a> CallFacts<'a> {
+    /// The facts of a call of `tool` with `input`.
+    pub fn of(tool: &'a ToolSpec, input: &'a Value, paths: &'a PathContext) -> Self {
+        let uncut_name = tool
+            .mcp
+            .as_ref()
+            .map(|origin| crate::tools::mcp_names::uncut_name(&origin.server, &origin.tool))
+            .filter(|uncut| *uncut != tool.name);
+        Self {
+            tool_name: &tool.name,
+            uncut_name,
+            input,
+            paths,
+        }
+    }
+
+    /// The facts of a call of the tool named `tool_name` with `input`, a name model APIs take whole.
+    pub fn named(tool_name: &'a str, input: &'a Value, paths: &'a PathContext) -> Self {
+        Self {
+            tool_name,
+            uncut_name: None,
+            input,
+            paths,
+        }
+    }
 }
 
 impl Rule {
@@ -480,10 +511,16 @@ impl Rule {
     /// Whether the rule applies to a call. A `deny` or `ask` rule reads a call every way it could be read
     /// (matching any candidate); an `allow` rule must fit every reading.
     pub fn matches(&self, call: &CallFacts<'_>) -> bool {
-        if !self.tool.matches(call.tool_name) {
+        let strict_reading = self.action == RuleAction::Allow;
+        let named = self.tool.matches(call.tool_name)
+            || (!strict_reading
+                && call
+                    .uncut_name
+                    .as_deref()
+                    .is_some_and(|uncut| self.tool.matches(uncut)));
+        if !named {
             return false;
         }
-        let strict_reading = self.action == RuleAction::Allow;
         match &self.matcher {
             None => true,
             Some(ArgumentMatcher::Command(prefix)) => {
@@ -1206,11 +1243,7 @@ mod tests {
 
     fn matches(rule_text: &str, tool: &str, input: Value) -> bool {
         let paths = PathContext::lexical();
-        rule(rule_text).matches(&CallFacts {
-            tool_name: tool,
-            input: &input,
-            paths: &paths,
-        })
+        rule(rule_text).matches(&CallFacts::named(tool, &input, &paths))
     }
 
     #[test]

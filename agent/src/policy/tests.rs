@@ -382,13 +382,68 @@ fn tool_wide_rules_name_the_strictest_action_for_a_tool() {
         "mcp__fs__*=ask,mcp__fs__move_file=deny,mcp__gh__create_issue(repo=acme/*)=allow,read_file=allow",
     );
     assert_eq!(
-        rules.tool_rule("mcp__fs__move_file"),
+        rules.tool_rule(&tool("mcp__fs__move_file", HARMLESS)),
         Some(RuleAction::Deny)
     );
-    assert_eq!(rules.tool_rule("mcp__fs__read"), Some(RuleAction::Ask));
-    assert_eq!(rules.tool_rule("mcp__gh__create_issue"), None);
-    assert_eq!(rules.tool_rule("read_file"), Some(RuleAction::Allow));
-    assert_eq!(rules.tool_rule("write_file"), None);
+    assert_eq!(
+        rules.tool_rule(&tool("mcp__fs__read", HARMLESS)),
+        Some(RuleAction::Ask)
+    );
+    assert_eq!(
+        rules.tool_rule(&tool("mcp__gh__create_issue", HARMLESS)),
+        None
+    );
+    assert_eq!(
+        rules.tool_rule(&tool("read_file", HARMLESS)),
+        Some(RuleAction::Allow)
+    );
+    assert_eq!(rules.tool_rule(&tool("write_file", HARMLESS)), None);
+}
+
+/// A tool of a server with a long name is cut to the 64 characters model APIs take, the end of its name replaced by a
+/// digest: a `deny` or `ask` still meets it by its name uncut (a glob over its end, or its whole name); an `allow`
+/// glob does not, as it could land on a tool it was not written for.
+#[test]
+fn a_deny_or_ask_meets_an_mcp_tool_by_its_name_uncut() {
+    let server = "github-enterprise-acme-corporation-internal-mirror-production";
+    let name = crate::tools::mcp_names::qualified_name(server, "delete_repo");
+    assert!(
+        !name.contains("delete"),
+        "the cut leaves none of the tool's name: {name}"
+    );
+    let spec = ToolSpec {
+        mcp: Some(McpToolOrigin {
+            server: server.into(),
+            tool: "delete.repo".into(),
+            trust: McpTrust::Annotations,
+            endpoint: "stdio-digest".into(),
+        }),
+        ..tool(&name, DESTRUCTIVE)
+    };
+    let input = json!({"repo": "acme/site"});
+    let whole = format!("mcp__{server}__delete_repo");
+    let decide = |rules: &str| {
+        verdict_kind(&policy(ApprovalPolicy::OnRequest, rules).decide(
+            &spec,
+            &input,
+            &SessionGrants::new(),
+        ))
+    };
+    for (rule, expected) in [
+        ("mcp__*__delete_*=deny", "deny"),
+        ("mcp__*__delete_repo(repo=acme/*)=deny", "deny"),
+        ("mcp__*repo=ask", "ask"),
+        (&format!("{whole}=deny"), "deny"),
+        ("mcp__*__delete.repo=deny", "deny"),
+        ("mcp__*__create_*=deny", "allow"),
+    ] {
+        assert_eq!(decide(&format!("mcp__*=allow,{rule}")), expected, "{rule}");
+    }
+    // The tool is destructive: with no rule that meets it, it asks.
+    assert_eq!(decide("mcp__*__delete_*=allow"), "ask");
+    assert_eq!(decide(&format!("{whole}=allow")), "ask");
+    let listed = policy(ApprovalPolicy::OnRequest, "mcp__*__delete_*=deny");
+    assert_eq!(listed.tool_rule(&spec), Some(RuleAction::Deny));
 }
 
 #[test]
@@ -1281,7 +1336,7 @@ proptest! {
         let rule = Rule::parse(&text).unwrap();
         let input = json!({"command": argv[0], "args": &argv[1..]});
         let paths = PathContext::lexical();
-        let call = CallFacts { tool_name: "run_command", input: &input, paths: &paths };
+        let call = CallFacts::named("run_command", &input, &paths);
         let expected = argv.len() >= rule_words.len() && argv[..rule_words.len()] == rule_words[..];
         prop_assert_eq!(rule.matches(&call), expected);
     }
@@ -1295,7 +1350,7 @@ proptest! {
         prop_assert_eq!(Rule::parse(&rule.to_string()).unwrap(), rule.clone());
         let input = json!({"command": words[0], "args": &words[1..]});
         let paths = PathContext::lexical();
-        let call = CallFacts { tool_name: "run_command", input: &input, paths: &paths };
+        let call = CallFacts::named("run_command", &input, &paths);
         prop_assert!(rule.matches(&call), "{}", text);
     }
 

@@ -9,6 +9,7 @@
 //! the tool it found. toolgate's own tools sit beside it, fixed, found without touching anything shared.
 
 mod builtin;
+pub mod mcp_names;
 pub mod preview;
 pub(crate) mod process_tree;
 mod workspace;

@@ -111,6 +111,10 @@ async fn an_untrusted_servers_write_asks_and_runs_once_on_approval() {
     let preview = &request["preview"];
     assert_eq!(preview["kind"], "fields", "{preview}");
     assert_eq!(preview["server"], "fs", "{preview}");
+    assert!(
+        preview.get("tool").is_none(),
+        "the name the model sees spells the tool's own: {preview}"
+    );
     let fields: Vec<(&str, &str)> = preview["fields"]
         .as_array()
         .expect("the preview lists the arguments")

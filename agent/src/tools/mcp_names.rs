@@ -42,6 +42,17 @@ pub fn sanitize_tool_name(name: &str) -> String {
         .collect()
 }
 
+/// The name the model would see for `tool` of the server configured as `server` if names had no bound: what a
+/// rule that names the tool in full, or a glob over its end (`mcp__*__delete_*`), reads. Equal to the tool's
+/// [`qualified_name`] unless that had to be cut short.
+pub fn uncut_name(server: &str, tool: &str) -> String {
+    format!(
+        "{PREFIX}{}__{}",
+        sanitize_server_name(server),
+        sanitize_tool_name(tool)
+    )
+}
+
 /// The name the model sees for `tool` of `server` (its safe name), ignoring other tools of the server.
 pub fn qualified_name(server: &str, tool: &str) -> String {
     let plain = format!("{PREFIX}{server}__{}", sanitize_tool_name(tool));
