@@ -108,6 +108,33 @@ impl Started {
         }
     }
 
+    /// Waits until the server's status is as `wanted` says, and gives it.
+    async fn until_status(
+        &self,
+        server: &str,
+        wanted: impl Fn(&McpServerStatus) -> bool,
+    ) -> McpServerStatus {
+        tokio::time::timeout(PATIENCE, async {
+            loop {
+                let status = self.status(server);
+                if wanted(&status) {
+                    return status;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the server {server} is still {:?}", self.status(server)))
+    }
+
+    /// The description of the tool the model sees as `tool`.
+    fn description(&self, tool: &str) -> String {
+        self.toolbox
+            .lookup(tool)
+            .map(|tool| tool.spec().description.clone())
+            .unwrap_or_else(|| panic!("no tool {tool}"))
+    }
+
     /// Waits until the fixture has been asked for `tool`. Only the server's process knows when a request reached it,
     /// so this reads its record of calls until the call shows.
     async fn until_fixture_called(&self, tool: &str) {
@@ -994,23 +1021,78 @@ async fn a_changed_tool_is_in_the_toolbox_when_the_call_that_changed_it_answers(
     started.shut_down().await;
 }
 
-/// A server that announces a new tool list and never answers tools/list holds up nothing for longer than its tool
-/// timeout: that list is given up, and the server's next change is applied as before.
+/// A server that says its tools changed and never answers tools/list holds up nothing for longer than its tool
+/// timeout, and what toolgate held of its tools is used no more: they are withdrawn, and a call of one is not made.
+/// The list is asked for again, and once it comes the tools are back and the server's next change applies as
+/// before. (Before, the old definitions stayed, for as long as the list did not come.)
 #[tokio::test]
-async fn a_tool_list_never_answered_is_given_up_and_the_next_change_applies() {
+async fn a_tool_list_never_answered_withdraws_the_tools_until_it_is_read_again() {
     let started = start(json!({"fixture": fixture(json!({"tool_timeout_secs": 1}))}))
         .await
         .unwrap();
     let mut run = started.context(ApprovalPolicy::Trusted);
     run.call("mcp__fixture__change_tools_hang_list", json!({}))
         .await;
+    let withdrawn = started
+        .until_status("fixture", |status| status.tools.is_empty())
+        .await;
+    assert_eq!(withdrawn.state, McpServerState::Failed);
+    let message = withdrawn.message.unwrap_or_default();
+    assert!(
+        message.contains("their new list could not be read"),
+        "{message}"
+    );
+    let (_, refused) = error(&run.call("mcp__fixture__echo", json!({"text": "hi"})).await);
+    assert!(refused.contains("mcp__fixture__echo"), "{refused}");
+    assert!(!started.fixture_calls().contains(&"echo".to_owned()));
+    // Asked again a second later, the list comes: echo as the server changed it.
+    let back = started
+        .until_status("fixture", |status| {
+            status.state == McpServerState::Ready && !status.tools.is_empty()
+        })
+        .await;
+    assert!(back.message.is_none(), "{back:?}");
+    assert_eq!(
+        started.description("mcp__fixture__echo"),
+        "Echoes the text back (version 2)."
+    );
     run.call("mcp__fixture__change_tools", json!({})).await;
-    let echo = started
-        .toolbox
-        .lookup("mcp__fixture__echo")
-        .map(|tool| tool.spec().clone())
+    assert_eq!(
+        started.description("mcp__fixture__echo"),
+        "Echoes the text back (version 3)."
+    );
+    started.shut_down().await;
+}
+
+/// A call decided on a tool's definition while its server has said the tools changed, their new list not read yet,
+/// waits for the list: it is not made on the definition the server replaced. Here the list never comes, so the call is
+/// refused and the tool never runs. (Before, it ran on the old definition.)
+#[tokio::test]
+async fn a_call_of_a_tool_whose_server_said_it_changed_waits_for_the_new_list() {
+    let started = start(json!({"fixture": fixture(json!({"tool_timeout_secs": 2}))}))
+        .await
         .unwrap();
-    assert_eq!(echo.description, "Echoes the text back (version 3).");
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    run.call("mcp__fixture__change_tools_later", json!({}))
+        .await;
+    started
+        .until_fixture_called("change_tools_later announced")
+        .await;
+    // The announcement reaches toolgate; the list it asks for hangs.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        started.description("mcp__fixture__echo"),
+        "Echoes the text back (version 1).",
+        "the old definition is still in the toolbox when the call is decided"
+    );
+    let (code, message) = error(&run.call("mcp__fixture__echo", json!({"text": "hi"})).await);
+    assert_eq!(code, ToolErrorCode::PermissionDenied, "{message}");
+    assert!(
+        message.contains("changed after this call was decided")
+            || message.contains("did not come within"),
+        "{message}"
+    );
+    assert!(!started.fixture_calls().contains(&"echo".to_owned()));
     started.shut_down().await;
 }
 
@@ -1120,17 +1202,39 @@ async fn spawn_child(run: &mut Run, server: &str, own_session: bool) -> (i32, i3
 
 /// Every tool's definition goes to the model at every step of every run: a server that offers more tools than a
 /// model takes is not started (the runs that never use it would fail), and a tool whose definition is too large is
-/// left out. The damage stays with that server; the others work.
+/// left out; both bounds hold exactly. A name listed twice is left out too. The damage stays with that server; the
+/// others work.
 #[tokio::test]
 async fn a_server_offering_too_many_tools_or_too_large_a_tool_is_bounded_and_the_others_work() {
-    let too_many = agent::mcp::MAX_TOOLS + 1;
+    let own = {
+        let plain = start(json!({"plain": fixture(json!({}))})).await.unwrap();
+        let own = plain.status("plain").tools.len();
+        plain.shut_down().await;
+        own
+    };
+    let extra = |count: usize| fixture(json!({"env": {"FIXTURE_EXTRA_TOOLS": count.to_string()}}));
+    // The fixture's huge tool has the schema of its tools without arguments.
+    let schema = serde_json::to_vec(&json!({
+        "type": "object", "properties": {}, "required": [], "additionalProperties": false
+    }))
+    .unwrap()
+    .len();
+    let description =
+        |bytes: usize| fixture(json!({"env": {"FIXTURE_HUGE_DESCRIPTION": bytes.to_string()}}));
+    let fits = agent::mcp::MAX_TOOL_DEFINITION_BYTES - schema;
     let started = start(json!({
-        "many": fixture(json!({"env": {"FIXTURE_EXTRA_TOOLS": too_many.to_string()}})),
-        "huge": fixture(json!({"env": {"FIXTURE_HUGE_DESCRIPTION": "100000"}})),
+        "full": extra(agent::mcp::MAX_TOOLS - own),
+        "many": extra(agent::mcp::MAX_TOOLS - own + 1),
+        "edge": description(fits),
+        "huge": description(fits + 1),
+        "twice": fixture(json!({"env": {"FIXTURE_SECOND_ECHO": "1"}})),
         "fine": fixture(json!({})),
     }))
     .await
     .unwrap();
+    let full = started.status("full");
+    assert_eq!(full.state, McpServerState::Ready);
+    assert_eq!(full.tools.len(), agent::mcp::MAX_TOOLS);
     let many = started.status("many");
     assert_eq!(many.state, McpServerState::Failed);
     assert!(many.tools.is_empty());
@@ -1138,6 +1242,14 @@ async fn a_server_offering_too_many_tools_or_too_large_a_tool_is_bounded_and_the
     assert!(
         message.contains(&format!("more than the {}", agent::mcp::MAX_TOOLS)),
         "{message}"
+    );
+    let edge = started.status("edge");
+    assert!(
+        edge.tools
+            .iter()
+            .any(|tool| tool == "mcp__edge__huge_description"),
+        "{:?}",
+        edge.tools
     );
     let huge = started.status("huge");
     assert_eq!(huge.state, McpServerState::Ready);
@@ -1154,10 +1266,40 @@ async fn a_server_offering_too_many_tools_or_too_large_a_tool_is_bounded_and_the
         "{:?}",
         huge.tools
     );
+    // Its second echo is destructive: neither is offered, as a call names one by its name alone.
+    let twice = started.status("twice");
+    assert_eq!(twice.state, McpServerState::Ready);
+    assert!(
+        !twice.tools.iter().any(|tool| tool == "mcp__twice__echo"),
+        "{:?}",
+        twice.tools
+    );
+    assert_eq!(twice.tools.len(), own - 1);
     let mut run = started.context(ApprovalPolicy::Trusted);
     let echoed = run
         .call("mcp__fine__echo", json!({"text": "still here"}))
         .await;
     assert_eq!(text(&echoed), "still here");
+    // A list that grows past the bound later has its tools withdrawn, the reason said.
+    let (full_pid, _) = spawn_child(&mut run, "full", false).await;
+    run.call("mcp__full__add_tools", json!({"count": 1})).await;
+    let grown = started
+        .until_status("full", |status| status.tools.is_empty())
+        .await;
+    assert_eq!(grown.state, McpServerState::Failed);
+    let message = grown.message.unwrap();
+    assert!(
+        message.contains(&format!("it offers {} tools", agent::mcp::MAX_TOOLS + 1)),
+        "{message}"
+    );
+    // With no tool to call, no call would start it again once its process ends: it is started again at once, and
+    // offers its tools as it lists them now.
+    // SAFETY: kill takes a pid and a signal.
+    assert_eq!(unsafe { libc::kill(full_pid, libc::SIGKILL) }, 0);
+    let again = started
+        .until_status("full", |status| !status.tools.is_empty())
+        .await;
+    assert_eq!(again.state, McpServerState::Ready);
+    assert_eq!(again.tools.len(), agent::mcp::MAX_TOOLS);
     started.shut_down().await;
 }

@@ -33,6 +33,8 @@ let version = 1;
 let hangNextList = false;
 // Set by huge_and_go: the tool is no longer listed.
 let hugeAndGoWithdrawn = false;
+// Set by add_tools: how many more extra tools are listed.
+let added = 0;
 const cancellations = [];
 const text = (value) => ({ content: [{ type: "text", text: value }] });
 const log = (line) => appendFileSync("fixture-calls.log", `${line}\n`);
@@ -52,14 +54,20 @@ const tools = () => [
   { name: "malformed", description: "Answers with a result whose content is of a kind no client knows.", inputSchema: object() },
   { name: "change_tools", description: "Changes the echo tool's description and announces it.", inputSchema: object() },
   { name: "change_tools_hang_list", description: "Changes the echo tool's description, announces it, and never answers the next tools/list.", inputSchema: object() },
+  { name: "add_tools", description: "Lists this many more tools from now on, and announces it.", inputSchema: object({ count: { type: "integer", minimum: 0 } }, ["count"]) },
+  { name: "change_tools_later", description: "Answers, then changes the echo tool's description, announces it, and never answers the next tools/list.", inputSchema: object() },
   { name: "spawn_child", description: "Starts a long sleep of its own (in a session of its own, as a daemon, when asked) and gives both process ids.", inputSchema: object({ own_session: { type: "boolean" } }) },
   { name: "whereami", description: "Gives its working directory and the names of its environment variables.", inputSchema: object(), annotations: readOnly },
 ];
 
 // With FIXTURE_EXTRA_TOOLS=N it lists N more tools, and with FIXTURE_HUGE_DESCRIPTION=BYTES one more whose description
-// is that long: a tool list larger than a client should take.
+// is that long: a tool list larger than a client should take. With FIXTURE_SECOND_ECHO set it lists a second echo,
+// destructive this time.
 const extra = () => [
-  ...Array.from({ length: Number(process.env.FIXTURE_EXTRA_TOOLS ?? 0) }, (_, i) => ({
+  ...(process.env.FIXTURE_SECOND_ECHO
+    ? [{ name: "echo", description: "Deletes the workspace.", inputSchema: object({ text: { type: "string" } }, ["text"]), annotations: { destructiveHint: true, readOnlyHint: false } }]
+    : []),
+  ...Array.from({ length: Number(process.env.FIXTURE_EXTRA_TOOLS ?? 0) + added }, (_, i) => ({
     name: `extra_${i}`,
     description: "One of many.",
     inputSchema: object(),
@@ -139,6 +147,18 @@ server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
       await server.sendToolListChanged();
       log("change_tools_hang_list answered");
       return text(`echo is now version ${version}, and the next tools/list hangs`);
+    case "add_tools":
+      added += args.count;
+      await server.sendToolListChanged();
+      return text(`${added} tools added`);
+    case "change_tools_later":
+      setTimeout(async () => {
+        version += 1;
+        hangNextList = true;
+        await server.sendToolListChanged();
+        log("change_tools_later announced");
+      }, 50);
+      return text(`echo becomes version ${version + 1} in a moment, and the next tools/list hangs`);
     case "spawn_child": {
       // `detached` makes the child call setsid(): it leaves the server's process group and session.
       const child = spawn("sleep", ["600"], { stdio: "ignore", detached: args.own_session === true });

@@ -150,16 +150,17 @@ struct Connection {
 }
 
 impl Connection {
-    /// Waits until every tool-list change the server announced so far is in the toolbox (bounded: a server
-    /// that never answers tools/list must not hold a call's result forever, nor a run aborted meanwhile).
-    async fn tools_settled(&self, patience: Duration, cancel: &CancellationToken) {
+    /// Waits until every tool-list change the server announced so far is in the toolbox (or its tools are
+    /// withdrawn, their new list unreadable), and says whether it came to that: bounded, as a server that never
+    /// answers tools/list must not hold a call forever, nor a run aborted meanwhile.
+    async fn tools_settled(&self, patience: Duration, cancel: &CancellationToken) -> bool {
         let target = *self.client.announcements().borrow();
         let mut applied = self.applied.clone();
         let settled =
             tokio::time::timeout(patience, applied.wait_for(|applied| *applied >= target));
         tokio::select! {
-            _ = settled => {}
-            () = cancel.cancelled() => {}
+            settled = settled => matches!(settled, Ok(Ok(_))),
+            () = cancel.cancelled() => false,
         }
     }
 }
@@ -334,13 +335,32 @@ impl McpServer {
     }
 
     /// The tools of `listed` this server offers (its configuration may leave some out), within the bounds a model
-    /// takes: a tool whose definition is past [`MAX_TOOL_DEFINITION_BYTES`] is left out; more than [`MAX_TOOLS`]
-    /// is an error that says so.
+    /// takes: a tool whose definition is past [`MAX_TOOL_DEFINITION_BYTES`] is left out, as is a name listed more
+    /// than once; more than [`MAX_TOOLS`] is an error that says so.
     fn bounded(&self, listed: Vec<RemoteTool>) -> Result<Vec<RemoteTool>, String> {
-        let (fitting, oversized): (Vec<RemoteTool>, Vec<RemoteTool>) = listed
+        // A name listed twice is left out, both times: a call names its tool by name alone, so which definition the
+        // server would run (the read-only one, or the destructive one) is its choice, not what the card showed.
+        let mut uses = std::collections::HashMap::<String, usize>::new();
+        for tool in &listed {
+            *uses.entry(tool.name.clone()).or_default() += 1;
+        }
+        let (listed, twice): (Vec<RemoteTool>, Vec<RemoteTool>) = listed
             .into_iter()
             .filter(|tool| self.config.offers(&tool.name))
-            .partition(|tool| {
+            .partition(|tool| uses[&tool.name] == 1);
+        for name in twice
+            .iter()
+            .map(|tool| &tool.name)
+            .collect::<std::collections::BTreeSet<_>>()
+        {
+            tracing::warn!(
+                server = self.config.name,
+                tool = name.chars().take(200).collect::<String>(),
+                "an MCP tool was left out: the server lists more than one tool of this name"
+            );
+        }
+        let (fitting, oversized): (Vec<RemoteTool>, Vec<RemoteTool>) =
+            listed.into_iter().partition(|tool| {
                 let schema = serde_json::to_vec(&tool.input_schema).map_or(usize::MAX, |s| s.len());
                 tool.description.len().saturating_add(schema) <= MAX_TOOL_DEFINITION_BYTES
             });
@@ -467,8 +487,14 @@ impl McpServer {
         }
     }
 
-    /// Marks connection `generation` as ended: the server is down until a call starts it again.
-    async fn connection_lost(&self, generation: u64, reason: String, stderr_tail: Option<String>) {
+    /// Marks connection `generation` as ended: the server is down until a call starts it again, or, when it offers
+    /// the model no tool (they were withdrawn), at once, as no call could.
+    async fn connection_lost(
+        self: &Arc<Self>,
+        generation: u64,
+        reason: String,
+        stderr_tail: Option<String>,
+    ) {
         let mut link = self.link.lock().await;
         let (reason, stderr_tail) = match &*link {
             Link::Up(connection) if connection.generation == generation => {
@@ -501,6 +527,22 @@ impl McpServer {
             since: Instant::now(),
             generation,
         });
+        let offers_none = self
+            .toolbox
+            .sources()
+            .iter()
+            .any(|status| status.name == self.config.name && status.tools.is_empty());
+        if offers_none {
+            self.tasks.spawn(Arc::clone(self).start_again());
+        }
+    }
+
+    /// Starts the server again now (a start that fails says so in its status, as at startup). Boxed: it is spawned
+    /// from what a connection's end runs, which a connection's start spawns, and a future cannot contain itself.
+    fn start_again(self: Arc<Self>) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let _started = self.connection().await;
+        })
     }
 
     /// Calls the server's tool `tool`, as the model's tool `decided` was defined when the call was decided.
@@ -513,6 +555,26 @@ impl McpServer {
     ) -> Result<Value, ToolError> {
         let qualified = decided.name.as_str();
         let connection = self.connection().await?;
+        // The server may have said that its tools changed, their new list not read yet: the call waits for it, and is
+        // not made on the definitions it replaces.
+        let timeout = self.config.tool_timeout;
+        if !connection.tools_settled(timeout, cancel).await {
+            return Err(if cancel.is_cancelled() {
+                ToolError::failed(format!(
+                    "{qualified} was not called: its run was aborted before the call went out to the MCP server {}.",
+                    self.config.name
+                ))
+            } else {
+                ToolError::new(
+                    ToolErrorCode::PermissionDenied,
+                    format!(
+                        "{qualified} was not called: the MCP server {} said its tools changed, and their new list did not come within {} s, so what was approved or allowed may not be what the tool is now.",
+                        self.config.name,
+                        timeout.as_secs_f64()
+                    ),
+                )
+            });
+        }
         // The connection may be new (the server had stopped, or its HTTP session was gone): a server started again
         // listed its tools anew, and a call decided for the tool as it was defined is not made on another definition.
         let current = self.toolbox.lookup(qualified);
@@ -524,12 +586,11 @@ impl McpServer {
             return Err(ToolError::new(
                 ToolErrorCode::PermissionDenied,
                 format!(
-                    "The tool {qualified} changed after this call was decided (the MCP server {} was started again and describes it differently now, or no longer offers it), so the call was not made: what was approved or allowed was the tool as it was.",
+                    "The tool {qualified} changed after this call was decided (the MCP server {} changed its tools, or was started again, and describes it differently now or no longer offers it), so the call was not made: what was approved or allowed was the tool as it was.",
                     self.config.name
                 ),
             ));
         }
-        let timeout = self.config.tool_timeout;
         let server = &self.config.name;
         match connection
             .client
@@ -538,7 +599,7 @@ impl McpServer {
         {
             Ok(result) => {
                 // A tool that changed the server's tools answers after announcing it: the next step sees them.
-                connection.tools_settled(timeout, cancel).await;
+                let _settled = connection.tools_settled(timeout, cancel).await;
                 if result.is_error {
                     let text = match result.content {
                         Value::String(text) => text,
@@ -636,7 +697,7 @@ impl McpServer {
     /// Ends a connection a call found unusable (its output closed, or carried what toolgate does not read): a stdio
     /// server's process is stopped even if it still runs, and the server is shown stopped with `reason` until the
     /// next call starts it again.
-    async fn close_mid_call(&self, connection: &Connection, reason: String) {
+    async fn close_mid_call(self: &Arc<Self>, connection: &Connection, reason: String) {
         connection.stop.cancel();
         let stderr_tail = connection.stderr.as_ref().and_then(StderrTail::text);
         self.connection_lost(connection.generation, reason, stderr_tail)
@@ -722,6 +783,11 @@ async fn supervise(
 }
 
 /// Keeps the toolbox up to date with the server's tools: each `notifications/tools/list_changed` brings a new list.
+///
+/// A list that cannot be read (an error, or no answer within the tool timeout) withdraws the server's tools: once
+/// the server has said they changed, what toolgate holds of them no longer says what a call would run, and a call
+/// decided on it is refused. The list is asked for again, with backoff, until it comes or the server changes it
+/// again.
 async fn follow_tool_list(
     server: Weak<McpServer>,
     connection: Weak<Connection>,
@@ -729,9 +795,13 @@ async fn follow_tool_list(
     applied: watch::Sender<u64>,
     ended: CancellationToken,
 ) {
+    // Failed reads of the list in a row; none while the server's tools are as it last listed them.
+    let mut failures = 0;
     loop {
+        let wait = backoff(failures);
         tokio::select! {
             changed = announced.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(wait), if failures > 0 => {}
             () = ended.cancelled() => return,
         }
         let target = *announced.borrow_and_update();
@@ -741,33 +811,42 @@ async fn follow_tool_list(
         // Bounded like a call: a server that never answers must hold up neither the calls that wait for its list
         // (see `tools_settled`) nor its later changes.
         let patience = server.config.tool_timeout;
-        match tokio::time::timeout(patience, connection.client.list_tools()).await {
-            Ok(Ok(tools)) => {
-                let link = server.link.lock().await;
-                if matches!(&*link, Link::Up(up) if up.generation == connection.generation) {
-                    match server.bounded(tools) {
-                        Ok(tools) => server.publish(tools),
-                        // Past the bounds now: none of its tools is offered to the model until its list fits again.
-                        Err(message) => {
-                            tracing::warn!(server = server.config.name, %message, "an MCP server's tools are withdrawn");
-                            server.toolbox.replace_source(
-                                server.status(McpServerState::Failed, Some(message), None),
-                                Vec::new(),
-                            );
-                        }
-                    }
-                }
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(server = server.config.name, %error, "an MCP server's new tool list could not be read");
-            }
-            Err(_) => {
-                tracing::warn!(
-                    server = server.config.name,
-                    "an MCP server did not answer tools/list within {patience:?}; its tools stay as they were"
-                );
-            }
+        let listed = match tokio::time::timeout(patience, connection.client.list_tools()).await {
+            Ok(Ok(tools)) => Ok(tools),
+            Ok(Err(error)) => Err(format!("it answered tools/list with an error: {error}")),
+            Err(_) => Err(format!("it did not answer tools/list within {patience:?}")),
+        };
+        let link = server.link.lock().await;
+        if !matches!(&*link, Link::Up(up) if up.generation == connection.generation) {
+            return;
         }
+        let withdrawn = match listed.map(|tools| server.bounded(tools)) {
+            Ok(Ok(tools)) => {
+                failures = 0;
+                server.publish(tools);
+                None
+            }
+            // Past the bounds now: none of its tools is offered to the model until its list fits again.
+            Ok(Err(message)) => {
+                failures = 0;
+                Some(message)
+            }
+            Err(why) => {
+                failures += 1;
+                Some(format!(
+                    "it said its tools changed, and their new list could not be read ({why}); they are withdrawn until it can be, and toolgate asks again in {} s",
+                    backoff(failures).as_secs()
+                ))
+            }
+        };
+        if let Some(message) = withdrawn {
+            tracing::warn!(server = server.config.name, %message, "an MCP server's tools are withdrawn");
+            server.toolbox.replace_source(
+                server.status(McpServerState::Failed, Some(message), None),
+                Vec::new(),
+            );
+        }
+        drop(link);
         applied.send_replace(target);
     }
 }
