@@ -434,8 +434,8 @@ async fn run_inline(context: &RunContext, record: CallRecord) -> Result<ToolOutp
     match execute(context, &call_id, Some((record, context.epoch))).await? {
         Some(output) => Ok(output),
         // Aborted (perhaps before this task heard of it), or not this run's owner any more. (The store refuses two
-        // calls of one batch with the same id too, but none reaches it: `sample` fails such a step before any of its
-        // calls begins, so the `not_run` line below never names an abort for a duplicate.)
+        // calls of one batch with the same id too, but none reaches it: `sample` gives each call of a step an id of
+        // its own before any begins, so the `not_run` line below never names an abort for a duplicate.)
         None => {
             let error = not_begun(context).await;
             if let (Some(record), RunError::Aborted { .. }) = (approved, &error)
@@ -575,7 +575,7 @@ async fn sample(
             usage,
             elapsed: started.elapsed(),
         });
-        renew_reused_ids(&mut calls, messages);
+        renew_taken_ids(&mut calls, messages);
         messages.push(Message::Assistant {
             content: text.clone(),
             tool_calls: calls.clone(),
@@ -583,12 +583,12 @@ async fn sample(
         if calls.is_empty() {
             return (RunEnd::Answer(text), step);
         }
-        let mut ids = HashSet::with_capacity(calls.len());
-        if let Some(twice) = calls.iter().find(|call| !ids.insert(&call.id)) {
-            let error = RunError::Model(format!(
-                "the model gave two calls of one step the same id ({})",
-                twice.id
-            ));
+        // Aborted while the model answered (by a person, or by the run's own bound on its events, which this step's
+        // events may have passed): none of its calls is decided or run.
+        if context.abort.is_aborted() {
+            let error = RunError::Aborted {
+                reason: context.abort.reason(),
+            };
             answer_unfinished(messages, &calls, &error);
             return (RunEnd::Failed(error), step);
         }
@@ -694,31 +694,32 @@ async fn sample(
     )
 }
 
-/// Gives a call whose id an earlier call of the conversation had a fresh one. Some providers number the calls of
-/// each step from the start; an id names one call in the conversation we send back, in the store and in the events
-/// a client matches results by (AG-UI's `toolCallId`), so a reused one would make two calls one. The conversation
-/// carries the new id from here on, so the provider sees ids it can match.
-fn renew_reused_ids(calls: &mut [ToolCall], earlier: &[Message]) {
+/// Gives a call a fresh id where its id names another call already: one of the conversation (some providers number
+/// the calls of each step from the start) or an earlier one of this step (some give several calls of a step one id).
+/// An id names one call in the conversation we send back, in the store and in the events a client matches results
+/// by (AG-UI's `toolCallId`), so a shared one would make two calls one, and a provider refuses a conversation that
+/// answers one id twice. Nothing has shown these calls yet; the conversation carries the new ids from here on, so
+/// the provider sees ids it can match.
+fn renew_taken_ids(calls: &mut [ToolCall], earlier: &[Message]) {
     if calls.is_empty() {
         return;
     }
-    let used: HashSet<&ToolCallId> = earlier
+    let mut taken: HashSet<ToolCallId> = earlier
         .iter()
         .flat_map(|message| match message {
-            Message::Assistant { tool_calls, .. } => {
-                tool_calls.iter().map(|call| &call.id).collect::<Vec<_>>()
-            }
-            Message::Tool { tool_call_id, .. } => vec![tool_call_id],
+            Message::Assistant { tool_calls, .. } => tool_calls
+                .iter()
+                .map(|call| call.id.clone())
+                .collect::<Vec<_>>(),
+            Message::Tool { tool_call_id, .. } => vec![tool_call_id.clone()],
             Message::System { .. } | Message::User { .. } => Vec::new(),
         })
         .collect();
-    // One fresh id for each reused one: two calls of the step with the same id still have one, and are refused.
-    let mut fresh: HashMap<ToolCallId, ToolCallId> = HashMap::new();
-    for call in calls.iter_mut().filter(|call| used.contains(&call.id)) {
-        call.id = fresh
-            .entry(call.id.clone())
-            .or_insert_with(ToolCallId::generate)
-            .clone();
+    for call in calls.iter_mut() {
+        if !taken.insert(call.id.clone()) {
+            call.id = ToolCallId::generate();
+            taken.insert(call.id.clone());
+        }
     }
 }
 

@@ -693,6 +693,11 @@ impl FileLocks {
                     .map(|_| tokio::sync::Mutex::new(()))
                     .collect()
             });
+        // A call that needs no lock is not run once its run is aborted either (for its bound on events, say, which the
+        // decisions of its batch may have passed).
+        if context.abort.is_aborted() && context.abort.reason() != AbortReason::Shutdown {
+            return None;
+        }
         let mut held = Vec::with_capacity(self.0.len());
         for stripe in self.0 {
             let lock = LOCKS[stripe].lock();

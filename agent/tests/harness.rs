@@ -810,6 +810,66 @@ async fn a_run_whose_last_events_pass_its_bound_ends_at_the_limit_not_done() {
     );
 }
 
+/// A run whose batch's decisions pass its bound on event bytes runs none of the batch's calls, not even one that
+/// needs no file lock (a command): the run ends at the limit. Before, the abort was seen by the calls that wait for
+/// a file only, and `touch` ran in a run that had already ended.
+#[tokio::test]
+async fn calls_decided_past_the_runs_bound_on_event_bytes_do_not_run() {
+    let probe = setup_with(ApprovalPolicy::Trusted, Retention::default());
+    let whole = probe
+        .harness
+        .start(start("run touch marker"))
+        .await
+        .unwrap();
+    let sizes: Vec<(u64, StreamEvent)> = whole
+        .subscribe(0)
+        .map(|event| (event.json.len() as u64, decode(&event.json)))
+        .collect()
+        .await;
+    assert!(
+        probe.dir.path().join("marker").exists(),
+        "the command runs within the default bound: {sizes:?}"
+    );
+    let decided = sizes
+        .iter()
+        .position(|(_, event)| matches!(event, StreamEvent::ToolCall { .. }))
+        .expect("the call is decided");
+    // Room for everything before the decision, and half of it.
+    let bound = sizes[..decided].iter().map(|(bytes, _)| bytes).sum::<u64>() + sizes[decided].0 / 2;
+
+    let bounded = setup_with(
+        ApprovalPolicy::Trusted,
+        Retention {
+            event_bytes_per_run: usize::try_from(bound).unwrap(),
+            ..Retention::default()
+        },
+    );
+    let run = bounded
+        .harness
+        .start(start("run touch marker"))
+        .await
+        .unwrap();
+    let events: Vec<StreamEvent> = run
+        .subscribe(0)
+        .map(|event| decode(&event.json))
+        .collect()
+        .await;
+    assert!(
+        matches!(
+            events.last(),
+            Some(StreamEvent::Error {
+                code: RunErrorCode::EventLimit,
+                ..
+            })
+        ),
+        "{events:?}"
+    );
+    assert!(
+        !bounded.dir.path().join("marker").exists(),
+        "the command did not run"
+    );
+}
+
 #[tokio::test]
 async fn finished_runs_are_forgotten_oldest_first_past_the_size_of_the_event_log() {
     let Setup { harness: probe, .. } = setup();

@@ -1031,7 +1031,8 @@ async fn a_tool_list_never_answered_withdraws_the_tools_until_it_is_read_again()
         .await
         .unwrap();
     let mut run = started.context(ApprovalPolicy::Trusted);
-    run.call("mcp__fixture__change_tools_hang_list", json!({}))
+    // Its next two lists hang: the tools stay withdrawn from 1 s (the first list given up) to 5 s (the third asked).
+    run.call("mcp__fixture__change_tools_hang_list", json!({"lists": 2}))
         .await;
     let withdrawn = started
         .until_status("fixture", |status| status.tools.is_empty())
@@ -1045,7 +1046,7 @@ async fn a_tool_list_never_answered_withdraws_the_tools_until_it_is_read_again()
     let (_, refused) = error(&run.call("mcp__fixture__echo", json!({"text": "hi"})).await);
     assert!(refused.contains("mcp__fixture__echo"), "{refused}");
     assert!(!started.fixture_calls().contains(&"echo".to_owned()));
-    // Asked again a second later, the list comes: echo as the server changed it.
+    // Asked again, the list comes: echo as the server changed it.
     let back = started
         .until_status("fixture", |status| {
             status.state == McpServerState::Ready && !status.tools.is_empty()
@@ -1075,11 +1076,8 @@ async fn a_call_of_a_tool_whose_server_said_it_changed_waits_for_the_new_list() 
     let mut run = started.context(ApprovalPolicy::Trusted);
     run.call("mcp__fixture__change_tools_later", json!({}))
         .await;
-    started
-        .until_fixture_called("change_tools_later announced")
-        .await;
-    // The announcement reaches toolgate; the list it asks for hangs.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // toolgate heard the announcement: it asked for the list, which hangs.
+    started.until_fixture_called("tools/list hangs").await;
     assert_eq!(
         started.description("mcp__fixture__echo"),
         "Echoes the text back (version 1).",
@@ -1301,5 +1299,25 @@ async fn a_server_offering_too_many_tools_or_too_large_a_tool_is_bounded_and_the
         .await;
     assert_eq!(again.state, McpServerState::Ready);
     assert_eq!(again.tools.len(), agent::mcp::MAX_TOOLS);
+    started.shut_down().await;
+}
+
+/// A server that offers no tool at all and exits is not started again in a loop: only a server whose tools toolgate
+/// withdrew is started again by itself (no call could start it), and this one's were never there.
+#[tokio::test]
+async fn a_server_offering_no_tool_that_exits_is_not_started_again_by_itself() {
+    let started = start(json!({"quiet": fixture(json!({
+        "enabled_tools": ["no_such_tool"],
+        "env": {"FIXTURE_LOG_START": "1", "FIXTURE_EXIT_AFTER_MS": "300"},
+    }))}))
+    .await
+    .unwrap();
+    assert!(started.status("quiet").tools.is_empty());
+    started
+        .until_status("quiet", |status| status.state == McpServerState::Crashed)
+        .await;
+    // Long enough for several starts, were it started again as it exits.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(started.fixture_calls(), ["started"]);
     started.shut_down().await;
 }

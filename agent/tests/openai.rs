@@ -920,6 +920,40 @@ async fn an_error_reported_inside_the_stream_ends_the_step() {
     );
 }
 
+/// An error reported inside the stream may quote what the server was sent, the key included; its text is cut short
+/// for the person, and the key is scrubbed before the cut. Before, a key that the cut split in two kept its first
+/// part in the run's error and the audit log, as the scrub only knew the whole key.
+#[tokio::test]
+async fn an_error_inside_the_stream_that_quotes_the_key_where_it_is_cut_shows_none_of_it() {
+    // The key begins 8 characters before the message's cut at 500.
+    let quoting =
+        |before: usize| format!("{}Authorization: Bearer {KEY}", "x".repeat(470 - before));
+    let unterminated = "{\"choices\": [{\"delta\": \"";
+    let replies = [
+        event(json!({"error": {"message": quoting(0)}})),
+        format!(
+            "event: error\ndata: {}\n\n",
+            json!({"error": {"message": quoting(0)}})
+        ),
+        format!("data: {unterminated}{}\n\n", quoting(unterminated.len())),
+    ];
+    for reply in replies {
+        let server = FakeServer::start(vec![stream(&[reply, DONE.into()])]).await;
+        let items = step(&model(config(&server)), &user("hi"), &[]).await;
+        let Some(Err(error)) = items.last() else {
+            panic!("{items:?}")
+        };
+        let message = error.to_string();
+        assert!(message.contains("Authorization: Bearer"), "{message}");
+        for start in 0..=KEY.len() - 8 {
+            assert!(
+                !message.contains(&KEY[start..start + 8]),
+                "{message} shows part of the key"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_server_that_ignores_stream_true_is_refused_with_a_clear_message() {
     let server = FakeServer::start(vec![status(

@@ -13,7 +13,7 @@ use agent::policy::{
 use agent::store::Store;
 use agent::store::sql::{DatabaseUrl, SqlStore};
 use agent::tools::{CommandLimits, Workspace, workspace_tools};
-use agent::wire::{PermissionDecision, ToolAnnotations, ToolSpec};
+use agent::wire::{McpToolOrigin, PermissionDecision, ToolAnnotations, ToolSpec};
 use serde_json::Value;
 
 use crate::config::{Config, Database};
@@ -109,18 +109,29 @@ pub async fn check(config: &Config, tool: &str, arguments: &str) -> Result<Strin
             }
             registered.spec().clone()
         }
-        None => {
-            notes.push(format!(
-                "toolgate has no tool named {tool:?} now; it was checked as a tool that gives no annotations"
-            ));
-            ToolSpec {
-                name: tool.to_owned(),
-                description: String::new(),
-                input_schema: serde_json::json!({"type": "object"}),
-                annotations: ToolAnnotations::default(),
-                mcp: None,
+        None => match mcp_tool(&mcp_config, tool) {
+            Some(spec) => {
+                if let Some(origin) = &spec.mcp {
+                    notes.push(format!(
+                        "{tool:?} was checked as the tool {:?} of the MCP server {:?}, which a check does not start: as one that claims nothing in its annotations, under the name the model sees, {}",
+                        origin.tool, origin.server, spec.name
+                    ));
+                }
+                spec
             }
-        }
+            None => {
+                notes.push(format!(
+                    "toolgate has no tool named {tool:?} now; it was checked as a tool that gives no annotations"
+                ));
+                ToolSpec {
+                    name: tool.to_owned(),
+                    description: String::new(),
+                    input_schema: serde_json::json!({"type": "object"}),
+                    annotations: ToolAnnotations::default(),
+                    mcp: None,
+                }
+            }
+        },
     };
     let verdict = policy.explain(&spec, &input, &SessionGrants::new());
     let kind = match &verdict.decision {
@@ -135,6 +146,33 @@ pub async fn check(config: &Config, tool: &str, arguments: &str) -> Result<Strin
         let _ = writeln!(report, "note: {note}");
     }
     Ok(report)
+}
+
+/// The tool `name` (`mcp__<server>__<tool>`, the tool's name uncut) of a configured MCP server, as the policy would
+/// see it were the server started: under the name the model sees (cut short where it is long) and from that server,
+/// with its trust; its definition is the server's to give, so it claims nothing here.
+fn mcp_tool(config: &McpConfig, name: &str) -> Option<ToolSpec> {
+    config
+        .servers
+        .iter()
+        .filter(|server| server.enabled)
+        .find_map(|server| {
+            let real = name
+                .strip_prefix(&format!("mcp__{}__", server.tool_prefix_name))
+                .filter(|real| !real.is_empty())?;
+            Some(ToolSpec {
+                name: agent::mcp::naming::qualified_name(&server.tool_prefix_name, real),
+                description: String::new(),
+                input_schema: serde_json::json!({"type": "object"}),
+                annotations: ToolAnnotations::default(),
+                mcp: Some(McpToolOrigin {
+                    server: server.name.clone(),
+                    tool: real.to_owned(),
+                    trust: server.trust,
+                    endpoint: server.transport.endpoint_digest(),
+                }),
+            })
+        })
 }
 
 /// The configured rules and the ones people added, as the database keeps them (read-only, beside a running

@@ -87,12 +87,12 @@ pub async fn add_rule(
 ) -> Result<Response, ApiError> {
     let rule = rule_from_body(&body)?;
     // Kept all the same (an MCP server may add the tool later), but a name with a typo is said at once.
-    let names = state.harness.toolbox().names();
-    let no_tool = (!names.iter().any(|name| rule.covers_tool(name))).then(|| {
+    let toolbox = state.harness.toolbox();
+    let no_tool = (!toolbox.specs().iter().any(|spec| rule.covers_tool(spec))).then(|| {
         format!(
             "No tool is named {} now: the rule applies to none until one is. The tools are: {}.",
             rule.tool_pattern(),
-            names.join(", ")
+            toolbox.names().join(", ")
         )
     });
     let added = state.harness.add_rule(rule, &actor).await?;

@@ -23,14 +23,19 @@ if (existsSync("fixture-refuse-start")) {
   process.exit(2);
 }
 
+// With FIXTURE_LOG_START set it writes "started" to its record of calls as it starts, and with FIXTURE_EXIT_AFTER_MS
+// it exits by itself that long after.
+if (process.env.FIXTURE_LOG_START) appendFileSync("fixture-calls.log", "started\n");
+if (process.env.FIXTURE_EXIT_AFTER_MS) setTimeout(() => process.exit(4), Number(process.env.FIXTURE_EXIT_AFTER_MS));
+
 // Junk before the handshake: a client must skip what is not JSON-RPC.
 process.stdout.write("fixture: this line is not JSON-RPC\n");
 
 const readOnly = { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false };
 const object = (properties = {}, required = []) => ({ type: "object", properties, required, additionalProperties: false });
 let version = 1;
-// Set by change_tools_hang_list: the next tools/list is never answered.
-let hangNextList = false;
+// Set by change_tools_hang_list and change_tools_later: how many of the next tools/list requests are never answered.
+let hangLists = 0;
 // Set by huge_and_go: the tool is no longer listed.
 let hugeAndGoWithdrawn = false;
 // Set by add_tools: how many more extra tools are listed.
@@ -53,7 +58,7 @@ const tools = () => [
   { name: "block", description: "Keeps the server busy (its event loop blocked) for ms milliseconds, then answers.", inputSchema: object({ ms: { type: "number" } }, ["ms"]) },
   { name: "malformed", description: "Answers with a result whose content is of a kind no client knows.", inputSchema: object() },
   { name: "change_tools", description: "Changes the echo tool's description and announces it.", inputSchema: object() },
-  { name: "change_tools_hang_list", description: "Changes the echo tool's description, announces it, and never answers the next tools/list.", inputSchema: object() },
+  { name: "change_tools_hang_list", description: "Changes the echo tool's description, announces it, and never answers the next tools/list (or as many as lists says).", inputSchema: object({ lists: { type: "integer", minimum: 1 } }) },
   { name: "add_tools", description: "Lists this many more tools from now on, and announces it.", inputSchema: object({ count: { type: "integer", minimum: 0 } }, ["count"]) },
   { name: "change_tools_later", description: "Answers, then changes the echo tool's description, announces it, and never answers the next tools/list.", inputSchema: object() },
   { name: "spawn_child", description: "Starts a long sleep of its own (in a session of its own, as a daemon, when asked) and gives both process ids.", inputSchema: object({ own_session: { type: "boolean" } }) },
@@ -80,8 +85,9 @@ const extra = () => [
 const server = new Server({ name: "toolgate-misbehaving-fixture", version: "1.0.0" }, { capabilities: { tools: { listChanged: true } } });
 
 server.setRequestHandler(ListToolsRequestSchema, async () => {
-  if (hangNextList) {
-    hangNextList = false;
+  if (hangLists > 0) {
+    hangLists -= 1;
+    log("tools/list hangs");
     return await new Promise(() => {});
   }
   return { tools: tools().filter((tool) => !(hugeAndGoWithdrawn && tool.name === "huge_and_go")).concat(extra()) };
@@ -143,7 +149,7 @@ server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
       return text(`echo is now version ${version}`);
     case "change_tools_hang_list":
       version += 1;
-      hangNextList = true;
+      hangLists = args.lists ?? 1;
       await server.sendToolListChanged();
       log("change_tools_hang_list answered");
       return text(`echo is now version ${version}, and the next tools/list hangs`);
@@ -154,7 +160,7 @@ server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
     case "change_tools_later":
       setTimeout(async () => {
         version += 1;
-        hangNextList = true;
+        hangLists = 1;
         await server.sendToolListChanged();
         log("change_tools_later announced");
       }, 50);

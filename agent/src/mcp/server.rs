@@ -146,21 +146,40 @@ struct Connection {
     stop: CancellationToken,
     /// The highest count of tool-list announcements whose list is in the toolbox.
     applied: watch::Receiver<u64>,
+    /// Whether the server's tools are withdrawn: its list past the bounds, or a new one that could not be read.
+    withdrawn: std::sync::atomic::AtomicBool,
     stderr: Option<StderrTail>,
+}
+
+/// How a wait for the server's announced tool list ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Settled {
+    /// Every list announced so far is in the toolbox (or the tools were withdrawn, their list unreadable).
+    Yes,
+    /// Not within the patience given.
+    TimedOut,
+    /// The call's run was aborted meanwhile.
+    Cancelled,
+    /// The connection ended meanwhile: nothing follows its list any more.
+    Ended,
 }
 
 impl Connection {
     /// Waits until every tool-list change the server announced so far is in the toolbox (or its tools are
-    /// withdrawn, their new list unreadable), and says whether it came to that: bounded, as a server that never
-    /// answers tools/list must not hold a call forever, nor a run aborted meanwhile.
-    async fn tools_settled(&self, patience: Duration, cancel: &CancellationToken) -> bool {
+    /// withdrawn, their new list unreadable), and says how the wait ended: bounded, as a server that never answers
+    /// tools/list must not hold a call forever, nor a run aborted meanwhile.
+    async fn tools_settled(&self, patience: Duration, cancel: &CancellationToken) -> Settled {
         let target = *self.client.announcements().borrow();
         let mut applied = self.applied.clone();
         let settled =
             tokio::time::timeout(patience, applied.wait_for(|applied| *applied >= target));
         tokio::select! {
-            settled = settled => matches!(settled, Ok(Ok(_))),
-            () = cancel.cancelled() => false,
+            settled = settled => match settled {
+                Ok(Ok(_)) => Settled::Yes,
+                Ok(Err(_)) => Settled::Ended,
+                Err(_) => Settled::TimedOut,
+            },
+            () = cancel.cancelled() => Settled::Cancelled,
         }
     }
 }
@@ -312,6 +331,7 @@ impl McpServer {
             ended: ended.clone(),
             stop: stop.clone(),
             applied,
+            withdrawn: std::sync::atomic::AtomicBool::new(false),
             stderr: process.as_ref().map(ServerProcess::stderr),
         });
         self.publish(tools);
@@ -487,8 +507,8 @@ impl McpServer {
         }
     }
 
-    /// Marks connection `generation` as ended: the server is down until a call starts it again, or, when it offers
-    /// the model no tool (they were withdrawn), at once, as no call could.
+    /// Marks connection `generation` as ended: the server is down until a call starts it again, or, when its tools
+    /// were withdrawn, at once, as no call could.
     async fn connection_lost(
         self: &Arc<Self>,
         generation: u64,
@@ -496,9 +516,14 @@ impl McpServer {
         stderr_tail: Option<String>,
     ) {
         let mut link = self.link.lock().await;
+        // A server whose tools were withdrawn offers the model none to call, so no call would start it again.
+        let mut withdrawn = false;
         let (reason, stderr_tail) = match &*link {
             Link::Up(connection) if connection.generation == generation => {
                 connection.ended.cancel();
+                withdrawn = connection
+                    .withdrawn
+                    .load(std::sync::atomic::Ordering::Acquire);
                 (reason, stderr_tail)
             }
             // A call and the process's supervisor may both notice; the status keeps what each saw.
@@ -527,12 +552,7 @@ impl McpServer {
             since: Instant::now(),
             generation,
         });
-        let offers_none = self
-            .toolbox
-            .sources()
-            .iter()
-            .any(|status| status.name == self.config.name && status.tools.is_empty());
-        if offers_none {
+        if withdrawn {
             self.tasks.spawn(Arc::clone(self).start_again());
         }
     }
@@ -558,22 +578,28 @@ impl McpServer {
         // The server may have said that its tools changed, their new list not read yet: the call waits for it, and is
         // not made on the definitions it replaces.
         let timeout = self.config.tool_timeout;
-        if !connection.tools_settled(timeout, cancel).await {
-            return Err(if cancel.is_cancelled() {
-                ToolError::failed(format!(
-                    "{qualified} was not called: its run was aborted before the call went out to the MCP server {}.",
-                    self.config.name
-                ))
-            } else {
-                ToolError::new(
+        let server = &self.config.name;
+        match connection.tools_settled(timeout, cancel).await {
+            Settled::Yes => {}
+            Settled::Cancelled => {
+                return Err(ToolError::failed(format!(
+                    "{qualified} was not called: its run was aborted before the call went out to the MCP server {server}."
+                )));
+            }
+            Settled::TimedOut => {
+                return Err(ToolError::new(
                     ToolErrorCode::PermissionDenied,
                     format!(
-                        "{qualified} was not called: the MCP server {} said its tools changed, and their new list did not come within {} s, so what was approved or allowed may not be what the tool is now.",
-                        self.config.name,
+                        "{qualified} was not called: the MCP server {server} said its tools changed, and their new list did not come within {} s, so what was approved or allowed may not be what the tool is now.",
                         timeout.as_secs_f64()
                     ),
-                )
-            });
+                ));
+            }
+            Settled::Ended => {
+                return Err(ToolError::failed(format!(
+                    "{qualified} was not called: the MCP server {server} said its tools changed, and its connection ended before their new list came. The server is started again for the next call."
+                )));
+            }
         }
         // The connection may be new (the server had stopped, or its HTTP session was gone): a server started again
         // listed its tools anew, and a call decided for the tool as it was defined is not made on another definition.
@@ -591,7 +617,6 @@ impl McpServer {
                 ),
             ));
         }
-        let server = &self.config.name;
         match connection
             .client
             .call_tool(tool, input, timeout, cancel)
@@ -787,7 +812,8 @@ async fn supervise(
 /// A list that cannot be read (an error, or no answer within the tool timeout) withdraws the server's tools: once
 /// the server has said they changed, what toolgate holds of them no longer says what a call would run, and a call
 /// decided on it is refused. The list is asked for again, with backoff, until it comes or the server changes it
-/// again.
+/// again. A list that failed because the connection is gone (its session forgotten, its output closed) ends the
+/// connection instead: the server is started again, and lists its tools anew.
 async fn follow_tool_list(
     server: Weak<McpServer>,
     connection: Weak<Connection>,
@@ -799,21 +825,67 @@ async fn follow_tool_list(
     let mut failures = 0;
     loop {
         let wait = backoff(failures);
-        tokio::select! {
-            changed = announced.changed() => if changed.is_err() { return },
-            () = tokio::time::sleep(wait), if failures > 0 => {}
+        let announcing = tokio::select! {
+            changed = announced.changed() => changed.is_ok(),
+            () = tokio::time::sleep(wait), if failures > 0 => true,
             () = ended.cancelled() => return,
-        }
-        let target = *announced.borrow_and_update();
+        };
         let (Some(server), Some(connection)) = (server.upgrade(), connection.upgrade()) else {
             return;
         };
+        if !announcing {
+            // The client stopped hearing the server. Its tools, if withdrawn, would stay so for good.
+            if failures > 0 {
+                server
+                    .close_mid_call(
+                        &connection,
+                        "its connection ended while its new tool list was awaited".to_owned(),
+                    )
+                    .await;
+            }
+            return;
+        }
+        let target = *announced.borrow_and_update();
         // Bounded like a call: a server that never answers must hold up neither the calls that wait for its list
         // (see `tools_settled`) nor its later changes.
         let patience = server.config.tool_timeout;
         let listed = match tokio::time::timeout(patience, connection.client.list_tools()).await {
             Ok(Ok(tools)) => Ok(tools),
+            Ok(Err(
+                error @ (CallError::Disconnected(_)
+                | CallError::SessionForgotten
+                | CallError::TooLarge),
+            )) => {
+                connection
+                    .withdrawn
+                    .store(true, std::sync::atomic::Ordering::Release);
+                server
+                    .close_mid_call(
+                        &connection,
+                        format!("its new tool list could not be read: {error}"),
+                    )
+                    .await;
+                return;
+            }
             Ok(Err(error)) => Err(format!("it answered tools/list with an error: {error}")),
+            // An HTTP server that does not answer a ping either is taken for lost, as after a call (see `call`).
+            Err(_)
+                if matches!(server.config.transport, McpTransport::Http { .. })
+                    && !connection.client.answers_ping(PING_PATIENCE).await =>
+            {
+                connection
+                    .withdrawn
+                    .store(true, std::sync::atomic::Ordering::Release);
+                server
+                    .close_mid_call(
+                        &connection,
+                        format!(
+                            "it did not answer tools/list within {patience:?}, nor a ping after it"
+                        ),
+                    )
+                    .await;
+                return;
+            }
             Err(_) => Err(format!("it did not answer tools/list within {patience:?}")),
         };
         let link = server.link.lock().await;
@@ -839,6 +911,9 @@ async fn follow_tool_list(
                 ))
             }
         };
+        connection
+            .withdrawn
+            .store(withdrawn.is_some(), std::sync::atomic::Ordering::Release);
         if let Some(message) = withdrawn {
             tracing::warn!(server = server.config.name, %message, "an MCP server's tools are withdrawn");
             server.toolbox.replace_source(

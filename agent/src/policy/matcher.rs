@@ -343,9 +343,9 @@ fn spellings(name: &str) -> impl Iterator<Item = &str> {
 }
 
 /// The names a cross toolchain's program may have after its target: `gcc-12` (then `12`) for
-/// `x86_64-linux-gnu-gcc-12`, `gcc` for `arm-none-eabi-gcc`, `g++` for `x86_64-w64-mingw32-g++`. A target starts
-/// with an architecture ([`ARCHITECTURES`]) and has at least one more part; each name after it is read, as where
-/// the target ends is not marked.
+/// `x86_64-linux-gnu-gcc-12`, `gcc` for `arm-none-eabi-gcc` and `avr-gcc`, `gdb` for `aarch64-linux-gnu-gdb`. A
+/// target starts with an architecture ([`ARCHITECTURES`]), and each name after it is read, as where the target ends
+/// is not marked; a compiler ([`COMPILERS`]) is read after any target at all (`xtensa-esp32-elf-gcc`).
 fn without_target(name: &str) -> impl Iterator<Item = &str> {
     let targeted = name.split_once('-').is_some_and(|(architecture, _)| {
         ARCHITECTURES
@@ -353,10 +353,13 @@ fn without_target(name: &str) -> impl Iterator<Item = &str> {
             .any(|known| architecture.starts_with(known))
     });
     name.match_indices('-')
-        .skip(1)
-        .filter(move |_| targeted)
         .map(move |(at, _)| &name[at + 1..])
+        .filter(move |rest| targeted || COMPILERS.contains(&unversioned(rest)))
 }
+
+/// The compilers among the programs that run others (`gcc -wrapper`, `rustc -C linker`), which cross toolchains
+/// install with a target in front.
+const COMPILERS: &[&str] = &["cc", "c++", "gcc", "g++", "clang", "clang++", "rustc"];
 
 /// How the architectures a GNU target triplet starts with begin (`armv7l` and `armhf` are `arm`'s, `mips64el`
 /// `mips`'s).
@@ -384,6 +387,15 @@ const ARCHITECTURES: &[&str] = &[
     "xtensa",
     "wasm32",
     "wasm64",
+    "sh",
+    "arc",
+    "or1k",
+    "msp430",
+    "bpf",
+    "nios2",
+    "csky",
+    "microblaze",
+    "hexagon",
 ];
 
 /// The GNU tools that run programs and that Homebrew installs under a `g` name beside the system's own.
@@ -1131,6 +1143,12 @@ pub(crate) mod tests {
             "riscv64-unknown-elf-gcc",
             "armv7l-linux-gnueabihf-clang",
             "mips64el-linux-gnuabi64-cc",
+            "avr-gcc",
+            "msp430-gcc",
+            "sh4-linux-gnu-gcc",
+            "arm-none-eabi-gdb",
+            "xtensa-esp32-elf-gcc",
+            "nvptx-none-gcc",
         ] {
             assert!(is_program_runner(program), "{program}");
         }
@@ -1163,8 +1181,8 @@ pub(crate) mod tests {
             // A cross toolchain's programs that run none, and names that only begin like a target.
             "x86_64-linux-gnu-objdump",
             "aarch64-linux-gnu-strip",
-            "x86_64-make",
             "docker-compose",
+            "avr-objcopy",
         ] {
             assert!(!is_program_runner(program), "{program}");
         }

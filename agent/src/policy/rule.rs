@@ -279,17 +279,20 @@ pub struct CallFacts<'a> {
     pub paths: &'a PathContext,
 }
 
+/// An MCP tool's name uncut, when the name the model sees had to be cut (see [`CallFacts::uncut_name`]).
+fn uncut_name(tool: &ToolSpec) -> Option<String> {
+    tool.mcp
+        .as_ref()
+        .map(|origin| crate::tools::mcp_names::uncut_name(&origin.server, &origin.tool))
+        .filter(|uncut| *uncut != tool.name)
+}
+
 impl<'a> CallFacts<'a> {
     /// The facts of a call of `tool` with `input`.
     pub fn of(tool: &'a ToolSpec, input: &'a Value, paths: &'a PathContext) -> Self {
-        let uncut_name = tool
-            .mcp
-            .as_ref()
-            .map(|origin| crate::tools::mcp_names::uncut_name(&origin.server, &origin.tool))
-            .filter(|uncut| *uncut != tool.name);
         Self {
             tool_name: &tool.name,
-            uncut_name,
+            uncut_name: uncut_name(tool),
             input,
             paths,
         }
@@ -456,9 +459,17 @@ impl Rule {
         self.tool.as_str()
     }
 
-    /// Whether the rule is about the tool named `name` (whatever its arguments).
-    pub fn covers_tool(&self, name: &str) -> bool {
+    /// Whether the rule is about `tool` (whatever its arguments).
+    pub fn covers_tool(&self, tool: &ToolSpec) -> bool {
+        self.names_tool(&tool.name, uncut_name(tool).as_deref())
+    }
+
+    /// Whether the rule's tool part names the tool called `name`, or, for a `deny` or `ask`, `uncut` (see
+    /// [`CallFacts::uncut_name`]).
+    fn names_tool(&self, name: &str, uncut: Option<&str>) -> bool {
         self.tool.matches(name)
+            || (self.action != RuleAction::Allow
+                && uncut.is_some_and(|uncut| self.tool.matches(uncut)))
     }
 
     /// True for a rule without an argument matcher.
@@ -511,16 +522,10 @@ impl Rule {
     /// Whether the rule applies to a call. A `deny` or `ask` rule reads a call every way it could be read
     /// (matching any candidate); an `allow` rule must fit every reading.
     pub fn matches(&self, call: &CallFacts<'_>) -> bool {
-        let strict_reading = self.action == RuleAction::Allow;
-        let named = self.tool.matches(call.tool_name)
-            || (!strict_reading
-                && call
-                    .uncut_name
-                    .as_deref()
-                    .is_some_and(|uncut| self.tool.matches(uncut)));
-        if !named {
+        if !self.names_tool(call.tool_name, call.uncut_name.as_deref()) {
             return false;
         }
+        let strict_reading = self.action == RuleAction::Allow;
         match &self.matcher {
             None => true,
             Some(ArgumentMatcher::Command(prefix)) => {

@@ -573,6 +573,45 @@ async fn rules_check_prints_the_decision_and_the_rule_that_made_it() {
     assert!(!home.path().join("toolgate.db").exists());
 }
 
+/// `rules check` of an MCP tool, named `mcp__<server>__<tool>`, decides as the policy would with the server started:
+/// as that server's tool (its trust, its rules), under the name the model sees. For a server whose long name leaves
+/// the model only a digest, a server rule's `allow` glob does not meet the tool there, so the check asks as a run
+/// would; before, it was read under the name as typed, and said `allow`.
+#[tokio::test]
+async fn rules_check_reads_an_mcp_tool_as_its_servers() {
+    let home = tempfile::tempdir().unwrap();
+    let long = "a-server-whose-name-is-long-enough-that-tool-names-are-cut";
+    let servers = json!({"mcpServers": {
+        long: {"command": "node", "args": ["server.js"], "rules": ["list_*=allow", "delete_*=deny"]},
+        "fs": {"command": "node", "args": ["server.js"], "rules": ["list_*=allow"]},
+    }});
+    std::fs::write(home.path().join("mcp.json"), servers.to_string()).unwrap();
+    let check = |tool: String| {
+        let home = home.path().to_owned();
+        async move {
+            let (code, stdout, stderr) = rules_check(
+                &home,
+                &["--mcp-config", "mcp.json", "rules", "check", &tool, "{}"],
+            )
+            .await;
+            assert_eq!(code, Some(0), "{stderr}");
+            stdout
+        }
+    };
+    let listed = check("mcp__fs__list_dir".to_owned()).await;
+    assert!(listed.starts_with("allow: "), "{listed}");
+    let cut = check(format!("mcp__{long}__list_repos")).await;
+    assert!(cut.starts_with("ask: "), "{cut}");
+    assert!(
+        cut.contains(&format!(
+            "checked as the tool \"list_repos\" of the MCP server \"{long}\""
+        )),
+        "{cut}"
+    );
+    let denied = check(format!("mcp__{long}__delete_repo")).await;
+    assert!(denied.starts_with("deny: "), "{denied}");
+}
+
 /// A kept rule this version cannot read (a newer instance's, on a shared database) makes the rules unreadable (the
 /// log names it, and how to remove it); `DELETE` removes it by its id, and the rules read again.
 #[tokio::test]

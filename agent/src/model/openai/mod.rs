@@ -469,11 +469,14 @@ impl StepStream<'_> {
                         step: StepAssembler::new(),
                     }));
                 }),
-                State::Reading(reading) => reading.advance(&mut self.ready).await.map(|progress| {
-                    if let Progress::Done = progress {
-                        self.state = State::Ended;
-                    }
-                }),
+                State::Reading(reading) => reading
+                    .advance(&mut self.ready, &self.model.redactor)
+                    .await
+                    .map(|progress| {
+                        if let Progress::Done = progress {
+                            self.state = State::Ended;
+                        }
+                    }),
             };
             if let Err(error) = result {
                 self.state = State::Ended;
@@ -486,7 +489,11 @@ impl StepStream<'_> {
 
 impl Reading {
     /// Reads the next event of the body and queues what it completes.
-    async fn advance(&mut self, ready: &mut VecDeque<ModelChunk>) -> Result<Progress, ModelError> {
+    async fn advance(
+        &mut self,
+        ready: &mut VecDeque<ModelChunk>,
+        redactor: &Redactor,
+    ) -> Result<Progress, ModelError> {
         // Once the model said why it stopped, only its token counts and `[DONE]` may follow, and not for long.
         let finished = self.step.has_finished();
         let next = if finished {
@@ -519,21 +526,29 @@ impl Reading {
             Some(Ok(event)) => event,
         };
         // Read as sent: what the model wrote is its own (a tool's arguments, its answer), and a key such as Ollama's
-        // `ollama` may well be in it. An error made of it is scrubbed on its way out (`Redactor::error`).
+        // `ollama` may well be in it. What an error quotes of it is scrubbed before it is cut short, as a key cut in
+        // two would no longer be found whole (`Redactor::error` scrubs it again on its way out).
         let data = event.data.as_str();
         if data.trim() == "[DONE]" {
             ready.extend(std::mem::take(&mut self.step).finish()?);
             return Ok(Progress::Done);
         }
         if event.event.as_deref() == Some("error") {
-            return Err(ModelError::Provider(protocol::error_message(data)));
+            return Err(ModelError::Provider(protocol::error_message(
+                &redactor.scrub(data),
+            )));
         }
         let chunk: ChatChunk = serde_json::from_str(data).map_err(|error| {
             ModelError::Malformed(format!(
                 "a chunk is not a chat-completion chunk ({error}): {}",
-                protocol::shorten(data)
+                protocol::shorten(&redactor.scrub(data))
             ))
         })?;
+        if chunk.reports_error() {
+            return Err(ModelError::Provider(protocol::error_message(
+                &redactor.scrub(data),
+            )));
+        }
         if let Some(text) = self.step.apply(chunk)? {
             ready.push_back(ModelChunk::Text(text));
         }

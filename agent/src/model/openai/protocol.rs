@@ -220,6 +220,13 @@ pub struct ChatChunk {
     error: Option<Value>,
 }
 
+impl ChatChunk {
+    /// Whether the chunk reports a failure rather than carrying the step.
+    pub fn reports_error(&self) -> bool {
+        self.error.as_ref().is_some_and(|error| !error.is_null())
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct ChunkChoice {
     #[serde(default)]
@@ -331,9 +338,11 @@ impl StepAssembler {
             self.usage = Some(usage.into());
         }
         let mut text = String::new();
-        // We ask for one choice; a server that sends more gets its first one read.
+        // We ask for one choice; a server that sends more gets its first one read. Once it said why it stopped, only
+        // its token counts are read: the step is what it was when it ended, and that reason stays (a later `stop`
+        // must not make a cut-off step whole).
         for choice in chunk.choices.unwrap_or_default() {
-            if choice.index.unwrap_or(0) != 0 {
+            if choice.index.unwrap_or(0) != 0 || self.has_finished() {
                 continue;
             }
             if let Some(delta) = choice.delta {
@@ -972,6 +981,37 @@ mod tests {
         assert_eq!(
             step.finish().unwrap(),
             vec![ModelChunk::Finish("length".into())]
+        );
+    }
+
+    /// What follows the reason a step ended (another reason, more text, more of a call) changes nothing: a step cut
+    /// off and then said to stop is still cut off, and its calls run none. Before, the last reason won.
+    #[test]
+    fn the_first_reason_a_step_ended_stays_and_nothing_after_it_is_read() {
+        let mut step = StepAssembler::new();
+        step.apply(chunk(tool_piece(
+            0,
+            Some("call_a"),
+            Some("delete_file"),
+            r#"{"path": "#,
+        )))
+        .unwrap();
+        step.apply(chunk(
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}),
+        ))
+        .unwrap();
+        let after = step
+            .apply(chunk(json!({"choices": [{"index": 0,
+                "delta": {"content": "more", "tool_calls": [{"index": 0, "function": {"arguments": "\"a\"}"}}]},
+                "finish_reason": "stop"}]})))
+            .unwrap();
+        assert_eq!(after, None, "no text after the end");
+        assert_eq!(
+            step.finish(),
+            Err(ModelError::CutOff {
+                reason: "length".into(),
+                calls: 1
+            })
         );
     }
 
