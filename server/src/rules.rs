@@ -159,7 +159,7 @@ fn mcp_tool(config: &McpConfig, name: &str) -> Option<ToolSpec> {
         .find_map(|server| {
             let real = name
                 .strip_prefix(&format!("mcp__{}__", server.tool_prefix_name))
-                .filter(|real| !real.is_empty())?;
+                .filter(|real| !real.is_empty() && server.offers(real))?;
             Some(ToolSpec {
                 name: agent::mcp::naming::qualified_name(&server.tool_prefix_name, real),
                 description: String::new(),

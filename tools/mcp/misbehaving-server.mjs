@@ -24,9 +24,9 @@ if (existsSync("fixture-refuse-start")) {
 }
 
 // With FIXTURE_LOG_START set it writes "started" to its record of calls as it starts, and with FIXTURE_EXIT_AFTER_MS
-// it exits by itself that long after.
+// it exits by itself that long after it first listed its tools.
 if (process.env.FIXTURE_LOG_START) appendFileSync("fixture-calls.log", "started\n");
-if (process.env.FIXTURE_EXIT_AFTER_MS) setTimeout(() => process.exit(4), Number(process.env.FIXTURE_EXIT_AFTER_MS));
+let exitScheduled = false;
 
 // Junk before the handshake: a client must skip what is not JSON-RPC.
 process.stdout.write("fixture: this line is not JSON-RPC\n");
@@ -85,6 +85,10 @@ const extra = () => [
 const server = new Server({ name: "toolgate-misbehaving-fixture", version: "1.0.0" }, { capabilities: { tools: { listChanged: true } } });
 
 server.setRequestHandler(ListToolsRequestSchema, async () => {
+  if (process.env.FIXTURE_EXIT_AFTER_MS && !exitScheduled) {
+    exitScheduled = true;
+    setTimeout(() => process.exit(4), Number(process.env.FIXTURE_EXIT_AFTER_MS));
+  }
   if (hangLists > 0) {
     hangLists -= 1;
     log("tools/list hangs");

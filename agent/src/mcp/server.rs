@@ -86,6 +86,8 @@ impl McpServers {
                     })),
                     generations: std::sync::atomic::AtomicU64::new(0),
                     tasks: TaskTracker::new(),
+                    stopping: CancellationToken::new(),
+                    restarts: parking_lot::Mutex::new(Restarts::default()),
                 })
             })
             .collect();
@@ -117,6 +119,34 @@ pub struct McpServer {
     /// Numbers each connection, so that news about an old one cannot touch a newer one.
     generations: std::sync::atomic::AtomicU64,
     tasks: TaskTracker,
+    /// Cancelled when toolgate stops the server: a restart waiting out its backoff gives up.
+    stopping: CancellationToken,
+    /// The restarts toolgate made by itself lately (see `start_again`).
+    restarts: parking_lot::Mutex<Restarts>,
+}
+
+/// The restarts a server got by itself, without a call: each waits longer than the one before, so that a server
+/// whose connections keep failing is not started again in a loop, until one has gone a while without another.
+#[derive(Default)]
+struct Restarts {
+    count: u32,
+    last: Option<Instant>,
+}
+
+impl Restarts {
+    /// How long the next restart waits, counting it.
+    fn next(&mut self) -> Duration {
+        if self
+            .last
+            .is_some_and(|last| last.elapsed() > 2 * MAX_BACKOFF)
+        {
+            self.count = 0;
+        }
+        let wait = backoff(self.count);
+        self.count += 1;
+        self.last = Some(Instant::now() + wait);
+        wait
+    }
 }
 
 enum Link {
@@ -557,10 +587,16 @@ impl McpServer {
         }
     }
 
-    /// Starts the server again now (a start that fails says so in its status, as at startup). Boxed: it is spawned
-    /// from what a connection's end runs, which a connection's start spawns, and a future cannot contain itself.
+    /// Starts the server again (a start that fails says so in its status, as at startup): at once the first time,
+    /// then after a backoff that grows while such restarts follow each other. Boxed: it is spawned from what a
+    /// connection's end runs, which a connection's start spawns, and a future cannot contain itself.
     fn start_again(self: Arc<Self>) -> futures::future::BoxFuture<'static, ()> {
         Box::pin(async move {
+            let wait = self.restarts.lock().next();
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.stopping.cancelled() => return,
+            }
             let _started = self.connection().await;
         })
     }
@@ -731,6 +767,7 @@ impl McpServer {
 
     /// Stops the server for good.
     async fn stop(&self) {
+        self.stopping.cancel();
         let connection = {
             let mut link = self.link.lock().await;
             match std::mem::replace(&mut *link, Link::Stopped) {
@@ -835,7 +872,10 @@ async fn follow_tool_list(
         };
         if !announcing {
             // The client stopped hearing the server. Its tools, if withdrawn, would stay so for good.
-            if failures > 0 {
+            if connection
+                .withdrawn
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
                 server
                     .close_mid_call(
                         &connection,
@@ -936,5 +976,13 @@ mod tests {
             .map(|failures| backoff(failures).as_secs())
             .collect();
         assert_eq!(waits, [0, 1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+
+    /// The restarts a server gets by itself back off as its calls' restarts do: the first at once, then longer.
+    #[test]
+    fn restarts_without_a_call_wait_longer_each_time() {
+        let mut restarts = Restarts::default();
+        let waits: Vec<u64> = (0..4).map(|_| restarts.next().as_secs()).collect();
+        assert_eq!(waits, [0, 1, 2, 4]);
     }
 }

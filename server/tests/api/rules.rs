@@ -583,7 +583,7 @@ async fn rules_check_reads_an_mcp_tool_as_its_servers() {
     let long = "a-server-whose-name-is-long-enough-that-tool-names-are-cut";
     let servers = json!({"mcpServers": {
         long: {"command": "node", "args": ["server.js"], "rules": ["list_*=allow", "delete_*=deny"]},
-        "fs": {"command": "node", "args": ["server.js"], "rules": ["list_*=allow"]},
+        "fs": {"command": "node", "args": ["server.js"], "rules": ["list_*=allow"], "disabled_tools": ["list_secrets"]},
     }});
     std::fs::write(home.path().join("mcp.json"), servers.to_string()).unwrap();
     let check = |tool: String| {
@@ -610,6 +610,12 @@ async fn rules_check_reads_an_mcp_tool_as_its_servers() {
     );
     let denied = check(format!("mcp__{long}__delete_repo")).await;
     assert!(denied.starts_with("deny: "), "{denied}");
+    // A tool the configuration leaves out is no tool of the server's.
+    let hidden = check("mcp__fs__list_secrets".to_owned()).await;
+    assert!(
+        hidden.contains("toolgate has no tool named \"mcp__fs__list_secrets\""),
+        "{hidden}"
+    );
 }
 
 /// A kept rule this version cannot read (a newer instance's, on a shared database) makes the rules unreadable (the

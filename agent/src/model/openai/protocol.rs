@@ -338,11 +338,9 @@ impl StepAssembler {
             self.usage = Some(usage.into());
         }
         let mut text = String::new();
-        // We ask for one choice; a server that sends more gets its first one read. Once it said why it stopped, only
-        // its token counts are read: the step is what it was when it ended, and that reason stays (a later `stop`
-        // must not make a cut-off step whole).
+        // We ask for one choice; a server that sends more gets its first one read.
         for choice in chunk.choices.unwrap_or_default() {
-            if choice.index.unwrap_or(0) != 0 || self.has_finished() {
+            if choice.index.unwrap_or(0) != 0 {
                 continue;
             }
             if let Some(delta) = choice.delta {
@@ -355,9 +353,15 @@ impl StepAssembler {
             }
             // Some servers send an empty reason (sglang, older Ollama) or the text "null" (KoboldCpp) on every chunk,
             // for "not finished": only a reason with a name ends the step.
+            // Some send a reason too early, with every chunk, or a `stop` after a `length`: what follows a reason is
+            // still read, and a later reason replaces an earlier one, except that a step cut off stays cut off.
             if let Some(reason) = choice
                 .finish_reason
                 .filter(|reason| !reason.is_empty() && reason != "null")
+                && !self
+                    .finish_reason
+                    .as_deref()
+                    .is_some_and(|held| CUT_OFF.contains(&held))
             {
                 self.finish_reason = Some(reason);
             }
@@ -984,10 +988,11 @@ mod tests {
         );
     }
 
-    /// What follows the reason a step ended (another reason, more text, more of a call) changes nothing: a step cut
-    /// off and then said to stop is still cut off, and its calls run none. Before, the last reason won.
+    /// A step cut off stays cut off whatever reason follows (a `stop` after a `length`), and its calls run none;
+    /// before, the last reason won. What follows a reason is still read: some servers send `stop` with every chunk,
+    /// and their answers and calls go on after it.
     #[test]
-    fn the_first_reason_a_step_ended_stays_and_nothing_after_it_is_read() {
+    fn a_cut_off_step_stays_cut_off_and_what_follows_a_reason_is_read() {
         let mut step = StepAssembler::new();
         step.apply(chunk(tool_piece(
             0,
@@ -1000,12 +1005,10 @@ mod tests {
             json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}),
         ))
         .unwrap();
-        let after = step
-            .apply(chunk(json!({"choices": [{"index": 0,
-                "delta": {"content": "more", "tool_calls": [{"index": 0, "function": {"arguments": "\"a\"}"}}]},
-                "finish_reason": "stop"}]})))
-            .unwrap();
-        assert_eq!(after, None, "no text after the end");
+        step.apply(chunk(
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        ))
+        .unwrap();
         assert_eq!(
             step.finish(),
             Err(ModelError::CutOff {
@@ -1013,6 +1016,30 @@ mod tests {
                 calls: 1
             })
         );
+
+        let mut step = StepAssembler::new();
+        let stop = |delta: Value| {
+            chunk(json!({"choices": [{"index": 0, "delta": delta, "finish_reason": "stop"}]}))
+        };
+        assert_eq!(
+            step.apply(stop(json!({"content": "Reading "}))).unwrap(),
+            Some("Reading ".into())
+        );
+        assert_eq!(
+            step.apply(stop(json!({"content": "both."}))).unwrap(),
+            Some("both.".into())
+        );
+        for (index, id, path) in [(0, "call_a", "a"), (1, "call_b", "b")] {
+            step.apply(stop(json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+                "function": {"name": "read_file", "arguments": format!(r#"{{"path": "{path}"}}"#)}}]})))
+                .unwrap();
+        }
+        let chunks = step.finish().unwrap();
+        let calls = chunks
+            .iter()
+            .filter(|chunk| matches!(chunk, ModelChunk::ToolCall(_)))
+            .count();
+        assert_eq!(calls, 2, "{chunks:?}");
     }
 
     #[test]
