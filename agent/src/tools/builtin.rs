@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use std::io::Read;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio_util::sync::CancellationToken;
 
 use super::preview::{self, PREVIEW_HEAD_BYTES, PREVIEW_READ_BYTES};
 use super::process_tree::ProcessTree;
@@ -546,22 +547,43 @@ fn search_path_outside(path: OsString, workspace: &std::path::Path) -> OsString 
 }
 
 /// Reads a pipe to its end, keeping at most `limit` bytes, so the child never blocks on a full pipe.
-async fn read_bounded(reader: Option<impl AsyncRead + Unpin>, limit: usize) -> (Vec<u8>, bool) {
+async fn read_bounded(
+    reader: Option<impl AsyncRead + Unpin>,
+    limit: usize,
+    stop: CancellationToken,
+) -> (Vec<u8>, bool) {
     let Some(mut reader) = reader else {
         return (Vec::new(), false);
     };
     let mut kept = Vec::new();
     let mut truncated = false;
     let mut buffer = [0u8; 8192];
-    while let Ok(n) = reader.read(&mut buffer).await {
-        if n == 0 {
-            break;
-        }
+    loop {
+        let n = tokio::select! {
+            read = reader.read(&mut buffer) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            () = stop.cancelled() => break,
+        };
         let room = limit - kept.len();
         kept.extend_from_slice(&buffer[..n.min(room)]);
         truncated |= n > room;
     }
     (kept, truncated)
+}
+
+/// What `reading` ([`read_bounded`]) kept by its end, or by `deadline`, when it is told to stop where it is.
+async fn read_until(
+    mut reading: tokio::task::JoinHandle<(Vec<u8>, bool)>,
+    deadline: tokio::time::Instant,
+    stop: &CancellationToken,
+) -> (Vec<u8>, bool) {
+    if let Ok(read) = tokio::time::timeout_at(deadline, &mut reading).await {
+        return read.unwrap_or_default();
+    }
+    stop.cancel();
+    reading.await.unwrap_or_default()
 }
 
 enum Ending {
@@ -626,11 +648,32 @@ impl Tool for RunCommand {
             // as their user's settings (git's `core.fsmonitor` runs a program: a written `.gitconfig` would make an
             // allowed `git status` run anything). Not the user's either, whose settings and keys no command should
             // read or change; and nothing one command writes there (`git config --global`) reaches the next.
+            // The card named the workspace by its path: a path given to another directory since toolgate opened the
+            // workspace (moved, replaced) would have the command run elsewhere than the file tools act.
+            if !self.workspace.path_leads_here() {
+                return Err(ToolError::failed(format!(
+                    "{} is no longer the workspace toolgate opened (it was moved or replaced since toolgate started), so {command:?} was not run: it would run elsewhere than the file tools act. Start toolgate again to use the directory there now.",
+                    self.workspace.root().display()
+                )));
+            }
             let home = CommandHome::new()?;
+            let mut spawning = tokio::process::Command::new(command);
+            let workspace_fd = self.workspace.raw_fd();
+            // SAFETY: between fork and exec the closure makes one system call, which allocates nothing and takes no
+            // lock; the descriptor is the workspace's, open for as long as toolgate runs.
+            unsafe {
+                spawning.pre_exec(move || {
+                    // In the directory the file tools act on, not wherever its path leads by now.
+                    if libc::fchdir(workspace_fd) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
             let mut tree = ProcessTree::spawn(
-                tokio::process::Command::new(command)
+                spawning
                     .args(&args)
-                    .current_dir(self.workspace.root())
                     .env_clear()
                     .env("PATH", &self.path_env)
                     .env("HOME", home.path())
@@ -647,8 +690,17 @@ impl Tool for RunCommand {
                 _ => ToolError::failed(format!("Could not start {command:?}: {error}.")),
             })?;
             let limit = self.limits.output_bytes;
-            let stdout = tokio::spawn(read_bounded(tree.take_stdout(), limit));
-            let stderr = tokio::spawn(read_bounded(tree.take_stderr(), limit));
+            let stop_reading = CancellationToken::new();
+            let stdout = tokio::spawn(read_bounded(
+                tree.take_stdout(),
+                limit,
+                stop_reading.clone(),
+            ));
+            let stderr = tokio::spawn(read_bounded(
+                tree.take_stderr(),
+                limit,
+                stop_reading.clone(),
+            ));
 
             let ending = tokio::select! {
                 status = tree.command_exited() => match status {
@@ -667,17 +719,11 @@ impl Tool for RunCommand {
             if left_behind > 0 {
                 tracing::debug!(command, left_behind, "stopped what a command left running");
             }
-            let grace = Duration::from_secs(2);
-            let (stdout, out_truncated) = tokio::time::timeout(grace, stdout)
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or_default();
-            let (stderr, err_truncated) = tokio::time::timeout(grace, stderr)
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or_default();
+            // A process the kill could not reach (one toolgate may not signal) may hold the pipes open: what was
+            // read by then is kept.
+            let grace = tokio::time::Instant::now() + Duration::from_secs(2);
+            let (stdout, out_truncated) = read_until(stdout, grace, &stop_reading).await;
+            let (stderr, err_truncated) = read_until(stderr, grace, &stop_reading).await;
 
             let (stdout, stderr) = (
                 String::from_utf8_lossy(&stdout),
@@ -983,6 +1029,51 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(out["exitCode"], 1);
+    }
+
+    /// A command runs in the tree the file tools act on, and one whose workspace path now leads to another directory
+    /// (the workspace moved, another made in its place) is not run: the card named the path. Before, the command ran
+    /// in the new directory while the file tools went on writing into the old one.
+    #[tokio::test]
+    async fn a_command_is_not_run_once_the_workspace_path_leads_elsewhere() {
+        let (dir, ws, tools) = setup();
+        let write = |name: &str| call(&tools, "write_file", json!({"path": name, "content": "x"}));
+        write("a.txt").await.unwrap();
+        let out = call(&tools, "run_command", json!({"command": "ls"}))
+            .await
+            .unwrap();
+        assert_eq!(out["stdout"], "a.txt\n");
+        std::fs::rename(ws.root(), dir.path().join("ws.old")).unwrap();
+        std::fs::create_dir(dir.path().join("ws")).unwrap();
+        let error = call(&tools, "run_command", json!({"command": "ls"}))
+            .await
+            .unwrap_err();
+        assert!(
+            error
+                .message
+                .contains("is no longer the workspace toolgate opened"),
+            "{error:?}"
+        );
+        // The file tools still act on the directory toolgate opened.
+        write("b.txt").await.unwrap();
+        assert!(dir.path().join("ws.old/b.txt").exists());
+    }
+
+    /// A pipe a process the kill could not reach holds open keeps what was read by the deadline: the command's output
+    /// reaches the model. Before, a pipe that did not close within the grace gave nothing.
+    #[tokio::test]
+    async fn output_read_by_the_deadline_is_kept_when_the_pipe_stays_open() {
+        let (mut writer, reader) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut writer, b"printed before the end\n")
+            .await
+            .unwrap();
+        let stop = CancellationToken::new();
+        let reading = tokio::spawn(read_bounded(Some(reader), 1024, stop.clone()));
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+        let (kept, truncated) = read_until(reading, deadline, &stop).await;
+        assert_eq!(kept, b"printed before the end\n");
+        assert!(!truncated);
+        drop(writer);
     }
 
     #[tokio::test]

@@ -111,10 +111,17 @@ impl ProcessTree {
         }
     }
 
-    /// Kills whatever is left of the tree and waits until it is gone. Returns how many processes were killed.
+    /// Kills whatever is left of the tree and waits until it is gone. Returns how many processes were killed. The
+    /// kill passes read `/proc` and may go on for a while (a process stuck in the kernel): they run on the blocking
+    /// pool, not on a worker of the runtime.
     pub(crate) async fn end(mut self) -> usize {
         self.ended = true;
-        let killed = self.kill_all();
+        let killed = match self.root() {
+            Some(pid) => tokio::task::spawn_blocking(move || kill_tree(pid))
+                .await
+                .unwrap_or(0),
+            None => 0,
+        };
         if tokio::time::timeout(SUPERVISOR_EXIT, self.child.wait())
             .await
             .is_err()
@@ -156,19 +163,21 @@ impl ProcessTree {
     }
 
     fn kill_all(&mut self) -> usize {
-        let Some(pid) = self.root() else {
-            return 0;
-        };
-        #[cfg(target_os = "linux")]
-        {
-            linux::kill_descendants(pid)
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            // SAFETY: killpg has no memory-safety preconditions; the group is our unreaped child's.
-            unsafe { libc::killpg(pid, libc::SIGKILL) };
-            0
-        }
+        self.root().map_or(0, kill_tree)
+    }
+}
+
+/// Kills the tree under `root` (our own unreaped child). Returns how many processes were killed.
+fn kill_tree(root: libc::pid_t) -> usize {
+    #[cfg(target_os = "linux")]
+    {
+        linux::kill_descendants(root, linux::signal).0
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        // SAFETY: killpg has no memory-safety preconditions; the group is our unreaped child's.
+        unsafe { libc::killpg(root, libc::SIGKILL) };
+        0
     }
 }
 
@@ -476,30 +485,48 @@ mod linux {
         }
     }
 
-    fn signal(pid: pid_t, signal: libc::c_int) {
+    /// Sends `signal` to `pid`; the error is the kernel's (`EPERM` for a process not ours to signal).
+    pub(super) fn signal(pid: pid_t, signal: libc::c_int) -> io::Result<()> {
         // SAFETY: kill has no memory-safety preconditions.
-        unsafe {
-            libc::kill(pid, signal);
+        if unsafe { libc::kill(pid, signal) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
         }
     }
 
-    /// Kills every living descendant of `supervisor` (our own unreaped child), then lets the supervisor reap them.
-    /// Returns how many processes were killed.
-    pub(super) fn kill_descendants(supervisor: pid_t) -> usize {
+    /// Kills every living descendant of `supervisor` (our own unreaped child) with `kill`, then lets the
+    /// supervisor reap them. Returns how many processes were killed, and those it may not signal. One that may not be signalled (a setuid
+    /// program's, another user's: `EPERM`) is left at once and named in the log; one that does not die (stuck in
+    /// the kernel) is looked at again, a moment apart, until [`KILL_PATIENCE`] has passed.
+    pub(super) fn kill_descendants(
+        supervisor: pid_t,
+        kill: impl Fn(pid_t, libc::c_int) -> io::Result<()>,
+    ) -> (usize, Vec<pid_t>) {
         // Stopped, the supervisor reaps nothing, so the pids of the processes it adopts stay theirs while this
         // reads and kills them. (A process of the tree that reaps its own child could free a pid between a pass and
         // its kill; reuse of that very pid within microseconds would need the whole pid space to wrap.)
-        signal(supervisor, libc::SIGSTOP);
+        let _ = signal(supervisor, libc::SIGSTOP);
         let deadline = Instant::now() + KILL_PATIENCE;
         let mut killed = HashSet::new();
-        loop {
-            let living = living_descendants(supervisor);
+        let mut not_ours = HashSet::new();
+        for pass in 0.. {
+            let living: Vec<pid_t> = living_descendants(supervisor)
+                .into_iter()
+                .filter(|pid| !not_ours.contains(pid))
+                .collect();
             if living.is_empty() {
                 break;
             }
             for &pid in &living {
-                signal(pid, libc::SIGKILL);
-                killed.insert(pid);
+                match kill(pid, libc::SIGKILL) {
+                    Err(error) if error.raw_os_error() == Some(libc::EPERM) => {
+                        not_ours.insert(pid);
+                    }
+                    _ => {
+                        killed.insert(pid);
+                    }
+                }
             }
             if Instant::now() >= deadline {
                 tracing::warn!(
@@ -509,11 +536,25 @@ mod linux {
                 );
                 break;
             }
-            // A killed process takes a moment to become a zombie; look again once it had the chance.
-            std::thread::yield_now();
+            // A killed process takes a moment to become a zombie; look again once it had the chance: at once the
+            // first times, then a few milliseconds apart, so that one that does not die costs no core meanwhile.
+            if pass < 8 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
-        signal(supervisor, libc::SIGCONT);
-        killed.len()
+        let mut pids: Vec<pid_t> = not_ours.into_iter().collect();
+        pids.sort_unstable();
+        if !pids.is_empty() {
+            tracing::warn!(
+                supervisor,
+                ?pids,
+                "processes a command started could not be killed: toolgate may not signal them (a setuid program's, another user's), so they outlive it"
+            );
+        }
+        let _ = signal(supervisor, libc::SIGCONT);
+        (killed.len(), pids)
     }
 
     /// Sends `sent` once to every living descendant of `supervisor` (our own unreaped child), with the supervisor
@@ -521,11 +562,11 @@ mod linux {
     // Only MCP's servers talk to their command over its input, and are asked to stop politely.
     #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
     pub(super) fn signal_descendants(supervisor: pid_t, sent: libc::c_int) {
-        signal(supervisor, libc::SIGSTOP);
+        let _ = signal(supervisor, libc::SIGSTOP);
         for pid in living_descendants(supervisor) {
-            signal(pid, sent);
+            let _ = signal(pid, sent);
         }
-        signal(supervisor, libc::SIGCONT);
+        let _ = signal(supervisor, libc::SIGCONT);
     }
 
     /// One pass over /proc: the descendants of `root` that are not zombies.
@@ -593,6 +634,46 @@ mod linux {
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        /// A process toolgate may not signal (a setuid program's: `kill` answers `EPERM`) is left at once, named,
+        /// and the rest of the tree dies. Before, the passes went on reading `/proc` without a pause until the
+        /// patience ran out, on a worker of the runtime.
+        #[tokio::test]
+        async fn a_process_that_may_not_be_signalled_is_left_at_once_and_the_rest_dies() {
+            let mut command = tokio::process::Command::new("sh");
+            command
+                .args(["-c", "sleep 30 & sleep 30 & wait"])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            let tree = super::super::ProcessTree::spawn(&mut command).unwrap();
+            let supervisor = tree.root().unwrap();
+            let living = tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    let living = living_descendants(supervisor);
+                    if living.len() >= 3 {
+                        return living;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+            .expect("sh and its two sleeps start");
+            let spared = *living.iter().max().unwrap();
+            let started = Instant::now();
+            let (killed, not_ours) = kill_descendants(supervisor, |pid, sent| {
+                if pid == spared {
+                    Err(io::Error::from_raw_os_error(libc::EPERM))
+                } else {
+                    signal(pid, sent)
+                }
+            });
+            assert!(started.elapsed() < KILL_PATIENCE, "{:?}", started.elapsed());
+            assert_eq!(not_ours, [spared]);
+            assert_eq!(killed, living.len() - 1);
+            signal(spared, libc::SIGKILL).unwrap();
+            tree.end().await;
+        }
 
         #[test]
         fn stat_lines_are_read_after_the_command_name() {

@@ -159,6 +159,28 @@ pub(crate) enum Peek {
     },
 }
 
+/// The largest file whose content [`Workspace::state`] reads into its fingerprint: as much as a card's diff reads.
+pub(crate) const STATE_CONTENT_BYTES: usize = super::preview::PREVIEW_READ_BYTES;
+
+/// What [`Workspace::state`] says of an entry with `meta` and, when read, `content`.
+fn fingerprint(meta: &Metadata, content: Option<&[u8]>) -> String {
+    use sha2::Digest as _;
+    let mut text = format!(
+        "inode {} {} bytes, modified {}.{:09}, changed {}.{:09}",
+        meta.ino(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec()
+    );
+    if let Some(content) = content {
+        text.push_str(", content sha256 ");
+        text.push_str(&hex::encode(sha2::Sha256::digest(content)));
+    }
+    text
+}
+
 #[derive(Clone, Debug)]
 pub struct Workspace {
     /// The canonical workspace directory, for what needs a path (a command's working directory, the log).
@@ -243,6 +265,24 @@ impl Workspace {
     /// The canonical workspace directory.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The workspace directory as opened, for a command to start in (`fchdir`): the tree the file tools act on, even
+    /// if its path has since been given to another directory.
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.dir.as_raw_fd()
+    }
+
+    /// Whether the workspace's path still leads to the directory toolgate opened: not when it was moved, or
+    /// replaced by another, since.
+    pub(crate) fn path_leads_here(&self) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        let (Ok(by_path), Ok(opened)) = (std::fs::metadata(&self.root), self.dir.dir_metadata())
+        else {
+            return false;
+        };
+        by_path.dev() == opened.dev() && by_path.ino() == opened.ino()
     }
 
     /// Whether removing what `path` names takes a few microseconds, so that it may be done on the calling task: the
@@ -420,21 +460,23 @@ impl Workspace {
 
     /// A fingerprint of what is at `path` now (not following a symlink in its last component): nothing, or an entry
     /// by its inode, size, and the times of its last change of content and of anything about it (the second no call
-    /// can set back). A file written, replaced or deleted since reads differently. Not its device: instances that
+    /// can set back), and for a file of at most [`STATE_CONTENT_BYTES`], a digest of its content. A file written,
+    /// replaced or deleted since reads differently: the content's digest catches a rewrite of the same size within
+    /// one tick of a file system's clock, which on many kernels is a few milliseconds. Not its device: instances that
     /// share the workspace on a network volume each number it their own way, as a mount may after a restart.
     pub(crate) fn state(&self, path: &WorkspacePath) -> String {
         match self.beneath(path, FollowSymlinks::No, |p| self.dir.symlink_metadata(p)) {
             Err(error) if error.kind() == io::ErrorKind::NotFound => "missing".to_owned(),
             Err(error) => format!("unreadable: {}", error.kind()),
-            Ok(meta) => format!(
-                "inode {} {} bytes, modified {}.{:09}, changed {}.{:09}",
-                meta.ino(),
-                meta.len(),
-                meta.mtime(),
-                meta.mtime_nsec(),
-                meta.ctime(),
-                meta.ctime_nsec()
-            ),
+            Ok(meta) => {
+                let content = (meta.is_file() && meta.len() <= STATE_CONTENT_BYTES as u64)
+                    .then(|| self.peek(path, STATE_CONTENT_BYTES))
+                    .and_then(|peeked| match peeked {
+                        Ok(Peek::File { head, size }) if head.len() as u64 == size => Some(head),
+                        _ => None,
+                    });
+                fingerprint(&meta, content.as_deref())
+            }
         }
     }
 
@@ -567,6 +609,27 @@ impl Workspace {
 mod tests {
     use super::*;
     use std::io::Read;
+
+    /// Two contents of one size under one inode and one set of times (a rewrite within one tick of a coarse clock)
+    /// read as two states: the fingerprint holds a digest of the content. Before, they read as one, and a call
+    /// approved on the first content ran on the second.
+    #[test]
+    fn a_same_size_rewrite_within_one_clock_tick_reads_as_another_state() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.toml"), "a = 1\n").unwrap();
+        let workspace = Workspace::open(dir.path()).unwrap();
+        let meta = workspace.dir.symlink_metadata("config.toml").unwrap();
+        assert_ne!(
+            fingerprint(&meta, Some(b"a = 1\n")),
+            fingerprint(&meta, Some(b"a = 2\n"))
+        );
+        let path = WorkspacePath::parse("config.toml").unwrap();
+        assert_eq!(
+            workspace.state(&path),
+            fingerprint(&meta, Some(b"a = 1\n")),
+            "a small file's state holds its content"
+        );
+    }
 
     fn workspace() -> (tempfile::TempDir, Workspace) {
         let dir = tempfile::tempdir().unwrap();
