@@ -662,6 +662,49 @@ async fn a_stream_without_done_is_whole_once_the_model_said_why_it_stopped() {
     assert_eq!(items.len(), 2, "no tool call comes out of a cut step");
 }
 
+/// Some servers send `stop` with every chunk: once more came after a reason, a pause longer than the wait after a
+/// finish does not end the step there, and the rest of the answer and its calls come. Before, the step ended at the
+/// first pause of 2 s, its answer cut and its later calls lost, as a whole step.
+#[tokio::test]
+async fn a_server_that_says_stop_with_every_chunk_keeps_its_step_whole_across_a_pause() {
+    let gate = Arc::new(Notify::new());
+    let with_stop = |delta: Value| choice(delta, Some("stop"));
+    let server = FakeServer::start(vec![Reply::Stream {
+        pieces: vec![
+            Piece::Bytes(with_stop(json!({"content": "Reading "}))),
+            Piece::Bytes(with_stop(json!({"content": "both"}))),
+            Piece::WaitFor(Arc::clone(&gate)),
+            Piece::Bytes(with_stop(json!({"content": "."}))),
+            Piece::Bytes(with_stop(
+                json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                "function": {"name": "read_file", "arguments": "{\"path\": \"a\"}"}}]}),
+            )),
+            Piece::Bytes(DONE.into()),
+        ],
+        end: End::Complete,
+    }])
+    .await;
+    let opened = Arc::clone(&gate);
+    tokio::spawn(async move {
+        // Longer than the wait for what follows a finish (2 s).
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        opened.notify_one();
+    });
+    let chunks = ok(step(&model(config(&server)), &user("hi"), &[read_file_tool()]).await);
+    let text: String = chunks
+        .iter()
+        .filter_map(|chunk| match chunk {
+            ModelChunk::Text(text) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(text, "Reading both.");
+    assert!(
+        chunks.contains(&tool_call("call_1", "read_file", r#"{"path": "a"}"#)),
+        "{chunks:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Failures
 // ---------------------------------------------------------------------------------------------------------------

@@ -156,7 +156,7 @@ impl ServerProcess {
     /// Kills what is left of the tree (the server's own children, once the server itself has exited) and waits
     /// until it is gone.
     pub async fn end(self) {
-        let left_behind = self.tree.end().await;
+        let left_behind = self.tree.end().await.killed;
         if left_behind > 0 {
             tracing::debug!(left_behind, "stopped what an MCP server left running");
         }

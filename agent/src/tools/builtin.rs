@@ -546,7 +546,8 @@ fn search_path_outside(path: OsString, workspace: &std::path::Path) -> OsString 
         .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into())
 }
 
-/// Reads a pipe to its end, keeping at most `limit` bytes, so the child never blocks on a full pipe.
+/// Reads a pipe to its end, or until `stop` (then what is in it already), keeping at most `limit` bytes, so the child
+/// never blocks on a full pipe.
 async fn read_bounded(
     reader: Option<impl AsyncRead + Unpin>,
     limit: usize,
@@ -558,17 +559,29 @@ async fn read_bounded(
     let mut kept = Vec::new();
     let mut truncated = false;
     let mut buffer = [0u8; 8192];
+    let mut keep = |read: &[u8]| {
+        let room = limit - kept.len();
+        kept.extend_from_slice(&read[..read.len().min(room)]);
+        truncated |= read.len() > room;
+    };
     loop {
-        let n = tokio::select! {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => {
+                // What is in the pipe already is kept (a few buffers at most), not what comes after.
+                for _ in 0..16 {
+                    match futures::FutureExt::now_or_never(reader.read(&mut buffer)) {
+                        Some(Ok(n)) if n > 0 => keep(&buffer[..n]),
+                        _ => break,
+                    }
+                }
+                break;
+            }
             read = reader.read(&mut buffer) => match read {
                 Ok(0) | Err(_) => break,
-                Ok(n) => n,
+                Ok(n) => keep(&buffer[..n]),
             },
-            () = stop.cancelled() => break,
-        };
-        let room = limit - kept.len();
-        kept.extend_from_slice(&buffer[..n.min(room)]);
-        truncated |= n > room;
+        }
     }
     (kept, truncated)
 }
@@ -715,13 +728,22 @@ impl Tool for RunCommand {
             };
             // Whatever the command left running goes with it (including what left its session or group), so the
             // pipes close and nothing outlives the call.
-            let left_behind = tree.end().await;
-            if left_behind > 0 {
-                tracing::debug!(command, left_behind, "stopped what a command left running");
+            let ended = tree.end().await;
+            if ended.killed > 0 {
+                tracing::debug!(
+                    command,
+                    left_behind = ended.killed,
+                    "stopped what a command left running"
+                );
             }
             // A process the kill could not reach (one toolgate may not signal) may hold the pipes open: what was
-            // read by then is kept.
-            let grace = tokio::time::Instant::now() + Duration::from_secs(2);
+            // read by then is kept, and such a process is not waited for long.
+            let grace = tokio::time::Instant::now()
+                + if ended.outliving.is_empty() {
+                    Duration::from_secs(2)
+                } else {
+                    Duration::from_millis(200)
+                };
             let (stdout, out_truncated) = read_until(stdout, grace, &stop_reading).await;
             let (stderr, err_truncated) = read_until(stderr, grace, &stop_reading).await;
 

@@ -111,18 +111,23 @@ impl ProcessTree {
         }
     }
 
-    /// Kills whatever is left of the tree and waits until it is gone. Returns how many processes were killed. The
-    /// kill passes read `/proc` and may go on for a while (a process stuck in the kernel): they run on the blocking
-    /// pool, not on a worker of the runtime.
-    pub(crate) async fn end(mut self) -> usize {
+    /// Kills whatever is left of the tree and waits until it is gone, but for processes toolgate may not signal.
+    /// The kill passes read `/proc` and may go on for a while (a process stuck in the kernel): they run on the
+    /// blocking pool, not on a worker of the runtime (inline when the pool is gone, as at the runtime's end).
+    pub(crate) async fn end(mut self) -> Ended {
         self.ended = true;
-        let killed = match self.root() {
-            Some(pid) => tokio::task::spawn_blocking(move || kill_tree(pid))
-                .await
-                .unwrap_or(0),
-            None => 0,
+        let (killed, outliving) = match self.root() {
+            Some(pid) => match tokio::task::spawn_blocking(move || kill_tree(pid)).await {
+                Ok(ended) => ended,
+                Err(_) => kill_tree(pid),
+            },
+            None => (0, Vec::new()),
         };
-        if tokio::time::timeout(SUPERVISOR_EXIT, self.child.wait())
+        if !outliving.is_empty() {
+            // The supervisor adopted them and would wait for them: it goes now, and they go to init.
+            let _ = self.child.start_kill();
+            let _ = self.child.wait().await;
+        } else if tokio::time::timeout(SUPERVISOR_EXIT, self.child.wait())
             .await
             .is_err()
         {
@@ -132,7 +137,7 @@ impl ProcessTree {
             let _ = self.child.start_kill();
             let _ = self.child.wait().await;
         }
-        killed
+        Ended { killed, outliving }
     }
 
     /// Sends `signal` to every process of the tree that lives (a polite `SIGTERM` before the end, say). What a
@@ -163,21 +168,31 @@ impl ProcessTree {
     }
 
     fn kill_all(&mut self) -> usize {
-        self.root().map_or(0, kill_tree)
+        self.root().map_or(0, |root| kill_tree(root).0)
     }
 }
 
-/// Kills the tree under `root` (our own unreaped child). Returns how many processes were killed.
-fn kill_tree(root: libc::pid_t) -> usize {
+/// What [`ProcessTree::end`] did.
+#[derive(Debug)]
+pub(crate) struct Ended {
+    /// How many processes it killed.
+    pub killed: usize,
+    /// The processes it may not signal (a setuid program's), which outlive the tree and may hold its pipes open.
+    pub outliving: Vec<libc::pid_t>,
+}
+
+/// Kills the tree under `root` (our own unreaped child). Returns how many processes were killed, and those it may
+/// not signal.
+fn kill_tree(root: libc::pid_t) -> (usize, Vec<libc::pid_t>) {
     #[cfg(target_os = "linux")]
     {
-        linux::kill_descendants(root, linux::signal).0
+        linux::kill_descendants(root, linux::signal)
     }
     #[cfg(not(target_os = "linux"))]
     {
         // SAFETY: killpg has no memory-safety preconditions; the group is our unreaped child's.
         unsafe { libc::killpg(root, libc::SIGKILL) };
-        0
+        (0, Vec::new())
     }
 }
 

@@ -510,6 +510,11 @@ impl Reading {
                 ready.extend(std::mem::take(&mut self.step).finish()?);
                 return Ok(Progress::Done);
             }
+            // A server whose reasons do not end its steps (one with every chunk) ended this one when its stream did.
+            None if self.step.said_why() => {
+                ready.extend(std::mem::take(&mut self.step).finish()?);
+                return Ok(Progress::Done);
+            }
             None => {
                 return Err(ModelError::Connection(
                     "the stream ended before the model finished its step".to_owned(),

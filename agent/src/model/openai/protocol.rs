@@ -313,6 +313,9 @@ pub struct StepAssembler {
     /// The call the last piece belonged to, for servers that send no `index`.
     last: Option<usize>,
     finish_reason: Option<String>,
+    /// Text or a call's piece came after a reason: this server's reasons do not mean the step ended (some send one
+    /// with every chunk), so only the stream's own end does.
+    more_after_reason: bool,
     usage: Option<Usage>,
     /// The bytes of text and arguments taken so far.
     carried: usize,
@@ -323,9 +326,15 @@ impl StepAssembler {
         Self::default()
     }
 
-    /// True once the model said why it stopped: the step's content is complete even if the usage or the
-    /// terminator never come.
+    /// True once the model said why it stopped, and nothing but token counts came after: the step's content is
+    /// complete even if the usage or the terminator never come. Not for a server that went on after a reason.
     pub fn has_finished(&self) -> bool {
+        self.finish_reason.is_some() && !self.more_after_reason
+    }
+
+    /// True once the model gave a reason at all, whether or not more came after it: a stream that then ends cleanly
+    /// (without `[DONE]`) ended the step.
+    pub fn said_why(&self) -> bool {
         self.finish_reason.is_some()
     }
 
@@ -344,9 +353,13 @@ impl StepAssembler {
                 continue;
             }
             if let Some(delta) = choice.delta {
+                let before = text.len();
                 text.extend(delta.content);
                 text.extend(delta.refusal);
-                for piece in delta.tool_calls.unwrap_or_default() {
+                let pieces = delta.tool_calls.unwrap_or_default();
+                self.more_after_reason |=
+                    self.finish_reason.is_some() && (text.len() > before || !pieces.is_empty());
+                for piece in pieces {
                     self.carry(piece_bytes(&piece))?;
                     self.add_call_piece(piece)?;
                 }
@@ -1025,9 +1038,14 @@ mod tests {
             step.apply(stop(json!({"content": "Reading "}))).unwrap(),
             Some("Reading ".into())
         );
+        assert!(step.has_finished(), "a reason alone ends a step");
         assert_eq!(
             step.apply(stop(json!({"content": "both."}))).unwrap(),
             Some("both.".into())
+        );
+        assert!(
+            !step.has_finished() && step.said_why(),
+            "this server's reasons do not end its steps"
         );
         for (index, id, path) in [(0, "call_a", "a"), (1, "call_b", "b")] {
             step.apply(stop(json!({"tool_calls": [{"index": index, "id": id, "type": "function",
