@@ -16,6 +16,7 @@ use crate::approvals::{ABORTED_BEFORE_IT_RAN, not_run_after_abort_entry};
 use crate::events::AgentEvent;
 use crate::ids::{RunId, ToolCallId};
 use crate::model::{Model, ModelChunk, ModelRequest};
+use crate::permissions::ApprovalChoices;
 use crate::runtime::{
     PreparedCall, RunContext, RunError, execute, grant_for_session, prepare_call,
 };
@@ -93,6 +94,9 @@ pub struct PendingCall {
     /// runs only while it is still so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shown_state: Option<String>,
+    /// What approving it may cover beyond this call, as its card offers it.
+    #[serde(default, skip_serializing_if = "ApprovalChoices::is_empty")]
+    pub choices: ApprovalChoices,
 }
 
 /// Where an `interrupt`-mode run stopped: a batch in which some calls need a person. The calls that did not need
@@ -742,6 +746,11 @@ async fn interrupt(
             } => pending.push(PendingCall {
                 spec_digest: crate::runtime::definition_digest(&tool),
                 shown_state: tool.tool().state(&input),
+                choices: context.permissions.approval_choices(
+                    tool.spec(),
+                    &input,
+                    &context.grants(),
+                ),
                 call,
                 input,
                 reason,

@@ -103,6 +103,18 @@ impl Default for PermissionPolicy {
     }
 }
 
+/// Whether `schema` (a tool's input schema) types the property `key` as `kind` alone (`number` also as `integer`).
+fn schema_fixes_type(schema: &Value, key: &str, kind: &str) -> bool {
+    let declared = &schema["properties"][key]["type"];
+    match declared.as_str() {
+        Some(declared) => declared == kind || (kind == "number" && declared == "integer"),
+        None => false,
+    }
+}
+
+/// Why a card for `run_command` of a file in the workspace offers no approval beyond this call.
+const WORKSPACE_PROGRAM_NOTE: &str = "This program is a file in the workspace, which the file tools can rewrite: an approval for the session, or a rule, would cover whatever it holds later. Approve this call once.";
+
 impl PermissionPolicy {
     /// A policy with rules as `--rules` writes them, paths read lexically.
     pub fn new(policy: ApprovalPolicy, rules: RuleSet) -> Self {
@@ -203,6 +215,7 @@ impl PermissionPolicy {
             return by_rule(entry, PermissionDecision::Allow { reason });
         }
         if self.policy != ApprovalPolicy::Strict
+            && !self.runs_workspace_file(tool, input)
             && let Some(grant) = grants.covering(tool, input)
         {
             return Verdict {
@@ -243,7 +256,8 @@ impl PermissionPolicy {
             return None;
         }
         let program = *argv(input)?.first()?;
-        if !is_program_runner(program) {
+        let in_workspace = self.paths.runs_workspace_file(program);
+        if !is_program_runner(program) && !in_workspace {
             return None;
         }
         // The strictest such rule names the reason, the first written of them.
@@ -256,10 +270,15 @@ impl PermissionPolicy {
             RuleAction::Deny => "forbids some",
             _ => "asks before some",
         };
+        let runs = if in_workspace {
+            "is a file in the workspace, which may run any program"
+        } else {
+            "runs other programs"
+        };
         Some(Verdict {
             decision: PermissionDecision::Ask {
                 reason: format!(
-                    "{} runs other programs, and the rule {} {what}: a person decides.",
+                    "{} {runs}, and the rule {} {what}: a person decides.",
                     quoted(&program),
                     restricting.rule
                 ),
@@ -343,10 +362,19 @@ impl PermissionPolicy {
         edited: Option<&Value>,
         scope: DecisionScope,
     ) -> Result<Option<Grant>, grant::EditedGrant> {
-        if self.policy == ApprovalPolicy::Strict {
+        if self.policy == ApprovalPolicy::Strict || self.runs_workspace_file(tool, asked) {
             return Ok(None);
         }
         grant::grant_for_approval(tool, asked, edited, scope)
+    }
+
+    /// Whether the call is `run_command` of a file in the workspace (see [`PathContext::runs_workspace_file`]): the
+    /// file tools may rewrite it, so no approval of it holds for later calls, neither a session's nor a rule's.
+    fn runs_workspace_file(&self, tool: &ToolSpec, input: &Value) -> bool {
+        ToolKind::of(&tool.name) == ToolKind::Command
+            && argv(input)
+                .and_then(|argv| argv.first().copied())
+                .is_some_and(|program| self.paths.runs_workspace_file(program))
     }
 
     /// What a card for this call offers beyond approving once: each session scope with the exact grant it
@@ -378,6 +406,10 @@ impl PermissionPolicy {
                     quoted(program)
                 )),
             ),
+            DecidedBy::Grant(_) | DecidedBy::Policy(_) if self.runs_workspace_file(tool, input) => (
+                Vec::new(),
+                Some(WORKSPACE_PROGRAM_NOTE.to_owned()),
+            ),
             DecidedBy::Grant(_) | DecidedBy::Policy(_) => grant::grant_choices(tool, input),
         };
         let (always_allow, always_allow_note) = match &verdict.decided_by {
@@ -394,6 +426,9 @@ impl PermissionPolicy {
                     quoted(program)
                 )),
             ),
+            DecidedBy::Grant(_) | DecidedBy::Policy(_) if self.runs_workspace_file(tool, input) => {
+                (None, Some(WORKSPACE_PROGRAM_NOTE.to_owned()))
+            }
             DecidedBy::Grant(_) | DecidedBy::Policy(_) => {
                 match self.narrowest_allow_rule(tool, input) {
                     Ok(rule) => (Some(rule.to_string()), None),
@@ -449,16 +484,23 @@ impl PermissionPolicy {
                 // tool's schema takes now or later (a server may add an argument to its tool).
                 let mut pinned = Vec::with_capacity(arguments.len());
                 for (key, value) in arguments {
-                    let text = match value {
-                        Value::String(text) => text.clone(),
-                        Value::Number(number) => number.to_string(),
-                        Value::Bool(flag) => flag.to_string(),
+                    let (text, kind) = match value {
+                        Value::String(text) => (text.clone(), "string"),
+                        Value::Number(number) => (number.to_string(), "number"),
+                        Value::Bool(flag) => (flag.to_string(), "boolean"),
                         _ => {
                             return Err(format!(
                                 "The argument {key:?} is not a single value, and a rule can only pin single values."
                             ));
                         }
                     };
+                    // A rule pins the value's text: `false` would also allow the string "false" (which a server in
+                    // JavaScript reads as true), unless the tool's schema fixes the argument's type.
+                    if kind != "string" && !schema_fixes_type(&tool.input_schema, key, kind) {
+                        return Err(format!(
+                            "The tool's schema does not fix the type of {key:?}, and a rule pins only the text of its value: it would also allow {text:?} as a string."
+                        ));
+                    }
                     pinned.push((key.as_str(), text));
                 }
                 let pinned: Vec<(&str, &str)> =

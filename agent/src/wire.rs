@@ -613,6 +613,13 @@ pub struct InterruptRequest {
     pub reason: String,
     /// Milliseconds since the Unix epoch; a resume after this is refused.
     pub expires_at: u64,
+    /// What approving it may cover beyond this call, as the page's card offers it: an AG-UI client shows it. Empty
+    /// for an interrupt an older version issued.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::permissions::ApprovalChoices::is_empty"
+    )]
+    pub choices: crate::permissions::ApprovalChoices,
 }
 
 /// Who approved a call.

@@ -1263,6 +1263,7 @@ fn suspension_of(run: &str, session_id: &str, expires_at: u64) -> Suspension {
                 reason: "destructive".into(),
                 spec_digest: None,
                 shown_state: None,
+                choices: Default::default(),
             }],
         },
         interrupts: vec![IssuedInterrupt {
@@ -1273,6 +1274,7 @@ fn suspension_of(run: &str, session_id: &str, expires_at: u64) -> Suspension {
                 arguments: json!({"path": "c"}),
                 reason: "destructive".into(),
                 expires_at,
+                choices: Default::default(),
             },
             digest: arguments_digest(&json!({"path": "c"})),
         }],

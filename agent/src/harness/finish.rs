@@ -419,6 +419,7 @@ impl Harness {
                     arguments: pending.input.clone(),
                     reason: pending.reason.clone(),
                     expires_at,
+                    choices: pending.choices.clone(),
                 },
                 digest: arguments_digest(&pending.input),
             })

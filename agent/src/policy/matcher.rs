@@ -506,6 +506,30 @@ pub struct PathContext {
 }
 
 impl PathContext {
+    /// Whether `program`, as `run_command` runs it (from the workspace), names a file in the workspace: a path
+    /// relative to it (`./build.sh`, `scripts/test`), or an absolute one inside it (as written, or where it leads).
+    /// Such a file is what the file tools write, so what it runs can change after any approval of it. (A bare name
+    /// is looked up on a `PATH` that leaves the workspace out; with no workspace to look into, every path is taken
+    /// for one in it.)
+    pub fn runs_workspace_file(&self, program: &str) -> bool {
+        if !program.contains('/') {
+            return false;
+        }
+        let path = Path::new(program);
+        if path.is_relative() {
+            return true;
+        }
+        match &self.root {
+            Some(root) => {
+                path.starts_with(root)
+                    || path
+                        .canonicalize()
+                        .is_ok_and(|resolved| resolved.starts_with(root))
+            }
+            None => true,
+        }
+    }
+
     /// Paths are matched as written, normalised; no file system is consulted.
     pub fn lexical() -> Self {
         Self::default()

@@ -222,13 +222,16 @@ impl NamedGlobs {
         Self { globs, only: false }
     }
 
-    /// Whether `input` gives only arguments the globs name (always, without `$`).
+    /// Whether `input` gives only arguments the globs name, each a single value (always, without `$`): with `$`
+    /// the rule is for exactly the call it names, and a list whose every item fits a glob (`["a@x", "a@x"]` for
+    /// `to=a@x`) is another call.
     fn names_every_argument_of(&self, input: &Value) -> bool {
         !self.only
             || input.as_object().is_none_or(|arguments| {
-                arguments
-                    .keys()
-                    .all(|key| self.globs.iter().any(|glob| &glob.name == key))
+                arguments.iter().all(|(key, value)| {
+                    self.globs.iter().any(|glob| &glob.name == key)
+                        && !matches!(value, Value::Array(_) | Value::Object(_))
+                })
             })
     }
 }

@@ -1159,6 +1159,62 @@ fn a_card_a_rule_asked_for_offers_no_session_approval() {
     assert!(!plain.session.is_empty(), "{plain:?}");
 }
 
+/// A program named by a path into the workspace (`./build.sh`) is a file the file tools can rewrite: no approval of
+/// it holds for later calls (no session grant, no Always allow, and a grant made before does not apply), and while a
+/// rule restricts `run_command` it asks, as a shell does. Before, its card offered "any arguments for the session"
+/// and a rule, both by its name, so a script rewritten after its approval ran unasked, past `run_command(rm)=deny`.
+#[test]
+fn a_program_in_the_workspace_is_approved_once_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = PathContext::for_workspace(dir.path()).unwrap();
+    let in_workspace = format!("{}/build.sh", paths.root().unwrap().display());
+    let none = SessionGrants::new();
+    let on_request = policy(ApprovalPolicy::OnRequest, "").with_paths(paths.clone());
+    for program in ["./build.sh", "scripts/test", in_workspace.as_str()] {
+        let input = json!({"command": program, "args": ["--all"]});
+        let choices = on_request.approval_choices(&run_command(), &input, &none);
+        assert!(choices.session.is_empty(), "{program}: {choices:?}");
+        assert_eq!(choices.always_allow, None, "{program}");
+        assert!(
+            choices
+                .session_note
+                .as_deref()
+                .unwrap()
+                .contains("a file in the workspace"),
+            "{program}: {choices:?}"
+        );
+        assert_eq!(
+            on_request
+                .grant_for(&run_command(), &input, None, DecisionScope::SessionProgram)
+                .unwrap(),
+            None
+        );
+        // A grant made before for it does not apply.
+        let granted = granted(&run_command(), &input, DecisionScope::Session);
+        assert_eq!(
+            verdict_kind(&on_request.decide(&run_command(), &input, &granted)),
+            "ask",
+            "{program}"
+        );
+        let restricted =
+            policy(ApprovalPolicy::Trusted, "run_command(rm)=deny").with_paths(paths.clone());
+        let verdict = restricted.explain(&run_command(), &input, &none);
+        assert!(
+            matches!(verdict.decided_by, DecidedBy::ProgramRunner { .. }),
+            "{program}: {verdict:?}"
+        );
+    }
+    // A program outside the workspace named by its path is a program like any other.
+    let outside = json!({"command": "/bin/ls", "args": ["-la"]});
+    let choices = on_request.approval_choices(&run_command(), &outside, &none);
+    assert_eq!(choices.session.len(), 2, "{choices:?}");
+    let restricted = policy(ApprovalPolicy::Trusted, "run_command(rm)=deny").with_paths(paths);
+    assert_eq!(
+        verdict_kind(&restricted.decide(&run_command(), &outside, &none)),
+        "allow"
+    );
+}
+
 #[test]
 fn a_card_offers_the_exact_grants_and_the_narrowest_rule() {
     let none = SessionGrants::new();
@@ -1298,6 +1354,47 @@ async fn an_always_allow_rule_for_a_servers_tool_allows_no_call_with_another_arg
         );
     }
     assert_eq!(verdict_kind(&base.decide(&widened, &call, &none)), "allow");
+}
+
+/// An Always-allow rule pins the text of each value: it is offered for a value that is not text only where the
+/// tool's schema fixes its type (else `false` would allow the string "false", which a server in JavaScript reads as
+/// true), and it never allows a list of the values it pins. Before, both were allowed.
+#[test]
+fn an_always_allow_rule_pins_single_values_of_the_type_the_schema_fixes() {
+    let none = SessionGrants::new();
+    let on_request = policy(ApprovalPolicy::OnRequest, "");
+    let open = ToolSpec {
+        input_schema: json!({"type": "object", "properties": {"to": {"type": "string"}, "force": {}}}),
+        ..tool("mcp__mail__send", ToolAnnotations::default())
+    };
+    let call = json!({"to": "a@x", "force": false});
+    let choices = on_request.approval_choices(&open, &call, &none);
+    assert_eq!(choices.always_allow, None);
+    assert!(
+        choices
+            .always_allow_note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("does not fix the type of \"force\""),
+        "{choices:?}"
+    );
+    let typed = ToolSpec {
+        input_schema: json!({"type": "object", "properties": {"to": {"type": "string"}, "force": {"type": "boolean"}}}),
+        ..open
+    };
+    let rule = on_request.narrowest_allow_rule(&typed, &call).unwrap();
+    let allowed = policy(ApprovalPolicy::OnRequest, &rule.to_string());
+    assert_eq!(verdict_kind(&allowed.decide(&typed, &call, &none)), "allow");
+    for other in [
+        json!({"to": ["a@x", "a@x"], "force": false}),
+        json!({"to": "a@x", "force": [false]}),
+    ] {
+        assert_eq!(
+            verdict_kind(&allowed.decide(&typed, &other, &none)),
+            "ask",
+            "{other}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -16,7 +16,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, LazyLock};
 
 use agent::ids::{RunId, SessionId, ToolCallId};
-use agent::wire::{InterruptRequest, Message, RunErrorCode, ToolCall, ToolOutput};
+use agent::wire::{DecisionScope, InterruptRequest, Message, RunErrorCode, ToolCall, ToolOutput};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
@@ -40,7 +40,12 @@ pub fn iso8601(ms: u64) -> String {
 /// What a resume may answer to an interrupt: the same for every interrupt, so built and encoded once (as a value,
 /// every `RUN_FINISHED` that carries interrupts walked its tree again).
 static RESPONSE_SCHEMA: LazyLock<Box<RawValue>> = LazyLock::new(|| {
-    serde_json::value::to_raw_value(&response_schema()).expect("a JSON value encodes")
+    serde_json::value::to_raw_value(&response_schema(true)).expect("a JSON value encodes")
+});
+
+/// The schema of an interrupt whose call offers no approval for the thread: `scope` is `once` alone.
+static ONCE_ONLY_SCHEMA: LazyLock<Box<RawValue>> = LazyLock::new(|| {
+    serde_json::value::to_raw_value(&response_schema(false)).expect("a JSON value encodes")
 });
 
 /// The AG-UI events this server sends, each borrowing what it says from the run.
@@ -138,20 +143,53 @@ struct Interrupt<'a> {
 struct InterruptMetadata<'a> {
     tool_name: &'a str,
     arguments: &'a Value,
+    /// What `scope: "session"` would cover (the card's words), when it is on offer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<SessionChoice<'a>>,
+    /// Why it is not on offer, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_note: Option<&'a str>,
+}
+
+/// The approval for the thread an interrupt offers, as the page's card says it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SessionChoice<'a> {
+    label: &'a str,
+    covers: &'a str,
 }
 
 impl<'a> From<&'a InterruptRequest> for Interrupt<'a> {
     fn from(interrupt: &'a InterruptRequest) -> Self {
+        let session = interrupt
+            .choices
+            .session
+            .iter()
+            .find(|choice| choice.scope == DecisionScope::Session);
+        // An interrupt an older version issued says nothing of its choices: its schema stays the one it had.
+        let offers_session = session.is_some() || interrupt.choices.is_empty();
         Self {
             id: &interrupt.id,
             reason: "tool_call",
             message: &interrupt.reason,
             tool_call_id: &interrupt.tool_call_id,
-            response_schema: &RESPONSE_SCHEMA,
+            response_schema: if offers_session {
+                &RESPONSE_SCHEMA
+            } else {
+                &ONCE_ONLY_SCHEMA
+            },
             expires_at: iso8601(interrupt.expires_at),
             metadata: InterruptMetadata {
                 tool_name: &interrupt.tool_name,
                 arguments: &interrupt.arguments,
+                session: session.map(|choice| SessionChoice {
+                    label: &choice.label,
+                    covers: &choice.covers,
+                }),
+                session_note: session
+                    .is_none()
+                    .then_some(interrupt.choices.session_note.as_deref())
+                    .flatten(),
             },
         }
     }
@@ -769,6 +807,7 @@ mod tests {
             arguments: json!({"path": "a.txt"}),
             reason: "it deletes".into(),
             expires_at: 1_796_001_492_433,
+            choices: Default::default(),
         };
         let events = [
             started("run-a", None),
@@ -826,7 +865,7 @@ mod tests {
                         "reason": "tool_call",
                         "message": "it deletes",
                         "toolCallId": "call_1",
-                        "responseSchema": response_schema(),
+                        "responseSchema": response_schema(true),
                         "expiresAt": "2026-11-30T01:18:12.433Z",
                         "metadata": {"toolName": "delete_file", "arguments": {"path": "a.txt"}},
                     }],

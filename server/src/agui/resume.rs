@@ -18,17 +18,29 @@ use serde_json::{Value, json};
 use super::run_input::{ResumeEntry, ResumeStatus, RunInput};
 use crate::error::Refusal;
 
-/// What a resume payload may say, published in each interrupt.
-pub fn response_schema() -> Value {
+/// What a resume payload may say, published in each interrupt: `scope: "session"` only where the call offers it
+/// (the interrupt's `metadata.session` says what it covers).
+pub fn response_schema(session: bool) -> Value {
+    let (scopes, description) = if session {
+        (
+            json!(["once", "session"]),
+            "Approve the call, optionally with edited arguments (they must satisfy the tool's input schema) and for the rest of the thread (what that covers: metadata.session.covers).",
+        )
+    } else {
+        (
+            json!(["once"]),
+            "Approve the call, optionally with edited arguments (they must satisfy the tool's input schema); approving it for the thread is not offered (why: metadata.sessionNote).",
+        )
+    };
     json!({
         "type": "object",
         "oneOf": [
             {
-                "description": "Approve the call, optionally with edited arguments (they must satisfy the tool's input schema) and for the rest of the thread.",
+                "description": description,
                 "properties": {
                     "approved": {"const": true},
                     "arguments": {"type": "object"},
-                    "scope": {"enum": ["once", "session"]},
+                    "scope": {"enum": scopes},
                     "reason": {"type": "string", "maxLength": 2000}
                 },
                 "required": ["approved"],

@@ -887,9 +887,18 @@ async fn the_same_policy_rules_and_session_grants_apply() {
             .unwrap()
             .contains("PERMISSION_DENIED")
     );
-    // Approving for the session lets the thread's next call of that tool run without an interrupt.
+    // Approving for the session lets the thread's next call of that tool run without an interrupt; the interrupt says
+    // so, in the card's words, before anyone approves.
     let first = agui(&app, start("thread-10", "run-3", "delete a.txt")).await;
     let interrupt = &first.interrupts()[0];
+    let covers = interrupt["metadata"]["session"]["covers"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(covers.contains("any path in the workspace"), "{interrupt}");
+    assert_eq!(
+        interrupt["responseSchema"]["oneOf"][0]["properties"]["scope"]["enum"],
+        json!(["once", "session"])
+    );
     let entry = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "scope": "session"}});
     let resumed = agui(
         &app,
@@ -922,6 +931,20 @@ async fn an_interrupt_a_rule_asked_for_cannot_be_approved_for_the_session() {
     std::fs::write(app.file("a.txt"), "a").unwrap();
     let first = agui(&app, start("thread-asked", "run-1", "delete a.txt")).await;
     let interrupt = &first.interrupts()[0];
+    // Its schema offers `once` alone, and says why: a client does not offer what would be refused.
+    assert_eq!(
+        interrupt["responseSchema"]["oneOf"][0]["properties"]["scope"]["enum"],
+        json!(["once"]),
+        "{interrupt}"
+    );
+    assert!(
+        interrupt["metadata"].get("session").is_none(),
+        "{interrupt}"
+    );
+    let note = interrupt["metadata"]["sessionNote"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(note.contains("delete_file(a.txt)=ask"), "{interrupt}");
     let for_session = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "scope": "session"}});
     let refused = agui(
         &app,
