@@ -104,8 +104,13 @@ impl Default for PermissionPolicy {
 }
 
 /// Whether `schema` (a tool's input schema) types the property `key` as `kind` alone (`number` also as `integer`).
+/// Not where a `$ref` stands beside it, which older drafts of JSON Schema read instead of the keywords next to it.
 fn schema_fixes_type(schema: &Value, key: &str, kind: &str) -> bool {
-    let declared = &schema["properties"][key]["type"];
+    let property = &schema["properties"][key];
+    if schema.get("$ref").is_some() || property.get("$ref").is_some() {
+        return false;
+    }
+    let declared = &property["type"];
     match declared.as_str() {
         Some(declared) => declared == kind || (kind == "number" && declared == "integer"),
         None => false,
@@ -113,7 +118,7 @@ fn schema_fixes_type(schema: &Value, key: &str, kind: &str) -> bool {
 }
 
 /// Why a card for `run_command` of a file in the workspace offers no approval beyond this call.
-const WORKSPACE_PROGRAM_NOTE: &str = "This program is a file in the workspace, which the file tools can rewrite: an approval for the session, or a rule, would cover whatever it holds later. Approve this call once.";
+pub const WORKSPACE_PROGRAM_NOTE: &str = "This program is a file in the workspace, which the file tools can rewrite: an approval for the session, or a rule, would cover whatever it holds later. Approve this call once.";
 
 impl PermissionPolicy {
     /// A policy with rules as `--rules` writes them, paths read lexically.
@@ -175,8 +180,15 @@ impl PermissionPolicy {
         let rules = self.rules.rules();
         let call = CallFacts::of(tool, input, &self.paths);
         let mut best: [Option<&BookRule>; 3] = [None, None, None];
+        // A rule people added that allows a program in the workspace (an Always allow before this version offered
+        // none) would allow whatever the file holds later: only a configured one does.
+        let workspace_program = self.runs_workspace_file(tool, input);
         for entry in rules.iter() {
-            if !entry.rule.matches(&call) {
+            if !entry.rule.matches(&call)
+                || (workspace_program
+                    && entry.origin == RuleOrigin::Added
+                    && entry.rule.action() == RuleAction::Allow)
+            {
                 continue;
             }
             let slot = &mut best[entry.rule.action() as usize];
@@ -215,7 +227,7 @@ impl PermissionPolicy {
             return by_rule(entry, PermissionDecision::Allow { reason });
         }
         if self.policy != ApprovalPolicy::Strict
-            && !self.runs_workspace_file(tool, input)
+            && !workspace_program
             && let Some(grant) = grants.covering(tool, input)
         {
             return Verdict {
@@ -370,7 +382,7 @@ impl PermissionPolicy {
 
     /// Whether the call is `run_command` of a file in the workspace (see [`PathContext::runs_workspace_file`]): the
     /// file tools may rewrite it, so no approval of it holds for later calls, neither a session's nor a rule's.
-    fn runs_workspace_file(&self, tool: &ToolSpec, input: &Value) -> bool {
+    pub fn runs_workspace_file(&self, tool: &ToolSpec, input: &Value) -> bool {
         ToolKind::of(&tool.name) == ToolKind::Command
             && argv(input)
                 .and_then(|argv| argv.first().copied())
@@ -399,6 +411,10 @@ impl PermissionPolicy {
                     "The rule {rule} asks before every such call: an approval for the session would not apply."
                 )),
             ),
+            DecidedBy::ProgramRunner { .. } if self.runs_workspace_file(tool, input) => (
+                Vec::new(),
+                Some(WORKSPACE_PROGRAM_NOTE.to_owned()),
+            ),
             DecidedBy::ProgramRunner { program, rule } => (
                 Vec::new(),
                 Some(format!(
@@ -419,6 +435,9 @@ impl PermissionPolicy {
                     "The rule {rule} asks before this call, and asking beats allowing: change that rule to run it without asking."
                 )),
             ),
+            DecidedBy::ProgramRunner { .. } if self.runs_workspace_file(tool, input) => {
+                (None, Some(WORKSPACE_PROGRAM_NOTE.to_owned()))
+            }
             DecidedBy::ProgramRunner { program, rule } => (
                 None,
                 Some(format!(

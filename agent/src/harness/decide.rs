@@ -345,6 +345,15 @@ impl Harness {
             .toolbox
             .lookup(&record.call.name)
             .ok_or_else(|| not_offered("The tool is gone."))?;
+        // A card shown before this version may offer a scope for a program in the workspace, which no grant covers.
+        if self
+            .inner
+            .config
+            .permissions
+            .runs_workspace_file(tool.spec(), &record.input)
+        {
+            return Err(not_offered(crate::policy::WORKSPACE_PROGRAM_NOTE));
+        }
         match grant::grant_for_approval(tool.spec(), &record.input, arguments.as_ref(), *scope) {
             // The grant the card offered, for the tool as the card showed it: a tool whose definition changed
             // since (an MCP server's) would make a grant for a definition nobody saw.

@@ -506,17 +506,18 @@ pub struct PathContext {
 }
 
 impl PathContext {
-    /// Whether `program`, as `run_command` runs it (from the workspace), names a file in the workspace: a path
-    /// relative to it (`./build.sh`, `scripts/test`), or an absolute one inside it (as written, or where it leads).
-    /// Such a file is what the file tools write, so what it runs can change after any approval of it. (A bare name
-    /// is looked up on a `PATH` that leaves the workspace out; with no workspace to look into, every path is taken
-    /// for one in it.)
+    /// Whether `program`, as `run_command` runs it (from the workspace), may name a file in the workspace: a path
+    /// relative to it (`./build.sh`, `scripts/test`), an absolute one inside it (as written, or where it leads), one
+    /// that leads nowhere yet (the file tools may make it), or one that reads differently in the command's process
+    /// than here (`/proc/self/cwd/build.sh` is the workspace's there). Such a file is what the file tools write, so
+    /// what it runs can change after any approval of it. (A bare name is looked up on a `PATH` that leaves the
+    /// workspace out; with no workspace to look into, every path is taken for one in it.)
     pub fn runs_workspace_file(&self, program: &str) -> bool {
         if !program.contains('/') {
             return false;
         }
         let path = Path::new(program);
-        if path.is_relative() {
+        if path.is_relative() || path.starts_with("/proc") || path.starts_with("/dev/fd") {
             return true;
         }
         match &self.root {
@@ -524,7 +525,8 @@ impl PathContext {
                 path.starts_with(root)
                     || path
                         .canonicalize()
-                        .is_ok_and(|resolved| resolved.starts_with(root))
+                        .ok()
+                        .is_none_or(|resolved| resolved.starts_with(root))
             }
             None => true,
         }

@@ -1163,14 +1163,21 @@ fn a_card_a_rule_asked_for_offers_no_session_approval() {
 /// it holds for later calls (no session grant, no Always allow, and a grant made before does not apply), and while a
 /// rule restricts `run_command` it asks, as a shell does. Before, its card offered "any arguments for the session"
 /// and a rule, both by its name, so a script rewritten after its approval ran unasked, past `run_command(rm)=deny`.
-#[test]
-fn a_program_in_the_workspace_is_approved_once_only() {
+#[tokio::test]
+async fn a_program_in_the_workspace_is_approved_once_only() {
     let dir = tempfile::tempdir().unwrap();
     let paths = PathContext::for_workspace(dir.path()).unwrap();
     let in_workspace = format!("{}/build.sh", paths.root().unwrap().display());
     let none = SessionGrants::new();
     let on_request = policy(ApprovalPolicy::OnRequest, "").with_paths(paths.clone());
-    for program in ["./build.sh", "scripts/test", in_workspace.as_str()] {
+    // Also a path that reads as the workspace only in the command's process, and one that leads nowhere yet.
+    for program in [
+        "./build.sh",
+        "scripts/test",
+        in_workspace.as_str(),
+        "/proc/self/cwd/build.sh",
+        "/no/such/dir/build.sh",
+    ] {
         let input = json!({"command": program, "args": ["--all"]});
         let choices = on_request.approval_choices(&run_command(), &input, &none);
         assert!(choices.session.is_empty(), "{program}: {choices:?}");
@@ -1204,6 +1211,28 @@ fn a_program_in_the_workspace_is_approved_once_only() {
             "{program}: {verdict:?}"
         );
     }
+    // A rule a person added (an earlier version's Always allow) does not allow it; a configured one does.
+    let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::memory::MemoryStore::new());
+    let configured = policy(ApprovalPolicy::OnRequest, "").with_paths(paths.clone());
+    let book = Arc::new(StoredRuleBook::new(configured.rule_book().rules(), store));
+    let with_added = configured.with_rule_book(Arc::clone(&book) as Arc<dyn RuleBook>);
+    book.add(
+        Rule::parse("run_command(./build.sh)=allow").unwrap(),
+        "local",
+    )
+    .await
+    .unwrap();
+    let script = json!({"command": "./build.sh"});
+    assert_eq!(
+        verdict_kind(&with_added.decide(&run_command(), &script, &none)),
+        "ask"
+    );
+    let in_file = policy(ApprovalPolicy::OnRequest, "run_command(./build.sh)=allow")
+        .with_paths(paths.clone());
+    assert_eq!(
+        verdict_kind(&in_file.decide(&run_command(), &script, &none)),
+        "allow"
+    );
     // A program outside the workspace named by its path is a program like any other.
     let outside = json!({"command": "/bin/ls", "args": ["-la"]});
     let choices = on_request.approval_choices(&run_command(), &outside, &none);
@@ -1377,6 +1406,18 @@ fn an_always_allow_rule_pins_single_values_of_the_type_the_schema_fixes() {
             .unwrap_or_default()
             .contains("does not fix the type of \"force\""),
         "{choices:?}"
+    );
+    // A `$ref` beside a type is read instead of it by older drafts: the type is not taken as fixed.
+    let referenced = ToolSpec {
+        input_schema: json!({"type": "object", "properties": {"to": {"type": "string"},
+            "force": {"$ref": "#/definitions/flag", "type": "boolean"}}}),
+        ..open.clone()
+    };
+    assert_eq!(
+        on_request
+            .approval_choices(&referenced, &call, &none)
+            .always_allow,
+        None
     );
     let typed = ToolSpec {
         input_schema: json!({"type": "object", "properties": {"to": {"type": "string"}, "force": {"type": "boolean"}}}),

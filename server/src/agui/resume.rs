@@ -24,7 +24,7 @@ pub fn response_schema(session: bool) -> Value {
     let (scopes, description) = if session {
         (
             json!(["once", "session"]),
-            "Approve the call, optionally with edited arguments (they must satisfy the tool's input schema) and for the rest of the thread (what that covers: metadata.session.covers).",
+            "Approve the call, optionally with edited arguments (they must satisfy the tool's input schema) and for the rest of the thread (what that covers: metadata.session.covers, in interrupts that say it).",
         )
     } else {
         (
