@@ -60,6 +60,17 @@ fn decode(json: &str) -> StreamEvent {
     serde_json::from_str(json).unwrap()
 }
 
+/// Whether a run's events end with its bound on events.
+fn ended_at_the_event_limit(events: &[StreamEvent]) -> bool {
+    matches!(
+        events.last(),
+        Some(StreamEvent::Error {
+            code: RunErrorCode::EventLimit,
+            ..
+        })
+    )
+}
+
 /// Reads a run's events until one matches.
 async fn until(
     stream: &mut futures::stream::BoxStream<'static, Arc<agent::store::EncodedEvent>>,
@@ -798,13 +809,7 @@ async fn a_run_whose_last_events_pass_its_bound_ends_at_the_limit_not_done() {
         .collect()
         .await;
     assert!(
-        matches!(
-            events.last(),
-            Some(StreamEvent::Error {
-                code: RunErrorCode::EventLimit,
-                ..
-            })
-        ),
+        ended_at_the_event_limit(&events),
         "the run ends at the limit, after {:?} ({events:?})",
         last.1
     );
@@ -854,16 +859,7 @@ async fn calls_decided_past_the_runs_bound_on_event_bytes_do_not_run() {
         .map(|event| decode(&event.json))
         .collect()
         .await;
-    assert!(
-        matches!(
-            events.last(),
-            Some(StreamEvent::Error {
-                code: RunErrorCode::EventLimit,
-                ..
-            })
-        ),
-        "{events:?}"
-    );
+    assert!(ended_at_the_event_limit(&events), "{events:?}");
     assert!(
         !bounded.dir.path().join("marker").exists(),
         "the command did not run"

@@ -765,6 +765,15 @@ impl McpServer {
             .await;
     }
 
+    /// Ends a connection whose tool list could not be read because the connection is gone, its tools withdrawn: the
+    /// server is started again by itself (see `connection_lost`), as no call of its tools could start it.
+    async fn lost_with_tools_withdrawn(self: &Arc<Self>, connection: &Connection, reason: String) {
+        connection
+            .withdrawn
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.close_mid_call(connection, reason).await;
+    }
+
     /// Stops the server for good.
     async fn stop(&self) {
         self.stopping.cancel();
@@ -896,11 +905,8 @@ async fn follow_tool_list(
                 | CallError::SessionForgotten
                 | CallError::TooLarge),
             )) => {
-                connection
-                    .withdrawn
-                    .store(true, std::sync::atomic::Ordering::Release);
                 server
-                    .close_mid_call(
+                    .lost_with_tools_withdrawn(
                         &connection,
                         format!("its new tool list could not be read: {error}"),
                     )
@@ -913,11 +919,8 @@ async fn follow_tool_list(
                 if matches!(server.config.transport, McpTransport::Http { .. })
                     && !connection.client.answers_ping(PING_PATIENCE).await =>
             {
-                connection
-                    .withdrawn
-                    .store(true, std::sync::atomic::Ordering::Release);
                 server
-                    .close_mid_call(
+                    .lost_with_tools_withdrawn(
                         &connection,
                         format!(
                             "it did not answer tools/list within {patience:?}, nor a ping after it"
