@@ -398,6 +398,9 @@ impl PermissionPolicy {
         grants: &SessionGrants,
     ) -> ApprovalChoices {
         let verdict = self.explain(tool, input, grants);
+        // A program in the workspace is approved once only, whatever else would have been offered (but a rule that
+        // asks, which says so itself).
+        let workspace_program = self.runs_workspace_file(tool, input);
         // A grant is read after the rules that ask (see `explain`): where one of them asked, a grant would never
         // apply, and the card does not offer one.
         let (session, session_note) = match &verdict.decided_by {
@@ -411,20 +414,13 @@ impl PermissionPolicy {
                     "The rule {rule} asks before every such call: an approval for the session would not apply."
                 )),
             ),
-            DecidedBy::ProgramRunner { .. } if self.runs_workspace_file(tool, input) => (
-                Vec::new(),
-                Some(WORKSPACE_PROGRAM_NOTE.to_owned()),
-            ),
+            _ if workspace_program => (Vec::new(), Some(WORKSPACE_PROGRAM_NOTE.to_owned())),
             DecidedBy::ProgramRunner { program, rule } => (
                 Vec::new(),
                 Some(format!(
                     "{} runs other programs while the rule {rule} restricts run_command, so it asks every time: an approval for the session would not apply.",
                     quoted(program)
                 )),
-            ),
-            DecidedBy::Grant(_) | DecidedBy::Policy(_) if self.runs_workspace_file(tool, input) => (
-                Vec::new(),
-                Some(WORKSPACE_PROGRAM_NOTE.to_owned()),
             ),
             DecidedBy::Grant(_) | DecidedBy::Policy(_) => grant::grant_choices(tool, input),
         };
@@ -435,9 +431,7 @@ impl PermissionPolicy {
                     "The rule {rule} asks before this call, and asking beats allowing: change that rule to run it without asking."
                 )),
             ),
-            DecidedBy::ProgramRunner { .. } if self.runs_workspace_file(tool, input) => {
-                (None, Some(WORKSPACE_PROGRAM_NOTE.to_owned()))
-            }
+            _ if workspace_program => (None, Some(WORKSPACE_PROGRAM_NOTE.to_owned())),
             DecidedBy::ProgramRunner { program, rule } => (
                 None,
                 Some(format!(
@@ -445,9 +439,6 @@ impl PermissionPolicy {
                     quoted(program)
                 )),
             ),
-            DecidedBy::Grant(_) | DecidedBy::Policy(_) if self.runs_workspace_file(tool, input) => {
-                (None, Some(WORKSPACE_PROGRAM_NOTE.to_owned()))
-            }
             DecidedBy::Grant(_) | DecidedBy::Policy(_) => {
                 match self.narrowest_allow_rule(tool, input) {
                     Ok(rule) => (Some(rule.to_string()), None),

@@ -430,15 +430,12 @@ impl McpServer {
         Ok(fitting)
     }
 
-    /// Puts the server's offered tools in the toolbox, replacing what it had there, and marks it ready.
+    /// Puts the server's tools (what [`Self::bounded`] kept of its list) in the toolbox, replacing what it had
+    /// there, and marks it ready.
     fn publish(self: &Arc<Self>, tools: Vec<RemoteTool>) {
-        let offered: Vec<&RemoteTool> = tools
-            .iter()
-            .filter(|tool| self.config.offers(&tool.name))
-            .collect();
         let qualified = qualify(
             &self.config.tool_prefix_name,
-            offered.iter().map(|tool| tool.name.as_str()),
+            tools.iter().map(|tool| tool.name.as_str()),
         );
         if !qualified.colliding.is_empty() {
             tracing::warn!(
@@ -451,7 +448,7 @@ impl McpServer {
             .named
             .into_iter()
             .filter_map(|(name, real)| {
-                let remote = offered.iter().find(|tool| tool.name == real)?;
+                let remote = tools.iter().find(|tool| tool.name == real)?;
                 Some(Arc::new(McpTool::new(
                     ToolSpec {
                         name,
