@@ -29,7 +29,7 @@ test("an MCP tool's card names its server and shows its arguments formatted", as
   await expect(page.locator(".tool-call .badge")).toHaveText("approved · done");
 });
 
-test("a tool whose name the model sees cut short shows its own name on the card", async ({ page, request }) => {
+test("a tool whose name the model sees cut short shows its own name on the card", async ({ page, request }, testInfo) => {
   // A server name this long leaves no room for its tools' names: the model sees each as a digest.
   const server = "a-fixture-server-whose-name-is-long-enough-to-cut-tool-names";
   const listed = await (await request.get(`${WITH_MCP}/api/tools`)).json();
@@ -45,6 +45,7 @@ test("a tool whose name the model sees cut short shows its own name on the card"
   await expect(pending.locator(".origin")).toHaveText(
     `A tool of the MCP server ${server}, named echo there, untrusted: what it claims about its tools is not believed`,
   );
+  await screenshot(page, testInfo, "mcp-card-cut-name");
   await pending.getByRole("button", { name: "Deny", exact: true }).click();
   await expect(pending).toHaveCount(0);
 });
