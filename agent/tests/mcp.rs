@@ -1302,6 +1302,49 @@ async fn a_server_offering_too_many_tools_or_too_large_a_tool_is_bounded_and_the
     started.shut_down().await;
 }
 
+/// A server whose tools were withdrawn and that then exits is started again by itself; a start that fails is tried
+/// again after its backoff, as no call would try it (the server offers none), until one succeeds.
+#[tokio::test]
+async fn a_server_whose_tools_were_withdrawn_is_started_again_until_a_start_succeeds() {
+    let own = {
+        let plain = start(json!({"plain": fixture(json!({}))})).await.unwrap();
+        let own = plain.status("plain").tools.len();
+        plain.shut_down().await;
+        own
+    };
+    let started = start(json!({"full": fixture(json!({
+        "env": {"FIXTURE_EXTRA_TOOLS": (agent::mcp::MAX_TOOLS - own).to_string()},
+    }))}))
+    .await
+    .unwrap();
+    let mut run = started.context(ApprovalPolicy::Trusted);
+    let (pid, _) = spawn_child(&mut run, "full", false).await;
+    run.call("mcp__full__add_tools", json!({"count": 1})).await;
+    started
+        .until_status("full", |status| status.tools.is_empty())
+        .await;
+    std::fs::write(started.file("fixture-refuse-start"), "").unwrap();
+    // SAFETY: kill takes a pid and a signal.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let refused = started
+        .until_status("full", |status| {
+            status
+                .message
+                .as_deref()
+                .is_some_and(|message| message.contains("could not start again"))
+        })
+        .await;
+    assert_eq!(refused.state, McpServerState::Crashed);
+    assert!(refused.tools.is_empty());
+    std::fs::remove_file(started.file("fixture-refuse-start")).unwrap();
+    let again = started
+        .until_status("full", |status| !status.tools.is_empty())
+        .await;
+    assert_eq!(again.state, McpServerState::Ready);
+    assert_eq!(again.tools.len(), agent::mcp::MAX_TOOLS);
+    started.shut_down().await;
+}
+
 /// A server that offers no tool at all and exits is not started again in a loop: only a server whose tools toolgate
 /// withdrew is started again by itself (no call could start it), and this one's were never there.
 #[tokio::test]

@@ -585,16 +585,22 @@ impl McpServer {
     }
 
     /// Starts the server again (a start that fails says so in its status, as at startup): at once the first time,
-    /// then after a backoff that grows while such restarts follow each other. Boxed: it is spawned from what a
-    /// connection's end runs, which a connection's start spawns, and a future cannot contain itself.
+    /// then after a backoff that grows while such restarts follow each other. A start that fails is tried again
+    /// after the next backoff, until one succeeds or toolgate stops: no call would (the server offers none). Boxed: it
+    /// is spawned from what a connection's end runs, which a connection's start spawns, and a future cannot contain
+    /// itself.
     fn start_again(self: Arc<Self>) -> futures::future::BoxFuture<'static, ()> {
         Box::pin(async move {
-            let wait = self.restarts.lock().next();
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
-                () = self.stopping.cancelled() => return,
+            loop {
+                let wait = self.restarts.lock().next();
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = self.stopping.cancelled() => return,
+                }
+                if self.connection().await.is_ok() {
+                    return;
+                }
             }
-            let _started = self.connection().await;
         })
     }
 
