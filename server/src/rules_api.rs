@@ -88,18 +88,31 @@ pub async fn add_rule(
     let rule = rule_from_body(&body)?;
     // Kept all the same (an MCP server may add the tool later), but a name with a typo is said at once.
     let toolbox = state.harness.toolbox();
-    let no_tool = (!toolbox.specs().iter().any(|spec| rule.covers_tool(spec))).then(|| {
+    let specs = toolbox.specs();
+    let no_tool = (!specs.iter().any(|spec| rule.covers_tool(spec))).then(|| {
         format!(
             "No tool is named {} now: the rule applies to none until one is. The tools are: {}.",
             rule.tool_pattern(),
             toolbox.names().join(", ")
         )
     });
+    // Kept too (it fails closed), but a rule that cannot allow what it names is said at once.
+    let single_values_only = specs.iter().filter_map(|spec| {
+        let lists = rule.arguments_it_cannot_meet(spec);
+        (!lists.is_empty()).then(|| {
+            format!(
+                "A rule ending in $ allows single values only, and {}'s schema makes {} a list or an object: the rule allows no call that gives it. Without the $ it allows a list whose every item fits its glob (and any other argument).",
+                spec.name,
+                lists.join(", ")
+            )
+        })
+    });
+    let warnings: Vec<String> = no_tool.into_iter().chain(single_values_only).collect();
     let added = state.harness.add_rule(rule, &actor).await?;
     tracing::info!(rule = %added.rule, id = %added.id, %actor, "a rule was added");
     let mut answer = json!({"ok": true, "rule": rule_json(&added.listed())});
-    if let Some(warning) = no_tool {
-        answer["warnings"] = json!([warning]);
+    if !warnings.is_empty() {
+        answer["warnings"] = json!(warnings);
     }
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }

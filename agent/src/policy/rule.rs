@@ -282,6 +282,19 @@ pub struct CallFacts<'a> {
     pub paths: &'a PathContext,
 }
 
+/// Whether a schema's property takes only lists or objects: its `type` names no other (a `$ref`, or no `type`,
+/// may be anything).
+fn never_a_single_value(property: &Value) -> bool {
+    let is_compound = |kind: &Value| matches!(kind.as_str(), Some("array" | "object"));
+    if property.get("$ref").is_some() {
+        return false;
+    }
+    match &property["type"] {
+        Value::Array(kinds) => !kinds.is_empty() && kinds.iter().all(is_compound),
+        kind => is_compound(kind),
+    }
+}
+
 /// An MCP tool's name uncut, when the name the model sees had to be cut (see [`CallFacts::uncut_name`]).
 fn uncut_name(tool: &ToolSpec) -> Option<String> {
     tool.mcp
@@ -465,6 +478,29 @@ impl Rule {
     /// Whether the rule is about `tool` (whatever its arguments).
     pub fn covers_tool(&self, tool: &ToolSpec) -> bool {
         self.names_tool(&tool.name, uncut_name(tool).as_deref())
+    }
+
+    /// The arguments of `tool` this rule can never meet in a call that gives them: a rule with a last `$` allows
+    /// single values only (see [`NamedGlobs::names_every_argument_of`]), and the tool's schema makes each of these a
+    /// list or an object. Such a rule fails closed; the rules API says so, as a person who wrote it by hand meant
+    /// it to allow something.
+    pub fn arguments_it_cannot_meet<'t>(&self, tool: &'t ToolSpec) -> Vec<&'t str> {
+        let Some(ArgumentMatcher::Named(globs)) = &self.matcher else {
+            return Vec::new();
+        };
+        if !globs.only || !self.covers_tool(tool) {
+            return Vec::new();
+        }
+        let Some(properties) = tool.input_schema["properties"].as_object() else {
+            return Vec::new();
+        };
+        properties
+            .iter()
+            .filter(|(key, property)| {
+                globs.iter().any(|glob| &glob.name == *key) && never_a_single_value(property)
+            })
+            .map(|(key, _)| key.as_str())
+            .collect()
     }
 
     /// Whether the rule's tool part names the tool called `name`, or, for a `deny` or `ask`, `uncut` (see

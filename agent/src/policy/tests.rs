@@ -1438,6 +1438,56 @@ fn an_always_allow_rule_pins_single_values_of_the_type_the_schema_fixes() {
     }
 }
 
+/// A rule with a last `$` allows single values only: one written by hand for an argument the tool's schema makes a
+/// list or an object allows no call that gives it, and says which (the rules API passes that on as a warning).
+#[test]
+fn a_last_dollar_rule_names_the_list_arguments_it_cannot_meet() {
+    let mail = ToolSpec {
+        input_schema: json!({"type": "object", "properties": {
+            "to": {"type": "array", "items": {"type": "string"}},
+            "cc": {"type": ["array", "null"]},
+            "headers": {"type": ["object", "array"]},
+            "subject": {"type": "string"},
+            "body": {},
+            "ref": {"$ref": "#/definitions/list", "type": "array"},
+        }}),
+        ..tool("mcp__mail__send", ToolAnnotations::default())
+    };
+    let cannot_meet = |rule: &str| -> Vec<String> {
+        let rule = Rule::parse(rule).unwrap_or_else(|e| panic!("{e}"));
+        let mut names: Vec<String> = rule
+            .arguments_it_cannot_meet(&mail)
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        cannot_meet("mcp__mail__send(to=a@x, headers=*, subject=hi, $)=allow"),
+        ["headers", "to"]
+    );
+    let none: [&str; 0] = [];
+    for meets in [
+        // A null, or a value of a schema read as it may be, is a single value.
+        "mcp__mail__send(cc=*, body=*, ref=*, subject=*, $)=allow",
+        // Without `$` a list whose every item fits the glob is met.
+        "mcp__mail__send(to=a@x)=allow",
+        // Another tool's rule is not about this one.
+        "mcp__other__send(to=a@x, $)=allow",
+    ] {
+        assert_eq!(cannot_meet(meets), none, "{meets}");
+    }
+    // What the warning says is so: the rule does not allow the call it seems to name.
+    let rule = "mcp__mail__send(to=a@x, subject=hi, $)=allow";
+    let allowed = policy(ApprovalPolicy::OnRequest, rule);
+    let call = json!({"to": ["a@x"], "subject": "hi"});
+    assert_eq!(
+        verdict_kind(&allowed.decide(&mail, &call, &SessionGrants::new())),
+        "ask"
+    );
+}
+
 #[tokio::test]
 async fn an_always_allow_rule_runs_the_same_call_and_asks_for_others() {
     let none = SessionGrants::new();

@@ -678,3 +678,34 @@ async fn a_rule_about_no_tool_is_kept_with_a_warning() {
     let globbed: Value = globbed.json().await.unwrap();
     assert!(globbed.get("warnings").is_none(), "{globbed}");
 }
+
+/// A rule ending in `$` allows single values only: one written for an argument the tool's schema makes a list is
+/// kept (it fails closed) with a warning that it allows no call giving it, and one for single values has none.
+#[tokio::test]
+async fn a_last_dollar_rule_on_a_list_argument_is_kept_with_a_warning() {
+    let app = spawn_app().await;
+    let listed = app
+        .post_json(
+            "/api/rules",
+            &json!({"rule": "run_command(command=ls, args=-la, $)=allow"}),
+        )
+        .await;
+    assert_eq!(listed.status(), 201);
+    let listed: Value = listed.json().await.unwrap();
+    assert_eq!(
+        listed["warnings"],
+        json!([
+            "A rule ending in $ allows single values only, and run_command's schema makes args a list or an object: the rule allows no call that gives it. Without the $ it allows a list whose every item fits its glob (and any other argument)."
+        ]),
+        "{listed}"
+    );
+    let single = app
+        .post_json(
+            "/api/rules",
+            &json!({"rule": "write_file(path=notes.txt, content=*, $)=allow"}),
+        )
+        .await;
+    assert_eq!(single.status(), 201);
+    let single: Value = single.json().await.unwrap();
+    assert!(single.get("warnings").is_none(), "{single}");
+}
