@@ -518,7 +518,9 @@ pub enum ApprovalPreview {
     Unavailable { reason: String },
 }
 
-/// One argument, formatted for reading: a string as itself, anything else as indented JSON.
+/// One argument, formatted for reading: a string as itself, anything else as indented JSON; a string that would read
+/// as JSON of another value (`"false"`, `"5"`, `"null"`, `"[1]"`, or quoted text) is written as JSON too, quoted, so
+/// that the text `false` and the flag `false` never look the same.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PreviewField {
@@ -530,7 +532,7 @@ impl ApprovalPreview {
     /// The generic form: each top-level argument on its own (a non-object is one field named `arguments`).
     pub fn fields(server: Option<String>, tool: Option<String>, arguments: &Value) -> Self {
         let format = |value: &Value| match value {
-            Value::String(text) => text.clone(),
+            Value::String(text) if serde_json::from_str::<Value>(text).is_err() => text.clone(),
             other => serde_json::to_string_pretty(other).unwrap_or_else(|_| other.to_string()),
         };
         let fields = match arguments {
@@ -937,6 +939,40 @@ impl fmt::Display for ValidationErrors {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A card's fields tell a text from the value it spells: the flag `false` and the text "false" read otherwise.
+    #[test]
+    fn a_field_that_is_text_never_reads_as_another_value() {
+        let shown = |arguments: Value| -> Vec<String> {
+            match ApprovalPreview::fields(None, None, &arguments) {
+                ApprovalPreview::Fields { fields, .. } => {
+                    fields.into_iter().map(|field| field.value).collect()
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        let values = [
+            (json!(false), "false"),
+            (json!("false"), "\"false\""),
+            (json!(5), "5"),
+            (json!("5"), "\"5\""),
+            (json!(null), "null"),
+            (json!("null"), "\"null\""),
+            (json!("[1]"), "\"[1]\""),
+            (json!("\"quoted\""), "\"\\\"quoted\\\"\""),
+            (json!(" true "), "\" true \""),
+            (json!("notes.txt"), "notes.txt"),
+            (json!("rm -rf build"), "rm -rf build"),
+            (json!(""), ""),
+        ];
+        for (value, expected) in values {
+            assert_eq!(
+                shown(json!({ "recursive": value.clone() })),
+                [expected],
+                "{value}"
+            );
+        }
+    }
 
     #[test]
     fn resolutions_have_the_approval_api_shape() {

@@ -458,8 +458,12 @@ pub async fn list_pending(
     session: Option<SessionId>,
 ) -> Result<Vec<ApprovalRequest>, ServerFnError> {
     let harness = ssr::harness()?;
+    // Refused, not answered as empty: a page of a conversation this browser no longer lists (its cookies cleared,
+    // or past the conversations they keep) would take an empty list for its cards' having been decided.
     let Some(session) = ssr::acting_session(session)? else {
-        return Ok(Vec::new());
+        return Err(ssr::not_found(
+            "This conversation is not one of this browser's.".to_owned(),
+        ));
     };
     // Read by the session (or the one run, once it is known to be the session's): a page that reconnects reads
     // its own approvals, not every session's.

@@ -39,7 +39,8 @@ pub fn send_decision(
     }
     let session = ui.session_id();
     // An approval for the session approves the run's other cards that it covers; the ones the person is editing or
-    // writing a reason on stay, for what they are doing.
+    // writing a reason on stay, for what they are doing, and so do those whose own decision is on its way (a Deny
+    // sent a moment before must not be overtaken by this approval).
     let keep_waiting = matches!(
         choice,
         Choice::ApproveForSession | Choice::ApproveProgramForSession
@@ -53,6 +54,9 @@ pub fn send_decision(
                 .filter(|other| {
                     ui.editing.with_untracked(|editing| editing.contains(other))
                         || card_reason(other).is_some()
+                        || ui
+                            .deciding
+                            .with_untracked(|deciding| deciding.contains(other))
                 })
                 .map(|other| other.1)
                 .collect()
@@ -90,8 +94,16 @@ pub fn send_decision(
     });
 }
 
-/// The path or command a call is about, for the card's title. A command is written whole, its arguments too: a
-/// compact card, among others, shows its title and not its details, and `rm` is not `rm -rf notes.txt`.
+/// Whether a click is the second (or a later) one of a double click: not meant for a button that may have come
+/// under the pointer since the first (the next card, once the first one's card left), so a decision ignores it.
+/// A click from the keyboard counts 0.
+pub(crate) fn second_click(event: &leptos::ev::MouseEvent) -> bool {
+    event.detail() > 1
+}
+
+/// The path or command a call is about, for the card's title (to be shown through [`visible`]). A command is
+/// written whole, its arguments too: a compact card, among others, shows its title and not its details, and `rm` is
+/// not `rm -rf notes.txt`.
 fn target(request: &ApprovalRequest) -> Option<String> {
     match &request.preview {
         Some(ApprovalPreview::FileWrite { path, .. }) => Some(path.clone()),
@@ -105,7 +117,6 @@ fn target(request: &ApprovalRequest) -> Option<String> {
             .and_then(Value::as_str)
             .map(str::to_owned),
     }
-    .map(|target| visible(&target))
 }
 
 /// A preview as the card shows it: every text the call or the file brings with its hidden characters written out
@@ -342,6 +353,17 @@ fn simple_fields(schema: &Value) -> Option<Vec<String>> {
     Some(names)
 }
 
+/// Whether editing field by field (`names`, each a text) keeps the whole of `arguments`: an object whose every
+/// argument is one of them and a text. Otherwise an argument the schema does not name, or a value that is not
+/// text, would be dropped or turned into text by the edit, and the JSON is edited instead.
+fn fields_hold(names: &[String], arguments: &Value) -> bool {
+    arguments.as_object().is_some_and(|arguments| {
+        arguments
+            .iter()
+            .all(|(name, value)| value.is_string() && names.contains(name))
+    })
+}
+
 /// The fields whose value differs between the model's arguments and the edited ones.
 fn edited_fields(original: &Value, edited: &Value) -> Vec<String> {
     let empty = Map::new();
@@ -379,7 +401,7 @@ enum Draft {
 impl Draft {
     fn new(schema: Option<&Value>, arguments: &Value) -> Self {
         match schema.and_then(simple_fields) {
-            Some(names) if arguments.is_object() && !has_carriage_return(arguments) => {
+            Some(names) if fields_hold(&names, arguments) && !has_carriage_return(arguments) => {
                 Draft::Fields(
                     names
                         .into_iter()
@@ -542,7 +564,7 @@ pub(crate) fn hand_on_focus() {
 
 /// Gives the focus back to a card that still waits, when the focus is nowhere (on the page's body). Ids are letters,
 /// digits and `- _ . :`, so the quoted attribute selector finds the card whatever its id.
-fn focus_card_when_lost(key: &ApprovalKey) {
+pub(crate) fn focus_card_when_lost(key: &ApprovalKey) {
     crate::refocus_if_lost(None, vec![format!("[id=\"{}\"]", card_dom_id(key))]);
 }
 
@@ -737,7 +759,11 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
     };
     let approve = {
         let decide = decide.clone();
-        move |_| decide(Choice::Approve)
+        move |event: leptos::ev::MouseEvent| {
+            if !second_click(&event) {
+                decide(Choice::Approve);
+            }
+        }
     };
     // A session scope covers what the card showed: not offered while the arguments are being edited.
     let session_offered = request
@@ -764,7 +790,11 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
         view! { <AlwaysAllow key rule in_flight/> }
     });
     let notes = scope_notes(&request.choices);
-    let deny = move |_| decide(Choice::Deny);
+    let deny = move |event: leptos::ev::MouseEvent| {
+        if !second_click(&event) {
+            decide(Choice::Deny);
+        }
+    };
     let toggle_edit = {
         let request_arguments = request.arguments.clone();
         move |_| {
@@ -801,17 +831,16 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
         }) => Some(visible(tool)),
         _ => None,
     };
-    // Characters that would make the card read otherwise than the call runs are written out, and said to be there.
-    let hidden = has_hidden(&request.arguments.to_string())
-        || request
-            .preview
-            .as_ref()
-            .and_then(|preview| serde_json::to_string(preview).ok())
-            .is_some_and(|text| has_hidden(&text));
+    // Characters that would make the card read otherwise than the call runs are written out, and said to be there:
+    // wherever the card shows a text otherwise than it is. (The arguments' JSON escapes the control characters.)
     let preview = request.preview.clone().map(shown);
+    let raw_target = target(&request);
+    let target = raw_target.as_deref().map(visible);
+    let hidden = has_hidden(&request.arguments.to_string())
+        || preview != request.preview
+        || target != raw_target;
     let has_preview = preview.is_some();
     let arguments_json = shown_json(&request.arguments);
-    let target = target(&request);
     let editor_id = dom_id.clone();
     let labelled_by = title_id.clone();
     let described_by = reason_text_id.clone();
@@ -936,8 +965,9 @@ fn BatchActions(pending: Memo<Vec<ApprovalRequest>>) -> impl IntoView {
             })
         })
     };
-    let approve_all = move |_| {
-        if edit_open() {
+    // A second click of a double click would also decide the cards that came meanwhile, unseen.
+    let approve_all = move |event: leptos::ev::MouseEvent| {
+        if edit_open() || second_click(&event) {
             return;
         }
         let (reasoned, approved): (Vec<_>, Vec<_>) = undecided()
@@ -948,7 +978,10 @@ fn BatchActions(pending: Memo<Vec<ApprovalRequest>>) -> impl IntoView {
             send_decision(ui, key, Choice::Approve, None, None);
         }
     };
-    let deny_all = move |_| {
+    let deny_all = move |event: leptos::ev::MouseEvent| {
+        if second_click(&event) {
+            return;
+        }
         let why = reason
             .get()
             .map(|input| input.value())
@@ -1009,4 +1042,41 @@ pub fn ApprovalBar() -> impl IntoView {
         </section>
     }
     .into_any()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// Editing field by field is offered only where the fields hold the whole call: an argument the schema does not
+    /// name, or a value that is not text, would be dropped or turned into text by the edit, so such a call is
+    /// edited as JSON.
+    #[test]
+    fn a_call_is_edited_field_by_field_only_where_the_fields_hold_all_of_it() {
+        Owner::new().with(fields_hold_the_whole_call);
+    }
+
+    fn fields_hold_the_whole_call() {
+        let schema = json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]});
+        let fields = |arguments: Value| {
+            matches!(
+                Draft::new(Some(&schema), &arguments),
+                Draft::Fields(ref fields) if fields.len() == 1
+            )
+        };
+        assert!(fields(json!({"path": "a.txt"})));
+        assert!(fields(json!({})));
+        assert!(!fields(json!({"path": "a.txt", "force": true})));
+        assert!(!fields(json!({"path": 5})));
+        assert!(!fields(json!("a.txt")));
+        // What the JSON editor starts from is the whole call.
+        let Draft::Json(text) = Draft::new(Some(&schema), &json!({"path": "a", "force": true}))
+        else {
+            panic!("a JSON editor");
+        };
+        let edited: Value = serde_json::from_str(&text.get_untracked()).unwrap();
+        assert_eq!(edited, json!({"path": "a", "force": true}));
+    }
 }

@@ -6,14 +6,31 @@ use leptos::prelude::ServerFnError;
 use serde_json::Value;
 
 /// Whether a character would change how a card reads without being seen: the controls of text direction (an
-/// `U+202E` shows `txt.kcab` as `back.txt`), and characters that are invisible (zero-width spaces, a byte order
-/// mark, a soft hyphen, the tag characters that can hide text). The joiners that emoji and some scripts need are
-/// not among them.
+/// `U+202E` shows `txt.kcab` as `back.txt`), characters that are invisible (zero-width spaces, a byte order mark, a
+/// soft hyphen, the tag characters that can hide text, the blank fillers of Hangul, the joiner of graphemes, the
+/// formatting marks of Mongolian, Khmer and musical notation, the separators of lines and paragraphs), and the
+/// control characters other than a tab and a line feed, which a page shows as nothing or as a space (a carriage
+/// return, an escape, the C1 controls). The joiners that emoji and some scripts need are not among them (see
+/// [`stray_joiner`]).
 fn hides_itself(c: char) -> bool {
     matches!(c,
-        '\u{061C}' | '\u{00AD}' | '\u{180E}' | '\u{200B}' | '\u{200E}' | '\u{200F}'
-        | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}'
-        | '\u{FEFF}' | '\u{E0000}'..='\u{E007F}')
+        '\u{0000}'..='\u{0008}' | '\u{000B}'..='\u{001F}' | '\u{007F}'..='\u{009F}'
+        | '\u{061C}' | '\u{00AD}' | '\u{034F}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+        | '\u{180B}'..='\u{180F}' | '\u{200B}' | '\u{200E}' | '\u{200F}' | '\u{2028}' | '\u{2029}'
+        | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{3164}'
+        | '\u{FEFF}' | '\u{FFA0}' | '\u{FFF9}'..='\u{FFFB}' | '\u{1D173}'..='\u{1D17A}'
+        | '\u{E0000}'..='\u{E007F}')
+}
+
+/// Whether `c` is a joiner (`U+200C`, `U+200D`) that joins nothing after `previous`: at the start, or after a
+/// character of ASCII, where no emoji or script uses one and it only hides between letters.
+fn stray_joiner(previous: Option<char>, c: char) -> bool {
+    matches!(c, '\u{200C}' | '\u{200D}') && previous.is_none_or(|previous| previous.is_ascii())
+}
+
+/// Whether `c`, after `previous`, is written out by [`visible`].
+fn hidden_on_a_card(previous: Option<char>, c: char) -> bool {
+    hides_itself(c) || smuggled_selector(previous, c) || stray_joiner(previous, c)
 }
 
 /// Whether `c`, a variation selector after `previous`, would carry something nobody sees rather than choose how
@@ -48,12 +65,11 @@ fn written_out(text: &str, mut hidden: impl FnMut(Option<char>, char) -> bool) -
     shown
 }
 
-/// `text` with each character that would hide itself (see [`hides_itself`]), and each variation selector that
-/// chooses no glyph ([`smuggled_selector`]), written out as `\u{…}`, so that a card shows exactly what would run.
+/// `text` with each character that would hide itself (see [`hides_itself`]), each variation selector that
+/// chooses no glyph ([`smuggled_selector`]) and each joiner that joins nothing ([`stray_joiner`]) written out as
+/// `\u{…}`, so that a card shows exactly what would run.
 pub fn visible(text: &str) -> String {
-    written_out(text, |previous, c| {
-        hides_itself(c) || smuggled_selector(previous, c)
-    })
+    written_out(text, hidden_on_a_card)
 }
 
 /// Whether a character of prose (a message, the model's text, a tool's text result) would change how the text
@@ -113,7 +129,7 @@ fn prose_part(text: &str, previous: Option<char>) -> String {
 pub fn has_hidden(text: &str) -> bool {
     let mut previous = None;
     text.chars().any(|c| {
-        let hidden = hides_itself(c) || smuggled_selector(previous, c);
+        let hidden = hidden_on_a_card(previous, c);
         previous = Some(c);
         hidden
     })
@@ -400,6 +416,42 @@ mod tests {
             shown.starts_with("\u{1F3F4}\\u{E0069}\\u{E0067}"),
             "{shown}"
         );
+    }
+
+    /// A card shows a text as it is: control characters other than a tab and a line feed (a page shows them as
+    /// nothing, or as a space), the blank fillers and formatting marks no font draws, and a joiner that joins nothing
+    /// are written out; the joiners of emoji and scripts, tabs and line feeds stay.
+    #[test]
+    fn a_card_writes_out_controls_blank_fillers_and_stray_joiners() {
+        for (hidden, shown) in [
+            ("echo hi\rrm -rf ~", "echo hi\\u{000D}rm -rf ~"),
+            ("a\u{1B}[2Kb", "a\\u{001B}[2Kb"),
+            ("a\u{0085}b\u{007F}", "a\\u{0085}b\\u{007F}"),
+            (
+                "x\u{3164}y\u{115F}\u{1160}\u{FFA0}",
+                "x\\u{3164}y\\u{115F}\\u{1160}\\u{FFA0}",
+            ),
+            (
+                "a\u{034F}b\u{180B}c\u{17B4}d\u{1D173}",
+                "a\\u{034F}b\\u{180B}c\\u{17B4}d\\u{1D173}",
+            ),
+            ("line\u{2028}two", "line\\u{2028}two"),
+            ("pay\u{200D}pal\u{200C}.com", "pay\\u{200D}pal\\u{200C}.com"),
+            ("\u{200D}start", "\\u{200D}start"),
+        ] {
+            assert_eq!(visible(hidden), shown, "{hidden:?}");
+            assert!(has_hidden(hidden), "{hidden:?}");
+        }
+        for kept in [
+            "tab\tand\nline feed",
+            "👩\u{200D}💻",
+            "क्\u{200D}ष",
+            "می\u{200C}خواهم",
+            "plain text, 漢字 and emoji 😀",
+        ] {
+            assert_eq!(visible(kept), kept, "{kept:?}");
+            assert!(!has_hidden(kept), "{kept:?}");
+        }
     }
 
     #[test]

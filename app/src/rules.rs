@@ -11,6 +11,7 @@ use leptos::task::spawn_local;
 use serde::{Deserialize, Serialize};
 
 use crate::api::Choice;
+use crate::card::{focus_card_when_lost, second_click};
 use crate::format::{server_said, visible};
 use crate::state::{ApprovalKey, Ui, left_for_login};
 
@@ -182,7 +183,7 @@ pub fn session_buttons(
                     type="button"
                     class=class
                     title=visible(&choice.covers)
-                    on:click=move |_| decide(pick)
+                    on:click=move |event| if !second_click(&event) { decide(pick) }
                     disabled=disabled
                     aria-describedby=described_by
                 >
@@ -215,13 +216,20 @@ pub fn scope_notes(choices: &ApprovalChoices) -> impl IntoView {
 pub fn AlwaysAllow(key: ApprovalKey, rule: String, in_flight: Memo<bool>) -> impl IntoView {
     let ui = expect_context::<Ui>();
     let confirming = RwSignal::new(false);
+    let opener = NodeRef::<leptos::html::Button>::new();
     let rule = StoredValue::new(rule);
-    let confirm = move |_| {
+    let confirm = move |event: leptos::ev::MouseEvent| {
+        if second_click(&event) {
+            return;
+        }
         let key = key.clone();
         let rule = rule.get_value();
-        ui.deciding.update(|deciding| {
-            deciding.insert(key.clone());
-        });
+        let newly = ui
+            .deciding
+            .try_update(|deciding| deciding.insert(key.clone()));
+        if newly != Some(true) {
+            return;
+        }
         spawn_local(async move {
             // The card leaves when `approvalResolved` arrives, as for any decision.
             match always_allow(key.0.clone(), key.1.clone(), rule, Some(ui.session_id())).await {
@@ -234,6 +242,7 @@ pub fn AlwaysAllow(key: ApprovalKey, rule: String, in_flight: Memo<bool>) -> imp
                     ui.deciding.update(|deciding| {
                         deciding.remove(&key);
                     });
+                    focus_card_when_lost(&key);
                 }
                 Err(error) if left_for_login(&error) => {}
                 Err(error) => {
@@ -244,6 +253,8 @@ pub fn AlwaysAllow(key: ApprovalKey, rule: String, in_flight: Memo<bool>) -> imp
                     ui.deciding.update(|deciding| {
                         deciding.remove(&key);
                     });
+                    // The button pressed was disabled while the request was on its way, and the focus fell off it.
+                    focus_card_when_lost(&key);
                 }
             }
         });
@@ -256,6 +267,7 @@ pub fn AlwaysAllow(key: ApprovalKey, rule: String, in_flight: Memo<bool>) -> imp
                 aria-expanded=move || confirming.get().to_string()
                 on:click=move |_| confirming.set(true)
                 disabled=move || in_flight.get()
+                node_ref=opener
             >
                 "Always allow…"
             </button>
@@ -266,7 +278,13 @@ pub fn AlwaysAllow(key: ApprovalKey, rule: String, in_flight: Memo<bool>) -> imp
                     <button type="button" class="approve always-allow-confirm" on:click=confirm.clone() disabled=move || in_flight.get()>
                         "Add rule and approve"
                     </button>
-                    <button type="button" class="always-allow-cancel" on:click=move |_| confirming.set(false)>
+                    <button type="button" class="always-allow-cancel" on:click=move |_| {
+                        confirming.set(false);
+                        // The button pressed goes with the confirmation: the focus goes back to what opened it.
+                        if let Some(opener) = opener.get_untracked() {
+                            let _focused = opener.focus();
+                        }
+                    }>
                         "Cancel"
                     </button>
                 </div>

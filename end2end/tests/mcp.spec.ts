@@ -49,3 +49,13 @@ test("a tool whose name the model sees cut short shows its own name on the card"
   await pending.getByRole("button", { name: "Deny", exact: true }).click();
   await expect(pending).toHaveCount(0);
 });
+
+test("an argument that is text but spells another value is shown quoted, so it never reads as that value", async ({ page }) => {
+  await openPage(page, `${WITH_MCP}/`);
+  await send(page, 'call mcp__fixture__echo {"text": "false"}');
+  const pending = card(page, "mcp__fixture__echo");
+  // The text "false", which a server may read as true (a string that is not empty): not the flag false.
+  expect(await pending.locator(".preview.fields dd pre").innerText()).toBe('"false"');
+  await pending.getByRole("button", { name: "Deny", exact: true }).click();
+  await expect(pending).toHaveCount(0);
+});

@@ -305,3 +305,30 @@ test("a rule's hidden characters are shown written out, a double click removes i
   await page.getByRole("button", { name: "Show", exact: true }).click();
   await expect(page.getByRole("alert")).toContainText("“run 1” is not a run id");
 });
+
+test("approving for the session leaves a card whose denial is on its way", async ({ page }) => {
+  await openPage(page);
+  const [first, denied] = [unique("inflight-one"), unique("inflight-denied")];
+  await send(page, `write ${first}: one and write ${denied}: two`);
+  const writes = card(page, "write_file");
+  await expect(writes).toHaveCount(2);
+  // The denial is held on its way until the approval for the session, clicked after it, has been decided.
+  let release = () => {};
+  const held = new Promise<void>((resolve) => (release = resolve));
+  await page.route("**/api/fn/decide", async (route) => {
+    if ((route.request().postData() ?? "").includes("choice=Deny")) await held;
+    await route.continue();
+  });
+  await writes.filter({ hasText: denied }).getByRole("button", { name: "Deny" }).click();
+  const approved = page.waitForResponse(
+    (response) => response.url().endsWith("/api/fn/decide") && (response.request().postData() ?? "").includes("ApproveForSession"),
+  );
+  await writes.filter({ hasText: first }).getByRole("button", { name: "Approve for session" }).click();
+  expect((await approved).status()).toBe(200);
+  release();
+  await expect(writes).toHaveCount(0);
+  const answer = page.locator(".turn.assistant").last();
+  await expect(answer).toContainText(`write_file wrote 3 bytes to ${first}.`);
+  await expect(answer).toContainText("write_file was not run because it was denied");
+  await expect(page.getByRole("alert")).toHaveCount(0);
+});

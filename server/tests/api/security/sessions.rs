@@ -494,10 +494,17 @@ async fn a_browser_acts_on_the_sessions_its_cookies_list_and_no_other() {
         ("session", "alice"),
     ];
 
-    // Mallory names Alice's session: as good as unknown.
+    // Mallory names Alice's session: as good as unknown. Her pending approvals are refused as no conversation of
+    // this browser's, not answered as none: a page of a conversation its browser no longer lists (cookies cleared)
+    // would take an empty list for its cards' having been decided, and hide them.
     let mallory = "toolgate_session=mallory; toolgate_sessions=mallory";
     let listed = server_fn_with(&app, "pending", mallory, &[("session", "alice")]).await;
-    assert_eq!(listed.json::<Value>().await.unwrap(), json!([]));
+    assert_eq!(listed.status(), 404);
+    let said = listed.text().await.unwrap();
+    assert!(
+        said.contains("This conversation is not one of this browser's."),
+        "{said}"
+    );
     let decided = server_fn_with(&app, "decide", mallory, &decide).await;
     assert_eq!(decided.status(), 404);
     let sessions = server_fn_with(&app, "sessions", mallory, &[]).await;
