@@ -9,7 +9,8 @@ use std::collections::{HashMap, HashSet};
 
 use agent::ids::ToolCallId;
 use agent::interrupts::{Suspension, arguments_digest};
-use agent::policy::{PermissionPolicy, SessionGrants};
+use agent::permissions::ApprovalChoices;
+use agent::policy::PermissionPolicy;
 use agent::tools::Toolbox;
 use agent::wire::{Decision, DecisionScope, Message, Resolution};
 use axum::http::StatusCode;
@@ -137,33 +138,43 @@ fn history_calls(messages: &[Message]) -> HashMap<&ToolCallId, (&str, Option<Str
         .collect()
 }
 
-/// Whether approving with `scope` may stand, as on the approval API: a session scope must be one a card for this
-/// call offers (not while a rule asks before every such call, nor for a tool that takes no such grant), and edited
-/// arguments must make the grant it offered. Otherwise, why not.
+/// Whether approving with `scope` may stand, as on the approval API: a session scope must be one the interrupt
+/// offered (`offered`, what its card showed when it was issued: not while a rule asked before every such call, nor
+/// for a tool that takes no such grant; an interrupt of an older version offered none), and the arguments, edited or
+/// not, must make the very grant it offered. Rules changed since the interrupt change nothing of that: what a person
+/// approves is what was shown. Otherwise, why not.
 fn session_scope(
     permissions: &PermissionPolicy,
     tool: &agent::wire::ToolSpec,
     asked: &Value,
     edited: Option<&Value>,
     scope: DecisionScope,
+    offered: &ApprovalChoices,
 ) -> Result<(), String> {
     if scope == DecisionScope::Once {
         return Ok(());
     }
-    let choices = permissions.approval_choices(tool, asked, &SessionGrants::new());
-    if !choices.offers(scope) {
+    let Some(choice) = offered.session_choice(scope) else {
         return Err(format!(
-            "approving for the session ({}) is not offered for this call. {}",
+            "approving for the session ({}) was not offered for this call. {}",
             scope.as_str(),
-            choices.session_note.unwrap_or_default()
+            offered.session_note.as_deref().unwrap_or_default()
         )
         .trim_end()
         .to_owned());
+    };
+    match permissions.grant_for(tool, asked, edited, scope) {
+        Ok(Some(grant)) if grant == choice.grant => Ok(()),
+        Ok(Some(_)) => Err(format!(
+            "{} changed since this interrupt was issued, and a grant would allow the tool as it is now, which nobody was shown. Approve it once, or deny it.",
+            tool.name
+        )),
+        Ok(None) => Err(format!(
+            "approving for the session ({}) is not offered for this call now.",
+            scope.as_str()
+        )),
+        Err(edited) => Err(edited.to_string()),
     }
-    permissions
-        .grant_for(tool, asked, edited, scope)
-        .map(|_| ())
-        .map_err(|edited| edited.to_string())
 }
 
 /// The user messages a resume's history holds after the interrupted calls: a person who typed instead of answering
@@ -320,6 +331,7 @@ pub fn check(
                     &issued.request.arguments,
                     arguments.as_ref(),
                     *scope,
+                    &issued.request.choices,
                 )
                 .map_err(|why| {
                     unprocessable(

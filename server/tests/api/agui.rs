@@ -982,6 +982,64 @@ async fn an_interrupt_a_rule_asked_for_cannot_be_approved_for_the_session() {
     assert!(!app.file("a.txt").exists());
 }
 
+/// A resume is decided against what the interrupt offered when it was issued, as a card is: a rule removed since
+/// does not make the session scope it kept from the interrupt available to the resume.
+#[tokio::test]
+async fn a_resume_may_not_take_a_session_scope_the_interrupt_did_not_offer_after_the_rules_changed()
+{
+    let app = spawn_app().await;
+    std::fs::write(app.file("a.txt"), "a").unwrap();
+    let added = app
+        .post_json("/api/rules", &json!({"rule": "delete_file(a.txt)=ask"}))
+        .await;
+    assert_eq!(added.status(), 201);
+    let added: Value = added.json().await.unwrap();
+    let first = agui(&app, start("thread-changed", "run-1", "delete a.txt")).await;
+    let interrupt = &first.interrupts()[0];
+    assert_eq!(
+        interrupt["responseSchema"]["oneOf"][0]["properties"]["scope"]["enum"],
+        json!(["once"]),
+        "{interrupt}"
+    );
+    // The rule goes: a card shown now would offer the session, but this interrupt did not.
+    let removed = app
+        .client
+        .delete(app.url(&format!(
+            "/api/rules/{}",
+            added["rule"]["id"].as_str().unwrap()
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200);
+    let for_session = json!({"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": true, "scope": "session"}});
+    let refused = agui(
+        &app,
+        resume(
+            "thread-changed",
+            "run-2",
+            "run-1",
+            first.snapshot(),
+            json!([for_session]),
+        ),
+    )
+    .await;
+    refused.refused(422, "INVALID_RESUME_PAYLOAD");
+    let message = refused.body["error"].as_str().unwrap();
+    assert!(
+        message.contains("was not offered for this call"),
+        "{message}"
+    );
+    assert!(app.file("a.txt").exists());
+    let grants: Value = app
+        .get("/api/agent/sessions/thread-changed/grants")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(grants["grants"], json!([]), "{grants}");
+}
+
 #[tokio::test]
 async fn approving_a_command_for_the_session_covers_that_command_and_no_other() {
     let app = spawn_app().await;
