@@ -120,7 +120,7 @@ pub struct Config {
     /// Where toolgate keeps sessions, runs, approvals, grants and the audit log: `sqlite://PATH` (a file, created
     /// when missing; one toolgate process per file), `postgres://USER:PASSWORD@HOST:PORT/DATABASE` (several
     /// instances may share it), or `memory` (nothing survives the process).
-    #[arg(long, env = "TOOLGATE_DATABASE_URL", default_value = "sqlite://toolgate.db", value_parser = Database::parse, hide_env_values = true)]
+    #[arg(long, env = "TOOLGATE_DATABASE_URL", default_value = "sqlite://toolgate.db", value_parser = Database::parse, hide_env_values = true, global = true)]
     pub database_url: Database,
 
     /// With PostgreSQL: seconds an instance may go without a heartbeat (sent every fifth of it) before the others
@@ -359,6 +359,12 @@ mod tests {
         let error = parse("mysql://x").unwrap_err().to_string();
         assert!(
             error.contains("use sqlite://PATH, postgres://..., or memory"),
+            "{error}"
+        );
+        // Options toolgate would not read are refused, not dropped: `mode=ro` would open the file to write.
+        let error = parse("sqlite://tg.db?mode=ro").unwrap_err().to_string();
+        assert!(
+            error.contains("gives options (mode=ro) that toolgate does not read"),
             "{error}"
         );
         let printed = format!("{:?}", parse("postgres://tg:secret@db/x").unwrap());

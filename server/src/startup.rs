@@ -216,6 +216,15 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
         ..Retention::default()
     };
     harness_config.takeover_every = Duration::from_secs(config.lease_secs).div_f64(2.0);
+    // The port before anything starts working: opening the harness goes on with waiting runs (approved calls start,
+    // expired approvals time out, a dead instance's runs are taken over), which a server that then cannot listen
+    // would leave half done as it exits. Requests wait in the listen queue until the router serves them.
+    let listener = TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| StartupError::Bind {
+            addr: config.addr,
+            source,
+        })?;
     // The servers' tools join the toolbox before the harness opens, which goes on with the waiting runs' approved
     // calls at once (an MCP tool not there yet would fail them as unknown), and before the first request can come.
     // One that must start and cannot stops startup (after stopping the others).
@@ -223,20 +232,12 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
     let opened = async {
         let store =
             open_store(&config.database_url, Duration::from_secs(config.lease_secs)).await?;
-        let harness = Harness::open(harness_config, model(&config)?, toolbox.clone(), store)
+        Harness::open(harness_config, model(&config)?, toolbox.clone(), store)
             .await
-            .map_err(|error| StartupError::Recover(error.to_string()))?;
-        let listener =
-            TcpListener::bind(config.addr)
-                .await
-                .map_err(|source| StartupError::Bind {
-                    addr: config.addr,
-                    source,
-                })?;
-        Ok::<_, StartupError>((harness, listener))
+            .map_err(|error| StartupError::Recover(error.to_string()))
     }
     .await;
-    let (harness, listener) = match opened {
+    let harness = match opened {
         Ok(opened) => opened,
         Err(error) => {
             mcp.shutdown().await;

@@ -360,8 +360,49 @@ async fn the_audit_log_names_who_decided_from_the_token_never_from_the_body() {
         .collect();
     assert_eq!(lines.len(), 1);
     assert_eq!(lines[0]["runId"], second.as_str());
+    // The database named after the subcommand, as `toolgate audit --help` shows it.
+    let named = toolgate_in(
+        home.path(),
+        &[
+            "audit",
+            "--outcome",
+            "denied",
+            "--database-url",
+            "sqlite://toolgate.db",
+        ],
+        &[],
+    )
+    .output()
+    .await
+    .unwrap();
+    assert!(
+        named.status.success(),
+        "{}",
+        String::from_utf8_lossy(&named.stderr)
+    );
+    assert_eq!(named.stdout, output.stdout);
     server.signal(libc::SIGTERM);
     server.exit(EXIT_WITHIN).await;
+}
+
+/// A server that cannot listen on its port starts nothing: it opens no database, so it neither goes on with waiting
+/// runs (approved calls would start, approvals time out) nor leaves them half done as it exits.
+#[tokio::test]
+async fn a_server_whose_port_is_taken_says_so_and_opens_no_database() {
+    let home = Home::new();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let refused = toolgate_in(home.path(), &["--addr", &addr], &[])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains(&addr), "{stderr}");
+    assert!(
+        !home.path().join("toolgate.db").exists(),
+        "the database was opened: {stderr}"
+    );
 }
 
 #[tokio::test]

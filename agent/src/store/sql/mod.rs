@@ -239,7 +239,14 @@ impl DatabaseUrl {
             .strip_prefix("sqlite://")
             .or_else(|| url.strip_prefix("sqlite:"))
         {
-            let path = rest.split('?').next().unwrap_or_default();
+            // toolgate sets the file's options itself (its journal, its locking, one writer): options in the URL
+            // (`?mode=ro`) would be dropped unseen, so they are refused.
+            let (path, options) = rest.split_once('?').unwrap_or((rest, ""));
+            if !options.is_empty() {
+                return Err(format!(
+                    "{url:?} gives options ({options}) that toolgate does not read: name the SQLite file alone"
+                ));
+            }
             if path.is_empty() {
                 return Err(format!("{url:?} names no SQLite file"));
             }
