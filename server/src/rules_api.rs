@@ -86,28 +86,9 @@ pub async fn add_rule(
     JsonValue(body): JsonValue,
 ) -> Result<Response, ApiError> {
     let rule = rule_from_body(&body)?;
-    // Kept all the same (an MCP server may add the tool later), but a name with a typo is said at once.
-    let toolbox = state.harness.toolbox();
-    let specs = toolbox.specs();
-    let no_tool = (!specs.iter().any(|spec| rule.covers_tool(spec))).then(|| {
-        format!(
-            "No tool is named {} now: the rule applies to none until one is. The tools are: {}.",
-            rule.tool_pattern(),
-            toolbox.names().join(", ")
-        )
-    });
-    // Kept too (it fails closed), but a rule that cannot allow what it names is said at once.
-    let single_values_only = specs.iter().filter_map(|spec| {
-        let lists = rule.arguments_it_cannot_meet(spec);
-        (!lists.is_empty()).then(|| {
-            format!(
-                "A rule ending in $ allows single values only, and {}'s schema makes {} a list or an object: the rule allows no call that gives it. Without the $ it allows a list whose every item fits its glob (and any other argument).",
-                spec.name,
-                lists.join(", ")
-            )
-        })
-    });
-    let warnings: Vec<String> = no_tool.into_iter().chain(single_values_only).collect();
+    // Kept all the same (an MCP server may add the tool later; the others fail closed or meet no call), but a
+    // typo in a tool's or an argument's name is said at once.
+    let warnings = rule.warnings(&state.harness.toolbox().specs());
     let added = state.harness.add_rule(rule, &actor).await?;
     tracing::info!(rule = %added.rule, id = %added.id, %actor, "a rule was added");
     let mut answer = json!({"ok": true, "rule": rule_json(&added.listed())});

@@ -229,6 +229,19 @@ pub async fn build(config: Config) -> Result<Application, StartupError> {
     // calls at once (an MCP tool not there yet would fail them as unknown), and before the first request can come.
     // One that must start and cannot stops startup (after stopping the others).
     let mcp = McpServers::start(&mcp_config, workspace.root(), &toolbox).await?;
+    // A configured rule with a typo in a tool's or an argument's name starts all the same (an MCP server may add
+    // the tool later), and is said at once, as the rules API says it of a rule a person adds.
+    let specs = toolbox.specs();
+    for configured in harness_config.permissions.rule_book().rules().iter() {
+        for warning in configured.rule.warnings(&specs) {
+            tracing::warn!(
+                rule = %configured.rule,
+                from = configured.origin.describe(),
+                %warning,
+                "a configured rule may not do what it says"
+            );
+        }
+    }
     let opened = async {
         let store =
             open_store(&config.database_url, Duration::from_secs(config.lease_secs)).await?;

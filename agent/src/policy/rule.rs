@@ -480,6 +480,64 @@ impl Rule {
         self.names_tool(&tool.name, uncut_name(tool).as_deref())
     }
 
+    /// What a person who wrote the rule would want to know about it among `tools` (the toolbox's): that it is about
+    /// no tool there is, that it names an argument no tool it is about takes, or that it ends in `$` on an argument
+    /// that is a list. Such a rule is kept all the same (an MCP server may add the tool later; the others fail closed,
+    /// or meet no call), and these say so.
+    pub fn warnings(&self, tools: &[ToolSpec]) -> Vec<String> {
+        let covered: Vec<&ToolSpec> = tools.iter().filter(|tool| self.covers_tool(tool)).collect();
+        if covered.is_empty() {
+            let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
+            return vec![format!(
+                "No tool is named {} now: the rule applies to none until one is. The tools are: {}.",
+                self.tool_pattern(),
+                names.join(", ")
+            )];
+        }
+        let mut warnings = Vec::new();
+        if let Some(ArgumentMatcher::Named(globs)) = &self.matcher {
+            // An argument a tool's schema does not list, where it takes no other: no call of it gives one.
+            let takes = |tool: &ToolSpec, name: &str| {
+                let schema = &tool.input_schema;
+                schema["properties"].get(name).is_some()
+                    || schema.get("additionalProperties") != Some(&Value::Bool(false))
+            };
+            for glob in globs.iter() {
+                if !covered.iter().any(|tool| takes(tool, &glob.name)) {
+                    let listed: Vec<&str> = covered[0].input_schema["properties"]
+                        .as_object()
+                        .map(|properties| properties.keys().map(String::as_str).collect())
+                        .unwrap_or_default();
+                    warnings.push(format!(
+                        "{} takes no argument {}{}: the rule meets no call.",
+                        covered
+                            .iter()
+                            .map(|tool| tool.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        glob.name,
+                        if covered.len() == 1 {
+                            format!(" (its arguments are {})", listed.join(", "))
+                        } else {
+                            String::new()
+                        }
+                    ));
+                }
+            }
+        }
+        for tool in covered {
+            let lists = self.arguments_it_cannot_meet(tool);
+            if !lists.is_empty() {
+                warnings.push(format!(
+                    "A rule ending in $ allows single values only, and {}'s schema makes {} a list or an object: the rule allows no call that gives it. Without the $ it allows a list whose every item fits its glob (and any other argument).",
+                    tool.name,
+                    lists.join(", ")
+                ));
+            }
+        }
+        warnings
+    }
+
     /// The arguments of `tool` this rule can never meet in a call that gives them: a rule with a last `$` allows
     /// single values only (see [`NamedGlobs::names_every_argument_of`]), and the tool's schema makes each of these a
     /// list or an object. Such a rule fails closed; the rules API says so, as a person who wrote it by hand meant

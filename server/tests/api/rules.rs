@@ -709,3 +709,41 @@ async fn a_last_dollar_rule_on_a_list_argument_is_kept_with_a_warning() {
     let single: Value = single.json().await.unwrap();
     assert!(single.get("warnings").is_none(), "{single}");
 }
+
+/// A configured rule that names an argument no tool it is about takes (`cmd` for `command`) meets no call: a deny
+/// that protects nothing. It starts all the same, and the log says so at start; the rules API says the same of a
+/// rule a person adds.
+#[tokio::test]
+async fn a_rule_naming_an_argument_its_tool_does_not_take_is_said_at_start_and_when_added() {
+    let server = crate::process::Server::start(
+        &[
+            "--database-url",
+            "memory",
+            "--rules",
+            "run_command(cmd=rm)=deny",
+        ],
+        &[],
+    )
+    .await;
+    assert!(
+        server.log.contains("run_command takes no argument cmd")
+            && server.log.contains("the rule meets no call"),
+        "{}",
+        server.log
+    );
+    let added = server
+        .post_json(
+            "/api/rules",
+            json!({"rule": "delete_file(file=secrets/**)=deny"}),
+        )
+        .await;
+    assert_eq!(added.status(), 201);
+    let added: Value = added.json().await.unwrap();
+    assert_eq!(
+        added["warnings"],
+        json!([
+            "delete_file takes no argument file (its arguments are path): the rule meets no call."
+        ]),
+        "{added}"
+    );
+}
