@@ -47,6 +47,9 @@ pub enum AbortReason {
     Shutdown,
     /// The run produced more events than a run may keep.
     EventLimit,
+    /// Another instance took the run over, judging this one dead (it was only late): nothing more of it runs here,
+    /// not even a call that was about to begin, which the other recorded as interrupted.
+    TakenOver,
 }
 
 impl AbortReason {
@@ -56,6 +59,7 @@ impl AbortReason {
             Self::Disconnected => "disconnected",
             Self::Shutdown => "shutdown",
             Self::EventLimit => "event_limit",
+            Self::TakenOver => "taken_over",
         }
     }
 
@@ -65,8 +69,17 @@ impl AbortReason {
             "disconnected" => Self::Disconnected,
             "shutdown" => Self::Shutdown,
             "event_limit" => Self::EventLimit,
+            "taken_over" => Self::TakenOver,
             _ => return None,
         })
+    }
+
+    /// Whether a call of the run that was about to begin goes on once the run is aborted for this reason: only
+    /// for a shutdown, which stops this process, not the run (a durable store keeps it for the next start), so the
+    /// call goes on as it would have, its tool told of the shutdown as any running tool is. Not when another
+    /// instance took the run over: it recorded the call as interrupted, never to run.
+    pub fn lets_a_call_begin(self) -> bool {
+        self == Self::Shutdown
     }
 
     pub fn message(self) -> &'static str {
@@ -77,6 +90,9 @@ impl AbortReason {
             Self::EventLimit => {
                 "The run produced more events than a run may keep, so it was aborted."
             }
+            Self::TakenOver => {
+                "Another instance took this run over, judging this one stopped, so it stopped here."
+            }
         }
     }
 
@@ -84,6 +100,7 @@ impl AbortReason {
         match self {
             Self::Shutdown => RunErrorCode::Shutdown,
             Self::EventLimit => RunErrorCode::EventLimit,
+            Self::TakenOver => RunErrorCode::Restarted,
             Self::Cancelled | Self::Disconnected => RunErrorCode::Aborted,
         }
     }
@@ -695,7 +712,7 @@ impl FileLocks {
             });
         // A call that needs no lock is not run once its run is aborted either (for its bound on events, say, which the
         // decisions of its batch may have passed).
-        if context.abort.is_aborted() && context.abort.reason() != AbortReason::Shutdown {
+        if context.abort.is_aborted() && !context.abort.reason().lets_a_call_begin() {
             return None;
         }
         let mut held = Vec::with_capacity(self.0.len());
@@ -704,12 +721,12 @@ impl FileLocks {
             tokio::pin!(lock);
             let guard = tokio::select! {
                 biased;
-                () = context.abort.aborted() => match context.abort.reason() {
-                    // A shutdown stops this process, not the run (a durable store keeps it for the next start): the
-                    // call goes on as it would have, its tool told of the shutdown as any running tool is.
-                    AbortReason::Shutdown => lock.await,
-                    _ => return None,
-                },
+                () = context.abort.aborted() => {
+                    if !context.abort.reason().lets_a_call_begin() {
+                        return None;
+                    }
+                    lock.await
+                }
                 guard = &mut lock => guard,
             };
             held.push(guard);
@@ -892,6 +909,22 @@ impl EventSink for StoreEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Of the reasons a run is aborted for, only this process's shutdown lets a call about to begin go on; a run
+    /// another instance took over (and whose call it recorded as interrupted) begins nothing more here.
+    #[test]
+    fn only_a_shutdown_lets_a_call_about_to_begin_go_on() {
+        for (reason, goes_on) in [
+            (AbortReason::Shutdown, true),
+            (AbortReason::TakenOver, false),
+            (AbortReason::Cancelled, false),
+            (AbortReason::Disconnected, false),
+            (AbortReason::EventLimit, false),
+        ] {
+            assert_eq!(reason.lets_a_call_begin(), goes_on, "{reason:?}");
+            assert_eq!(AbortReason::parse(reason.as_str()), Some(reason));
+        }
+    }
 
     #[test]
     fn a_part_of_an_abort_switch_stops_alone_and_with_its_whole() {

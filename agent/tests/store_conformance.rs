@@ -2713,6 +2713,7 @@ async fn a_resume_whose_process_died_before_its_calls_gives_its_interrupts_back(
             ("p3", "c3", "t3", in_an_hour),
             ("p4", "c4", "t4", in_an_hour),
             ("p5", "c5", "t5", 1),
+            ("p6", "c6", "t6", in_an_hour),
         ] {
             store
                 .start_run(new_run(parent, thread))
@@ -2760,11 +2761,36 @@ async fn a_resume_whose_process_died_before_its_calls_gives_its_interrupts_back(
         store.flush().await.unwrap();
         // The process dies here: nothing more is written.
     }
+    // p6's suspension no longer reads (a damaged disk, a newer version's text): the recovery goes on all the same.
+    rusqlite::Connection::open(dir.path().join("toolgate.db"))
+        .unwrap()
+        .execute(
+            "UPDATE runs SET suspension = 'not json' WHERE id = 'p6'",
+            [],
+        )
+        .unwrap();
     let store = SqlStore::open(&url).await.unwrap();
     let recovered = store.recover(recovery_events()).await.unwrap();
     let mut failed = recovered.failed_runs.clone();
     failed.sort();
-    assert_eq!(failed, ["c1", "c2", "c3", "c4", "c5"].map(run_id).to_vec());
+    assert_eq!(
+        failed,
+        ["c1", "c2", "c3", "c4", "c5", "c6"].map(run_id).to_vec()
+    );
+    let unlisted: Vec<_> = audit_of(&*store, "p6")
+        .await
+        .into_iter()
+        .filter(|entry| entry.outcome == "reopened")
+        .collect();
+    assert_eq!(unlisted.len(), 1);
+    assert!(
+        unlisted[0]
+            .reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("could not be listed"),
+        "{unlisted:?}"
+    );
     assert_eq!(steps(&*store, "c1").await.last().unwrap().1, 78);
     assert_eq!(
         store.interrupt(&run_id("p1")).await.unwrap().unwrap().1,
@@ -3597,7 +3623,8 @@ async fn an_instance_whose_work_a_recovery_took_over_is_told_to_stop_it() {
     assert_eq!(
         stops,
         vec![
-            RemoteStop::Run(run_id("r"), AbortReason::Shutdown),
+            // Not as a shutdown, which lets a call about to begin go on: the recovery recorded it as interrupted.
+            RemoteStop::Run(run_id("r"), AbortReason::TakenOver),
             RemoteStop::Call(run_id("w"), call_id("running")),
         ]
     );

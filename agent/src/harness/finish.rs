@@ -161,8 +161,14 @@ pub(super) fn recovery_events() -> RecoveryEvents {
                     run_id: Some(record.run_id.clone()),
                     tool_call_id: Some(record.call.id.clone()),
                     tool: Some(record.call.name.clone()),
-                    arguments_digest: Some(arguments_digest(record.arguments_to_run())),
-                    edited_digest: None,
+                    // As every other line of the call has them: the arguments asked about, and the ones a person
+                    // edited (which ran).
+                    arguments_digest: Some(arguments_digest(&record.input)),
+                    edited_digest: record
+                        .edited_arguments
+                        .as_ref()
+                        .filter(|edited| **edited != record.input)
+                        .map(arguments_digest),
                     outcome: "interrupted".to_owned(),
                     source: Some("restart".to_owned()),
                     scope: None,
@@ -455,5 +461,43 @@ impl Harness {
             interrupts,
         };
         (suspension, requests, audit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::ids::{RunId, ToolCallId};
+    use crate::store::CallRecord;
+    use crate::wire::ToolCall;
+
+    /// The line recovery writes for a call that was running names its arguments as the call's other lines do: the
+    /// digest of the arguments asked about, and that of the ones a person edited. Before, it gave the edited ones as
+    /// the call's own and said nothing was edited.
+    #[test]
+    fn an_interrupted_call_is_logged_with_the_digests_of_its_approval() {
+        let asked = json!({"path": "asked.txt"});
+        let edited = json!({"path": "edited.txt"});
+        let mut record = CallRecord::new(
+            RunId::parse("r").unwrap(),
+            ToolCall {
+                id: ToolCallId::parse("c").unwrap(),
+                name: "delete_file".into(),
+                arguments: asked.to_string(),
+            },
+            asked.clone(),
+            CallStatus::Executing,
+        );
+        record.edited_arguments = Some(edited.clone());
+        let settled = (recovery_events().call_interrupted)(&record);
+        let line = &settled.audit[0];
+        assert_eq!(line.outcome, "interrupted");
+        assert_eq!(line.arguments_digest, Some(arguments_digest(&asked)));
+        assert_eq!(line.edited_digest, Some(arguments_digest(&edited)));
+        record.edited_arguments = None;
+        let line = &(recovery_events().call_interrupted)(&record).audit[0];
+        assert_eq!(line.edited_digest, None);
     }
 }

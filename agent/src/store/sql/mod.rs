@@ -1137,7 +1137,9 @@ impl SqlStore {
             {
                 if let Ok(run) = RunId::parse(run) {
                     tracing::warn!(%run, "another instance took this instance for dead and took the run over; stopping what runs of it here");
-                    let _ = self.stops.send(RemoteStop::Run(run, AbortReason::Shutdown));
+                    let _ = self
+                        .stops
+                        .send(RemoteStop::Run(run, AbortReason::TakenOver));
                 }
             }
             // A recovery recorded a call this instance runs of a waiting run as interrupted, judging it dead.

@@ -1419,8 +1419,24 @@ impl SqlStore {
         let Some(suspension) = suspension else {
             return Ok(None);
         };
-        let suspension: Suspension = parse(&suspension, "a suspension")?;
         let at = now_ms();
+        // The interrupts are open again whatever the text holds; one that does not read (a damaged disk, a newer
+        // version's) costs the audit log its lines by call, never the recovery, which would stop every start.
+        let suspension: Suspension = match parse(&suspension, "a suspension") {
+            Ok(suspension) => suspension,
+            Err(error) => {
+                tracing::warn!(%parent, %error, "the interrupts of a run given back by a recovery do not read");
+                return Ok(Some(vec![AuditEntry {
+                    run_id: Some(parent.clone()),
+                    source: Some("restart".to_owned()),
+                    reason: Some(format!(
+                        "The server stopped before run {child}, which resumed with the answers to this run's interrupts, began any call; nothing of it was acted on, and the interrupts are open again. They could not be listed: {error}"
+                    )),
+                    at,
+                    ..AuditEntry::new(AuditKind::ApprovalRequested, "reopened")
+                }]));
+            }
+        };
         Ok(Some(
             suspension
                 .interrupts
