@@ -519,8 +519,9 @@ pub enum ApprovalPreview {
 }
 
 /// One argument, formatted for reading: a string as itself, anything else as indented JSON; a string that would read
-/// as JSON of another value (`"false"`, `"5"`, `"null"`, `"[1]"`, or quoted text) is written as JSON too, quoted, so
-/// that the text `false` and the flag `false` never look the same.
+/// as JSON of a single value (`"false"`, `"5"`, `"null"`, or quoted text) is written as JSON too, quoted, so that the
+/// text `false` and the flag `false` never look the same. (A text holding a JSON document stays as itself, on its own
+/// lines: a list or an object shown is indented, and a file's content quoted on one line could not be read.)
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PreviewField {
@@ -532,7 +533,12 @@ impl ApprovalPreview {
     /// The generic form: each top-level argument on its own (a non-object is one field named `arguments`).
     pub fn fields(server: Option<String>, tool: Option<String>, arguments: &Value) -> Self {
         let format = |value: &Value| match value {
-            Value::String(text) if serde_json::from_str::<Value>(text).is_err() => text.clone(),
+            Value::String(text)
+                if !serde_json::from_str::<Value>(text)
+                    .is_ok_and(|value| !value.is_array() && !value.is_object()) =>
+            {
+                text.clone()
+            }
             other => serde_json::to_string_pretty(other).unwrap_or_else(|_| other.to_string()),
         };
         let fields = match arguments {
@@ -958,7 +964,11 @@ mod tests {
             (json!("5"), "\"5\""),
             (json!(null), "null"),
             (json!("null"), "\"null\""),
-            (json!("[1]"), "\"[1]\""),
+            (json!("[1]"), "[1]"),
+            (
+                json!("{\n  \"debug\": false\n}"),
+                "{\n  \"debug\": false\n}",
+            ),
             (json!("\"quoted\""), "\"\\\"quoted\\\"\""),
             (json!(" true "), "\" true \""),
             (json!("notes.txt"), "notes.txt"),

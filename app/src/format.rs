@@ -67,9 +67,13 @@ fn written_out(text: &str, mut hidden: impl FnMut(Option<char>, char) -> bool) -
 
 /// `text` with each character that would hide itself (see [`hides_itself`]), each variation selector that
 /// chooses no glyph ([`smuggled_selector`]) and each joiner that joins nothing ([`stray_joiner`]) written out as
-/// `\u{…}`, so that a card shows exactly what would run.
+/// `\u{…}`, so that a card shows exactly what would run. A carriage return before a line feed ends a line, as a text
+/// written on Windows (or in a mail) ends each: it stays.
 pub fn visible(text: &str) -> String {
-    written_out(text, hidden_on_a_card)
+    text.split("\r\n")
+        .map(|line| written_out(line, hidden_on_a_card))
+        .collect::<Vec<_>>()
+        .join("\r\n")
 }
 
 /// Whether a character of prose (a message, the model's text, a tool's text result) would change how the text
@@ -127,11 +131,13 @@ fn prose_part(text: &str, previous: Option<char>) -> String {
 
 /// Whether `text` holds a character [`visible`] writes out.
 pub fn has_hidden(text: &str) -> bool {
-    let mut previous = None;
-    text.chars().any(|c| {
-        let hidden = hidden_on_a_card(previous, c);
-        previous = Some(c);
-        hidden
+    text.split("\r\n").any(|line| {
+        let mut previous = None;
+        line.chars().any(|c| {
+            let hidden = hidden_on_a_card(previous, c);
+            previous = Some(c);
+            hidden
+        })
     })
 }
 
@@ -425,6 +431,10 @@ mod tests {
     fn a_card_writes_out_controls_blank_fillers_and_stray_joiners() {
         for (hidden, shown) in [
             ("echo hi\rrm -rf ~", "echo hi\\u{000D}rm -rf ~"),
+            (
+                "a lone\r\r\nbefore a line feed",
+                "a lone\\u{000D}\r\nbefore a line feed",
+            ),
             ("a\u{1B}[2Kb", "a\\u{001B}[2Kb"),
             ("a\u{0085}b\u{007F}", "a\\u{0085}b\\u{007F}"),
             (
@@ -444,6 +454,7 @@ mod tests {
         }
         for kept in [
             "tab\tand\nline feed",
+            "a mail's lines\r\nend with\r\nCRLF",
             "👩\u{200D}💻",
             "क्\u{200D}ष",
             "می\u{200C}خواهم",

@@ -590,14 +590,25 @@ impl McpServer {
     /// is spawned from what a connection's end runs, which a connection's start spawns, and a future cannot contain
     /// itself.
     fn start_again(self: Arc<Self>) -> futures::future::BoxFuture<'static, ()> {
+        // Held weakly between the tries, as the server's other tasks hold it: a server dropped stops them.
+        let server = Arc::downgrade(&self);
+        drop(self);
         Box::pin(async move {
             loop {
-                let wait = self.restarts.lock().next();
+                let Some((wait, stopping)) = server
+                    .upgrade()
+                    .map(|server| (server.restarts.lock().next(), server.stopping.clone()))
+                else {
+                    return;
+                };
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
-                    () = self.stopping.cancelled() => return,
+                    () = stopping.cancelled() => return,
                 }
-                if self.connection().await.is_ok() {
+                let Some(server) = server.upgrade() else {
+                    return;
+                };
+                if server.connection().await.is_ok() {
                     return;
                 }
             }

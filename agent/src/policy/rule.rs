@@ -282,10 +282,10 @@ pub struct CallFacts<'a> {
     pub paths: &'a PathContext,
 }
 
-/// Whether a schema's property takes only lists or objects: its `type` names no other (a `$ref`, or no `type`,
-/// may be anything).
+/// Whether a schema's property takes only lists, objects or null, none of which an `allow` rule meets with `$`: its
+/// `type` names no other (a `$ref`, or no `type`, may be anything).
 fn never_a_single_value(property: &Value) -> bool {
-    let is_compound = |kind: &Value| matches!(kind.as_str(), Some("array" | "object"));
+    let is_compound = |kind: &Value| matches!(kind.as_str(), Some("array" | "object" | "null"));
     if property.get("$ref").is_some() {
         return false;
     }
@@ -500,6 +500,7 @@ impl Rule {
             let takes = |tool: &ToolSpec, name: &str| {
                 let schema = &tool.input_schema;
                 schema["properties"].get(name).is_some()
+                    || schema.get("patternProperties").is_some()
                     || schema.get("additionalProperties") != Some(&Value::Bool(false))
             };
             for glob in globs.iter() {
@@ -529,7 +530,7 @@ impl Rule {
             let lists = self.arguments_it_cannot_meet(tool);
             if !lists.is_empty() {
                 warnings.push(format!(
-                    "A rule ending in $ allows single values only, and {}'s schema makes {} a list or an object: the rule allows no call that gives it. Without the $ it allows a list whose every item fits its glob (and any other argument).",
+                    "A rule ending in $ allows single values only (text, a number, a flag), and {}'s schema makes {} a list, an object or null: the rule allows no call that gives it.",
                     tool.name,
                     lists.join(", ")
                 ));
@@ -540,7 +541,7 @@ impl Rule {
 
     /// The arguments of `tool` this rule can never meet in a call that gives them: a rule with a last `$` allows
     /// single values only (see [`NamedGlobs::names_every_argument_of`]), and the tool's schema makes each of these a
-    /// list or an object. Such a rule fails closed; the rules API says so, as a person who wrote it by hand meant
+    /// list, an object or null (which no `allow` rule meets). Such a rule fails closed; the rules API says so, as a person who wrote it by hand meant
     /// it to allow something.
     pub fn arguments_it_cannot_meet<'t>(&self, tool: &'t ToolSpec) -> Vec<&'t str> {
         let Some(ArgumentMatcher::Named(globs)) = &self.matcher else {

@@ -1438,6 +1438,45 @@ fn an_always_allow_rule_pins_single_values_of_the_type_the_schema_fixes() {
     }
 }
 
+/// A rule that names an argument no tool it is about takes meets no call, and says so; a schema that takes other
+/// names (no `additionalProperties: false`, or `patternProperties`) may take it.
+#[test]
+fn a_rule_naming_an_argument_its_tool_does_not_take_says_so() {
+    let closed = |name: &str, extra: Value| ToolSpec {
+        input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}},
+            "additionalProperties": false})
+        .as_object()
+        .unwrap()
+        .clone()
+        .into_iter()
+        .chain(extra.as_object().unwrap().clone())
+        .collect(),
+        ..tool(name, ToolAnnotations::default())
+    };
+    let tools = [
+        closed("mcp__fs__read", json!({})),
+        closed(
+            "mcp__fs__tag",
+            json!({"patternProperties": {"^x-": {"type": "string"}}}),
+        ),
+        tool("mcp__fs__open", ToolAnnotations::default()),
+    ];
+    let warnings = |rule: &str| Rule::parse(rule).unwrap().warnings(&tools);
+    assert_eq!(
+        warnings("mcp__fs__read(file=a.txt)=deny"),
+        ["mcp__fs__read takes no argument file (its arguments are path): the rule meets no call."]
+    );
+    let none: [&str; 0] = [];
+    for fine in [
+        "mcp__fs__read(path=a.txt)=deny",
+        "mcp__fs__tag(x-colour=red)=deny",
+        "mcp__fs__open(anything=a)=deny",
+        "mcp__fs__*(path=secrets/**)=deny",
+    ] {
+        assert_eq!(warnings(fine), none, "{fine}");
+    }
+}
+
 /// A rule with a last `$` allows single values only: one written by hand for an argument the tool's schema makes a
 /// list or an object allows no call that gives it, and says which (the rules API passes that on as a warning).
 #[test]
@@ -1463,14 +1502,15 @@ fn a_last_dollar_rule_names_the_list_arguments_it_cannot_meet() {
         names.sort();
         names
     };
+    // A list, an object, or a list or null (no allow rule meets a null either).
     assert_eq!(
-        cannot_meet("mcp__mail__send(to=a@x, headers=*, subject=hi, $)=allow"),
-        ["headers", "to"]
+        cannot_meet("mcp__mail__send(to=a@x, headers=*, cc=*, subject=hi, $)=allow"),
+        ["cc", "headers", "to"]
     );
     let none: [&str; 0] = [];
     for meets in [
-        // A null, or a value of a schema read as it may be, is a single value.
-        "mcp__mail__send(cc=*, body=*, ref=*, subject=*, $)=allow",
+        // A value of a schema read as it may be may be a single value.
+        "mcp__mail__send(body=*, ref=*, subject=*, $)=allow",
         // Without `$` a list whose every item fits the glob is met.
         "mcp__mail__send(to=a@x)=allow",
         // Another tool's rule is not about this one.

@@ -695,7 +695,7 @@ async fn a_last_dollar_rule_on_a_list_argument_is_kept_with_a_warning() {
     assert_eq!(
         listed["warnings"],
         json!([
-            "A rule ending in $ allows single values only, and run_command's schema makes args a list or an object: the rule allows no call that gives it. Without the $ it allows a list whose every item fits its glob (and any other argument)."
+            "A rule ending in $ allows single values only (text, a number, a flag), and run_command's schema makes args a list, an object or null: the rule allows no call that gives it."
         ]),
         "{listed}"
     );
