@@ -283,7 +283,9 @@ pub async fn run_events(
 ) -> Result<Response, ApiError> {
     only_known(&query, &["after"])?;
     let run = find_run(&state.harness, &run_id).await?;
-    let after = resume_point(&headers, &query)?;
+    // Never after an event the run has not sent: a stream waiting for it would send nothing of the run, not even
+    // its end. An id past the end (the last commits lost to a machine's crash, say) resumes after the last event.
+    let after = resume_point(&headers, &query)?.min(run.info().last_seq);
     // An ended run read to its end: nothing more will come. 204 tells an EventSource so; a stream that ended at
     // once would have it reconnect every few seconds for as long as its page stays open.
     if !run.info().continues_after(after) {
@@ -335,7 +337,14 @@ pub async fn session_events(
             "A session stream resumes after an event of a run: give its run too (run=ID&after=SEQ)",
         ));
     }
-    let resume = session_resume_point(&headers, &query)?;
+    let mut resume = session_resume_point(&headers, &query)?;
+    // A run of the session is resumed after an event it sent at the latest, as on the run's own stream.
+    if let Some((run_id, after)) = &mut resume
+        && let Some(run) = state.harness.run(run_id).await?
+        && run.info().session_id == session_id
+    {
+        *after = (*after).min(run.info().last_seq);
+    }
     let permit = state.streams.acquire(client)?;
     let events = state
         .harness

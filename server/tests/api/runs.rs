@@ -1,5 +1,7 @@
 //! Runs as resources: several viewers, reconnects with `Last-Event-ID`, cancellation, sessions.
 
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::helpers::spawn_app;
@@ -96,6 +98,45 @@ async fn the_after_query_parameter_resumes_like_last_event_id() {
         .get(&format!("/api/agent/runs/{run_id}/events?after=x"))
         .await;
     assert_eq!(bad.status(), 400);
+}
+
+/// A stream resumed after an event the run has not sent (its last commits lost to a machine's crash, or a client's
+/// mistake) resumes after the run's last event, on the run's stream and on its session's: it goes on with the run to
+/// its end. Before, it waited for that event and sent nothing of the run, not even its end.
+#[tokio::test]
+async fn a_stream_resumed_past_the_runs_last_event_goes_on_from_its_end() {
+    let app = spawn_app().await;
+    let run_id = app
+        .create_run(json!({"message": "write a.txt: one", "sessionId": "past-the-end"}))
+        .await;
+    let required = app
+        .events(&run_id, None)
+        .await
+        .until("approvalRequired")
+        .await;
+    let past = required.id + 100;
+    let mut by_run = crate::helpers::SseStream::new(
+        app.get(&format!("/api/agent/runs/{run_id}/events?after={past}"))
+            .await,
+    );
+    let mut by_session = app
+        .get(&format!(
+            "/api/agent/sessions/past-the-end/events?run={run_id}&after={past}"
+        ))
+        .await
+        .bytes_stream()
+        .eventsource();
+    app.approve(&run_id, &required).await;
+    let rest = by_run.rest().await;
+    assert_eq!(rest.first().map(|event| event.id), Some(required.id + 1));
+    assert_eq!(rest.last().map(|event| event.name.as_str()), Some("done"));
+    let resolved = tokio::time::timeout(crate::helpers::PATIENCE, by_session.next())
+        .await
+        .expect("the session's stream goes on")
+        .expect("an event")
+        .expect("a well-formed event");
+    assert_eq!(resolved.event, "approvalResolved");
+    assert_eq!(resolved.id, format!("{run_id}:{}", required.id + 1));
 }
 
 #[tokio::test]
