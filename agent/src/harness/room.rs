@@ -15,10 +15,18 @@ use crate::store::Counts;
 /// How long an exact count stands in for the store's.
 pub(super) const FRESH_FOR_MS: u64 = 1_000;
 
-/// The last exact count and the starts let through since.
+/// The last exact count and the starts let through since, and the starts whose run is not in the store yet.
 #[derive(Debug, Default)]
 pub(super) struct Room {
-    estimate: Mutex<Option<Estimate>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    estimate: Option<Estimate>,
+    /// Starts let through whose run's insert has not committed (or failed) yet: a count of the store's rows does
+    /// not see them, so two starts counted at once would both find the last place free.
+    in_flight: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -29,33 +37,78 @@ struct Estimate {
     sessions_since: u64,
 }
 
+/// Why a count leaves no room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Full {
+    /// As many runs have not ended as may: `.0` of them, the starts on their way included.
+    Runs(u64),
+    /// As many sessions as may, and the start is not in one of them.
+    Sessions(u64),
+}
+
+/// Room taken for one start: held until the start's insert committed or failed, so that a count taken meanwhile,
+/// which does not see the run yet, still counts it.
+#[derive(Debug)]
+pub(super) struct Taken<'a>(&'a Room);
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock();
+        state.in_flight = state.in_flight.saturating_sub(1);
+    }
+}
+
 impl Room {
-    /// Takes room for one start if the estimate shows it under both bounds; `false` when the store must be counted.
-    pub(super) fn take_estimated(&self, now: u64, bounds: Counts) -> bool {
-        let mut estimate = self.estimate.lock();
-        let Some(estimate) = estimate.as_mut() else {
-            return false;
-        };
+    /// Takes room for one start if the estimate shows it under both bounds; `None` when the store must be counted.
+    pub(super) fn take_estimated(&self, now: u64, bounds: Counts) -> Option<Taken<'_>> {
+        let mut state = self.state.lock();
+        let estimate = state.estimate.as_mut()?;
         let fresh = now.saturating_sub(estimate.counted_at) < FRESH_FOR_MS;
         let runs = estimate.counted.unfinished_runs + estimate.runs_since;
         // Any start may make a session, so the estimate counts one for each.
         let sessions = estimate.counted.sessions + estimate.sessions_since;
         if !fresh || runs + 1 > bounds.unfinished_runs || sessions + 1 > bounds.sessions {
-            return false;
+            return None;
         }
         estimate.runs_since += 1;
         estimate.sessions_since += 1;
-        true
+        state.in_flight += 1;
+        Some(Taken(self))
     }
 
-    /// Records an exact count taken at `now`, and whether it let a start through.
-    pub(super) fn counted(&self, now: u64, counted: Counts, started: bool) {
-        *self.estimate.lock() = Some(Estimate {
+    /// The starts let through whose run is not in the store yet.
+    pub(super) fn in_flight(&self) -> u64 {
+        self.state.lock().in_flight
+    }
+
+    /// Takes room for one start after an exact count of the store taken at `now`, to which the starts on their way
+    /// are added (a start whose insert committed before the count is then counted twice, which only refuses early
+    /// for as long as it is on its way). `known_session`: the start is in a session the store has, which takes no
+    /// new place among the sessions. The count becomes the estimate.
+    pub(super) fn take_counted(
+        &self,
+        now: u64,
+        counted: Counts,
+        bounds: Counts,
+        known_session: bool,
+    ) -> Result<Taken<'_>, Full> {
+        let mut state = self.state.lock();
+        let runs = counted.unfinished_runs + state.in_flight;
+        if runs >= bounds.unfinished_runs {
+            return Err(Full::Runs(runs));
+        }
+        let sessions = counted.sessions + state.in_flight;
+        if !known_session && sessions >= bounds.sessions {
+            return Err(Full::Sessions(sessions));
+        }
+        state.in_flight += 1;
+        state.estimate = Some(Estimate {
             counted,
             counted_at: now,
-            runs_since: u64::from(started),
-            sessions_since: u64::from(started),
+            runs_since: state.in_flight,
+            sessions_since: state.in_flight,
         });
+        Ok(Taken(self))
     }
 }
 
@@ -77,45 +130,79 @@ mod tests {
 
     #[test]
     fn without_a_count_the_store_is_counted() {
-        assert!(!Room::default().take_estimated(0, BOUNDS));
+        assert!(Room::default().take_estimated(0, BOUNDS).is_none());
     }
 
     #[test]
     fn starts_are_let_through_up_to_the_bound_then_the_store_is_counted_again() {
         let room = Room::default();
-        room.counted(0, counts(0, 0), true);
-        assert!(room.take_estimated(1, BOUNDS));
-        assert!(room.take_estimated(2, BOUNDS));
+        let _first = room.take_counted(0, counts(0, 0), BOUNDS, false).unwrap();
+        let _second = room.take_estimated(1, BOUNDS).unwrap();
+        let _third = room.take_estimated(2, BOUNDS).unwrap();
         // Three started since the count: the bound, so the next start counts.
-        assert!(!room.take_estimated(3, BOUNDS));
+        assert!(room.take_estimated(3, BOUNDS).is_none());
     }
 
     #[test]
     fn an_old_count_is_not_trusted() {
         let room = Room::default();
-        room.counted(0, counts(0, 0), false);
-        assert!(room.take_estimated(FRESH_FOR_MS - 1, BOUNDS));
-        assert!(!room.take_estimated(FRESH_FOR_MS, BOUNDS));
+        drop(room.take_counted(0, counts(0, 0), BOUNDS, false).unwrap());
+        assert!(room.take_estimated(FRESH_FOR_MS - 1, BOUNDS).is_some());
+        assert!(room.take_estimated(FRESH_FOR_MS, BOUNDS).is_none());
     }
 
     #[test]
     fn a_recount_forgets_the_starts_it_includes() {
         let room = Room::default();
-        room.counted(0, counts(2, 0), true);
-        assert!(!room.take_estimated(1, BOUNDS), "2 counted + 1 started");
-        // The recount found that two runs ended meanwhile.
-        room.counted(2, counts(1, 1), false);
-        assert!(room.take_estimated(3, BOUNDS));
-        assert!(room.take_estimated(4, BOUNDS));
-        assert!(!room.take_estimated(5, BOUNDS));
+        // Two runs counted, one started: the bound.
+        drop(room.take_counted(0, counts(2, 0), BOUNDS, false).unwrap());
+        assert!(
+            room.take_estimated(1, BOUNDS).is_none(),
+            "2 counted + 1 started"
+        );
+        // The recount found that two runs ended meanwhile (and the start's run is in it).
+        drop(room.take_counted(2, counts(1, 1), BOUNDS, false).unwrap());
+        assert!(room.take_estimated(3, BOUNDS).is_some());
+        assert!(room.take_estimated(4, BOUNDS).is_none());
     }
 
     #[test]
     fn sessions_bound_the_estimate_as_runs_do() {
         let room = Room::default();
         let bounds = counts(100, 2);
-        room.counted(0, counts(0, 1), false);
-        assert!(room.take_estimated(1, bounds));
-        assert!(!room.take_estimated(2, bounds));
+        drop(room.take_counted(0, counts(0, 0), bounds, false).unwrap());
+        assert!(room.take_estimated(1, bounds).is_some());
+        assert!(room.take_estimated(2, bounds).is_none());
+    }
+
+    /// Starts counted at once, before any of their runs is in the store, all read the same count: the room each
+    /// takes is added to it, so only as many as there are places go through. Before, each found the last place free.
+    #[test]
+    fn starts_counted_at_once_take_the_places_left_and_no_more() {
+        let room = Room::default();
+        let same_count = counts(1, 0);
+        let first = room.take_counted(0, same_count, BOUNDS, false).unwrap();
+        let second = room.take_counted(0, same_count, BOUNDS, false).unwrap();
+        assert_eq!(
+            room.take_counted(0, same_count, BOUNDS, false).unwrap_err(),
+            Full::Runs(3)
+        );
+        // Once their runs are in the store, a count sees them there instead.
+        drop((first, second));
+        assert_eq!(room.in_flight(), 0);
+        assert_eq!(
+            room.take_counted(1, counts(3, 0), BOUNDS, false)
+                .unwrap_err(),
+            Full::Runs(3)
+        );
+        // A start in a session the store has takes no new place among the sessions.
+        let sessions = counts(100, 1);
+        let _on_its_way = room.take_counted(2, counts(0, 0), sessions, false).unwrap();
+        assert_eq!(
+            room.take_counted(2, counts(0, 0), sessions, false)
+                .unwrap_err(),
+            Full::Sessions(1)
+        );
+        assert!(room.take_counted(2, counts(0, 0), sessions, true).is_ok());
     }
 }

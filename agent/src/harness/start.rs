@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::drive::Segment;
-use super::{Actor, Harness, RunHandle};
+use super::{Actor, Harness, RunHandle, room};
 use crate::approvals::resolution_audit;
 use crate::clock::now_ms;
 use crate::ids::{RunId, SessionId, ToolCallId};
@@ -165,7 +165,8 @@ impl Harness {
             Some(requested) => requested,
             None => configured,
         };
-        self.check_room(request.session_id.as_ref()).await?;
+        // Held until the run is in the store (or its start failed): starts counted meanwhile count it.
+        let _room = self.check_room(request.session_id.as_ref()).await?;
         let session_id = request.session_id.unwrap_or_else(SessionId::generate);
         let run_id = request.run_id.unwrap_or_else(RunId::generate);
         let (parent_run_id, audit) = match &request.source {
@@ -250,16 +251,17 @@ impl Harness {
 }
 
 impl Harness {
-    /// Refuses a new run when the store holds as many unfinished runs (or, for a new session, sessions) as it may.
-    async fn check_room(&self, session: Option<&SessionId>) -> Result<(), StartError> {
+    /// Refuses a new run when the store holds as many unfinished runs (or, for a new session, sessions) as it may,
+    /// counting the starts on their way; otherwise takes room for it, held until its run is in the store.
+    async fn check_room(&self, session: Option<&SessionId>) -> Result<room::Taken<'_>, StartError> {
         let retention = self.inner.config.retention;
         let bounds = Counts {
             unfinished_runs: retention.max_unfinished_runs,
             sessions: retention.max_sessions,
         };
         let now = now_ms();
-        if self.inner.room.take_estimated(now, bounds) {
-            return Ok(());
+        if let Some(taken) = self.inner.room.take_estimated(now, bounds) {
+            return Ok(taken);
         }
         let counts = self
             .inner
@@ -267,31 +269,33 @@ impl Harness {
             .counts()
             .await
             .map_err(|error| StartError::Unavailable(error.to_string()))?;
-        if counts.unfinished_runs >= retention.max_unfinished_runs {
-            return Err(StartError::Full {
-                what: "runs that have not ended",
-                held: counts.unfinished_runs,
-            });
-        }
-        if counts.sessions >= retention.max_sessions {
-            let known = match session {
-                Some(session) => !self
+        // Whether the start is in a session the store has: asked only when the sessions may be at their bound.
+        let known = match session {
+            Some(session)
+                if counts.sessions + self.inner.room.in_flight() >= retention.max_sessions =>
+            {
+                !self
                     .inner
                     .store
                     .session_runs(session, 1)
                     .await
                     .map_err(|error| StartError::Unavailable(error.to_string()))?
-                    .is_empty(),
-                None => false,
-            };
-            if !known {
-                return Err(StartError::Full {
-                    what: "sessions",
-                    held: counts.sessions,
-                });
+                    .is_empty()
             }
-        }
-        self.inner.room.counted(now, counts, true);
-        Ok(())
+            _ => false,
+        };
+        self.inner
+            .room
+            .take_counted(now, counts, bounds, known)
+            .map_err(|full| match full {
+                room::Full::Runs(held) => StartError::Full {
+                    what: "runs that have not ended",
+                    held,
+                },
+                room::Full::Sessions(held) => StartError::Full {
+                    what: "sessions",
+                    held,
+                },
+            })
     }
 }

@@ -181,3 +181,37 @@ async fn past_the_bound_on_sessions_only_known_sessions_start_runs() {
         201
     );
 }
+
+/// Starts sent at once, with the store (SQLite, the default) counting before any of their runs is in it, take the
+/// places left and no more: the bound holds where it matters, at its edge. Before, every start counted the same
+/// rows and found the last place free, so all of them went through.
+#[tokio::test]
+async fn starts_sent_at_once_do_not_pass_the_bound_on_runs_not_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = agent::store::sql::DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    let app = spawn_app_with(|config| {
+        config.database_url = server::config::Database::Sql(database);
+        config.max_active_runs = 2;
+    })
+    .await;
+    let bodies: Vec<Value> = (0..20)
+        .map(|n| json!({"message": format!("delete at-once-{n}.txt")}))
+        .collect();
+    let starts = bodies
+        .iter()
+        .map(|body| app.post_json("/api/agent/runs", body));
+    let answers = futures::future::join_all(starts).await;
+    let statuses: Vec<u16> = answers
+        .iter()
+        .map(|answer| answer.status().as_u16())
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|status| **status == 201).count(),
+        2,
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|status| [201, 503].contains(status)),
+        "{statuses:?}"
+    );
+}
