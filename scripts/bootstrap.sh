@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing toolgate needs, at pinned versions, skipping whatever is already present.
-# Safe to run again and again. Reaches only crates.io, npm and Debian's packages.
+# Safe to run again and again. Reaches only crates.io, npm, PyPI (one MCP test server, pinned) and Debian's packages.
 #
 #   scripts/bootstrap.sh          everything (build + browser tests)
 #   scripts/bootstrap.sh build    only what building the site needs
