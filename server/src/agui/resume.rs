@@ -97,6 +97,19 @@ fn decision(entry: &ResumeEntry) -> Result<Decision, Refusal> {
         Some(Value::Bool(approved)) => *approved,
         _ => return Err(invalid("approved must be true or false".to_owned())),
     };
+    // As the schema reads: a field given is of its type (null is none of them), and a denial has only a reason.
+    if let Some((key, _)) = payload.iter().find(|(_, value)| value.is_null()) {
+        return Err(invalid(format!("{key} is null: leave it out instead")));
+    }
+    if !approved
+        && let Some(key) = ["scope", "arguments"]
+            .into_iter()
+            .find(|key| payload.contains_key(*key))
+    {
+        return Err(invalid(format!(
+            "a denial has no {key} (only approved and reason)"
+        )));
+    }
     let mut body = payload.clone();
     body.remove("approved");
     body.insert(

@@ -816,6 +816,43 @@ async fn a_partial_batch_is_refused() {
     )
     .await;
     malformed.refused(422, "INVALID_RESUME_PAYLOAD");
+    // Payloads outside the interrupt's responseSchema, each refused before anything runs: a denial with a scope or
+    // arguments (its branch has only a reason), and a field given as null (of none of its types).
+    for (n, payload) in [
+        json!({"approved": false, "scope": "once"}),
+        json!({"approved": false, "arguments": {"path": "b.txt"}}),
+        json!({"approved": true, "arguments": null}),
+        json!({"approved": true, "scope": null}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let outside = agui(
+            &app,
+            resume(
+                "thread-7",
+                &format!("run-outside-{n}"),
+                "run-1",
+                first.snapshot(),
+                json!([approve(&interrupts[0]), {"interruptId": interrupts[1]["id"], "status": "resolved", "payload": payload}]),
+            ),
+        )
+        .await;
+        outside.refused(422, "INVALID_RESUME_PAYLOAD");
+    }
+    // Nothing of them was used: the interrupts still answer.
+    let answered = agui(
+        &app,
+        resume(
+            "thread-7",
+            "run-answered",
+            "run-1",
+            first.snapshot(),
+            json!([deny(&interrupts[0], "no"), deny(&interrupts[1], "no")]),
+        ),
+    )
+    .await;
+    assert_eq!(answered.status, 200, "{}", answered.body);
 }
 
 #[tokio::test]
