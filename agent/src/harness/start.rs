@@ -263,39 +263,42 @@ impl Harness {
         if let Some(taken) = self.inner.room.take_estimated(now, bounds) {
             return Ok(taken);
         }
+        let mark = self.inner.room.before_counting();
         let counts = self
             .inner
             .store
             .counts()
             .await
             .map_err(|error| StartError::Unavailable(error.to_string()))?;
-        // Whether the start is in a session the store has: asked only when the sessions may be at their bound.
-        let known = match session {
-            Some(session)
-                if counts.sessions + self.inner.room.in_flight() >= retention.max_sessions =>
-            {
-                !self
+        let taken = match self
+            .inner
+            .room
+            .take_counted(mark, now, counts, bounds, false)
+        {
+            // Full of sessions: a start in a session the store has takes no new place among them.
+            Err(room::Full::Sessions(_)) if let Some(session) = session => {
+                let known = !self
                     .inner
                     .store
                     .session_runs(session, 1)
                     .await
                     .map_err(|error| StartError::Unavailable(error.to_string()))?
-                    .is_empty()
+                    .is_empty();
+                self.inner
+                    .room
+                    .take_counted(mark, now, counts, bounds, known)
             }
-            _ => false,
+            taken => taken,
         };
-        self.inner
-            .room
-            .take_counted(now, counts, bounds, known)
-            .map_err(|full| match full {
-                room::Full::Runs(held) => StartError::Full {
-                    what: "runs that have not ended",
-                    held,
-                },
-                room::Full::Sessions(held) => StartError::Full {
-                    what: "sessions",
-                    held,
-                },
-            })
+        taken.map_err(|full| match full {
+            room::Full::Runs(held) => StartError::Full {
+                what: "runs that have not ended",
+                held,
+            },
+            room::Full::Sessions(held) => StartError::Full {
+                what: "sessions",
+                held,
+            },
+        })
     }
 }
