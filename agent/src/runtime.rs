@@ -393,6 +393,14 @@ pub const TOOL_ABORT_GRACE: Duration = Duration::from_secs(2);
 /// What the model reads when a person edited its call's arguments before approving it.
 pub const EDITED_NOTE: &str = "A person edited the arguments of this call before approving it; it ran with editedArguments, not with yours.";
 
+/// What the model reads after the error of a call a person edited before approving it: the error is the edited
+/// call's, not its own.
+fn edited_error_note(edited: &Value) -> String {
+    format!(
+        "(A person edited the arguments of this call before approving it, to {edited}: this is the result of the edited call, not of yours.)"
+    )
+}
+
 /// Runs a call that may run and records it in the store: taken (`begin_call`) before it starts, settled with its
 /// `toolResult` when it ends. `inline` is the record of a call of a running run's own batch (inserted as it
 /// begins); without it, the call is one of a waiting run's batch, allowed or approved already.
@@ -429,7 +437,8 @@ pub async fn execute(
     let tool = context.toolbox.lookup(&call.name);
     // From the look at what the card showed to the tool's end, the files the call names are this call's alone (see
     // `FileLocks`); an abort while it waits for them leaves the call not run.
-    let (output, aborted_before_it_ran) =
+    // `ran`: the tool was called (with the edited arguments, if any), not refused before it.
+    let (output, aborted_before_it_ran, ran) =
         match FileLocks::of(&record, tool.as_deref(), edited.as_ref())
             .take(context)
             .await
@@ -440,6 +449,7 @@ pub async fn execute(
                     approval_denied_message(crate::approvals::ABORTED_BEFORE_IT_RAN),
                 ),
                 true,
+                false,
             ),
             Some(_acting) => {
                 let output = match (&tool, &edited) {
@@ -479,13 +489,14 @@ pub async fn execute(
                         },
                     },
                 };
-                let output = match output {
-                    Err(refused) => refused,
-                    Ok((tool, input)) => {
-                        run_tool(context, tool.tool(), call, input, edited.is_some()).await
-                    }
-                };
-                (output, false)
+                match output {
+                    Err(refused) => (refused, false, false),
+                    Ok((tool, input)) => (
+                        run_tool(context, tool.tool(), call, input, edited.is_some()).await,
+                        false,
+                        true,
+                    ),
+                }
             }
         };
     // A call refused for what let it run no longer holding (its file or its tool changed since it was decided, a
@@ -505,6 +516,14 @@ pub async fn execute(
         } => vec![crate::approvals::not_run_entry(&record, "policy", message)],
         _ => Vec::new(),
     };
+    // The model must know that what failed, or was not run, was a person's edit of its call, not its own call.
+    let output = match (output, &edited) {
+        (ToolOutput::Error { code, message }, Some(edited)) => ToolOutput::Error {
+            code,
+            message: format!("{message} {}", edited_error_note(edited)),
+        },
+        (output, _) => output,
+    };
     // The run's log (its `toolResult` event) keeps the whole output; the model may read less of it.
     let for_model = match tool
         .as_ref()
@@ -513,7 +532,9 @@ pub async fn execute(
         Some(limit) => output.clone().bounded_for_model(limit),
         None => output.clone(),
     };
-    let events = tool_result(&context.run_id, call, edited, output, started.elapsed());
+    // The arguments it ran with, only when it ran: a call refused before its tool was called ran with none.
+    let executed = edited.filter(|_| ran);
+    let events = tool_result(&context.run_id, call, executed, output, started.elapsed());
     let recorded = context
         .store
         .settle_call(CallResult {

@@ -401,7 +401,7 @@ pub async fn start_run(
 /// Decides a pending approval of one of the browser's sessions. `arguments`, on approve, is the JSON text of the
 /// arguments a person edited; the server checks it against the tool's schema again. `keep_waiting`, with an
 /// approval for the session, is the JSON list of the run's other tool call ids that the grant should not approve
-/// (the cards the page is editing or has a reason typed on).
+/// (the cards the page is editing, has a reason typed on, or has a decision on its way for).
 #[server(prefix = "/api/fn", endpoint = "decide")]
 pub async fn decide_approval(
     run_id: RunId,

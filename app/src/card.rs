@@ -14,6 +14,7 @@ use crate::api::{Choice, decide_approval};
 use crate::components::mcp_trust_label;
 use crate::format::{
     byte_size, countdown, counted, has_hidden, pretty_json, server_said, shown_json, visible,
+    visible_title,
 };
 use crate::rules::{AlwaysAllow, scope_notes, session_buttons};
 use crate::schema;
@@ -835,7 +836,7 @@ fn ApprovalCard(request: ApprovalRequest, crowded: Memo<bool>) -> impl IntoView 
     // wherever the card shows a text otherwise than it is. (The arguments' JSON escapes the control characters.)
     let preview = request.preview.clone().map(shown);
     let raw_target = target(&request);
-    let target = raw_target.as_deref().map(visible);
+    let target = raw_target.as_deref().map(visible_title);
     let hidden = has_hidden(&request.arguments.to_string())
         || preview != request.preview
         || target != raw_target;

@@ -79,7 +79,25 @@ fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
         }
     };
     let arguments = shown_json(&call.arguments);
-    let edited = call.executed_arguments.as_ref().map(shown_json);
+    // The arguments a person edited: as the call ran with them, or, when it did not run (refused, or not begun),
+    // as they were approved, never said to have run.
+    let edited = match (&call.executed_arguments, &call.resolution) {
+        (Some(executed), _) => Some((
+            "Ran with arguments edited by a person:",
+            shown_json(executed),
+        )),
+        (
+            None,
+            Some(agent::wire::Resolution::Approved {
+                edited_arguments: Some(edited),
+                ..
+            }),
+        ) => Some((
+            "Approved with arguments edited by a person:",
+            shown_json(edited),
+        )),
+        _ => None,
+    };
     let output = call.output.as_ref().map(output_text);
     let permission = format!(
         "{}: {}",
@@ -106,8 +124,8 @@ fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
             </header>
             <p class="permission">{permission}</p>
             <pre class="arguments" aria-label="Arguments">{arguments}</pre>
-            {edited.map(|edited| view! {
-                <p class="note">"Ran with arguments edited by a person:"</p>
+            {edited.map(|(said, edited)| view! {
+                <p class="note">{said}</p>
                 <pre class="arguments edited">{edited}</pre>
             })}
             {resolution_reason.map(|reason| view! { <p class="resolution">{reason}</p> })}

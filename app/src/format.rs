@@ -76,6 +76,13 @@ pub fn visible(text: &str) -> String {
         .join("\r\n")
 }
 
+/// A card's title (a path, a command) as [`visible`] shows text, but with every carriage return written out, one
+/// before a line feed too: no path or command ends its lines so, and a path ending in one would show as the path
+/// without it.
+pub fn visible_title(text: &str) -> String {
+    written_out(text, hidden_on_a_card)
+}
+
 /// Whether a character of prose (a message, the model's text, a tool's text result) would change how the text
 /// around it reads without being seen: the controls that reorder text (embeddings, overrides, isolates) and the
 /// tag characters, which can carry text nobody sees to the model. Prose keeps what cards write out only because a
@@ -228,6 +235,14 @@ pub fn call_status(call: &ToolCallView) -> (&'static str, String) {
                     ..
                 }),
             ) => ("denied", "denied by policy".to_owned()),
+            // Approved, then its run was aborted before the call began: it did not run either.
+            (
+                _,
+                Some(ToolOutput::Error {
+                    code: ToolErrorCode::ApprovalDenied,
+                    ..
+                }),
+            ) if approved => ("denied", "approved · not run".to_owned()),
             (_, Some(ToolOutput::Error { code, .. })) if approved => {
                 ("failed", format!("approved · failed · {}", code.as_str()))
             }
@@ -463,6 +478,8 @@ mod tests {
             assert_eq!(visible(kept), kept, "{kept:?}");
             assert!(!has_hidden(kept), "{kept:?}");
         }
+        // A title keeps no line's end of that kind: a path ending in one would read as the path without it.
+        assert_eq!(visible_title("notes.txt\r\n"), "notes.txt\\u{000D}\n");
     }
 
     #[test]
@@ -589,6 +606,12 @@ mod tests {
         approved.output = Some(ToolOutput::error(
             ToolErrorCode::PermissionDenied,
             "write_file was not run: what it acts on changed after approval was asked for it",
+        ));
+        assert_eq!(call_status(&approved).1, "approved · not run");
+        // Approved, then its run was aborted before the call began: it did not run, it did not fail.
+        approved.output = Some(ToolOutput::error(
+            ToolErrorCode::ApprovalDenied,
+            "The run was aborted before this call ran.",
         ));
         assert_eq!(call_status(&approved).1, "approved · not run");
 

@@ -417,6 +417,18 @@ async fn edited_arguments_cannot_reach_a_denied_path() {
     let result = stream.until("toolResult").await.data;
     assert_eq!(result["output"]["code"], "PERMISSION_DENIED");
     assert!(!app.file(".env").exists());
+    // Refused before its tool was called, it ran with no arguments at all (the page said the edited ones ran), and
+    // the model reads that what was refused was a person's edit of its call, not its own call.
+    assert!(result.get("executedArguments").is_none(), "{result}");
+    let message = result["output"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("A person edited the arguments of this call before approving it")
+            && message.contains(".env"),
+        "{message}"
+    );
+    let done = stream.until("done").await;
+    let told = done.data.to_string();
+    assert!(told.contains("A person edited the arguments"), "{told}");
 }
 
 #[tokio::test]
