@@ -41,6 +41,9 @@ pub enum ToolCallStatus {
     Failed,
     /// Left for a later run to resume (AG-UI interrupts).
     Interrupted,
+    /// Its run ended before it had a result (a batch the run failed in, after a repeated call or a call that needed
+    /// approval where none may be asked): it is not running any more.
+    Unfinished,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -74,6 +77,14 @@ impl ToolCallView {
             (None, Some(_), None) => ToolCallStatus::AwaitingApproval,
             (None, _, _) if self.interrupt.is_some() => ToolCallStatus::Interrupted,
             (None, _, _) => ToolCallStatus::Running,
+        }
+    }
+
+    /// Where the call stands in a run that stands at `run`: one its run ended without a result for is not running.
+    pub fn status_in(&self, run: RunStatus) -> ToolCallStatus {
+        match self.status() {
+            ToolCallStatus::Running if run != RunStatus::Running => ToolCallStatus::Unfinished,
+            status => status,
         }
     }
 

@@ -64,9 +64,9 @@ pub fn ConnectionNote() -> impl IntoView {
 }
 
 #[component]
-fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
+fn ToolCallEntry(call: ToolCallView, run: RunStatus) -> impl IntoView {
     let ui = ui();
-    let (waiting_class, waiting) = call_status(&call);
+    let (waiting_class, waiting) = call_status(&call, run);
     // A call whose approval the server no longer holds (found when the page reconnected) waits for nothing.
     let key = call.pending_approval().map(key_of);
     let gone = Memo::new(move |_| key.as_ref().is_some_and(|key| ui.is_gone(key)));
@@ -143,6 +143,7 @@ fn ToolCallEntry(call: ToolCallView) -> impl IntoView {
 #[component]
 fn RunEntry(run: RunView) -> impl IntoView {
     let failure = run.error.clone();
+    let run_status = run.status;
     let thinking = run.status == RunStatus::Running
         && run.steps.iter().all(|step| step.text.is_empty())
         && run.pending_approvals().next().is_none();
@@ -156,7 +157,7 @@ fn RunEntry(run: RunView) -> impl IntoView {
             let calls = step
                 .tool_calls
                 .into_iter()
-                .map(|call| view! { <ToolCallEntry call/> })
+                .map(|call| view! { <ToolCallEntry call run=run_status/> })
                 .collect_view();
             view! { {text} {calls} }
         })

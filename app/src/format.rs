@@ -1,6 +1,6 @@
 //! Pure formatting for the page: the same text on the server and in the browser, so hydration matches.
 
-use agent::view::{ToolCallStatus, ToolCallView};
+use agent::view::{RunStatus, ToolCallStatus, ToolCallView};
 use agent::wire::{DenialSource, PermissionDecision, Resolution, ToolErrorCode, ToolOutput};
 use leptos::prelude::ServerFnError;
 use serde_json::Value;
@@ -202,10 +202,14 @@ pub fn countdown(expires_at: u64, now: u64) -> String {
     format!("{}:{:02} left", left / 60, left % 60)
 }
 
-/// How a tool call stands, as a CSS class and a label a person reads.
-pub fn call_status(call: &ToolCallView) -> (&'static str, String) {
+/// How a tool call of a run that stands at `run` stands, as a CSS class and a label a person reads.
+pub fn call_status(call: &ToolCallView, run: RunStatus) -> (&'static str, String) {
     let approved = matches!(call.resolution, Some(Resolution::Approved { .. }));
-    match call.status() {
+    match call.status_in(run) {
+        ToolCallStatus::Unfinished if approved => {
+            ("failed", "approved · no result: its run ended".to_owned())
+        }
+        ToolCallStatus::Unfinished => ("failed", "no result: its run ended".to_owned()),
         ToolCallStatus::AwaitingApproval => ("waiting", "waiting for approval".to_owned()),
         ToolCallStatus::Interrupted => ("waiting", "waiting for a resume".to_owned()),
         ToolCallStatus::Running if approved => ("running", "approved · running".to_owned()),
@@ -575,7 +579,10 @@ mod tests {
             expires_at: 1,
             preview: None,
         });
-        assert_eq!(call_status(&waiting).1, "waiting for approval");
+        assert_eq!(
+            call_status(&waiting, RunStatus::Running).1,
+            "waiting for approval"
+        );
 
         let denied = |source| {
             let mut c = waiting.clone();
@@ -584,7 +591,7 @@ mod tests {
                 reason: "r".into(),
             });
             c.output = Some(ToolOutput::error(ToolErrorCode::ApprovalDenied, "r"));
-            call_status(&c).1
+            call_status(&c, RunStatus::Running).1
         };
         assert_eq!(denied(DenialSource::User), "denied by you");
         assert_eq!(denied(DenialSource::Timeout), "timed out");
@@ -597,27 +604,66 @@ mod tests {
             reason: None,
             edited_arguments: None,
         });
-        assert_eq!(call_status(&approved).1, "approved · running");
+        assert_eq!(
+            call_status(&approved, RunStatus::Running).1,
+            "approved · running"
+        );
         approved.output = Some(ToolOutput::Ok { content: json!({}) });
-        assert_eq!(call_status(&approved).1, "approved · done");
+        assert_eq!(
+            call_status(&approved, RunStatus::Running).1,
+            "approved · done"
+        );
         approved.output = Some(ToolOutput::error(ToolErrorCode::NotFound, "gone"));
-        assert_eq!(call_status(&approved).1, "approved · failed · NOT_FOUND");
+        assert_eq!(
+            call_status(&approved, RunStatus::Running).1,
+            "approved · failed · NOT_FOUND"
+        );
         // Approved, then refused when it came to run (its file changed since the card): not a denial of the policy's.
         approved.output = Some(ToolOutput::error(
             ToolErrorCode::PermissionDenied,
             "write_file was not run: what it acts on changed after approval was asked for it",
         ));
-        assert_eq!(call_status(&approved).1, "approved · not run");
+        assert_eq!(
+            call_status(&approved, RunStatus::Running).1,
+            "approved · not run"
+        );
         // Approved, then its run was aborted before the call began: it did not run, it did not fail.
         approved.output = Some(ToolOutput::error(
             ToolErrorCode::ApprovalDenied,
             "The run was aborted before this call ran.",
         ));
-        assert_eq!(call_status(&approved).1, "approved · not run");
+        assert_eq!(
+            call_status(&approved, RunStatus::Running).1,
+            "approved · not run"
+        );
+
+        // A call its run ended without a result for (the batch of a run that failed on a repeated call) is not
+        // running any more.
+        let mut left = approved.clone();
+        left.output = None;
+        assert_eq!(
+            call_status(&left, RunStatus::Running).1,
+            "approved · running"
+        );
+        assert_eq!(
+            call_status(&left, RunStatus::Failed).1,
+            "approved · no result: its run ended"
+        );
+        assert_eq!(
+            call_status(&call(), RunStatus::Failed).1,
+            "no result: its run ended"
+        );
+        assert_eq!(
+            call_status(&approved, RunStatus::Failed).1,
+            "approved · not run"
+        );
 
         let mut policy = call();
         policy.output = Some(ToolOutput::error(ToolErrorCode::PermissionDenied, "no"));
-        assert_eq!(call_status(&policy).1, "denied by policy");
+        assert_eq!(
+            call_status(&policy, RunStatus::Running).1,
+            "denied by policy"
+        );
     }
 
     #[test]
