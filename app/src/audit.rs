@@ -11,8 +11,9 @@ use crate::format::{date_time, server_said, visible, visible_prose};
 use crate::state::{Ui, View, left_for_login};
 
 /// Outcomes the log records, for the filter.
-const OUTCOMES: [&str; 11] = [
+const OUTCOMES: [&str; 12] = [
     "requested",
+    "reopened",
     "approved",
     "approved_with_edits",
     "denied",
