@@ -1462,6 +1462,49 @@ async fn a_new_run_that_waits_for_no_interrupt_is_refused_while_its_session_wait
     assert_eq!(store.start_run(resume).await.unwrap(), Ok(1));
 }
 
+/// A run whose interrupts a resume took is kept while that resume goes on (should its process die, the recovery gives
+/// the interrupts back to the run), and may go once the resume has ended. Before, it could be pruned for the log's
+/// size while its resume ran, and the recovery had nothing to give them back to.
+async fn retention_keeps_a_resumed_run_while_its_resume_goes_on(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    store
+        .start_run(new_run("parent", "s1"))
+        .await
+        .unwrap()
+        .unwrap();
+    let in_an_hour = agent::clock::now_ms() + 3_600_000;
+    store
+        .finish_run(interrupted(&suspension_of("parent", "s1", in_an_hour)))
+        .await
+        .unwrap()
+        .unwrap();
+    let resume = NewRun {
+        parent_run_id: Some(run_id("parent")),
+        message: String::new(),
+        ..new_run("child", "s1")
+    };
+    store.start_run(resume).await.unwrap().unwrap();
+    let crowded = RetentionLimits {
+        max_age_ms: u64::MAX,
+        max_event_bytes: 0,
+    };
+    let now = agent::clock::now_ms() + 1;
+    assert_eq!(store.prune(crowded, now).await.unwrap(), 0);
+    assert!(store.run(&run_id("parent")).await.unwrap().is_some());
+    store
+        .finish_run(done(
+            "child",
+            vec![user("hi")],
+            vec![step_event("child", 2)],
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.prune(crowded, now + 1).await.unwrap(), 2);
+    assert!(store.run(&run_id("parent")).await.unwrap().is_none());
+}
+
 async fn retention_forgets_old_runs_and_keeps_open_suspensions(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -2319,6 +2362,7 @@ conformance!(
     an_aborted_run_leaves_no_suspension,
     a_new_run_that_waits_for_no_interrupt_is_refused_while_its_session_waits_for_one,
     retention_forgets_old_runs_and_keeps_open_suspensions,
+    retention_keeps_a_resumed_run_while_its_resume_goes_on,
     a_run_started_after_the_newest_was_pruned_has_a_log_of_its_own,
     a_run_reads_back_the_conversation_its_end_recorded,
     a_sessions_grants_are_its_own_and_outlive_the_process,

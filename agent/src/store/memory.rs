@@ -992,10 +992,18 @@ impl Store for MemoryStore {
             let old = row
                 .finished_at
                 .is_some_and(|at| now_ms.saturating_sub(at) >= limits.max_age_ms);
-            // An open suspension is kept until it is resumed or expires: a person may still answer it.
+            // An open suspension is kept until it is resumed or expires: a person may still answer it. One a resume
+            // took is kept while that resume goes on: should it fail at a restart, its interrupts come back here.
             let open = row.suspension.as_ref().is_some_and(|suspension| {
                 row.resumed_by.is_none() && suspension.expires_at() > now_ms
             });
+            let resumed_and_going = row.resumed_by.as_ref().is_some_and(|child| {
+                tables
+                    .runs
+                    .get(child)
+                    .is_some_and(|child| child.finished_at.is_none())
+            });
+            let open = open || resumed_and_going;
             if open || !(old || total > limits.max_event_bytes) {
                 kept.push_back(run_id);
                 continue;

@@ -3191,9 +3191,12 @@ impl Store for SqlStore {
                     .await
                     .and_then(|row| row.try_get(0))
                     .map_err(unavailable)?;
+            // A run whose interrupts a resume took is kept while that resume goes on: should its process die, the
+            // recovery gives them back to it (`give_back_in`), which a run pruned meanwhile would not take.
             let finished = query(
                 "SELECT id, finished_at, event_bytes, suspension_expires_at, resumed_by FROM runs \
-                 WHERE finished_at IS NOT NULL ORDER BY finished_at, id",
+                 WHERE finished_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM runs AS child \
+                 WHERE child.id = runs.resumed_by AND child.finished_at IS NULL) ORDER BY finished_at, id",
             )
             .fetch_all(&self.reader)
             .await
