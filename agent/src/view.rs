@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use crate::ids::{RunId, SessionId, ToolCallId};
 use crate::wire::{
-    ApprovalMode, ApprovalPolicy, ApprovalRequest, InterruptRequest, PermissionDecision,
-    Resolution, RunErrorCode, RunEvent, StreamEvent, ToolOutput,
+    ApprovalMode, ApprovalPolicy, ApprovalRequest, InterruptRequest, Message, PermissionDecision,
+    Resolution, RunErrorCode, RunEvent, StreamEvent, ToolCall, ToolErrorCode, ToolOutput,
 };
 
 /// How many debug entries a view keeps per run; older ones are dropped from the view (not from the event log).
@@ -186,6 +186,54 @@ impl RunView {
             view.apply(event);
         }
         Some(view)
+    }
+
+    /// The messages this run added to its session's conversation, as its model had them: the person's message,
+    /// each step's text and calls, and each call's result, at most `bound(tool)` bytes of it where the tool bounds
+    /// what its model reads; a call without a result ended with the run before it began. For a run whose process
+    /// died before its end recorded them: the session's next run reads what this one was asked and did.
+    pub fn messages(&self, bound: impl Fn(&str) -> Option<usize>) -> Vec<Message> {
+        let mut messages = Vec::new();
+        if !self.message.is_empty() {
+            messages.push(Message::User {
+                content: self.message.clone(),
+            });
+        }
+        for step in &self.steps {
+            if step.text.is_empty() && step.tool_calls.is_empty() {
+                continue;
+            }
+            messages.push(Message::Assistant {
+                content: step.text.clone(),
+                tool_calls: step
+                    .tool_calls
+                    .iter()
+                    .map(|call| ToolCall {
+                        id: call.id.clone(),
+                        name: call.name.clone(),
+                        arguments: call.arguments.to_string(),
+                    })
+                    .collect(),
+            });
+            for call in &step.tool_calls {
+                let output = match &call.output {
+                    Some(output) => match bound(&call.name) {
+                        Some(limit) => output.clone().bounded_for_model(limit),
+                        None => output.clone(),
+                    },
+                    None => ToolOutput::error(
+                        ToolErrorCode::ToolFailed,
+                        "The call was not run: the server stopped before it began, and the run ended there.",
+                    ),
+                };
+                messages.push(Message::Tool {
+                    tool_call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    output,
+                });
+            }
+        }
+        messages
     }
 
     pub fn is_finished(&self) -> bool {
@@ -485,6 +533,79 @@ mod tests {
                 event,
             })
             .collect()
+    }
+
+    /// A run whose process died gives its session what it was asked and did, as its end would have: the person's
+    /// message, each step's text and calls, each call's result (bounded as its tool bounds what its model reads),
+    /// and for a call without one, that it was not run; every call answered, as model APIs require.
+    #[test]
+    fn a_run_cut_short_gives_the_messages_it_added() {
+        let mut events: Vec<RunEvent> = events().into_iter().take(6).collect();
+        let second = ToolCallId::parse("call_2").unwrap();
+        for event in [
+            StreamEvent::Step {
+                run_id: run_id(),
+                step: 2,
+            },
+            StreamEvent::AssistantDelta {
+                run_id: run_id(),
+                step: 2,
+                delta: "And the other.".into(),
+            },
+            StreamEvent::ToolCall {
+                run_id: run_id(),
+                step: 2,
+                tool_call_id: second.clone(),
+                tool_name: "delete_file".into(),
+                arguments: json!({"path": "b.txt"}),
+                permission: PermissionDecision::Ask {
+                    reason: "destructive".into(),
+                },
+            },
+        ] {
+            let seq = events.len() as u64 + 1;
+            events.push(RunEvent { seq, event });
+        }
+        let view = RunView::from_events(&events).unwrap();
+        let messages = view.messages(|_| None);
+        assert_eq!(messages.len(), 5, "{messages:?}");
+        assert_eq!(
+            messages[0],
+            Message::User {
+                content: "delete a.txt".into()
+            }
+        );
+        assert!(
+            matches!(&messages[1], Message::Assistant { content, tool_calls }
+                if content.is_empty() && tool_calls.len() == 1 && tool_calls[0].id == call_id()
+                    && tool_calls[0].arguments_json().ok() == Some(json!({"path": "a.txt"})))
+        );
+        assert!(
+            matches!(&messages[2], Message::Tool { tool_call_id, output: ToolOutput::Ok { content }, .. }
+                if tool_call_id == &call_id() && content == &json!({"deleted": true}))
+        );
+        assert!(
+            matches!(&messages[3], Message::Assistant { content, tool_calls }
+                if content == "And the other." && tool_calls[0].id == second)
+        );
+        assert!(
+            matches!(&messages[4], Message::Tool { tool_call_id, output: ToolOutput::Error { code: ToolErrorCode::ToolFailed, message }, .. }
+                if tool_call_id == &second && message.contains("was not run"))
+        );
+        // A result its tool bounds for the model is bounded here too.
+        let mut long = events.clone();
+        if let StreamEvent::ToolResult { output, .. } = &mut long[5].event {
+            *output = ToolOutput::Ok {
+                content: json!("x".repeat(10_000)),
+            };
+        }
+        let bounded = RunView::from_events(&long)
+            .unwrap()
+            .messages(|_| Some(1_000));
+        let Message::Tool { output, .. } = &bounded[2] else {
+            panic!("{bounded:?}");
+        };
+        assert!(serde_json::to_string(output).unwrap().len() < 2_000);
     }
 
     #[test]

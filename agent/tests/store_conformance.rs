@@ -2732,7 +2732,80 @@ fn recovery_events() -> RecoveryEvents {
             output: Some(ToolOutput::error(ToolErrorCode::ToolFailed, "interrupted")),
             ..deny(record, DenialSource::Abort)
         }),
+        history: Box::new(|view| {
+            if view.approval_mode == ApprovalMode::Interrupt {
+                Vec::new()
+            } else {
+                view.messages(|_| None)
+            }
+        }),
     }
+}
+
+/// A run whose process died while it was sampling leaves its session what it was asked and did, as its end would
+/// have: the next run's model reads the person's message and the calls. Before, the recovery ended it with none of
+/// it, and the session's next run knew nothing of what was asked or done.
+#[tokio::test]
+async fn a_run_whose_process_died_leaves_its_session_what_it_was_asked_and_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    {
+        let store = SqlStore::open(&url).await.unwrap();
+        let logged = [
+            StreamEvent::RunStarted {
+                run_id: run_id("r"),
+                session_id: session("s"),
+                message: "delete a.txt".into(),
+                policy: agent::wire::ApprovalPolicy::OnRequest,
+                approval_mode: ApprovalMode::Interactive,
+                parent_run_id: None,
+            },
+            StreamEvent::Step {
+                run_id: run_id("r"),
+                step: 1,
+            },
+            StreamEvent::ToolCall {
+                run_id: run_id("r"),
+                step: 1,
+                tool_call_id: call_id("c"),
+                tool_name: "delete_file".into(),
+                arguments: json!({"path": "a.txt"}),
+                permission: agent::wire::PermissionDecision::Ask {
+                    reason: "destructive".into(),
+                },
+            },
+        ];
+        let run = NewRun {
+            message: "delete a.txt".into(),
+            events: logged
+                .iter()
+                .map(|event| NewEvent::encode(event).unwrap())
+                .collect(),
+            ..new_run("r", "s")
+        };
+        store.start_run(run).await.unwrap().unwrap();
+        store.flush().await.unwrap();
+        // The process dies here: nothing more is written.
+    }
+    let store = SqlStore::open(&url).await.unwrap();
+    let recovered = store.recover(recovery_events()).await.unwrap();
+    assert_eq!(recovered.failed_runs, [run_id("r")]);
+    let history = store.history(&session("s")).await.unwrap();
+    assert_eq!(history.len(), 3, "{history:?}");
+    assert_eq!(
+        history[0],
+        Message::User {
+            content: "delete a.txt".into()
+        }
+    );
+    assert!(
+        matches!(&history[1], Message::Assistant { tool_calls, .. } if tool_calls[0].id == call_id("c")),
+        "{history:?}"
+    );
+    assert!(
+        matches!(&history[2], Message::Tool { tool_call_id, output: ToolOutput::Error { .. }, .. } if tool_call_id == &call_id("c")),
+        "{history:?}"
+    );
 }
 
 /// A resume's run whose process died before it began any of the calls it resumed gives the interrupts it took back:

@@ -1,6 +1,7 @@
 //! What becomes of a segment of a run: a batch opened for people, or the run's end recorded with its terminal
 //! event last, so that whoever sees that event can rely on everything before it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::drive::Ending;
@@ -15,8 +16,10 @@ use crate::store::{
     AuditEntry, AuditKind, CallStatus, EndClaim, Fenced, FinishRun, HeldRun, InterruptsTaken,
     OpenBatch, RecoveryEvents, RunState, SavedBatch, SettleExpired, Settlement,
 };
+use crate::tools::Toolbox;
 use crate::wire::{
-    DenialSource, InterruptRequest, Message, Resolution, RunErrorCode, ToolErrorCode, ToolOutput,
+    ApprovalMode, DenialSource, InterruptRequest, Message, Resolution, RunErrorCode, ToolErrorCode,
+    ToolOutput,
 };
 
 /// A run whose events passed its bound ends at the limit, whatever its loop made of the step in which they did: the
@@ -71,12 +74,17 @@ impl Harness {
                 message: "This run stopped without its end being recorded (the database failed as it ended, or its work stopped on an error), so it was ended afterwards. The session can go on with a new message.".to_owned(),
             },
         };
+        // What it was asked and did, for its session's next run, as its end would have recorded it.
+        let history = match self.run_view(&run_id).await {
+            Ok(Some(view)) => recovered_history(&self.inner.toolbox, &view),
+            Ok(None) | Err(_) => Vec::new(),
+        };
         let finish = FinishRun {
             events: encode(&run_id, failure),
             run_id: run_id.clone(),
             claim: EndClaim::Held(epoch),
             state: RunState::Failed,
-            history: Vec::new(),
+            history,
             conversation: None,
             suspension: None,
             audit: Vec::new(),
@@ -109,9 +117,30 @@ pub(super) fn abort_settlement(actor: Option<&Actor>) -> SettleExpired {
     })
 }
 
-/// How recovery words what it records about the work of a dead process.
-pub(super) fn recovery_events() -> RecoveryEvents {
+/// The most of a result the model reads back from a recovered run's log for a tool that is gone (an MCP server's
+/// no longer listed): as much as an MCP tool's model reads.
+const GONE_TOOL_OUTPUT_LIMIT: usize = 64 * 1024;
+
+/// What a run that ended without its end recording it added to its session's conversation, from its log: nothing
+/// for a run whose client keeps the conversation (AG-UI's); results bounded as `toolbox`'s tools bound them.
+fn recovered_history(toolbox: &Toolbox, view: &crate::view::RunView) -> Vec<Message> {
+    if view.approval_mode == ApprovalMode::Interrupt {
+        return Vec::new();
+    }
+    view.messages(|name| {
+        toolbox
+            .lookup(name)
+            .map_or(Some(GONE_TOOL_OUTPUT_LIMIT), |tool| {
+                tool.tool().model_output_limit()
+            })
+    })
+}
+
+/// How recovery words what it records about the work of a dead process; `toolbox` bounds what the next run's
+/// model reads of the results in a recovered run's conversation, as it bounded them in the run.
+pub(super) fn recovery_events(toolbox: Arc<Toolbox>) -> RecoveryEvents {
     RecoveryEvents {
+        history: Box::new(move |view| recovered_history(&toolbox, view)),
         run_failed: Box::new(|info, taken| {
             let message = match taken {
                 InterruptsTaken::Kept => {
@@ -491,13 +520,14 @@ mod tests {
             CallStatus::Executing,
         );
         record.edited_arguments = Some(edited.clone());
-        let settled = (recovery_events().call_interrupted)(&record);
+        let settled = (recovery_events(Arc::new(Toolbox::default())).call_interrupted)(&record);
         let line = &settled.audit[0];
         assert_eq!(line.outcome, "interrupted");
         assert_eq!(line.arguments_digest, Some(arguments_digest(&asked)));
         assert_eq!(line.edited_digest, Some(arguments_digest(&edited)));
         record.edited_arguments = None;
-        let line = &(recovery_events().call_interrupted)(&record).audit[0];
+        let line =
+            &(recovery_events(Arc::new(Toolbox::default())).call_interrupted)(&record).audit[0];
         assert_eq!(line.edited_digest, None);
     }
 }

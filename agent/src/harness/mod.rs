@@ -296,7 +296,7 @@ impl Harness {
         let recovered = harness
             .inner
             .store
-            .recover(finish::recovery_events())
+            .recover(finish::recovery_events(Arc::clone(&harness.inner.toolbox)))
             .await?;
         if !recovered.failed_runs.is_empty() || !recovered.interrupted_calls.is_empty() {
             tracing::warn!(
@@ -627,7 +627,12 @@ impl Harness {
                 () = self.inner.closing.cancelled() => return,
                 () = tokio::time::sleep(every) => {}
             }
-            match self.inner.store.recover(finish::recovery_events()).await {
+            match self
+                .inner
+                .store
+                .recover(finish::recovery_events(Arc::clone(&self.inner.toolbox)))
+                .await
+            {
                 Ok(recovered) => {
                     if !recovered.failed_runs.is_empty() || !recovered.interrupted_calls.is_empty()
                     {

@@ -21,10 +21,7 @@ use crate::wire::{ApprovalMode, Message, RunEvent};
 /// How many events one read of the log takes.
 const PAGE: usize = 512;
 
-/// Whether an event of this `type` ends its run.
-pub fn is_terminal(kind: &str) -> bool {
-    matches!(kind, "done" | "interrupted" | "error")
-}
+pub use crate::store::is_terminal;
 
 /// A run as a resource: a cheap handle to read it, wait for it, or abort it.
 #[derive(Clone)]
@@ -176,33 +173,12 @@ impl RunHandle {
     }
 }
 
-/// Every event of a run, with its sequence number, decoded.
+/// Every event of a run's log, decoded (see [`crate::store::all_events`]).
 pub(super) async fn all_events(
     store: &dyn Store,
     run_id: &RunId,
 ) -> Result<Vec<RunEvent>, Unavailable> {
-    let mut decoded = Vec::new();
-    let mut cursor = 0;
-    loop {
-        let page = store.events_after(run_id, cursor, PAGE).await?;
-        let Some(last) = page.last() else {
-            return Ok(decoded);
-        };
-        cursor = last.seq;
-        // Nothing follows a run's end; a shorter page than asked for may be cut by its size, not by the log's end.
-        let ended = is_terminal(last.kind);
-        decoded.extend(page.iter().filter_map(|encoded| {
-            serde_json::from_str(&encoded.json)
-                .map(|event| RunEvent {
-                    seq: encoded.seq,
-                    event,
-                })
-                .ok()
-        }));
-        if ended {
-            return Ok(decoded);
-        }
-    }
+    Ok(crate::store::all_events(store, run_id).await?)
 }
 
 /// The longest wait before a reader whose reads keep failing reads again.

@@ -625,6 +625,9 @@ pub struct RecoveryEvents {
     pub run_failed: RunFailedEvents,
     /// The output, events and audit of a call that was running.
     pub call_interrupted: Box<dyn Fn(&CallRecord) -> Settlement + Send + Sync>,
+    /// What a run that was sampling added to its session's conversation, from its log (see
+    /// [`crate::view::RunView::messages`]), recorded with its end.
+    pub history: Box<dyn Fn(&crate::view::RunView) -> Vec<crate::wire::Message> + Send + Sync>,
 }
 
 /// One line of the audit log.
@@ -923,6 +926,41 @@ pub enum StoreError {
     Unavailable(String),
     #[error("the database holds something this toolgate cannot read: {0}")]
     Corrupt(String),
+}
+
+/// Whether an event of this `type` ends its run.
+pub fn is_terminal(kind: &str) -> bool {
+    matches!(kind, "done" | "interrupted" | "error")
+}
+
+/// Every event of a run's log, decoded, in order (an event that does not decode is left out), page by page.
+pub async fn all_events(
+    store: &dyn Store,
+    run_id: &RunId,
+) -> StoreResult<Vec<crate::wire::RunEvent>> {
+    const PAGE: usize = 512;
+    let mut decoded = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let page = store.events_after(run_id, cursor, PAGE).await?;
+        let Some(last) = page.last() else {
+            return Ok(decoded);
+        };
+        cursor = last.seq;
+        // Nothing follows a run's end; a shorter page than asked for may be cut by its size, not by the log's end.
+        let ended = is_terminal(last.kind);
+        decoded.extend(page.iter().filter_map(|encoded| {
+            serde_json::from_str(&encoded.json)
+                .map(|event| crate::wire::RunEvent {
+                    seq: encoded.seq,
+                    event,
+                })
+                .ok()
+        }));
+        if ended {
+            return Ok(decoded);
+        }
+    }
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;

@@ -2491,11 +2491,16 @@ impl Store for SqlStore {
                     parent,
                     events: (events.run_failed)(&info, InterruptsTaken::GivenBack),
                 });
+                // What the run was asked and did, for its session's next run, as its end would have recorded it.
+                let logged = crate::store::all_events(self, &info.run_id).await?;
+                let history = crate::view::RunView::from_events(&logged)
+                    .map(|view| (events.history)(&view))
+                    .unwrap_or_default();
                 let finish = FinishRun {
                     run_id: info.run_id.clone(),
                     claim,
                     state: RunState::Failed,
-                    history: Vec::new(),
+                    history,
                     conversation: None,
                     suspension: None,
                     events: (events.run_failed)(&info, InterruptsTaken::Kept),
