@@ -627,8 +627,12 @@ pub struct RecoveryEvents {
     pub call_interrupted: Box<dyn Fn(&CallRecord) -> Settlement + Send + Sync>,
     /// What a run that was sampling added to its session's conversation, from its log (see
     /// [`crate::view::RunView::messages`]), recorded with its end.
-    pub history: Box<dyn Fn(&crate::view::RunView) -> Vec<crate::wire::Message> + Send + Sync>,
+    pub history: RecoveredHistory,
 }
+
+/// What a recovered run added to its session's conversation, from the view of its log.
+pub type RecoveredHistory =
+    Box<dyn Fn(&crate::view::RunView) -> Vec<crate::wire::Message> + Send + Sync>;
 
 /// One line of the audit log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
