@@ -532,8 +532,16 @@ pub async fn execute(
         Some(limit) => output.clone().bounded_for_model(limit),
         None => output.clone(),
     };
-    // The arguments it ran with, only when it ran: a call refused before its tool was called ran with none.
-    let executed = edited.filter(|_| ran);
+    // The arguments it ran with, only when it ran: a call refused before its tool was called ran with none, nor did
+    // one its tool refused to make (an MCP tool whose server defines it otherwise now), as its badge says.
+    let refused = matches!(
+        output,
+        ToolOutput::Error {
+            code: ToolErrorCode::PermissionDenied,
+            ..
+        }
+    );
+    let executed = edited.filter(|_| ran && !refused);
     let events = tool_result(&context.run_id, call, executed, output, started.elapsed());
     let recorded = context
         .store

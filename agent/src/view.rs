@@ -190,8 +190,9 @@ impl RunView {
 
     /// The messages this run added to its session's conversation, as its model had them: the person's message,
     /// each step's text and calls, and each call's result, at most `bound(tool)` bytes of it where the tool bounds
-    /// what its model reads; a call without a result ended with the run before it began. For a run whose process
-    /// died before its end recorded them: the session's next run reads what this one was asked and did.
+    /// what its model reads; for a call without a recorded result, that whether it ran is unknown (it may not have
+    /// begun, or its result may not have been written). For a run that ended without its end recording them: the
+    /// session's next run reads what this one was asked and did.
     pub fn messages(&self, bound: impl Fn(&str) -> Option<usize>) -> Vec<Message> {
         let mut messages = Vec::new();
         if !self.message.is_empty() {
@@ -223,7 +224,7 @@ impl RunView {
                     },
                     None => ToolOutput::error(
                         ToolErrorCode::ToolFailed,
-                        "The call was not run: the server stopped before it began, and the run ended there.",
+                        "The run ended before a result of this call was recorded: whether it ran is unknown.",
                     ),
                 };
                 messages.push(Message::Tool {
@@ -590,7 +591,7 @@ mod tests {
         );
         assert!(
             matches!(&messages[4], Message::Tool { tool_call_id, output: ToolOutput::Error { code: ToolErrorCode::ToolFailed, message }, .. }
-                if tool_call_id == &second && message.contains("was not run"))
+                if tool_call_id == &second && message.contains("whether it ran is unknown"))
         );
         // A result its tool bounds for the model is bounded here too.
         let mut long = events.clone();

@@ -664,6 +664,68 @@ async fn a_crash_mid_call_leaves_the_effect_unknown_and_the_next_call_restarts_t
 
 /// A card approved for a tool as its server defined it then: the server stopped meanwhile, and started again for the
 /// call it lists the tool otherwise (here as it was before a change). The call is not made on that definition.
+/// An edited approval of an MCP tool that its restarted server defines otherwise is refused by the tool before
+/// anything goes to the server: it ran with no arguments at all (the page said it ran with the edited ones), and the
+/// model reads that what was refused was a person's edit of its call.
+#[tokio::test]
+async fn an_edited_call_its_tool_refused_to_make_records_no_executed_arguments() {
+    let started = start(json!({"fixture": fixture(json!({}))})).await.unwrap();
+    let mut trusted = started.context(ApprovalPolicy::Trusted);
+    trusted.call("mcp__fixture__change_tools", json!({})).await;
+    let model = Arc::new(ReplayModel::new(vec![
+        tool_step(&[support::call(
+            "call_1",
+            "mcp__fixture__echo",
+            json!({"text": "as asked"}),
+        )]),
+        text_step("done"),
+    ]));
+    let harness = harness_over(model, started.toolbox.clone(), ApprovalPolicy::Strict);
+    let run = harness
+        .start(start_run(ApprovalMode::Interactive))
+        .await
+        .unwrap();
+    let mut events = support::Events::of(&run);
+    let card = events.next_approval().await;
+    trusted.call("mcp__fixture__exit_mid_call", json!({})).await;
+    harness
+        .decide(
+            run.run_id(),
+            &card.tool_call_id,
+            agent::wire::Decision::Approve {
+                scope: agent::wire::DecisionScope::Once,
+                reason: None,
+                arguments: Some(json!({"text": "as edited"})),
+            },
+            &agent::harness::Actor::local(),
+        )
+        .await
+        .unwrap();
+    let rest = tokio::time::timeout(PATIENCE, events.rest())
+        .await
+        .expect("the run ends in time");
+    let (executed, output) = rest
+        .iter()
+        .find_map(|event| match event {
+            StreamEvent::ToolResult {
+                executed_arguments,
+                output,
+                ..
+            } => Some((executed_arguments.clone(), output.clone())),
+            _ => None,
+        })
+        .expect("the call's result");
+    let (code, message) = error(&output);
+    assert_eq!(code, ToolErrorCode::PermissionDenied);
+    assert_eq!(executed, None, "{message}");
+    assert!(
+        message.contains("A person edited the arguments"),
+        "{message}"
+    );
+    assert!(!started.fixture_calls().iter().any(|call| call == "echo"));
+    started.shut_down().await;
+}
+
 #[tokio::test]
 async fn a_call_approved_for_a_tool_is_not_made_when_the_restarted_server_defines_it_otherwise() {
     let started = start(json!({"fixture": fixture(json!({}))})).await.unwrap();

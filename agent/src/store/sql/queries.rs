@@ -2491,11 +2491,17 @@ impl Store for SqlStore {
                     parent,
                     events: (events.run_failed)(&info, InterruptsTaken::GivenBack),
                 });
-                // What the run was asked and did, for its session's next run, as its end would have recorded it.
-                let logged = crate::store::all_events(self, &info.run_id).await?;
-                let history = crate::view::RunView::from_events(&logged)
-                    .map(|view| (events.history)(&view))
-                    .unwrap_or_default();
+                // What the run was asked and did, for its session's next run, as its end would have recorded it. A
+                // log that cannot be read costs the conversation that, never the recovery (nor the start).
+                let history = match crate::store::all_events(self, &info.run_id).await {
+                    Ok(logged) => crate::view::RunView::from_events(&logged)
+                        .map(|view| (events.history)(&view))
+                        .unwrap_or_default(),
+                    Err(error) => {
+                        tracing::warn!(run = %info.run_id, %error, "the log of a recovered run cannot be read: its session's conversation goes on without it");
+                        Vec::new()
+                    }
+                };
                 let finish = FinishRun {
                     run_id: info.run_id.clone(),
                     claim,
