@@ -211,11 +211,7 @@ pub fn not_run_entry(record: &CallRecord, source: &str, reason: &str) -> AuditEn
         tool_call_id: Some(record.call.id.clone()),
         tool: Some(record.call.name.clone()),
         arguments_digest: Some(arguments_digest(&record.input)),
-        edited_digest: record
-            .edited_arguments
-            .as_ref()
-            .filter(|edited| **edited != record.input)
-            .map(arguments_digest),
+        edited_digest: record.edited_digest(),
         source: Some(source.to_owned()),
         reason: Some(reason.to_owned()),
         ..AuditEntry::new(AuditKind::CallRefused, "not_run")

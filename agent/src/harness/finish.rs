@@ -193,11 +193,7 @@ pub(super) fn recovery_events(toolbox: Arc<Toolbox>) -> RecoveryEvents {
                     // As every other line of the call has them: the arguments asked about, and the ones a person
                     // edited (which ran).
                     arguments_digest: Some(arguments_digest(&record.input)),
-                    edited_digest: record
-                        .edited_arguments
-                        .as_ref()
-                        .filter(|edited| **edited != record.input)
-                        .map(arguments_digest),
+                    edited_digest: record.edited_digest(),
                     outcome: "interrupted".to_owned(),
                     source: Some("restart".to_owned()),
                     scope: None,

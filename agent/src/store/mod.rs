@@ -427,6 +427,15 @@ impl CallRecord {
     pub fn arguments_to_run(&self) -> &Value {
         self.edited_arguments.as_ref().unwrap_or(&self.input)
     }
+
+    /// The digest of the arguments a person edited, as the audit log names them: none when they are the ones asked
+    /// about (sent back unchanged with the approval, as clients do).
+    pub fn edited_digest(&self) -> Option<String> {
+        self.edited_arguments
+            .as_ref()
+            .filter(|edited| **edited != self.input)
+            .map(crate::interrupts::arguments_digest)
+    }
 }
 
 /// A batch a running run opens: it becomes `waiting`, and its owner lets go of it.
