@@ -662,13 +662,18 @@ async fn a_crash_mid_call_leaves_the_effect_unknown_and_the_next_call_restarts_t
     started.shut_down().await;
 }
 
-/// A card approved for a tool as its server defined it then: the server stopped meanwhile, and started again for the
-/// call it lists the tool otherwise (here as it was before a change). The call is not made on that definition.
-/// An edited approval of an MCP tool that its restarted server defines otherwise is refused by the tool before
-/// anything goes to the server: it ran with no arguments at all (the page said it ran with the edited ones), and the
-/// model reads that what was refused was a person's edit of its call.
-#[tokio::test]
-async fn an_edited_call_its_tool_refused_to_make_records_no_executed_arguments() {
+/// A run waiting on its card for `mcp__fixture__echo` as the server defined it after a change (version 2), the
+/// server stopped while the card waits: the next call starts it again, and it lists the tool as it was before the
+/// change (version 1).
+struct CardForAToolAboutToChange {
+    started: Started,
+    harness: Harness,
+    run: RunHandle,
+    events: support::Events,
+    card: agent::wire::ApprovalRequest,
+}
+
+async fn a_card_for_a_tool_about_to_change() -> CardForAToolAboutToChange {
     let started = start(json!({"fixture": fixture(json!({}))})).await.unwrap();
     let mut trusted = started.context(ApprovalPolicy::Trusted);
     trusted.call("mcp__fixture__change_tools", json!({})).await;
@@ -687,7 +692,35 @@ async fn an_edited_call_its_tool_refused_to_make_records_no_executed_arguments()
         .unwrap();
     let mut events = support::Events::of(&run);
     let card = events.next_approval().await;
+    let shown = started
+        .toolbox
+        .lookup("mcp__fixture__echo")
+        .map(|tool| tool.spec().description.clone());
+    assert_eq!(shown.as_deref(), Some("Echoes the text back (version 2)."));
+    // The server stops while the card waits; the next call starts it again, and it says version 1.
     trusted.call("mcp__fixture__exit_mid_call", json!({})).await;
+    assert_eq!(started.status("fixture").state, McpServerState::Crashed);
+    CardForAToolAboutToChange {
+        started,
+        harness,
+        run,
+        events,
+        card,
+    }
+}
+
+/// An edited approval of an MCP tool that its restarted server defines otherwise is refused by the tool before
+/// anything goes to the server: it ran with no arguments at all (the page said it ran with the edited ones), and the
+/// model reads that what was refused was a person's edit of its call.
+#[tokio::test]
+async fn an_edited_call_its_tool_refused_to_make_records_no_executed_arguments() {
+    let CardForAToolAboutToChange {
+        started,
+        harness,
+        run,
+        events,
+        card,
+    } = a_card_for_a_tool_about_to_change().await;
     harness
         .decide(
             run.run_id(),
@@ -726,35 +759,17 @@ async fn an_edited_call_its_tool_refused_to_make_records_no_executed_arguments()
     started.shut_down().await;
 }
 
+/// A card approved for a tool as its server defined it then: the server stopped meanwhile, and started again for the
+/// call it lists the tool otherwise (here as it was before a change). The call is not made on that definition.
 #[tokio::test]
 async fn a_call_approved_for_a_tool_is_not_made_when_the_restarted_server_defines_it_otherwise() {
-    let started = start(json!({"fixture": fixture(json!({}))})).await.unwrap();
-    let mut trusted = started.context(ApprovalPolicy::Trusted);
-    trusted.call("mcp__fixture__change_tools", json!({})).await;
-    let model = Arc::new(ReplayModel::new(vec![
-        tool_step(&[support::call(
-            "call_1",
-            "mcp__fixture__echo",
-            json!({"text": "as approved"}),
-        )]),
-        text_step("done"),
-    ]));
-    let harness = harness_over(model, started.toolbox.clone(), ApprovalPolicy::Strict);
-    let run = harness
-        .start(start_run(ApprovalMode::Interactive))
-        .await
-        .unwrap();
-    let mut events = support::Events::of(&run);
-    let card = events.next_approval().await;
-    let shown = started
-        .toolbox
-        .lookup("mcp__fixture__echo")
-        .map(|tool| tool.spec().description.clone());
-    assert_eq!(shown.as_deref(), Some("Echoes the text back (version 2)."));
-
-    // The server stops while the card waits; the next call starts it again, and it says version 1.
-    trusted.call("mcp__fixture__exit_mid_call", json!({})).await;
-    assert_eq!(started.status("fixture").state, McpServerState::Crashed);
+    let CardForAToolAboutToChange {
+        started,
+        harness,
+        run,
+        events,
+        card,
+    } = a_card_for_a_tool_about_to_change().await;
     harness
         .decide(
             run.run_id(),
