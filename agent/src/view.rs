@@ -538,7 +538,7 @@ mod tests {
 
     /// A run whose process died gives its session what it was asked and did, as its end would have: the person's
     /// message, each step's text and calls, each call's result (bounded as its tool bounds what its model reads),
-    /// and for a call without one, that it was not run; every call answered, as model APIs require.
+    /// and for a call without one, that whether it ran is unknown; every call answered, as model APIs require.
     #[test]
     fn a_run_cut_short_gives_the_messages_it_added() {
         let mut events: Vec<RunEvent> = events().into_iter().take(6).collect();

@@ -413,7 +413,7 @@ impl Harness {
 
     /// A run as a viewer sees it now, folded from its log.
     pub async fn run_view(&self, run_id: &RunId) -> Result<Option<RunView>, Unavailable> {
-        let events = subscription::all_events(&*self.inner.store, run_id).await?;
+        let events = crate::store::all_events(&*self.inner.store, run_id).await?;
         Ok(RunView::from_events(&events))
     }
 

@@ -14,12 +14,9 @@ use tokio::sync::watch;
 use super::{Harness, Unavailable};
 use crate::ids::{RunId, SessionId};
 use crate::runtime::AbortReason;
-use crate::store::{EncodedEvent, RunInfo, Store, StoreError};
+use crate::store::{EncodedEvent, RunInfo, StoreError};
 use crate::view::RunView;
-use crate::wire::{ApprovalMode, Message, RunEvent};
-
-/// How many events one read of the log takes.
-const PAGE: usize = 512;
+use crate::wire::{ApprovalMode, Message};
 
 pub use crate::store::is_terminal;
 
@@ -173,14 +170,6 @@ impl RunHandle {
     }
 }
 
-/// Every event of a run's log, decoded (see [`crate::store::all_events`]).
-pub(super) async fn all_events(
-    store: &dyn Store,
-    run_id: &RunId,
-) -> Result<Vec<RunEvent>, Unavailable> {
-    Ok(crate::store::all_events(store, run_id).await?)
-}
-
 /// The longest wait before a reader whose reads keep failing reads again.
 const MOST_BETWEEN_READS: Duration = Duration::from_secs(2);
 
@@ -206,7 +195,10 @@ impl Cursor {
             }
             // Mark the current version seen before reading the log, so that no append slips between the two.
             self.changes.borrow_and_update();
-            let page = match store.events_after(&self.run_id, self.after, PAGE).await {
+            let page = match store
+                .events_after(&self.run_id, self.after, crate::store::PAGE_EVENTS)
+                .await
+            {
                 Ok(page) => page,
                 Err(error) => {
                     self.read_again_after(error).await?;
@@ -391,7 +383,7 @@ pub(super) fn follow_session(
 mod tests {
     use super::*;
     use crate::store::memory::MemoryStore;
-    use crate::store::{NewEvent, NewRun};
+    use crate::store::{NewEvent, NewRun, Store};
     use crate::wire::StreamEvent;
 
     /// A run's whole log is read, however many pages its size makes: a page shorter than asked for may be cut by
@@ -424,7 +416,7 @@ mod tests {
         }
         store.flush().await.unwrap();
 
-        let events = all_events(&store, &run_id).await.unwrap();
+        let events = crate::store::all_events(&store, &run_id).await.unwrap();
         let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
         assert_eq!(seqs, (1..=10).collect::<Vec<u64>>());
     }

@@ -505,23 +505,22 @@ impl Rule {
             };
             for glob in globs.iter() {
                 if !covered.iter().any(|tool| takes(tool, &glob.name)) {
-                    let listed: Vec<&str> = covered[0].input_schema["properties"]
-                        .as_object()
-                        .map(|properties| properties.keys().map(String::as_str).collect())
-                        .unwrap_or_default();
-                    warnings.push(format!(
-                        "{} takes no argument {}{}: the rule meets no call.",
-                        covered
-                            .iter()
-                            .map(|tool| tool.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                        glob.name,
-                        if covered.len() == 1 {
+                    let names: Vec<&str> = covered.iter().map(|tool| tool.name.as_str()).collect();
+                    // One tool's arguments are named, to spot the typo by.
+                    let arguments = match covered.as_slice() {
+                        [tool] => {
+                            let listed: Vec<&str> = tool.input_schema["properties"]
+                                .as_object()
+                                .map(|properties| properties.keys().map(String::as_str).collect())
+                                .unwrap_or_default();
                             format!(" (its arguments are {})", listed.join(", "))
-                        } else {
-                            String::new()
                         }
+                        _ => String::new(),
+                    };
+                    warnings.push(format!(
+                        "{} takes no argument {}{arguments}: the rule meets no call.",
+                        names.join(", "),
+                        glob.name,
                     ));
                 }
             }
@@ -541,8 +540,8 @@ impl Rule {
 
     /// The arguments of `tool` this rule can never meet in a call that gives them: a rule with a last `$` allows
     /// single values only (see [`NamedGlobs::names_every_argument_of`]), and the tool's schema makes each of these a
-    /// list, an object or null (which no `allow` rule meets). Such a rule fails closed; the rules API says so, as a person who wrote it by hand meant
-    /// it to allow something.
+    /// list, an object or null (which no `allow` rule meets). Such a rule fails closed; [`Rule::warnings`] says so,
+    /// as a person who wrote it by hand meant it to allow something.
     pub fn arguments_it_cannot_meet<'t>(&self, tool: &'t ToolSpec) -> Vec<&'t str> {
         let Some(ArgumentMatcher::Named(globs)) = &self.matcher else {
             return Vec::new();

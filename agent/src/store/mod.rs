@@ -946,16 +946,18 @@ pub fn is_terminal(kind: &str) -> bool {
     matches!(kind, "done" | "interrupted" | "error")
 }
 
+/// How many events one read of a run's log takes.
+pub const PAGE_EVENTS: usize = 512;
+
 /// Every event of a run's log, decoded, in order (an event that does not decode is left out), page by page.
 pub async fn all_events(
     store: &dyn Store,
     run_id: &RunId,
 ) -> StoreResult<Vec<crate::wire::RunEvent>> {
-    const PAGE: usize = 512;
     let mut decoded = Vec::new();
     let mut cursor = 0;
     loop {
-        let page = store.events_after(run_id, cursor, PAGE).await?;
+        let page = store.events_after(run_id, cursor, PAGE_EVENTS).await?;
         let Some(last) = page.last() else {
             return Ok(decoded);
         };
