@@ -922,6 +922,55 @@ async fn a_call_taken_from_an_instance_stops_there_though_the_doorbell_was_lost(
     assert_eq!(answer(&events), Some("Written."));
 }
 
+/// A running run another instance took over (it fenced the run and ended it, judging this instance dead: here
+/// its end is written as such a recovery writes it) while no doorbell reached this one (lost while its connection
+/// was down): the instance's look at what it works on finds the run ended elsewhere and stops the call it still
+/// runs of it. Before, only the doorbell stopped it, and the tool ran on.
+#[cfg(feature = "sql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_ended_elsewhere_stops_here_though_the_doorbell_was_lost() {
+    use agent::store::sql::{DatabaseUrl, SqlStore};
+    let url = postgres::database();
+    let store = SqlStore::open_with_lease(
+        &DatabaseUrl::Postgres(url.clone()),
+        std::time::Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
+    let tool = WorksUntilStopped::named("write_a");
+    let (started, stopped) = (Arc::clone(&tool.started), Arc::clone(&tool.stopped));
+    let mut config = agent::harness::HarnessConfig::new(
+        agent::policy::PermissionPolicy::new(ApprovalPolicy::Trusted, Default::default()),
+        std::time::Duration::from_secs(120),
+    );
+    config.reconcile_every = std::time::Duration::from_millis(100);
+    let harness = agent::harness::Harness::open(
+        config,
+        Arc::new(ReplayModel::new(vec![
+            tool_step(&[call("call-1", "write_a", json!({}))]),
+            text_step("Written."),
+        ])),
+        Toolbox::new().with(tool).unwrap(),
+        store as Arc<dyn agent::store::Store>,
+    )
+    .await
+    .unwrap();
+    let run = start_run(&harness, ApprovalMode::Interactive, "write for long").await;
+    started.notified().await;
+
+    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE runs SET state = 'failed', epoch = epoch + 1 WHERE id = $1")
+        .bind(run.run_id().as_str())
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), stopped.notified())
+        .await
+        .expect("the call of the run ended elsewhere stops here");
+}
+
 /// A server's tool, as its server describes it now, that counts its runs.
 struct ServerTool {
     spec: agent::wire::ToolSpec,

@@ -555,7 +555,8 @@ impl Harness {
 
     /// Now and then, checks the runs this instance holds as running against the tasks it has. An abort recorded
     /// that a task or tool of this process did not hear of (another instance's doorbell lost on the way) reaches
-    /// it, for a waiting run whose calls it runs too. A run that no task works on, seen so twice at the same claim,
+    /// it, for a waiting run whose calls it runs too; so does the end of a run another instance took over (its
+    /// doorbell lost too), as a stop of what this process still runs of it. A run that no task works on, seen so twice at the same claim,
     /// is ended as failed, so that its session takes the next run: its end could not be recorded (the database
     /// failed just then), or its task stopped without ending it. A run's task registers before the run is this
     /// instance's (`LocalRun`), so a run just started or claimed is not taken for one. On SQLite it also carries on
@@ -565,6 +566,7 @@ impl Harness {
         let every = self.inner.config.reconcile_every;
         let mut unworked: std::collections::HashSet<(RunId, crate::store::Epoch)> =
             Default::default();
+        let mut ended_here: std::collections::HashSet<RunId> = Default::default();
         loop {
             tokio::select! {
                 () = self.inner.closing.cancelled() => return,
@@ -579,21 +581,32 @@ impl Harness {
             };
             let mut seen = std::collections::HashSet::new();
             // The runs this process works on that it does not hold (a waiting run whose calls it runs): an abort
-            // recorded for them reaches their tools too.
+            // recorded for them reaches their tools too. One that has ended, seen so twice, ended elsewhere: a
+            // recovery took it over, judging this instance dead, and the doorbell that stops it here was lost.
+            // (Twice, as a run this process ended itself is still worked on for a moment after its end.)
             let held_ids: std::collections::HashSet<&RunId> =
                 held.iter().map(|run| &run.run_id).collect();
+            let mut ended_now = std::collections::HashSet::new();
             for run_id in self.inner.local.ids() {
                 if held_ids.contains(&run_id) {
                     continue;
                 }
-                if let Ok(Some(RunInfo {
-                    abort: Some(reason),
-                    ..
-                })) = self.inner.store.run(&run_id).await
-                {
-                    self.inner.local.abort(&run_id, reason);
+                match self.inner.store.run(&run_id).await {
+                    Ok(Some(RunInfo {
+                        abort: Some(reason),
+                        ..
+                    })) => self.inner.local.abort(&run_id, reason),
+                    Ok(Some(info)) if info.state.is_finished() => {
+                        if ended_here.contains(&run_id) {
+                            tracing::warn!(%run_id, "the run ended elsewhere while this process works on it; stopping what runs of it here");
+                            self.inner.local.abort(&run_id, AbortReason::TakenOver);
+                        }
+                        ended_now.insert(run_id);
+                    }
+                    _ => {}
                 }
             }
+            ended_here = ended_now;
             self.stop_calls_taken_from_here().await;
             for run in held {
                 if self.inner.local.reach(&run.run_id, run.abort) {
