@@ -218,6 +218,9 @@ pub fn not_run_entry(record: &CallRecord, source: &str, reason: &str) -> AuditEn
     }
 }
 
+/// The outcomes of [`resolution_audit`]'s lines that approve a call: as it was asked about, and edited.
+pub const APPROVED_OUTCOMES: [&str; 2] = ["approved", "approved_with_edits"];
+
 /// The audit entry of a pending call's resolution.
 pub fn resolution_audit(
     record: &CallRecord,
@@ -232,9 +235,9 @@ pub fn resolution_audit(
             ..
         } => (
             if edited_arguments.is_some() {
-                "approved_with_edits"
+                APPROVED_OUTCOMES[1]
             } else {
-                "approved"
+                APPROVED_OUTCOMES[0]
             },
             "user",
             Some(scope.as_str()),

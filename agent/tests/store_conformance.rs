@@ -2951,6 +2951,140 @@ async fn a_resume_whose_process_died_before_its_calls_gives_its_interrupts_back(
     ));
 }
 
+/// A resume's run whose process died after it acted on its answers (it made a session grant of one and began one
+/// call) keeps the interrupts it took, and the audit log says that the call it approved and never began did not run.
+/// Before, the log held that call's approval and nothing after it. The call it began has the recovery's
+/// `interrupted` line instead, and the call it denied needs none.
+#[tokio::test]
+async fn a_resume_that_keeps_its_interrupts_says_which_approved_calls_never_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    let answers = [
+        ("a", true, DecisionScope::Session),
+        ("b", true, DecisionScope::Once),
+        ("d", false, DecisionScope::Once),
+    ];
+    {
+        let store = SqlStore::open(&url).await.unwrap();
+        let mut suspension = suspension_of("p", "t", agent::clock::now_ms() + 3_600_000);
+        let (pending, interrupt) = (
+            suspension.interruption.pending[0].clone(),
+            suspension.interrupts[0].clone(),
+        );
+        suspension.interruption.calls.clear();
+        suspension.interruption.pending.clear();
+        suspension.interrupts.clear();
+        for (id, _, _) in answers {
+            suspension.interruption.calls.push(tool_call(id));
+            suspension.interruption.pending.push(PendingCall {
+                call: tool_call(id),
+                input: json!({"path": id}),
+                ..pending.clone()
+            });
+            suspension.interrupts.push(IssuedInterrupt {
+                request: InterruptRequest {
+                    id: format!("int-{id}"),
+                    tool_call_id: call_id(id),
+                    arguments: json!({"path": id}),
+                    ..interrupt.request.clone()
+                },
+                digest: arguments_digest(&json!({"path": id})),
+            });
+        }
+        store.start_run(new_run("p", "t")).await.unwrap().unwrap();
+        store
+            .finish_run(interrupted(&suspension))
+            .await
+            .unwrap()
+            .unwrap();
+        // The resume's start records its answers, as a resume's start does.
+        let audit = answers
+            .iter()
+            .map(|&(id, approved, scope)| {
+                let resolution = if approved {
+                    Resolution::Approved {
+                        source: ApprovalSource::User,
+                        scope,
+                        reason: None,
+                        edited_arguments: None,
+                    }
+                } else {
+                    Resolution::Denied {
+                        source: DenialSource::User,
+                        reason: "not that one".into(),
+                    }
+                };
+                let record = CallRecord::new(
+                    run_id("p"),
+                    tool_call(id),
+                    json!({"path": id}),
+                    CallStatus::Pending,
+                );
+                agent::approvals::resolution_audit(&record, &resolution, Some("person"))
+            })
+            .collect();
+        store
+            .start_run(NewRun {
+                parent_run_id: Some(run_id("p")),
+                message: String::new(),
+                audit,
+                ..new_run("c", "t")
+            })
+            .await
+            .unwrap()
+            .expect("the resume takes the interrupts");
+        store
+            .add_grant(
+                &run_id("c"),
+                1,
+                StoredGrant {
+                    id: "g".into(),
+                    grant: json!({"runId": "c", "tool": "delete_file"}),
+                    created_at: 1,
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        let record = CallRecord::new(
+            run_id("c"),
+            tool_call("a"),
+            json!({"path": "a"}),
+            CallStatus::Approved,
+        );
+        store
+            .begin_call(&run_id("c"), &call_id("a"), Some((record, 1)))
+            .await
+            .unwrap()
+            .expect("the resume begins a");
+        store.flush().await.unwrap();
+        // The process dies here, before b begins.
+    }
+    let store = SqlStore::open(&url).await.unwrap();
+    let recovered = store.recover(recovery_events()).await.unwrap();
+    assert_eq!(recovered.failed_runs, [run_id("c")]);
+    assert_eq!(
+        store.interrupt(&run_id("p")).await.unwrap().unwrap().1,
+        Some(run_id("c")),
+        "the resume keeps what it took"
+    );
+    let not_run: Vec<AuditEntry> = audit_of(&*store, "p")
+        .await
+        .into_iter()
+        .filter(|entry| entry.outcome == "not_run")
+        .collect();
+    assert_eq!(not_run.len(), 1, "{not_run:?}");
+    let line = &not_run[0];
+    assert_eq!(line.kind, AuditKind::CallRefused);
+    assert_eq!(line.tool_call_id, Some(call_id("b")));
+    assert_eq!(line.session_id, Some(session("t")));
+    assert_eq!(
+        line.arguments_digest.as_deref(),
+        Some(arguments_digest(&json!({"path": "b"})).as_str())
+    );
+    assert_eq!(line.source.as_deref(), Some("restart"));
+}
+
 /// A flush that waited while the appender gave events up is told so, even when the give-up left nothing queued: a
 /// graceful shutdown must not say all is written when events are lost. Before, the give-up marked everything queued
 /// as written, and the flush that waited answered `Ok`.

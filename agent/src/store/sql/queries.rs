@@ -418,6 +418,90 @@ struct GiveBack {
     events: Vec<NewEvent>,
 }
 
+/// In a recovery's end of `child`, a resume's run that keeps the interrupts of `parent` it took (something of its
+/// answers was acted on: it began a call, made a session grant, or was aborted): the audit log's `not_run` lines of
+/// the calls it approved and never began, which will never run (the interrupts stay answered). Without them the log
+/// holds their approvals and nothing to say they did not run. A call it began has lines of its own (its result, or
+/// the recovery's `interrupted`). The answers are read back from the audit log, where the resume's start wrote them
+/// with the start: the latest resolution of each interrupted call. A suspension that does not read costs these lines,
+/// never the recovery.
+async fn approved_not_begun_in(
+    tx: &mut Tx,
+    parent: &RunId,
+    child: &RunId,
+) -> StoreResult<Vec<AuditEntry>> {
+    let row = query("SELECT suspension FROM runs WHERE id = $1 AND resumed_by = $2")
+        .bind(parent.as_str())
+        .bind(child.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(unavailable)?;
+    let Some(Some(suspension)) = row
+        .map(|row| row.try_get::<Option<String>, _>(0))
+        .transpose()
+        .map_err(unavailable)?
+    else {
+        return Ok(Vec::new());
+    };
+    let suspension: Suspension = match parse(&suspension, "a suspension") {
+        Ok(suspension) => suspension,
+        Err(error) => {
+            tracing::warn!(%parent, %error, "the interrupts a resume kept do not read: the calls it approved and never began get no audit line");
+            return Ok(Vec::new());
+        }
+    };
+    let begun: std::collections::HashSet<String> =
+        query("SELECT call_id FROM calls WHERE run_id = $1")
+            .bind(child.as_str())
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(unavailable)?
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()
+            .map_err(unavailable)?;
+    let mut answered: std::collections::HashMap<String, (String, Option<String>)> =
+        Default::default();
+    for row in query(
+        "SELECT tool_call_id, outcome, edited_digest FROM audit \
+         WHERE run_id = $1 AND kind = $2 AND tool_call_id IS NOT NULL ORDER BY id",
+    )
+    .bind(parent.as_str())
+    .bind(AuditKind::ApprovalResolved.as_str())
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(unavailable)?
+    {
+        let call: String = row.try_get(0).map_err(unavailable)?;
+        let outcome: String = row.try_get(1).map_err(unavailable)?;
+        let edited: Option<String> = row.try_get(2).map_err(unavailable)?;
+        answered.insert(call, (outcome, edited));
+    }
+    let at = now_ms();
+    Ok(suspension
+        .interrupts
+        .iter()
+        .filter(|issued| !begun.contains(issued.request.tool_call_id.as_str()))
+        .filter_map(|issued| {
+            let (outcome, edited) = answered.get(issued.request.tool_call_id.as_str())?;
+            crate::approvals::APPROVED_OUTCOMES.contains(&outcome.as_str()).then(|| AuditEntry {
+                session_id: Some(suspension.session_id.clone()),
+                run_id: Some(parent.clone()),
+                tool_call_id: Some(issued.request.tool_call_id.clone()),
+                tool: Some(issued.request.tool_name.clone()),
+                arguments_digest: Some(issued.digest.clone()),
+                edited_digest: edited.clone(),
+                source: Some("restart".to_owned()),
+                reason: Some(format!(
+                    "The server stopped before run {child}, which resumed with this approval, began the call: it did not run, and the interrupt stays answered."
+                )),
+                at,
+                ..AuditEntry::new(AuditKind::CallRefused, "not_run")
+            })
+        })
+        .collect())
+}
+
 /// The doorbell that tells instance `on` alone to stop what it runs of `run_id`, a running run a recovery fenced and
 /// ends, judging `on` dead. Only for such a run, which nobody goes on with: a waiting run whose call a recovery
 /// interrupts goes on (its batch is claimed next, perhaps by `on` itself), and stopping `on`'s work on it by the
@@ -1239,18 +1323,25 @@ impl SqlStore {
             EndClaim::Unended | EndClaim::Waiting | EndClaim::Abandoned { .. } => None,
         };
         let (mut tx, taken, mut events) = self.begin_finish(&finish.run_id, finishing).await?;
-        // Before the run's calls go with its end: whether it began any is what the give-back asks.
-        if let Some(give_back) = give_back
-            && let Some(mut reopened) = self
+        // Before the run's calls go with its end: whether it began any is what the give-back asks, and which the
+        // audit lines of a resume that keeps its interrupts.
+        if let Some(give_back) = give_back {
+            match self
                 .give_back_in(&mut tx, &give_back.parent, &finish.run_id)
                 .await?
-        {
-            finish.events = give_back.events;
-            finish.audit.append(&mut reopened);
-            if let Some(tails) = &self.tails {
-                let (tails, parent, child) =
-                    (Arc::clone(tails), give_back.parent, finish.run_id.clone());
-                tx.after_commit(move || tails.given_back(&parent, &child));
+            {
+                Some(mut reopened) => {
+                    finish.events = give_back.events;
+                    finish.audit.append(&mut reopened);
+                    if let Some(tails) = &self.tails {
+                        let (tails, parent, child) =
+                            (Arc::clone(tails), give_back.parent, finish.run_id.clone());
+                        tx.after_commit(move || tails.given_back(&parent, &child));
+                    }
+                }
+                None => finish.audit.append(
+                    &mut approved_not_begun_in(&mut tx, &give_back.parent, &finish.run_id).await?,
+                ),
             }
         }
         // The run's calls go with its end. Those still pending are settled first: their events come after the
