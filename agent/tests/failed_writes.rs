@@ -350,7 +350,7 @@ async fn result_refused_for_a_while(
 
 /// A run whose end the database refused stays running, with nothing left to end it, and its session refuses every
 /// next run. The harness sees that no task of its own works on a run it holds, and ends it as failed once the
-/// database takes the write; the session goes on.
+/// database takes the write, with what it was asked and answered in its session's conversation; the session goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_whose_end_could_not_be_recorded_is_ended_afterwards_and_its_session_goes_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -384,6 +384,17 @@ async fn a_run_whose_end_could_not_be_recorded_is_ended_afterwards_and_its_sessi
     assert_eq!(
         view.error.map(|error| error.code),
         Some(RunErrorCode::Store)
+    );
+    // What it was asked and answered joins its session's conversation, read from its log, as its end would have
+    // written them: the next run's model reads them.
+    let history = store.history(run.session_id()).await.unwrap();
+    assert!(
+        matches!(history.first(), Some(agent::wire::Message::User { content }) if content == "hello"),
+        "{history:?}"
+    );
+    assert!(
+        matches!(history.last(), Some(agent::wire::Message::Assistant { content, .. }) if !content.is_empty()),
+        "{history:?}"
     );
 
     // Its session takes the next run, which ends as usual.
