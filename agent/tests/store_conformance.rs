@@ -2951,88 +2951,120 @@ async fn a_resume_whose_process_died_before_its_calls_gives_its_interrupts_back(
     ));
 }
 
+/// A parent run `parent` of thread `thread` interrupted on one call per answer (`id`, approved, scope), and its
+/// resume `child`, whose start took the interrupts and recorded the answers, as a resume's start does.
+async fn a_resume_with_answers(
+    store: &dyn Store,
+    parent: &str,
+    child: &str,
+    thread: &str,
+    answers: &[(&str, bool, DecisionScope)],
+) {
+    let mut suspension = suspension_of(parent, thread, agent::clock::now_ms() + 3_600_000);
+    let (pending, interrupt) = (
+        suspension.interruption.pending[0].clone(),
+        suspension.interrupts[0].clone(),
+    );
+    suspension.interruption.calls.clear();
+    suspension.interruption.pending.clear();
+    suspension.interrupts.clear();
+    for &(id, _, _) in answers {
+        suspension.interruption.calls.push(tool_call(id));
+        suspension.interruption.pending.push(PendingCall {
+            call: tool_call(id),
+            input: json!({"path": id}),
+            ..pending.clone()
+        });
+        suspension.interrupts.push(IssuedInterrupt {
+            request: InterruptRequest {
+                id: format!("int-{id}"),
+                tool_call_id: call_id(id),
+                arguments: json!({"path": id}),
+                ..interrupt.request.clone()
+            },
+            digest: arguments_digest(&json!({"path": id})),
+        });
+    }
+    store
+        .start_run(new_run(parent, thread))
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .finish_run(interrupted(&suspension))
+        .await
+        .unwrap()
+        .unwrap();
+    let audit = answers
+        .iter()
+        .map(|&(id, approved, scope)| {
+            let resolution = if approved {
+                Resolution::Approved {
+                    source: ApprovalSource::User,
+                    scope,
+                    reason: None,
+                    edited_arguments: None,
+                }
+            } else {
+                Resolution::Denied {
+                    source: DenialSource::User,
+                    reason: "not that one".into(),
+                }
+            };
+            let record = CallRecord::new(
+                run_id(parent),
+                tool_call(id),
+                json!({"path": id}),
+                CallStatus::Pending,
+            );
+            agent::approvals::resolution_audit(&record, &resolution, Some("person"))
+        })
+        .collect();
+    store
+        .start_run(NewRun {
+            parent_run_id: Some(run_id(parent)),
+            message: String::new(),
+            audit,
+            ..new_run(child, thread)
+        })
+        .await
+        .unwrap()
+        .expect("the resume takes the interrupts");
+}
+
+/// The `not_run` lines of the audit log about `run`.
+async fn not_run_lines(store: &dyn Store, run: &str) -> Vec<AuditEntry> {
+    audit_of(store, run)
+        .await
+        .into_iter()
+        .filter(|entry| entry.outcome == "not_run")
+        .collect()
+}
+
 /// A resume's run whose process died after it acted on its answers (it made a session grant of one and began one
 /// call) keeps the interrupts it took, and the audit log says that the call it approved and never began did not run.
 /// Before, the log held that call's approval and nothing after it. The call it began has the recovery's
-/// `interrupted` line instead, and the call it denied needs none.
+/// `interrupted` line instead, the call it denied needs none, and the call its abort stopped before it began has its
+/// line already (and no second one).
 #[tokio::test]
 async fn a_resume_that_keeps_its_interrupts_says_which_approved_calls_never_ran() {
     let dir = tempfile::tempdir().unwrap();
     let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
-    let answers = [
-        ("a", true, DecisionScope::Session),
-        ("b", true, DecisionScope::Once),
-        ("d", false, DecisionScope::Once),
-    ];
     {
         let store = SqlStore::open(&url).await.unwrap();
-        let mut suspension = suspension_of("p", "t", agent::clock::now_ms() + 3_600_000);
-        let (pending, interrupt) = (
-            suspension.interruption.pending[0].clone(),
-            suspension.interrupts[0].clone(),
-        );
-        suspension.interruption.calls.clear();
-        suspension.interruption.pending.clear();
-        suspension.interrupts.clear();
-        for (id, _, _) in answers {
-            suspension.interruption.calls.push(tool_call(id));
-            suspension.interruption.pending.push(PendingCall {
-                call: tool_call(id),
-                input: json!({"path": id}),
-                ..pending.clone()
-            });
-            suspension.interrupts.push(IssuedInterrupt {
-                request: InterruptRequest {
-                    id: format!("int-{id}"),
-                    tool_call_id: call_id(id),
-                    arguments: json!({"path": id}),
-                    ..interrupt.request.clone()
-                },
-                digest: arguments_digest(&json!({"path": id})),
-            });
-        }
-        store.start_run(new_run("p", "t")).await.unwrap().unwrap();
-        store
-            .finish_run(interrupted(&suspension))
-            .await
-            .unwrap()
-            .unwrap();
-        // The resume's start records its answers, as a resume's start does.
-        let audit = answers
-            .iter()
-            .map(|&(id, approved, scope)| {
-                let resolution = if approved {
-                    Resolution::Approved {
-                        source: ApprovalSource::User,
-                        scope,
-                        reason: None,
-                        edited_arguments: None,
-                    }
-                } else {
-                    Resolution::Denied {
-                        source: DenialSource::User,
-                        reason: "not that one".into(),
-                    }
-                };
-                let record = CallRecord::new(
-                    run_id("p"),
-                    tool_call(id),
-                    json!({"path": id}),
-                    CallStatus::Pending,
-                );
-                agent::approvals::resolution_audit(&record, &resolution, Some("person"))
-            })
-            .collect();
-        store
-            .start_run(NewRun {
-                parent_run_id: Some(run_id("p")),
-                message: String::new(),
-                audit,
-                ..new_run("c", "t")
-            })
-            .await
-            .unwrap()
-            .expect("the resume takes the interrupts");
+        a_resume_with_answers(
+            &*store,
+            "p",
+            "c",
+            "t",
+            &[
+                ("a", true, DecisionScope::Session),
+                ("b", true, DecisionScope::Once),
+                ("d", false, DecisionScope::Once),
+                ("e", true, DecisionScope::Once),
+            ],
+        )
+        .await;
         store
             .add_grant(
                 &run_id("c"),
@@ -3057,6 +3089,21 @@ async fn a_resume_that_keeps_its_interrupts_says_which_approved_calls_never_ran(
             .await
             .unwrap()
             .expect("the resume begins a");
+        // e's turn came after an abort, which said so, as a run's task says of a call its abort stopped.
+        let stopped = CallRecord::new(
+            run_id("c"),
+            tool_call("e"),
+            json!({"path": "e"}),
+            CallStatus::Approved,
+        );
+        store
+            .audit(agent::approvals::not_run_entry(
+                &stopped,
+                "abort",
+                "The run was cancelled.",
+            ))
+            .await
+            .unwrap();
         store.flush().await.unwrap();
         // The process dies here, before b begins.
     }
@@ -3068,11 +3115,7 @@ async fn a_resume_that_keeps_its_interrupts_says_which_approved_calls_never_ran(
         Some(run_id("c")),
         "the resume keeps what it took"
     );
-    let not_run: Vec<AuditEntry> = audit_of(&*store, "p")
-        .await
-        .into_iter()
-        .filter(|entry| entry.outcome == "not_run")
-        .collect();
+    let not_run = not_run_lines(&*store, "p").await;
     assert_eq!(not_run.len(), 1, "{not_run:?}");
     let line = &not_run[0];
     assert_eq!(line.kind, AuditKind::CallRefused);
@@ -3083,6 +3126,64 @@ async fn a_resume_that_keeps_its_interrupts_says_which_approved_calls_never_ran(
         Some(arguments_digest(&json!({"path": "b"})).as_str())
     );
     assert_eq!(line.source.as_deref(), Some("restart"));
+    assert_eq!(
+        not_run_lines(&*store, "c").await.len(),
+        1,
+        "e has the abort's line only"
+    );
+}
+
+/// A resume's run that failed after it acted on its answers (its database failed it as a call was to begin), ended by
+/// its own task or by the look for runs no task works on, says too that the call it approved and never began did not
+/// run. One that ended otherwise began every call it approved, and has no such line.
+#[tokio::test]
+async fn a_resume_that_failed_before_a_call_it_approved_says_the_call_never_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::Sqlite(dir.path().join("toolgate.db"));
+    let store = SqlStore::open(&url).await.unwrap();
+    for (parent, child, thread) in [("p1", "c1", "t1"), ("p2", "c2", "t2")] {
+        a_resume_with_answers(
+            &*store,
+            parent,
+            child,
+            thread,
+            &[
+                ("a", true, DecisionScope::Session),
+                ("b", true, DecisionScope::Once),
+            ],
+        )
+        .await;
+        let record = CallRecord::new(
+            run_id(child),
+            tool_call("a"),
+            json!({"path": "a"}),
+            CallStatus::Approved,
+        );
+        store
+            .begin_call(&run_id(child), &call_id("a"), Some((record, 1)))
+            .await
+            .unwrap()
+            .expect("the resume begins a");
+    }
+    store
+        .finish_run(FinishRun {
+            state: RunState::Failed,
+            ..done("c1", vec![], vec![])
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let not_run = not_run_lines(&*store, "p1").await;
+    assert_eq!(not_run.len(), 1, "{not_run:?}");
+    assert_eq!(not_run[0].tool_call_id, Some(call_id("b")));
+    assert_eq!(not_run[0].source.as_deref(), Some("failure"));
+
+    store
+        .finish_run(done("c2", vec![], vec![]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(not_run_lines(&*store, "p2").await.is_empty());
 }
 
 /// A flush that waited while the appender gave events up is told so, even when the give-up left nothing queued: a

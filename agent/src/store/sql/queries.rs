@@ -418,17 +418,42 @@ struct GiveBack {
     events: Vec<NewEvent>,
 }
 
-/// In a recovery's end of `child`, a resume's run that keeps the interrupts of `parent` it took (something of its
-/// answers was acted on: it began a call, made a session grant, or was aborted): the audit log's `not_run` lines of
-/// the calls it approved and never began, which will never run (the interrupts stay answered). Without them the log
-/// holds their approvals and nothing to say they did not run. A call it began has lines of its own (its result, or
-/// the recovery's `interrupted`). The answers are read back from the audit log, where the resume's start wrote them
-/// with the start: the latest resolution of each interrupted call. A suspension that does not read costs these lines,
-/// never the recovery.
+/// The run `child` resumes, if it is a resume's.
+async fn parent_in(tx: &mut Tx, child: &RunId) -> StoreResult<Option<RunId>> {
+    let row = query("SELECT parent_run_id FROM runs WHERE id = $1")
+        .bind(child.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(unavailable)?;
+    row.map(|row| row.try_get::<Option<String>, _>(0))
+        .transpose()
+        .map_err(unavailable)?
+        .flatten()
+        .map(run_id)
+        .transpose()
+}
+
+/// Why a resume's run ended before it began a call it approved, as the audit line of that call says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EndedBefore {
+    /// Its process died: a recovery ends it.
+    Restart,
+    /// It failed (its database failed it as the call was to begin, say), or no task of it worked on it any more.
+    Failure,
+}
+
+/// At the end of `child`, a resume's run that keeps the interrupts of `parent` it took (something of its answers
+/// was acted on: it began a call, made a session grant, or was aborted): the audit log's `not_run` lines of the calls
+/// it approved and never began, which will never run (the interrupts stay answered). Without them the log holds
+/// their approvals and nothing to say they did not run. A call it began has lines of its own (its result, or the
+/// recovery's `interrupted`), and so has one an abort stopped before it began (`not_run`, source `abort`): neither
+/// gets another. The answers are read back from the audit log, where the resume's start wrote them with the start:
+/// the latest resolution of each interrupted call. A suspension that does not read costs these lines, never the end.
 async fn approved_not_begun_in(
     tx: &mut Tx,
     parent: &RunId,
     child: &RunId,
+    ended: EndedBefore,
 ) -> StoreResult<Vec<AuditEntry>> {
     let row = query("SELECT suspension FROM runs WHERE id = $1 AND resumed_by = $2")
         .bind(parent.as_str())
@@ -460,41 +485,65 @@ async fn approved_not_begun_in(
             .map(|row| row.try_get(0))
             .collect::<Result<_, _>>()
             .map_err(unavailable)?;
-    let mut answered: std::collections::HashMap<String, (String, Option<String>)> =
-        Default::default();
+    // By call: its latest answer's edited arguments' digest, while that answer approved it and no `not_run` line
+    // came after it.
+    let mut unended: std::collections::HashMap<String, Option<String>> = Default::default();
     for row in query(
-        "SELECT tool_call_id, outcome, edited_digest FROM audit \
-         WHERE run_id = $1 AND kind = $2 AND tool_call_id IS NOT NULL ORDER BY id",
+        "SELECT tool_call_id, kind, outcome, edited_digest, run_id FROM audit \
+         WHERE run_id IN ($1, $2) AND kind IN ($3, $4) AND tool_call_id IS NOT NULL ORDER BY id",
     )
     .bind(parent.as_str())
+    .bind(child.as_str())
     .bind(AuditKind::ApprovalResolved.as_str())
+    .bind(AuditKind::CallRefused.as_str())
     .fetch_all(&mut *tx)
     .await
     .map_err(unavailable)?
     {
         let call: String = row.try_get(0).map_err(unavailable)?;
-        let outcome: String = row.try_get(1).map_err(unavailable)?;
-        let edited: Option<String> = row.try_get(2).map_err(unavailable)?;
-        answered.insert(call, (outcome, edited));
+        let kind: String = row.try_get(1).map_err(unavailable)?;
+        let outcome: String = row.try_get(2).map_err(unavailable)?;
+        let run: Option<String> = row.try_get(4).map_err(unavailable)?;
+        if kind == AuditKind::ApprovalResolved.as_str() && run.as_deref() == Some(parent.as_str()) {
+            if crate::approvals::APPROVED_OUTCOMES.contains(&outcome.as_str()) {
+                unended.insert(call, row.try_get(3).map_err(unavailable)?);
+            } else {
+                unended.remove(&call);
+            }
+        } else if kind == AuditKind::CallRefused.as_str() && outcome == "not_run" {
+            unended.remove(&call);
+        }
     }
+    let (source, reason) = match ended {
+        EndedBefore::Restart => (
+            "restart",
+            format!(
+                "The server stopped before run {child}, which resumed with this approval, began the call: it did not run, and the interrupt stays answered."
+            ),
+        ),
+        EndedBefore::Failure => (
+            "failure",
+            format!(
+                "Run {child}, which resumed with this approval, failed before it began the call: it did not run, and the interrupt stays answered."
+            ),
+        ),
+    };
     let at = now_ms();
     Ok(suspension
         .interrupts
         .iter()
         .filter(|issued| !begun.contains(issued.request.tool_call_id.as_str()))
         .filter_map(|issued| {
-            let (outcome, edited) = answered.get(issued.request.tool_call_id.as_str())?;
-            crate::approvals::APPROVED_OUTCOMES.contains(&outcome.as_str()).then(|| AuditEntry {
+            let edited = unended.get(issued.request.tool_call_id.as_str())?;
+            Some(AuditEntry {
                 session_id: Some(suspension.session_id.clone()),
                 run_id: Some(parent.clone()),
                 tool_call_id: Some(issued.request.tool_call_id.clone()),
                 tool: Some(issued.request.tool_name.clone()),
                 arguments_digest: Some(issued.digest.clone()),
                 edited_digest: edited.clone(),
-                source: Some("restart".to_owned()),
-                reason: Some(format!(
-                    "The server stopped before run {child}, which resumed with this approval, began the call: it did not run, and the interrupt stays answered."
-                )),
+                source: Some(source.to_owned()),
+                reason: Some(reason.clone()),
                 at,
                 ..AuditEntry::new(AuditKind::CallRefused, "not_run")
             })
@@ -1324,9 +1373,10 @@ impl SqlStore {
         };
         let (mut tx, taken, mut events) = self.begin_finish(&finish.run_id, finishing).await?;
         // Before the run's calls go with its end: whether it began any is what the give-back asks, and which the
-        // audit lines of a resume that keeps its interrupts.
-        if let Some(give_back) = give_back {
-            match self
+        // audit lines of a resume that keeps its interrupts. (A resume that did not fail began every call it
+        // approved, or was aborted, which said so of each call it stopped.)
+        let kept = match give_back {
+            Some(give_back) => match self
                 .give_back_in(&mut tx, &give_back.parent, &finish.run_id)
                 .await?
             {
@@ -1338,11 +1388,19 @@ impl SqlStore {
                             (Arc::clone(tails), give_back.parent, finish.run_id.clone());
                         tx.after_commit(move || tails.given_back(&parent, &child));
                     }
+                    None
                 }
-                None => finish.audit.append(
-                    &mut approved_not_begun_in(&mut tx, &give_back.parent, &finish.run_id).await?,
-                ),
-            }
+                None => Some((give_back.parent, EndedBefore::Restart)),
+            },
+            None if finish.state == RunState::Failed => parent_in(&mut tx, &finish.run_id)
+                .await?
+                .map(|parent| (parent, EndedBefore::Failure)),
+            None => None,
+        };
+        if let Some((parent, ended)) = kept {
+            finish
+                .audit
+                .append(&mut approved_not_begun_in(&mut tx, &parent, &finish.run_id, ended).await?);
         }
         // The run's calls go with its end. Those still pending are settled first: their events come after the
         // run's events queued last and before those of its end, all written by the one update of its row below.
