@@ -479,6 +479,20 @@ pub async fn list_pending(
     pending.map_err(|error| ssr::unavailable(error.to_string()))
 }
 
+/// Whether the server holds run `run_id` of the caller's session. A page that reconnected asks about the run it
+/// waits for: a server that kept nothing across its restart (a `memory` store) no longer has it, and no event will
+/// ever end it.
+#[server(prefix = "/api/fn", endpoint = "run_held")]
+pub async fn run_held(run_id: RunId, session: Option<SessionId>) -> Result<bool, ServerFnError> {
+    let harness = ssr::harness()?;
+    let Some(session) = ssr::acting_session(session)? else {
+        return Err(ssr::not_found(
+            "This conversation is not one of this browser's.".to_owned(),
+        ));
+    };
+    Ok(ssr::own_run(&harness, &session, &run_id).await?.is_some())
+}
+
 #[server(prefix = "/api/fn", endpoint = "cancel")]
 pub async fn cancel_run(run_id: RunId, session: Option<SessionId>) -> Result<(), ServerFnError> {
     use agent::harness::{CancelError, RunNotFound};

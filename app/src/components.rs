@@ -63,19 +63,37 @@ pub fn ConnectionNote() -> impl IntoView {
     }
 }
 
+/// `run_gone`: the server no longer holds the call's run (found when the page reconnected), which ends here as it
+/// stands.
 #[component]
-fn ToolCallEntry(call: ToolCallView, run: RunStatus) -> impl IntoView {
+fn ToolCallEntry(call: ToolCallView, run: RunStatus, run_gone: Memo<bool>) -> impl IntoView {
     let ui = ui();
-    let (waiting_class, waiting) = call_status(&call, run);
+    let status_now = {
+        let call = call.clone();
+        Memo::new(move |_| {
+            let run = if run_gone.get() {
+                RunStatus::Failed
+            } else {
+                run
+            };
+            call_status(&call, run)
+        })
+    };
     // A call whose approval the server no longer holds (found when the page reconnected) waits for nothing.
     let key = call.pending_approval().map(key_of);
     let gone = Memo::new(move |_| key.as_ref().is_some_and(|key| ui.is_gone(key)));
-    let status_class = move || if gone.get() { "failed" } else { waiting_class };
+    let status_class = move || {
+        if gone.get() {
+            "failed"
+        } else {
+            status_now.with(|(class, _)| *class)
+        }
+    };
     let status = move || {
         if gone.get() {
             "no longer held by the server".to_owned()
         } else {
-            waiting.clone()
+            status_now.with(|(_, status)| status.clone())
         }
     };
     let arguments = shown_json(&call.arguments);
@@ -142,8 +160,14 @@ fn ToolCallEntry(call: ToolCallView, run: RunStatus) -> impl IntoView {
 
 #[component]
 fn RunEntry(run: RunView) -> impl IntoView {
+    let ui = ui();
     let failure = run.error.clone();
     let run_status = run.status;
+    // A run the server no longer holds (it kept nothing across a restart) ends here as it stands.
+    let run_gone = {
+        let run_id = run.run_id.clone();
+        Memo::new(move |_| run_status == RunStatus::Running && ui.is_run_gone(&run_id))
+    };
     let thinking = run.status == RunStatus::Running
         && run.steps.iter().all(|step| step.text.is_empty())
         && run.pending_approvals().next().is_none();
@@ -157,7 +181,7 @@ fn RunEntry(run: RunView) -> impl IntoView {
             let calls = step
                 .tool_calls
                 .into_iter()
-                .map(|call| view! { <ToolCallEntry call run=run_status/> })
+                .map(|call| view! { <ToolCallEntry call run=run_status run_gone/> })
                 .collect_view();
             view! { {text} {calls} }
         })
@@ -172,7 +196,15 @@ fn RunEntry(run: RunView) -> impl IntoView {
             <div class="turn user"><p>{visible_prose(&run.message)}</p></div>
             {omitted.map(|note| view! { <p class="note context-note" role="note">{note}</p> })}
             {steps}
-            {thinking.then(|| view! { <p class="thinking" role="status">"Working…"</p> })}
+            {move || (thinking && !run_gone.get()).then(|| view! { <p class="thinking" role="status">"Working…"</p> })}
+            {move || run_gone.get().then(|| view! {
+                <div class="turn failed" role="status">
+                    <p>
+                        <strong>"The server no longer holds this run: "</strong>
+                        "it restarted without keeping its runs, so what the run did after what is shown here is not known."
+                    </p>
+                </div>
+            })}
             {failure.map(|failure| if failure.code == RunErrorCode::Aborted {
                 // Aborted: cancelled (here, in another tab, on the API), or its client went away. An end the run was
                 // told to make, which its message names, not a failure of its own.

@@ -14,7 +14,7 @@ use crate::state::Ui;
 #[cfg(feature = "hydrate")]
 mod browser {
     use std::cell::{Cell, RefCell};
-    use std::collections::HashSet;
+    use std::collections::{HashMap, HashSet};
     use std::time::Duration;
 
     use agent::wire::{ApprovalRequest, RunEvent, StreamEvent};
@@ -26,10 +26,10 @@ mod browser {
         EventSource, MessageEvent, Notification, NotificationOptions, NotificationPermission,
     };
 
-    use crate::api::list_pending;
+    use crate::api::{list_pending, run_held};
     use crate::format::server_said;
     use crate::state::left_for_login;
-    use crate::state::{Connection, Ui, card_dom_id, key_of};
+    use crate::state::{ApprovalKey, Connection, Ui, card_dom_id, key_of};
 
     /// The longest pause between attempts to open the stream again.
     const MAX_RETRY_SECS: u32 = 30;
@@ -53,6 +53,37 @@ mod browser {
         static ATTEMPTS: Cell<u32> = const { Cell::new(0) };
         /// The connection dropped since the page last asked which approvals are pending.
         static STALE: Cell<bool> = const { Cell::new(false) };
+        /// The notifications shown, by their card: one closes when its card leaves (decided here or elsewhere,
+        /// timed out, or no longer held by the server).
+        static SHOWN: RefCell<HashMap<ApprovalKey, Notification>> = RefCell::new(HashMap::new());
+    }
+
+    /// How long a card that arrived waits before the person is told of it, so that one a replay decides at once is
+    /// never told of.
+    const NOTIFY_AFTER: Duration = Duration::from_millis(500);
+
+    /// Whether the card of `key` is still shown: its approval pending, and held by the server as far as the page
+    /// knows.
+    fn still_waits(ui: Ui, key: &ApprovalKey) -> bool {
+        !ui.is_gone_untracked(key)
+            && ui.session.with_untracked(|session| {
+                session
+                    .pending_approvals()
+                    .any(|request| &key_of(request) == key)
+            })
+    }
+
+    /// Closes the notifications of cards that no longer wait.
+    fn close_settled(ui: Ui) {
+        SHOWN.with(|shown| {
+            shown.borrow_mut().retain(|key, notification| {
+                let waits = still_waits(ui, key);
+                if !waits {
+                    notification.close();
+                }
+                waits
+            });
+        });
     }
 
     pub fn follow(ui: Ui) {
@@ -93,10 +124,20 @@ mod browser {
                         StreamEvent::ApprovalRequired { request } => Some(request.clone()),
                         _ => None,
                     };
-                    if ui.apply(&RunEvent { seq, event })
-                        && let Some(request) = arrived
-                    {
-                        notify(&request);
+                    if ui.apply(&RunEvent { seq, event }) {
+                        close_settled(ui);
+                        if let Some(request) = arrived {
+                            // Told a moment later, if its card still waits: a stream that reconnects replays the
+                            // cards asked and decided meanwhile, each with its decision right after it.
+                            set_timeout(
+                                move || {
+                                    if still_waits(ui, &key_of(&request)) {
+                                        notify(&request);
+                                    }
+                                },
+                                NOTIFY_AFTER,
+                            );
+                        }
                     }
                 }
                 Err(error) => ui.error.set(Some(format!(
@@ -160,12 +201,33 @@ mod browser {
     }
 
     /// Asks the server which of the session's approvals are pending, and lets go of the cards it no longer holds.
-    /// Only cards shown before asking can go: a card that arrives meanwhile is newer than the answer.
+    /// Only cards shown before asking can go: a card that arrives meanwhile is newer than the answer. Asks too
+    /// whether it still holds the run the page waits for, which a server that kept nothing across a restart (a
+    /// `memory` store) does not: no event will ever end that run, and the message box must not wait for it.
     fn refresh_pending(ui: Ui) {
         let asked_about: HashSet<_> = ui
             .session
             .with_untracked(|session| session.pending_approvals().map(key_of).collect());
         let session = ui.session_id();
+        let waited_for = ui
+            .session
+            .with_untracked(|view| view.active_run().map(|run| run.run_id.clone()));
+        if let Some(run_id) = waited_for {
+            let session = session.clone();
+            spawn_local(async move {
+                match run_held(run_id.clone(), Some(session)).await {
+                    Ok(true) => {}
+                    Ok(false) => ui.gone_runs.update(|gone| {
+                        gone.insert(run_id);
+                    }),
+                    Err(error) if left_for_login(&error) => {}
+                    Err(error) => ui.error.set(Some(format!(
+                        "Could not ask the server whether it still holds the run: {}",
+                        server_said(&error)
+                    ))),
+                }
+            });
+        }
         spawn_local(async move {
             match list_pending(None, Some(session)).await {
                 Ok(pending) => {
@@ -173,6 +235,7 @@ mod browser {
                     ui.gone.update(|gone| {
                         gone.extend(asked_about.difference(&held).cloned());
                     });
+                    close_settled(ui);
                 }
                 Err(error) if left_for_login(&error) => {}
                 Err(error) => ui.error.set(Some(format!(
@@ -221,13 +284,15 @@ mod browser {
             crate::format::visible(&request.tool_name),
             crate::format::visible(&request.reason)
         ));
-        let dom_id = card_dom_id(&key_of(request));
+        let key = key_of(request);
+        let dom_id = card_dom_id(&key);
         options.set_tag(&dom_id);
         let Ok(notification) =
             Notification::new_with_options("toolgate: an approval is waiting", &options)
         else {
             return;
         };
+        SHOWN.with(|shown| shown.borrow_mut().insert(key, notification.clone()));
         let shown = notification.clone();
         let on_click = Closure::once_into_js(move |_: web_sys::Event| {
             let _ = window().focus();

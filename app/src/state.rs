@@ -48,6 +48,9 @@ pub struct Ui {
     pub deciding: RwSignal<HashSet<ApprovalKey>>,
     /// Approvals the server no longer holds (found when the page reconnected): their cards are gone.
     pub gone: RwSignal<HashSet<ApprovalKey>>,
+    /// Runs the server no longer holds, found when the page reconnected (a `memory` store's server restarted): no
+    /// event will ever end them here, and they hold nothing back.
+    pub gone_runs: RwSignal<HashSet<RunId>>,
     /// Approvals whose card has an edit open: what the card shows is not yet what a decision would send.
     pub editing: RwSignal<HashSet<ApprovalKey>>,
     /// An error the person should know about.
@@ -79,6 +82,7 @@ impl Ui {
             session: RwSignal::new(page.session.clone()),
             deciding: RwSignal::new(HashSet::new()),
             gone: RwSignal::new(HashSet::new()),
+            gone_runs: RwSignal::new(HashSet::new()),
             editing: RwSignal::new(HashSet::new()),
             error: RwSignal::new(page.notice.clone()),
             connection: RwSignal::new(Connection::Live),
@@ -132,14 +136,16 @@ impl Ui {
         })
     }
 
-    /// The run the page waits for: the session's unfinished run, unless all it waits for are approvals the server
-    /// no longer holds (its process ended without a word, as a `memory` store's does when killed): no event will
-    /// ever end that run here, and the person must not be held back by it.
+    /// The run the page waits for: the session's unfinished run, unless the server no longer holds it, or all it
+    /// waits for are approvals the server no longer holds (its process ended without a word, as a `memory` store's
+    /// does when killed): no event will ever end that run here, and the person must not be held back by it.
     pub fn active_run(&self) -> Option<RunId> {
         let gone = self.gone.get();
+        let gone_runs = self.gone_runs.get();
         self.session.with(|session| {
             session
                 .active_run()
+                .filter(|run| !gone_runs.contains(&run.run_id))
                 .filter(|run| {
                     let mut waiting = run.pending_approvals().peekable();
                     waiting.peek().is_none()
@@ -147,6 +153,16 @@ impl Ui {
                 })
                 .map(|run| run.run_id.clone())
         })
+    }
+
+    /// The same, outside what the page's views track (a timer's, a stream's handler).
+    pub fn is_gone_untracked(&self, key: &ApprovalKey) -> bool {
+        self.gone.with_untracked(|gone| gone.contains(key))
+    }
+
+    /// Whether the server no longer holds this run (found when the page reconnected).
+    pub fn is_run_gone(&self, run_id: &RunId) -> bool {
+        self.gone_runs.with(|gone| gone.contains(run_id))
     }
 
     /// Whether this approval's card is gone: the server no longer holds it.

@@ -133,3 +133,36 @@ test("the memory store's server killed with a card pending: once it is back, the
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test("the memory store's server killed while an approved command runs: once it is back, the run no longer holds the page up", async ({
+  page,
+}, testInfo) => {
+  test.setTimeout(90_000);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-e2e-restart-memory-running-"));
+  let server: Server | undefined;
+  try {
+    server = await start(dir, "memory");
+    await openPage(page, `${RESTARTED}/`);
+    await send(page, "run sleep 30");
+    const pending = card(page, "run_command");
+    await pending.getByRole("button", { name: "Approve", exact: true }).click();
+    const badge = page.locator(".tool-call .badge");
+    await expect(badge).toHaveText("approved · running");
+    const box = page.getByLabel("Message", { exact: true });
+    await expect(box).toBeDisabled();
+
+    await kill(server);
+    await expect(page.locator(".connection")).toBeVisible();
+    // A new process with an empty memory: the run went with the old one, and no event will ever end it.
+    server = await start(dir, "memory");
+    await expect(page.locator(".connection")).toHaveCount(0, { timeout: 40_000 });
+    await expect(page.locator(".run .turn.failed")).toContainText("The server no longer holds this run");
+    await expect(badge).toHaveText("approved · no result: its run ended");
+    await expect(page.getByRole("button", { name: "Cancel the run" })).toHaveCount(0);
+    await expect(box).toBeEnabled();
+    await screenshot(page, testInfo, "restart-memory-run-forgotten");
+  } finally {
+    if (server) await kill(server);
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

@@ -1,9 +1,9 @@
 // The approval card a reviewer deserves: what the call would change, editing before approving, deciding a batch,
 // never missing a card (the title, notifications, reconnection), conversations, the audit log, accessibility.
 import AxeBuilder from "@axe-core/playwright";
-import { expect, type Page, type Request, test } from "@playwright/test";
+import { type BrowserContext, expect, type Page, type Request, test } from "@playwright/test";
 import { MAIN } from "../playwright.config";
-import { card, openPage, putFile, screenshot, send, sessionOf, unique } from "./helpers";
+import { card, openPage, pendingApproval, putFile, screenshot, send, sessionOf, unique } from "./helpers";
 
 /** Every request the page makes to a server function, from now on. */
 function serverFunctionCalls(page: Page, name: string) {
@@ -309,7 +309,11 @@ test("three cards stay readable in a narrow window", async ({ page }, testInfo) 
   await expect(page.locator(".approval-card")).toHaveCount(0);
 });
 
-test("the title counts waiting cards, and a hidden tab gets a notification that brings the card", async ({ context, page }, testInfo) => {
+/**
+ * Notifications recorded instead of shown (`window.__notifications`, each with its title, body, tag and whether it
+ * was closed), and a tab the test says is hidden or not (`window.__hidden`).
+ */
+async function recordNotifications(context: BrowserContext, page: Page) {
   await context.grantPermissions(["notifications"], { origin: MAIN });
   // Record notifications instead of showing them, and let the test say whether the tab is hidden.
   await page.addInitScript(() => {
@@ -320,11 +324,13 @@ test("the title counts waiting cards, and a hidden tab gets a notification that 
     class Recorded {
       title: string;
       body?: string;
+      tag?: string;
       closed = false;
       onclick: ((event: Event) => void) | null = null;
       constructor(title: string, options?: NotificationOptions) {
         this.title = title;
         this.body = options?.body;
+        this.tag = options?.tag;
         shown.push(this as unknown as Record<string, unknown>);
       }
       close() {
@@ -340,6 +346,24 @@ test("the title counts waiting cards, and a hidden tab gets a notification that 
     w.Notification = Recorded;
     Object.defineProperty(document, "hidden", { configurable: true, get: () => w.__hidden === true });
   });
+}
+
+/** The notifications recorded so far ([`recordNotifications`]). */
+function notifications(page: Page) {
+  return page.evaluate(() =>
+    (window as unknown as { __notifications: Array<{ tag: string; closed: boolean }> }).__notifications.map((n) => ({
+      tag: n.tag,
+      closed: n.closed,
+    })),
+  );
+}
+
+function hidden(page: Page, hidden: boolean) {
+  return page.evaluate((hidden) => ((window as unknown as Record<string, unknown>).__hidden = hidden), hidden);
+}
+
+test("the title counts waiting cards, and a hidden tab gets a notification that brings the card", async ({ context, page }, testInfo) => {
+  await recordNotifications(context, page);
   await openPage(page);
   await expect(page).toHaveTitle("toolgate");
 
@@ -371,6 +395,55 @@ test("the title counts waiting cards, and a hidden tab gets a notification that 
   await expect(page).toHaveTitle("toolgate");
   // A card that arrives while the tab is visible needs no notification.
   expect(await page.evaluate(() => (window as unknown as { __notifications: unknown[] }).__notifications.length)).toBe(2);
+});
+
+test("a hidden tab that reconnects is not told of a card decided while it was away, and a notification closes once its card is decided elsewhere", async ({
+  context,
+  page,
+  request,
+}) => {
+  await recordNotifications(context, page);
+  let streams = 0;
+  let release = () => {};
+  const held = new Promise<void>((resolve) => (release = resolve));
+  await page.route(/\/api\/agent\/sessions\/[^/]+\/events/, async (route) => {
+    streams += 1;
+    if (streams === 1) return route.fulfill({ status: 200, contentType: "text/event-stream", body: "retry: 100\n\n" });
+    if (streams === 2) {
+      await held;
+      return route.fulfill({ status: 503, body: "unavailable" });
+    }
+    return route.continue();
+  });
+  await openPage(page);
+  await expect.poll(() => streams).toBe(2);
+  await hidden(page, true);
+
+  // While the page has no stream, a card of its conversation is asked and denied elsewhere.
+  const session = await sessionOf(page);
+  const away = await pendingApproval(request, `delete ${unique("decided-away")}`, { sessionId: session });
+  const denied = await request.post(`/api/agent/approvals/${away.runId}/${away.callId}`, { data: { decision: "deny" } });
+  expect(denied.status()).toBe(200);
+  release();
+  await expect(page.locator(".tool-call .badge")).toHaveText("denied by you");
+
+  // A card asked once the page is back is told of, and only it: the replayed card decided meanwhile never was.
+  const file = unique("decided-later");
+  const started = await request.post("/api/agent/runs", { data: { message: `delete ${file}`, sessionId: session } });
+  expect(started.status()).toBe(201);
+  const { runId } = await started.json();
+  await expect.poll(() => notifications(page)).toHaveLength(1);
+  const [told] = await notifications(page);
+  expect(told.tag).toContain(runId);
+  expect(told.closed).toBe(false);
+
+  // Decided elsewhere, its card leaves, and so does its notification.
+  const pending = await (await request.get(`/api/agent/approvals?runId=${runId}`)).json();
+  const callId = pending.pending[0].toolCallId;
+  expect((await request.post(`/api/agent/approvals/${runId}/${callId}`, { data: { decision: "deny" } })).status()).toBe(200);
+  await expect(card(page, "delete_file")).toHaveCount(0);
+  await expect.poll(async () => (await notifications(page))[0].closed).toBe(true);
+  expect(await notifications(page)).toHaveLength(1);
 });
 
 test("the countdown reads the server's clock, not the browser's", async ({ page }) => {
