@@ -479,18 +479,37 @@ pub async fn list_pending(
     pending.map_err(|error| ssr::unavailable(error.to_string()))
 }
 
-/// Whether the server holds run `run_id` of the caller's session. A page that reconnected asks about the run it
-/// waits for: a server that kept nothing across its restart (a `memory` store) no longer has it, and no event will
-/// ever end it.
-#[server(prefix = "/api/fn", endpoint = "run_held")]
-pub async fn run_held(run_id: RunId, session: Option<SessionId>) -> Result<bool, ServerFnError> {
+/// How far the server holds a run of the caller's session, for a page that reconnected: whether the stream can
+/// still bring what the page lacks of the run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunAsHeld {
+    /// Its log is complete.
+    pub finished: bool,
+    /// The sequence number of its newest event.
+    pub last_seq: u64,
+}
+
+/// How far the server holds run `run_id` of the caller's session; `None` when it does not hold it (a server that kept
+/// nothing across its restart, a `memory` store; or a run pruned since it ended). A page that reconnected asks about
+/// the run it waits for: no event will ever end a run the server does not hold, nor one whose log the page has seen
+/// past (a machine crash lost the server's last writes, and the events it wrote since have numbers the page has seen).
+#[server(prefix = "/api/fn", endpoint = "run_progress")]
+pub async fn run_progress(
+    run_id: RunId,
+    session: Option<SessionId>,
+) -> Result<Option<RunAsHeld>, ServerFnError> {
     let harness = ssr::harness()?;
     let Some(session) = ssr::acting_session(session)? else {
         return Err(ssr::not_found(
             "This conversation is not one of this browser's.".to_owned(),
         ));
     };
-    Ok(ssr::own_run(&harness, &session, &run_id).await?.is_some())
+    Ok(ssr::own_run(&harness, &session, &run_id)
+        .await?
+        .map(|run| RunAsHeld {
+            finished: run.info().state.is_finished(),
+            last_seq: run.info().last_seq,
+        }))
 }
 
 #[server(prefix = "/api/fn", endpoint = "cancel")]

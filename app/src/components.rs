@@ -201,7 +201,7 @@ fn RunEntry(run: RunView) -> impl IntoView {
                 <div class="turn failed" role="status">
                     <p>
                         <strong>"The server no longer holds this run: "</strong>
-                        "it restarted without keeping its runs, so what the run did after what is shown here is not known."
+                        "it restarted without keeping its runs, or the run ended while this page was away and was pruned since. What it did after what is shown here is not known."
                     </p>
                 </div>
             })}

@@ -26,7 +26,7 @@ mod browser {
         EventSource, MessageEvent, Notification, NotificationOptions, NotificationPermission,
     };
 
-    use crate::api::{list_pending, run_held};
+    use crate::api::{RunAsHeld, list_pending, run_progress};
     use crate::format::server_said;
     use crate::state::left_for_login;
     use crate::state::{ApprovalKey, Connection, Ui, card_dom_id, key_of};
@@ -209,20 +209,40 @@ mod browser {
             .session
             .with_untracked(|session| session.pending_approvals().map(key_of).collect());
         let session = ui.session_id();
-        let waited_for = ui
-            .session
-            .with_untracked(|view| view.active_run().map(|run| run.run_id.clone()));
-        if let Some(run_id) = waited_for {
+        let waited_for = ui.session.with_untracked(|view| {
+            view.active_run()
+                .map(|run| (run.run_id.clone(), run.last_seq))
+        });
+        if let Some((run_id, seen)) = waited_for {
             let session = session.clone();
             spawn_local(async move {
-                match run_held(run_id.clone(), Some(session)).await {
-                    Ok(true) => {}
-                    Ok(false) => ui.gone_runs.update(|gone| {
-                        gone.insert(run_id);
-                    }),
+                match run_progress(run_id.clone(), Some(session)).await {
+                    Ok(Some(RunAsHeld { finished, last_seq }))
+                        if seen > last_seq || (finished && seen == last_seq) =>
+                    {
+                        // The page has seen events the server's log does not hold (a machine crash lost its last
+                        // writes, and what it wrote since has numbers the page has seen): the stream cannot bring
+                        // the run as the server holds it, a reload does.
+                        let _ = window().location().reload();
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        // Nor does it hold the run's approvals: their cards go, and their notifications.
+                        let of_run: Vec<_> = ui.session.with_untracked(|view| {
+                            view.pending_approvals()
+                                .filter(|request| request.run_id == run_id)
+                                .map(key_of)
+                                .collect()
+                        });
+                        ui.gone.update(|gone| gone.extend(of_run));
+                        ui.gone_runs.update(|gone| {
+                            gone.insert(run_id);
+                        });
+                        close_settled(ui);
+                    }
                     Err(error) if left_for_login(&error) => {}
                     Err(error) => ui.error.set(Some(format!(
-                        "Could not ask the server whether it still holds the run: {}",
+                        "Could not ask the server how far it holds the run: {}",
                         server_said(&error)
                     ))),
                 }

@@ -101,38 +101,43 @@ test("the server killed with a card pending and started again: the page reconnec
   }
 });
 
-test("the memory store's server killed with a card pending: once it is back, the card is gone and the page can be used again", async ({
-  page,
-}, testInfo) => {
-  test.setTimeout(90_000);
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-e2e-restart-memory-"));
-  let server: Server | undefined;
-  try {
-    server = await start(dir, "memory");
-    await openPage(page, `${RESTARTED}/`);
-    await send(page, `delete ${unique("forgotten")}`);
-    const pending = card(page, "delete_file");
-    await expect(pending).toBeVisible();
-    const box = page.getByLabel("Message", { exact: true });
-    await expect(box).toBeDisabled();
+for (const pendingRefused of [false, true]) {
+  test(`the memory store's server killed with a card pending: once it is back, the card is gone and the page can be used again${pendingRefused ? " (though its list of pending approvals fails)" : ""}`, async ({
+    page,
+  }, testInfo) => {
+    test.setTimeout(90_000);
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-e2e-restart-memory-"));
+    let server: Server | undefined;
+    try {
+      server = await start(dir, "memory");
+      await openPage(page, `${RESTARTED}/`);
+      await send(page, `delete ${unique("forgotten")}`);
+      const pending = card(page, "delete_file");
+      await expect(pending).toBeVisible();
+      const box = page.getByLabel("Message", { exact: true });
+      await expect(box).toBeDisabled();
 
-    await kill(server);
-    await expect(page.locator(".connection")).toBeVisible();
-    // A new process with an empty memory: the approval, its run and its conversation went with the old one.
-    server = await start(dir, "memory");
-    await expect(page.locator(".connection")).toHaveCount(0, { timeout: 40_000 });
-    await expect(pending).toHaveCount(0);
-    await expect(page.locator(".tool-call .badge")).toHaveText("no longer held by the server");
-    await expect(page.getByRole("button", { name: "Cancel the run" })).toHaveCount(0);
-    await expect(box).toBeEnabled();
-    await screenshot(page, testInfo, "restart-memory-forgotten");
-    await send(page, "list files");
-    await expect(page.locator(".run").last().locator(".turn.assistant")).toHaveCount(1);
-  } finally {
-    if (server) await kill(server);
-    fs.rmSync(dir, { recursive: true, force: true });
-  }
-});
+      await kill(server);
+      await expect(page.locator(".connection")).toBeVisible();
+      // The server's answer that it does not hold the run is enough: the run's cards go with it.
+      if (pendingRefused) await page.route("**/api/fn/pending", (route) => route.fulfill({ status: 503, body: "unavailable" }));
+      // A new process with an empty memory: the approval, its run and its conversation went with the old one.
+      server = await start(dir, "memory");
+      await expect(page.locator(".connection")).toHaveCount(0, { timeout: 40_000 });
+      await expect(pending).toHaveCount(0);
+      await expect(page.locator(".tool-call .badge")).toHaveText("no longer held by the server");
+      await expect(page.getByRole("button", { name: "Cancel the run" })).toHaveCount(0);
+      await expect(box).toBeEnabled();
+      if (pendingRefused) return;
+      await screenshot(page, testInfo, "restart-memory-forgotten");
+      await send(page, "list files");
+      await expect(page.locator(".run").last().locator(".turn.assistant")).toHaveCount(1);
+    } finally {
+      if (server) await kill(server);
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+}
 
 test("the memory store's server killed while an approved command runs: once it is back, the run no longer holds the page up", async ({
   page,
@@ -164,5 +169,48 @@ test("the memory store's server killed while an approved command runs: once it i
   } finally {
     if (server) await kill(server);
     fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("a machine crash that lost the server's last writes: the page, which saw past them, shows what the server holds again", async ({
+  page,
+}, testInfo) => {
+  test.setTimeout(90_000);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-e2e-restart-lost-"));
+  const snapshot = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-e2e-restart-lost-disk-"));
+  const files = ["toolgate.db", "toolgate.db-wal"];
+  let server: Server | undefined;
+  try {
+    server = await start(dir);
+    await openPage(page, `${RESTARTED}/`);
+    await send(page, "run sleep 30");
+    const pending = card(page, "run_command");
+    await expect(pending).toBeVisible();
+    // What the disk holds while the card waits (nothing is being written): a power loss from here on may leave
+    // the database as it is now, as SQLite's `synchronous = NORMAL` allows.
+    for (const file of files) fs.copyFileSync(path.join(dir, file), path.join(snapshot, file));
+    await pending.getByRole("button", { name: "Approve", exact: true }).click();
+    const badge = page.locator(".tool-call .badge");
+    await expect(badge).toHaveText("approved · running");
+
+    // The machine goes down, and the writes since the snapshot with it: the approval is lost, and the run's log
+    // ends before the events the page has seen.
+    await kill(server);
+    for (const file of files) fs.copyFileSync(path.join(snapshot, file), path.join(dir, file));
+    fs.rmSync(path.join(dir, "toolgate.db-shm"), { force: true });
+    server = await start(dir);
+
+    // The stream cannot bring the run as the server holds it (its new events would have numbers the page has
+    // seen): the page shows it from the server, with its card waiting again.
+    await expect(page.locator(".connection")).toHaveCount(0, { timeout: 40_000 });
+    await expect(pending).toBeVisible();
+    await expect(badge).toHaveText("waiting for approval");
+    await screenshot(page, testInfo, "restart-lost-writes");
+    await pending.getByRole("button", { name: "Deny", exact: true }).click();
+    await expect(badge).toHaveText("denied by you");
+  } finally {
+    if (server) await kill(server);
+    fs.rmSync(dir, { recursive: true, force: true });
+    fs.rmSync(snapshot, { recursive: true, force: true });
   }
 });

@@ -107,6 +107,26 @@ async fn server_functions_act_only_on_the_callers_own_session() {
         "{text}"
     );
 
+    // Nor does Mallory learn how far the server holds Alice's run, nor that it exists: the same answer as for a run
+    // nobody started; and naming Alice's conversation is refused.
+    for run in [run_id.as_str(), "run_nobody"] {
+        let progress = server_fn(&app, "run_progress", "mallory", &[("run_id", run)]).await;
+        assert_eq!(progress.status(), 200);
+        assert_eq!(
+            progress.json::<Value>().await.unwrap(),
+            Value::Null,
+            "{run}"
+        );
+    }
+    let progress = server_fn(
+        &app,
+        "run_progress",
+        "mallory",
+        &[("run_id", &run_id), ("session", "alice")],
+    )
+    .await;
+    assert_eq!(progress.status(), 404);
+
     // Nothing changed: the approval waits, the run goes on, the file is there.
     let still = pending(&app).await;
     assert_eq!(still.len(), 1);
@@ -114,6 +134,10 @@ async fn server_functions_act_only_on_the_callers_own_session() {
     assert_eq!(std::fs::read_to_string(app.file("a.txt")).unwrap(), "keep");
 
     // Alice sees and decides her own.
+    let progress = server_fn(&app, "run_progress", "alice", &[("run_id", &run_id)]).await;
+    let progress: Value = progress.json().await.unwrap();
+    assert_eq!(progress["finished"], false, "{progress}");
+    assert!(progress["last_seq"].as_u64().unwrap() > 0, "{progress}");
     let listed = server_fn(&app, "pending", "alice", &[]).await;
     let listed: Value = listed.json().await.unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1);
