@@ -210,25 +210,31 @@ pub mod ssr {
             harness.sessions_among(&ids).await
         }
         .map_err(|error| unavailable(error.to_string()))?;
-        let mut listed: Vec<_> = all
-            .into_iter()
-            .map(|summary| super::Conversation {
-                session_id: summary.session_id,
-                title: summary.title,
-                updated_at: summary.updated_at,
-                runs: summary.runs,
-            })
-            .collect();
+        let as_listed = |summary: agent::store::SessionSummary| super::Conversation {
+            session_id: summary.session_id,
+            title: summary.title,
+            updated_at: summary.updated_at,
+            runs: summary.runs,
+        };
+        let mut listed: Vec<_> = all.into_iter().map(as_listed).collect();
         if !listed.iter().any(|summary| &summary.session_id == current) {
-            listed.insert(
-                0,
-                super::Conversation {
-                    session_id: current.clone(),
-                    title: String::new(),
-                    updated_at: agent::clock::now_ms(),
-                    runs: 0,
-                },
-            );
+            // Not among the most recent the server lists (for a person logged in, other clients' sessions may be
+            // newer), or new: listed first, as it is when it has runs.
+            let held = harness
+                .sessions_among(std::slice::from_ref(current))
+                .await
+                .map_err(|error| unavailable(error.to_string()))?;
+            let conversation =
+                held.into_iter()
+                    .next()
+                    .map(as_listed)
+                    .unwrap_or_else(|| super::Conversation {
+                        session_id: current.clone(),
+                        title: String::new(),
+                        updated_at: agent::clock::now_ms(),
+                        runs: 0,
+                    });
+            listed.insert(0, conversation);
         }
         Ok(listed)
     }

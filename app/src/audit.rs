@@ -212,7 +212,11 @@ pub fn AuditView() -> impl IntoView {
         <section class="audit-view" aria-labelledby="audit-title">
             <header class="audit-header">
                 <h2 id="audit-title">"Audit log"</h2>
-                <button type="button" class="link" on:click=move |_| ui.view.set(View::Conversation)>
+                <button type="button" class="link" on:click=move |_| {
+                    ui.view.set(View::Conversation);
+                    // The button goes with the view: the focus goes to the header's toggle, which stays.
+                    crate::refocus_if_lost(None, vec![".audit-toggle".to_owned()]);
+                }>
                     "Back to the conversation"
                 </button>
             </header>

@@ -19,8 +19,9 @@ use crate::state::{ApprovalKey, Ui, left_for_login};
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RulesAndGrants {
     pub rules: Vec<ListedRule>,
-    /// The caller's session's grants.
-    pub grants: Vec<SessionGrant>,
+    /// The grants of the conversation the page shows; `None` when it is no longer one of this browser's (its list
+    /// keeps the most recent ones), whose grants it may not see.
+    pub grants: Option<Vec<SessionGrant>>,
 }
 
 #[server(prefix = "/api/fn", endpoint = "rules")]
@@ -28,7 +29,8 @@ pub async fn load_rules_and_grants(
     session: Option<SessionId>,
 ) -> Result<RulesAndGrants, ServerFnError> {
     let harness = crate::api::ssr::harness()?;
-    // The conversation the page shows, when it is one of this browser's; another browser's shows no grants.
+    // The conversation the page shows, when it is one of this browser's: another's grants are not shown, and the
+    // panel says so rather than that there are none.
     let session = crate::api::ssr::acting_session(session)?;
     Ok(RulesAndGrants {
         rules: harness
@@ -36,13 +38,15 @@ pub async fn load_rules_and_grants(
             .await
             .map_err(|error| crate::api::ssr::rules_refused(&error))?,
         grants: match session {
-            Some(session) => harness
-                .grants(&session)
-                .await
-                .map_err(|error| crate::api::ssr::unavailable(error.to_string()))?
-                .list()
-                .to_vec(),
-            None => Vec::new(),
+            Some(session) => Some(
+                harness
+                    .grants(&session)
+                    .await
+                    .map_err(|error| crate::api::ssr::unavailable(error.to_string()))?
+                    .list()
+                    .to_vec(),
+            ),
+            None => None,
         },
     })
 }
@@ -405,9 +409,9 @@ pub fn RulesPanel() -> impl IntoView {
     };
     let count = move || {
         panel.with(|state| {
-            state
-                .as_ref()
-                .map_or(0, |state| state.rules.len() + state.grants.len())
+            state.as_ref().map_or(0, |state| {
+                state.rules.len() + state.grants.as_ref().map_or(0, Vec::len)
+            })
         })
     };
 
@@ -415,10 +419,13 @@ pub fn RulesPanel() -> impl IntoView {
         <details class="rules-panel" node_ref=details on:toggle=move |_| if open() { reload() }>
             <summary>"Rules and grants (" {count} ")"</summary>
             {move || panel.get().map(|state| {
-                let grants = if state.grants.is_empty() {
-                    view! { <p class="empty-list">"Nothing is approved for this session."</p> }.into_any()
-                } else {
-                    let items = state.grants.into_iter().enumerate().map(|(index, grant)| {
+                let grants = match state.grants {
+                    None => view! {
+                        <p class="empty-list">"This conversation is no longer one of this browser's (it keeps its most recent ones), so its grants are not shown here."</p>
+                    }.into_any(),
+                    Some(grants) if grants.is_empty() => view! { <p class="empty-list">"Nothing is approved for this session."</p> }.into_any(),
+                    Some(grants) => {
+                    let items = grants.into_iter().enumerate().map(|(index, grant)| {
                         let id = grant.id.clone();
                         let described = visible(&grant.grant.describe());
                         view! {
@@ -439,6 +446,7 @@ pub fn RulesPanel() -> impl IntoView {
                         }
                     }).collect_view();
                     view! { <ul class="grants">{items}</ul> }.into_any()
+                    }
                 };
                 let rules = if state.rules.is_empty() {
                     view! { <p class="empty-list">"No rules: the policy decides alone."</p> }.into_any()

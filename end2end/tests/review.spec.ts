@@ -589,8 +589,12 @@ test("the audit log has its own view with filters", async ({ page }, testInfo) =
   await page.getByRole("button", { name: "Show", exact: true }).click();
   await expect(rows.locator(".outcome")).not.toContainText(["requested"]);
   await expect(page.locator('.audit tbody tr[data-outcome="requested"]')).toHaveCount(0);
-  await page.getByRole("button", { name: "Back to the conversation" }).click();
+  // Back with the keyboard: the button goes with the view, and the focus goes to the header's toggle, not to the
+  // page's start.
+  await page.getByRole("button", { name: "Back to the conversation" }).focus();
+  await page.keyboard.press("Enter");
   await expect(page.getByLabel("Message", { exact: true })).toBeVisible();
+  await expect(page.getByRole("button", { name: "Audit log" })).toBeFocused();
 });
 
 test("axe finds no accessibility problem when idle, with a card, a batch, an editor or the audit view", async ({ page }) => {

@@ -96,6 +96,24 @@ test("approving for the session lists the grant in the panel at once, and revoki
   await expect(card(page, "write_file")).toHaveCount(0);
 });
 
+test("a conversation no longer among this browser's shows no grants in the panel and says why, not that there are none", async ({
+  context,
+  page,
+}) => {
+  await openPage(page);
+  const file = unique("granted-unlisted");
+  await send(page, `write ${file}: one`);
+  const pending = card(page, "write_file");
+  await pending.getByRole("button", { name: "Approve for session" }).click();
+  await expect(pending).toHaveCount(0);
+  // The browser's cookies no longer list the conversation this tab shows (as when 40 newer ones pushed it off).
+  await context.clearCookies();
+  await page.locator(".rules-panel summary").click();
+  const panel = page.locator(".rules-panel");
+  await expect(panel).toContainText("This conversation is no longer one of this browser's");
+  await expect(panel).not.toContainText("Nothing is approved for this session.");
+});
+
 test("approving one card for the session approves the other cards it covers, says why, and leaves the rest", async ({
   page,
 }, testInfo) => {

@@ -719,3 +719,72 @@ async fn the_sidebar_lists_the_browsers_conversations_however_many_others_there_
     );
     assert_eq!(listed[1]["title"], "list files");
 }
+
+/// For a person logged in, who may open any conversation, the sidebar lists the server's most recent ones; the one the
+/// page shows is listed first as it is (its title, its runs) even when more than 200 newer ones (other clients')
+/// push it out of those. Before, it was listed as a new conversation with no message.
+#[tokio::test]
+async fn a_logged_in_sidebar_lists_the_shown_conversation_as_it_is_however_many_are_newer() {
+    const TOKEN: &str = "tg-5d2a9c4e7b1f46a8b3c0d9e2f4a6b8c1";
+    let app = crate::helpers::spawn_app_with(|config| {
+        config.token = Some(server::security::AccessToken::parse(TOKEN).unwrap());
+    })
+    .await;
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {TOKEN}").parse().unwrap(),
+    );
+    let client = reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap();
+    let answered = async |session: &str| {
+        let started: Value = client
+            .post(app.url("/api/agent/runs"))
+            .json(&json!({"message": "list files", "sessionId": session}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let run_id = started["runId"].as_str().unwrap().to_owned();
+        tokio::time::timeout(PATIENCE, async {
+            loop {
+                let run: Value = client
+                    .get(app.url(&format!("/api/agent/runs/{run_id}")))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                if run["run"]["status"] == "done" {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the run answers");
+    };
+    answered("shown").await;
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    for i in 0..201 {
+        answered(&format!("other-{i}")).await;
+    }
+
+    let listed = client
+        .post(app.url("/api/fn/sessions"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", "toolgate_session=shown")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
+    let listed: Vec<Value> = listed.json().await.unwrap();
+    assert_eq!(listed[0]["sessionId"], "shown");
+    assert_eq!(listed[0]["title"], "list files");
+    assert_eq!(listed[0]["runs"], 1);
+}
