@@ -2167,6 +2167,53 @@ async fn a_decision_and_a_claim_at_once_never_fail_on_locks(kind: Kind) {
 /// abort is recorded; a run's holds that run's.
 /// The audit log reads newest first too, on from before an id, with its filters: a view of what happened last reads
 /// the end of the log, not its beginning.
+/// What one browser may see of the log, read in one query: the entries of its sessions and those of no session,
+/// newest first, however many entries other sessions have after them.
+async fn the_audit_log_reads_the_entries_of_some_sessions_or_of_none(kind: Kind) {
+    let backend = open(kind).await;
+    let store = &*backend.store;
+    for (session_id, call) in [
+        (Some("mine"), "a"),
+        (None, "rule"),
+        (Some("theirs"), "b"),
+        (Some("also-mine"), "c"),
+        (Some("theirs"), "d"),
+        (Some("theirs"), "e"),
+    ] {
+        store
+            .audit(AuditEntry {
+                session_id: session_id.map(session),
+                run_id: None,
+                ..request_audit("unused", call)
+            })
+            .await
+            .unwrap();
+    }
+    let read = |sessions: Vec<SessionId>, limit: usize| async move {
+        store
+            .audit_log(AuditQuery {
+                sessions_or_none: Some(sessions),
+                newest_first: true,
+                limit,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .iter()
+            .map(|entry| entry.tool_call_id.as_ref().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        read(vec![session("mine"), session("also-mine")], 10).await,
+        ["c", "rule", "a"]
+    );
+    assert_eq!(
+        read(vec![session("mine"), session("also-mine")], 2).await,
+        ["c", "rule"]
+    );
+    assert_eq!(read(vec![], 10).await, ["rule"]);
+}
+
 async fn the_audit_log_reads_newest_first_before_an_id(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -2375,6 +2422,7 @@ conformance!(
     sessions_are_read_by_their_ids,
     pending_approvals_are_listed_by_session_or_run,
     the_audit_log_reads_newest_first_before_an_id,
+    the_audit_log_reads_the_entries_of_some_sessions_or_of_none,
     a_logout_is_kept_until_its_cookie_expires,
 );
 

@@ -148,6 +148,16 @@ pub mod ssr {
             || extension::<BrowserSessions>().is_some_and(|known| known.0.contains(session))
     }
 
+    /// The sessions this browser may see without a login: those its cookies list, and the current one.
+    pub fn own_sessions() -> Result<Vec<SessionId>, ServerFnError> {
+        let mut own = extension::<BrowserSessions>().unwrap_or_default().0;
+        let current = session()?;
+        if !own.contains(&current) {
+            own.push(current);
+        }
+        Ok(own)
+    }
+
     /// The sessions this browser created or opened, from its cookies; the server puts them in each request's
     /// extensions.
     #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -565,47 +575,30 @@ pub async fn audit_log(
     {
         return Ok(Vec::new());
     }
-    let current = ssr::session()?;
-    // An entry of no session (a rule added or removed) is about the server as a whole, which the rules panel shows
-    // every browser anyway.
-    let visible = |entry: &agent::store::AuditEntry| {
-        ssr::login_required()
-            || entry
-                .session_id
-                .as_ref()
-                .is_none_or(|session| session == &current || ssr::may_open(session))
+    // Without a login, a browser sees its own conversations' entries, and those of no session (a rule added or
+    // removed: about the server as a whole, which the rules panel shows every browser anyway), read as one query:
+    // however many entries other clients' sessions have, the newest page of its own is found.
+    let sessions_or_none = if ssr::login_required() {
+        None
+    } else {
+        Some(ssr::own_sessions()?)
     };
-    // The view wants the newest page: read newest first, on from where each read ended, until a page of what this
-    // browser may see is found, within a bound on the work one view may cause (past it, older entries go unseen,
-    // never newer ones). Entries read per step, and the most steps.
-    const STEP: usize = 1_000;
-    const STEPS: usize = 200;
-    let mut entries = Vec::with_capacity(AUDIT_PAGE);
-    let mut before_id = None;
-    for _ in 0..STEPS {
-        let read = harness
-            .audit_log(AuditQuery {
-                session_id: session.clone(),
-                run_id: run.clone(),
-                tool: tool.clone().filter(|tool| !tool.is_empty()),
-                outcome: outcome.clone().filter(|outcome| !outcome.is_empty()),
-                since,
-                until,
-                after_id: None,
-                before_id,
-                newest_first: true,
-                limit: STEP,
-            })
-            .await
-            .map_err(|error| ssr::unavailable(error.to_string()))?;
-        let done = read.len() < STEP;
-        before_id = read.last().map(|entry| entry.id).or(before_id);
-        entries.extend(read.into_iter().filter(|entry| visible(entry)));
-        if done || entries.len() >= AUDIT_PAGE {
-            break;
-        }
-    }
-    entries.truncate(AUDIT_PAGE);
+    let entries = harness
+        .audit_log(AuditQuery {
+            session_id: session,
+            sessions_or_none,
+            run_id: run,
+            tool: tool.filter(|tool| !tool.is_empty()),
+            outcome: outcome.filter(|outcome| !outcome.is_empty()),
+            since,
+            until,
+            after_id: None,
+            before_id: None,
+            newest_first: true,
+            limit: AUDIT_PAGE,
+        })
+        .await
+        .map_err(|error| ssr::unavailable(error.to_string()))?;
     // Shown oldest first, as before.
     Ok(entries
         .into_iter()

@@ -498,6 +498,7 @@ pub async fn audit_log(
             .get("sessionId")
             .map(|raw| SessionId::parse(raw.as_str()).map_err(|e| ApiError::bad_id("sessionId", e)))
             .transpose()?,
+        sessions_or_none: None,
         run_id: query
             .get("runId")
             .map(|raw| parse_run_id(raw))

@@ -129,6 +129,7 @@ async fn print_audit(database: &Database, args: &AuditArgs) -> std::process::Exi
                 .map(agent::ids::SessionId::parse)
                 .transpose()
                 .map_err(|error| format!("--session: {error}"))?,
+            sessions_or_none: None,
             run_id: parse("run", &args.run)?
                 .map(agent::ids::RunId::parse)
                 .transpose()

@@ -837,6 +837,9 @@ impl<'de> Deserialize<'de> for AuditKind {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AuditQuery {
     pub session_id: Option<SessionId>,
+    /// Only entries of one of these sessions, or of none (a rule added or removed): what one browser may see of the
+    /// log, read as one query however many entries of other sessions there are.
+    pub sessions_or_none: Option<Vec<SessionId>>,
     pub run_id: Option<RunId>,
     pub tool: Option<String>,
     pub outcome: Option<String>,
@@ -858,6 +861,12 @@ impl AuditQuery {
         self.session_id
             .as_ref()
             .is_none_or(|s| entry.session_id.as_ref() == Some(s))
+            && self.sessions_or_none.as_ref().is_none_or(|sessions| {
+                entry
+                    .session_id
+                    .as_ref()
+                    .is_none_or(|s| sessions.contains(s))
+            })
             && self
                 .run_id
                 .as_ref()

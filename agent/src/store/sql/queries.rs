@@ -3282,6 +3282,22 @@ impl Store for SqlStore {
             text_filter("run_id", query.run_id.as_ref().map(|r| r.as_str().to_owned()), &mut sql);
             text_filter("tool", query.tool.clone(), &mut sql);
             text_filter("outcome", query.outcome.clone(), &mut sql);
+            if let Some(sessions) = &query.sessions_or_none {
+                let mut among = Vec::with_capacity(sessions.len());
+                for session in sessions {
+                    among.push(format!("${next}"));
+                    next += 1;
+                    texts.push(session.as_str().to_owned());
+                }
+                sql.push_str(&if among.is_empty() {
+                    " AND session_id IS NULL".to_owned()
+                } else {
+                    format!(
+                        " AND (session_id IS NULL OR session_id IN ({}))",
+                        among.join(", ")
+                    )
+                });
+            }
             for (column, op, value) in [
                 ("at", ">=", query.since),
                 ("at", "<", query.until),

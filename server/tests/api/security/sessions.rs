@@ -788,3 +788,59 @@ async fn a_logged_in_sidebar_lists_the_shown_conversation_as_it_is_however_many_
     assert_eq!(listed[0]["title"], "list files");
     assert_eq!(listed[0]["runs"], 1);
 }
+
+/// The audit view of a browser without a login shows its own conversations' newest entries however many entries
+/// other clients' sessions added after them: the log is read for its sessions (and for no session) in one query.
+/// Before, it was read newest first and filtered afterwards, up to 200,000 entries, and past them said "No entries
+/// match." although the browser's entries were there.
+#[tokio::test]
+async fn the_audit_view_finds_the_browsers_entries_however_many_other_sessions_added_since() {
+    let (app, file, _dir) = on_sqlite().await;
+    let (run_id, call_id) = waiting_run(&app, "alice", "a.txt").await;
+    let decided = server_fn(
+        &app,
+        "decide",
+        "alice",
+        &[
+            ("run_id", &run_id),
+            ("tool_call_id", &call_id),
+            ("choice", "Deny"),
+        ],
+    )
+    .await;
+    assert_eq!(decided.status(), 200);
+    // Other clients' sessions' entries, more than the old view ever read, all newer than Alice's.
+    let mut beside = rusqlite::Connection::open(&file).unwrap();
+    beside
+        .busy_timeout(std::time::Duration::from_secs(10))
+        .unwrap();
+    let written = beside.transaction().unwrap();
+    {
+        let mut insert = written
+            .prepare(
+                "INSERT INTO audit (at, kind, session_id, outcome) \
+                 VALUES (?1, 'approval_requested', 'someone-else', 'requested')",
+            )
+            .unwrap();
+        for i in 0..200_001_i64 {
+            insert.execute([i]).unwrap();
+        }
+    }
+    written.commit().unwrap();
+
+    let lines: Vec<Value> = server_fn(&app, "audit", "alice", &[])
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        lines.iter().all(|line| line["sessionId"] == "alice"),
+        "only Alice's"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["outcome"] == "denied" && line["runId"] == run_id.as_str()),
+        "{lines:?}"
+    );
+}
