@@ -518,6 +518,16 @@ pub enum ApprovalPreview {
     Unavailable { reason: String },
 }
 
+/// A fingerprint of an event's JSON as the log keeps it and the stream sends it (64-bit FNV-1a): a page that
+/// reconnects compares the event it applied last with the one the server's log has under its number, which differ
+/// when a power loss took the server's last writes and it wrote others since. Not a digest for anything a client
+/// could choose to collide with: a mismatch only makes the page read the conversation again.
+pub fn event_fingerprint(json: &str) -> u64 {
+    json.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 /// One argument, formatted for reading: a string as itself, anything else as indented JSON; a string that would read
 /// as JSON of a single value (`"false"`, `"5"`, `"null"`, or quoted text) is written as JSON too, quoted, so that the
 /// text `false` and the flag `false` never look the same. (A text holding a JSON document stays as itself, on its own

@@ -2163,10 +2163,6 @@ async fn a_decision_and_a_claim_at_once_never_fail_on_locks(kind: Kind) {
     }
 }
 
-/// A session's listing holds the pending approvals of that session's runs and no other's, and none of a run whose
-/// abort is recorded; a run's holds that run's.
-/// The audit log reads newest first too, on from before an id, with its filters: a view of what happened last reads
-/// the end of the log, not its beginning.
 /// What one browser may see of the log, read in one query: the entries of its sessions and those of no session,
 /// newest first, however many entries other sessions have after them.
 async fn the_audit_log_reads_the_entries_of_some_sessions_or_of_none(kind: Kind) {
@@ -2212,8 +2208,37 @@ async fn the_audit_log_reads_the_entries_of_some_sessions_or_of_none(kind: Kind)
         ["c", "rule"]
     );
     assert_eq!(read(vec![], 10).await, ["rule"]);
+    // With the other filters, their placeholders numbered after the sessions'.
+    let c = store
+        .audit_log(AuditQuery {
+            sessions_or_none: Some(vec![session("also-mine")]),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()[1]
+        .id;
+    let before_c = store
+        .audit_log(AuditQuery {
+            sessions_or_none: Some(vec![session("mine"), session("also-mine")]),
+            outcome: Some("requested".into()),
+            since: Some(1_000),
+            before_id: Some(c),
+            newest_first: true,
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let calls: Vec<String> = before_c
+        .iter()
+        .map(|entry| entry.tool_call_id.as_ref().unwrap().to_string())
+        .collect();
+    assert_eq!(calls, ["rule", "a"]);
 }
 
+/// The audit log reads newest first too, on from before an id, with its filters: a view of what happened last reads
+/// the end of the log, not its beginning.
 async fn the_audit_log_reads_newest_first_before_an_id(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;
@@ -2280,6 +2305,8 @@ async fn listed(store: &dyn Store, of: PendingOf<'_>) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A session's listing holds the pending approvals of that session's runs and no other's, and none of a run whose
+/// abort is recorded; a run's holds that run's.
 async fn pending_approvals_are_listed_by_session_or_run(kind: Kind) {
     let backend = open(kind).await;
     let store = &*backend.store;

@@ -229,11 +229,16 @@ pub mod ssr {
         let mut listed: Vec<_> = all.into_iter().map(as_listed).collect();
         if !listed.iter().any(|summary| &summary.session_id == current) {
             // Not among the most recent the server lists (for a person logged in, other clients' sessions may be
-            // newer), or new: listed first, as it is when it has runs.
-            let held = harness
-                .sessions_among(std::slice::from_ref(current))
-                .await
-                .map_err(|error| unavailable(error.to_string()))?;
+            // newer), or new (without a login it was looked up by its id already): listed first, as it is when it
+            // has runs.
+            let held = if login_required() {
+                harness
+                    .sessions_among(std::slice::from_ref(current))
+                    .await
+                    .map_err(|error| unavailable(error.to_string()))?
+            } else {
+                Vec::new()
+            };
             let conversation =
                 held.into_iter()
                     .next()
@@ -503,15 +508,20 @@ pub struct RunAsHeld {
     pub finished: bool,
     /// The sequence number of its newest event.
     pub last_seq: u64,
+    /// The fingerprint of its event numbered as the page asked ([`agent::wire::event_fingerprint`]), if its log has
+    /// one.
+    pub fingerprint: Option<u64>,
 }
 
-/// How far the server holds run `run_id` of the caller's session; `None` when it does not hold it (a server that kept
-/// nothing across its restart, a `memory` store; or a run pruned since it ended). A page that reconnected asks about
-/// the run it waits for: no event will ever end a run the server does not hold, nor one whose log the page has seen
-/// past (a machine crash lost the server's last writes, and the events it wrote since have numbers the page has seen).
+/// How far the server holds run `run_id` of the caller's session, with the fingerprint of its event numbered `seen`;
+/// `None` when it does not hold it (a server that kept nothing across its restart, a `memory` store; or a run pruned
+/// since it ended). A page that reconnected asks about the run it waits for: no event will ever end a run the server
+/// does not hold, and the stream cannot mend a view the log no longer bears out (a machine crash lost the server's
+/// last writes, and the events it wrote since have numbers the page has seen).
 #[server(prefix = "/api/fn", endpoint = "run_progress")]
 pub async fn run_progress(
     run_id: RunId,
+    seen: u64,
     session: Option<SessionId>,
 ) -> Result<Option<RunAsHeld>, ServerFnError> {
     let harness = ssr::harness()?;
@@ -520,12 +530,19 @@ pub async fn run_progress(
             "This conversation is not one of this browser's.".to_owned(),
         ));
     };
-    Ok(ssr::own_run(&harness, &session, &run_id)
-        .await?
-        .map(|run| RunAsHeld {
-            finished: run.info().state.is_finished(),
-            last_seq: run.info().last_seq,
-        }))
+    let Some(run) = ssr::own_run(&harness, &session, &run_id).await? else {
+        return Ok(None);
+    };
+    let fingerprint = run
+        .event(seen)
+        .await
+        .map_err(|error| ssr::unavailable(error.to_string()))?
+        .map(|event| agent::wire::event_fingerprint(&event.json));
+    Ok(Some(RunAsHeld {
+        finished: run.info().state.is_finished(),
+        last_seq: run.info().last_seq,
+        fingerprint,
+    }))
 }
 
 #[server(prefix = "/api/fn", endpoint = "cancel")]

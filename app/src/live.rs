@@ -17,7 +17,8 @@ mod browser {
     use std::collections::{HashMap, HashSet};
     use std::time::Duration;
 
-    use agent::wire::{ApprovalRequest, RunEvent, StreamEvent};
+    use agent::ids::RunId;
+    use agent::wire::{ApprovalRequest, RunEvent, StreamEvent, event_fingerprint};
     use leptos::prelude::*;
     use leptos::task::spawn_local;
     use wasm_bindgen::JsCast;
@@ -53,6 +54,8 @@ mod browser {
         static ATTEMPTS: Cell<u32> = const { Cell::new(0) };
         /// The connection dropped since the page last asked which approvals are pending.
         static STALE: Cell<bool> = const { Cell::new(false) };
+        /// The last event applied from the stream: its run, its number and its fingerprint.
+        static LAST_APPLIED: RefCell<Option<(RunId, u64, u64)>> = const { RefCell::new(None) };
         /// The notifications shown, by their card: one closes when its card leaves (decided here or elsewhere,
         /// timed out, or no longer held by the server).
         static SHOWN: RefCell<HashMap<ApprovalKey, Notification>> = RefCell::new(HashMap::new());
@@ -124,7 +127,11 @@ mod browser {
                         StreamEvent::ApprovalRequired { request } => Some(request.clone()),
                         _ => None,
                     };
+                    let run_id = agent::view::event_run_id(&event).clone();
                     if ui.apply(&RunEvent { seq, event }) {
+                        LAST_APPLIED.with(|last| {
+                            last.replace(Some((run_id, seq, event_fingerprint(&data))))
+                        });
                         close_settled(ui);
                         if let Some(request) = arrived {
                             // Told a moment later, if its card still waits: a stream that reconnects replays the
@@ -215,15 +222,29 @@ mod browser {
         });
         if let Some((run_id, seen)) = waited_for {
             let session = session.clone();
+            // What the page applied under that number, when it came from the stream (not with the page).
+            let applied = LAST_APPLIED.with(|last| {
+                last.borrow()
+                    .as_ref()
+                    .filter(|(run, seq, _)| run == &run_id && *seq == seen)
+                    .map(|(_, _, fingerprint)| *fingerprint)
+            });
             spawn_local(async move {
-                match run_progress(run_id.clone(), Some(session)).await {
-                    Ok(Some(RunAsHeld { finished, last_seq }))
-                        if seen > last_seq || (finished && seen == last_seq) =>
+                match run_progress(run_id.clone(), seen, Some(session.clone())).await {
+                    Ok(Some(RunAsHeld {
+                        finished,
+                        last_seq,
+                        fingerprint,
+                    })) if seen > last_seq
+                        || (finished && seen == last_seq)
+                        || applied
+                            .zip(fingerprint)
+                            .is_some_and(|(mine, held)| mine != held) =>
                     {
                         // The page has seen events the server's log does not hold (a machine crash lost its last
-                        // writes, and what it wrote since has numbers the page has seen): the stream cannot bring
-                        // the run as the server holds it, a reload does.
-                        let _ = window().location().reload();
+                        // writes, and what it wrote since has numbers the page has seen): the stream cannot mend
+                        // the page's view, opening the conversation again shows what the server holds.
+                        let _ = window().location().replace(&format!("/?session={session}"));
                     }
                     Ok(Some(_)) => {}
                     Ok(None) => {

@@ -172,45 +172,68 @@ test("the memory store's server killed while an approved command runs: once it i
   }
 });
 
-test("a machine crash that lost the server's last writes: the page, which saw past them, shows what the server holds again", async ({
-  page,
-}, testInfo) => {
-  test.setTimeout(90_000);
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-e2e-restart-lost-"));
-  const snapshot = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-e2e-restart-lost-disk-"));
-  const files = ["toolgate.db", "toolgate.db-wal"];
-  let server: Server | undefined;
-  try {
-    server = await start(dir);
-    await openPage(page, `${RESTARTED}/`);
-    await send(page, "run sleep 30");
-    const pending = card(page, "run_command");
-    await expect(pending).toBeVisible();
-    // What the disk holds while the card waits (nothing is being written): a power loss from here on may leave
-    // the database as it is now, as SQLite's `synchronous = NORMAL` allows.
-    for (const file of files) fs.copyFileSync(path.join(dir, file), path.join(snapshot, file));
-    await pending.getByRole("button", { name: "Approve", exact: true }).click();
-    const badge = page.locator(".tool-call .badge");
-    await expect(badge).toHaveText("approved · running");
+for (const decidedMeanwhile of [false, true]) {
+  test(`a machine crash that lost the server's last writes: the page, which saw past them, shows what the server holds again${decidedMeanwhile ? " (though the server wrote past them before the page was back)" : ""}`, async ({
+    page,
+  }, testInfo) => {
+    test.setTimeout(90_000);
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-e2e-restart-lost-"));
+    const snapshot = fs.mkdtempSync(path.join(os.tmpdir(), "toolgate-e2e-restart-lost-disk-"));
+    const files = ["toolgate.db", "toolgate.db-wal"];
+    let server: Server | undefined;
+    try {
+      server = await start(dir);
+      await openPage(page, `${RESTARTED}/`);
+      await send(page, "run sleep 30");
+      const pending = card(page, "run_command");
+      await expect(pending).toBeVisible();
+      // What the disk holds while the card waits (nothing is being written): a power loss from here on may leave
+      // the database as it is now, as SQLite's `synchronous = NORMAL` allows.
+      for (const file of files) fs.copyFileSync(path.join(dir, file), path.join(snapshot, file));
+      await pending.getByRole("button", { name: "Approve", exact: true }).click();
+      const badge = page.locator(".tool-call .badge");
+      await expect(badge).toHaveText("approved · running");
 
-    // The machine goes down, and the writes since the snapshot with it: the approval is lost, and the run's log
-    // ends before the events the page has seen.
-    await kill(server);
-    for (const file of files) fs.copyFileSync(path.join(snapshot, file), path.join(dir, file));
-    fs.rmSync(path.join(dir, "toolgate.db-shm"), { force: true });
-    server = await start(dir);
+      // The machine goes down, and the writes since the snapshot with it: the approval is lost, and the run's log
+      // ends before the events the page has seen.
+      await kill(server);
+      for (const file of files) fs.copyFileSync(path.join(snapshot, file), path.join(dir, file));
+      fs.rmSync(path.join(dir, "toolgate.db-shm"), { force: true });
+      let away = decidedMeanwhile;
+      await page.route(/\/api\/agent\/sessions\/[^/]+\/events/, (route) => (away ? route.abort() : route.continue()));
+      server = await start(dir);
 
-    // The stream cannot bring the run as the server holds it (its new events would have numbers the page has
-    // seen): the page shows it from the server, with its card waiting again.
-    await expect(page.locator(".connection")).toHaveCount(0, { timeout: 40_000 });
-    await expect(pending).toBeVisible();
-    await expect(badge).toHaveText("waiting for approval");
-    await screenshot(page, testInfo, "restart-lost-writes");
-    await pending.getByRole("button", { name: "Deny", exact: true }).click();
-    await expect(badge).toHaveText("denied by you");
-  } finally {
-    if (server) await kill(server);
-    fs.rmSync(dir, { recursive: true, force: true });
-    fs.rmSync(snapshot, { recursive: true, force: true });
-  }
-});
+      if (decidedMeanwhile) {
+        // Before the page is back, the card the crash brought back is denied elsewhere, and the run goes on: its
+        // log now has events under the numbers the page saw, other than the ones it saw.
+        const listed = await (await fetch(`${RESTARTED}/api/agent/approvals`)).json();
+        const { runId, toolCallId } = listed.pending[0];
+        const decided = await fetch(`${RESTARTED}/api/agent/approvals/${runId}/${toolCallId}`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ decision: "deny" }),
+        });
+        expect(decided.status).toBe(200);
+        await expect
+          .poll(async () => (await (await fetch(`${RESTARTED}/api/agent/runs/${runId}`)).json()).run.status)
+          .toBe("done");
+        away = false;
+        await expect(badge).toHaveText("denied by you", { timeout: 40_000 });
+        await expect(page.locator(".turn.assistant")).toHaveCount(1);
+        return;
+      }
+      // The stream cannot bring the run as the server holds it (its new events would have numbers the page has
+      // seen): the page shows it from the server, with its card waiting again.
+      await expect(page.locator(".connection")).toHaveCount(0, { timeout: 40_000 });
+      await expect(pending).toBeVisible();
+      await expect(badge).toHaveText("waiting for approval");
+      await screenshot(page, testInfo, "restart-lost-writes");
+      await pending.getByRole("button", { name: "Deny", exact: true }).click();
+      await expect(badge).toHaveText("denied by you");
+    } finally {
+      if (server) await kill(server);
+      fs.rmSync(dir, { recursive: true, force: true });
+      fs.rmSync(snapshot, { recursive: true, force: true });
+    }
+  });
+}

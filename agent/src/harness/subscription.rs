@@ -95,6 +95,22 @@ impl RunHandle {
             .is_none_or(|info| info.state.is_finished()))
     }
 
+    /// The event of the run's log numbered `seq`, if the log has it.
+    pub async fn event(&self, seq: u64) -> Result<Option<Arc<EncodedEvent>>, Unavailable> {
+        let Some(after) = seq.checked_sub(1) else {
+            return Ok(None);
+        };
+        Ok(self
+            .harness
+            .inner
+            .store
+            .events_after(&self.info.run_id, after, 1)
+            .await?
+            .into_iter()
+            .next()
+            .filter(|event| event.seq == seq))
+    }
+
     /// The run as a viewer sees it now, folded from its log.
     pub async fn view(&self) -> Result<Option<RunView>, Unavailable> {
         self.harness.run_view(&self.info.run_id).await

@@ -110,7 +110,13 @@ async fn server_functions_act_only_on_the_callers_own_session() {
     // Nor does Mallory learn how far the server holds Alice's run, nor that it exists: the same answer as for a run
     // nobody started; and naming Alice's conversation is refused.
     for run in [run_id.as_str(), "run_nobody"] {
-        let progress = server_fn(&app, "run_progress", "mallory", &[("run_id", run)]).await;
+        let progress = server_fn(
+            &app,
+            "run_progress",
+            "mallory",
+            &[("run_id", run), ("seen", "1")],
+        )
+        .await;
         assert_eq!(progress.status(), 200);
         assert_eq!(
             progress.json::<Value>().await.unwrap(),
@@ -122,7 +128,7 @@ async fn server_functions_act_only_on_the_callers_own_session() {
         &app,
         "run_progress",
         "mallory",
-        &[("run_id", &run_id), ("session", "alice")],
+        &[("run_id", &run_id), ("seen", "1"), ("session", "alice")],
     )
     .await;
     assert_eq!(progress.status(), 404);
@@ -134,10 +140,35 @@ async fn server_functions_act_only_on_the_callers_own_session() {
     assert_eq!(std::fs::read_to_string(app.file("a.txt")).unwrap(), "keep");
 
     // Alice sees and decides her own.
-    let progress = server_fn(&app, "run_progress", "alice", &[("run_id", &run_id)]).await;
+    let progress = server_fn(
+        &app,
+        "run_progress",
+        "alice",
+        &[("run_id", &run_id), ("seen", "1")],
+    )
+    .await;
     let progress: Value = progress.json().await.unwrap();
     assert_eq!(progress["finished"], false, "{progress}");
     assert!(progress["last_seq"].as_u64().unwrap() > 0, "{progress}");
+    // The fingerprint of the run's first event, as the stream sent it.
+    let response = app
+        .client
+        .get(app.url(&format!("/api/agent/runs/{run_id}/events")))
+        .send()
+        .await
+        .unwrap();
+    let mut raw = response.bytes_stream().eventsource();
+    let first = tokio::time::timeout(PATIENCE, raw.next())
+        .await
+        .expect("the first event arrives")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.id, format!("1"));
+    assert_eq!(
+        progress["fingerprint"],
+        agent::wire::event_fingerprint(&first.data),
+        "{progress}"
+    );
     let listed = server_fn(&app, "pending", "alice", &[]).await;
     let listed: Value = listed.json().await.unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1);
