@@ -214,9 +214,12 @@ pub fn not_run_entry(record: &CallRecord, source: &str, reason: &str) -> AuditEn
         edited_digest: record.edited_digest(),
         source: Some(source.to_owned()),
         reason: Some(reason.to_owned()),
-        ..AuditEntry::new(AuditKind::CallRefused, "not_run")
+        ..AuditEntry::new(AuditKind::CallRefused, NOT_RUN_OUTCOME)
     }
 }
+
+/// The outcome of a line that says a call a decision let run did not run ([`not_run_entry`]).
+pub const NOT_RUN_OUTCOME: &str = "not_run";
 
 /// The outcomes of [`resolution_audit`]'s lines that approve a call: as it was asked about, and edited.
 pub const APPROVED_OUTCOMES: [&str; 2] = ["approved", "approved_with_edits"];

@@ -148,6 +148,13 @@ pub mod ssr {
             || extension::<BrowserSessions>().is_some_and(|known| known.0.contains(session))
     }
 
+    /// [`acting_session`], with a session the browser may not act on refused as a 404: what the caller learns about
+    /// another browser's conversation is what it learns about one that does not exist.
+    pub fn acting_session_or_404(named: Option<SessionId>) -> Result<SessionId, ServerFnError> {
+        acting_session(named)?
+            .ok_or_else(|| not_found("This conversation is not one of this browser's.".to_owned()))
+    }
+
     /// The sessions this browser may see without a login: those its cookies list, and the current one.
     pub fn own_sessions() -> Result<Vec<SessionId>, ServerFnError> {
         let mut own = extension::<BrowserSessions>().unwrap_or_default().0;
@@ -402,11 +409,7 @@ pub async fn start_run(
     use agent::wire::ApprovalMode;
 
     let harness = ssr::harness()?;
-    let Some(session) = ssr::acting_session(session)? else {
-        return Err(ssr::not_found(
-            "This conversation is not one of this browser's.".to_owned(),
-        ));
-    };
+    let session = ssr::acting_session_or_404(session)?;
     let input = StartRunInput::from_json(&serde_json::json!({
         "message": message,
         "sessionId": session.as_str(),
@@ -481,11 +484,7 @@ pub async fn list_pending(
     let harness = ssr::harness()?;
     // Refused, not answered as empty: a page of a conversation this browser no longer lists (its cookies cleared,
     // or past the conversations they keep) would take an empty list for its cards' having been decided.
-    let Some(session) = ssr::acting_session(session)? else {
-        return Err(ssr::not_found(
-            "This conversation is not one of this browser's.".to_owned(),
-        ));
-    };
+    let session = ssr::acting_session_or_404(session)?;
     // Read by the session (or the one run, once it is known to be the session's): a page that reconnects reads
     // its own approvals, not every session's.
     let pending = match &run_id {
@@ -525,11 +524,7 @@ pub async fn run_progress(
     session: Option<SessionId>,
 ) -> Result<Option<RunAsHeld>, ServerFnError> {
     let harness = ssr::harness()?;
-    let Some(session) = ssr::acting_session(session)? else {
-        return Err(ssr::not_found(
-            "This conversation is not one of this browser's.".to_owned(),
-        ));
-    };
+    let session = ssr::acting_session_or_404(session)?;
     let Some(run) = ssr::own_run(&harness, &session, &run_id).await? else {
         return Ok(None);
     };

@@ -556,9 +556,9 @@ impl Harness {
     /// Now and then, checks the runs this instance holds as running against the tasks it has. An abort recorded
     /// that a task or tool of this process did not hear of (another instance's doorbell lost on the way) reaches
     /// it, for a waiting run whose calls it runs too; so does the end of a run another instance took over (its
-    /// doorbell lost too), as a stop of what this process still runs of it. A run that no task works on, seen so twice at the same claim,
-    /// is ended as failed, so that its session takes the next run: its end could not be recorded (the database
-    /// failed just then), or its task stopped without ending it. A run's task registers before the run is this
+    /// doorbell lost too), as a stop of what this process still runs of it. A run that no task works on, seen so
+    /// twice at the same claim, is ended as failed, so that its session takes the next run: its end could not be
+    /// recorded (the database failed just then), or its task stopped without ending it. A run's task registers before the run is this
     /// instance's (`LocalRun`), so a run just started or claimed is not taken for one. On SQLite it also carries on
     /// waiting runs that have work nobody does. A call of a waiting run this process runs that the store no longer
     /// has it run (a recovery recorded it as interrupted, another instance's doorbell lost on the way) stops.

@@ -510,7 +510,9 @@ async fn approved_not_begun_in(
             } else {
                 unended.remove(&call);
             }
-        } else if kind == AuditKind::CallRefused.as_str() && outcome == "not_run" {
+        } else if kind == AuditKind::CallRefused.as_str()
+            && outcome == crate::approvals::NOT_RUN_OUTCOME
+        {
             unended.remove(&call);
         }
     }
@@ -545,7 +547,7 @@ async fn approved_not_begun_in(
                 source: Some(source.to_owned()),
                 reason: Some(reason.clone()),
                 at,
-                ..AuditEntry::new(AuditKind::CallRefused, "not_run")
+                ..AuditEntry::new(AuditKind::CallRefused, crate::approvals::NOT_RUN_OUTCOME)
             })
         })
         .collect())
